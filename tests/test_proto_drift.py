@@ -91,7 +91,8 @@ def test_wire_names_kubelet_relies_on() -> None:
 
     assert api_pb2.DESCRIPTOR.package == "v1beta1"
     assert pr_pb2.DESCRIPTOR.package == "v1"
-    services = {s.full_name: [m.name for m in s.methods] for s in api_pb2.DESCRIPTOR.services_by_name.values()}
+    by_name = api_pb2.DESCRIPTOR.services_by_name
+    services = {s.full_name: [m.name for m in s.methods] for s in by_name.values()}
     assert services["v1beta1.DevicePlugin"] == [
         "GetDevicePluginOptions", "ListAndWatch", "GetPreferredAllocation", "Allocate", "PreStartContainer"]
     assert services["v1beta1.Registration"] == ["Register"]
