@@ -9,9 +9,9 @@ Bandwidths are kept as integer MB/s internally so that sums and ties compare exa
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 #: PCIe levels from nearest to farthest, as printed by nvidia-smi.
 PCIE_LEVELS: tuple[str, ...] = ("PIX", "PXB", "PHB", "NODE", "SYS")
@@ -92,7 +92,7 @@ class BandwidthSettings:
 
     def mbps(self, link: Link) -> int:
         """Integer MB/s, the unit every comparison uses so ties are exact."""
-        return int(round(self.gbps(link) * 1000))
+        return round(self.gbps(link) * 1000)
 
     def to_dict(self) -> dict[str, object]:
         return {"nvlink_gbps_per_link": self.nvlink_gbps_per_link, "pcie_gbps": dict(self.pcie_gbps)}

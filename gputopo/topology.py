@@ -7,9 +7,10 @@ assume a square, symmetric matrix and never has to guard against bad data on a h
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -70,7 +71,9 @@ class Topology:
                 if a is None or b is None:
                     raise TopologyError(f"links[{i}][{j}] is X off the diagonal")
                 if a.code != b.code:
-                    raise TopologyError(f"asymmetric link: links[{i}][{j}]={a.code} but links[{j}][{i}]={b.code}")
+                    raise TopologyError(
+                        f"asymmetric link: links[{i}][{j}]={a.code} but links[{j}][{i}]={b.code}"
+                    )
 
     @property
     def n(self) -> int:
@@ -113,9 +116,7 @@ class Topology:
         if self.description:
             out["description"] = self.description
         if any(lk is not None and lk.nvlinks and lk.pcie for row in self.links for lk in row):
-            out["pcie"] = [
-                ["X" if lk is None else (lk.pcie or "SYS") for lk in row] for row in self.links
-            ]
+            out["pcie"] = [["X" if lk is None else (lk.pcie or "SYS") for lk in row] for row in self.links]
         return out
 
     @classmethod
