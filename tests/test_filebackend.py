@@ -1,0 +1,167 @@
+"""FileBackend: topology from a file or preset, health events from a polled JSON file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deviceplugin.backend import Backend, HealthEvent
+from deviceplugin.filebackend import FileBackend, HealthFileError, parse_health_entry
+from gputopo.topofile import load_preset
+from gputopo.topology import TopologyError
+
+POLL = 0.01
+WAIT = 5.0
+
+
+class Watch:
+    """Runs watch_health in a thread, collecting events in a queue."""
+
+    def __init__(self, backend: FileBackend) -> None:
+        self.events: queue.Queue[HealthEvent] = queue.Queue()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=backend.watch_health, args=(self.stop, self.events.put))
+        self.thread.start()
+
+    def take(self, count: int) -> list[HealthEvent]:
+        return [self.events.get(timeout=WAIT) for _ in range(count)]
+
+    def assert_quiet(self, seconds: float = 0.1) -> None:
+        with pytest.raises(queue.Empty):
+            self.events.get(timeout=seconds)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(WAIT)
+        assert not self.thread.is_alive(), "watch_health did not return after stop"
+
+
+@pytest.fixture
+def health(tmp_path: Path) -> Path:
+    return tmp_path / "health.json"
+
+
+@pytest.fixture
+def watch(health: Path) -> Iterator[Watch]:
+    w = Watch(FileBackend("hgx-h100", str(health), poll_interval=POLL))
+    yield w
+    w.close()
+
+
+def write(path: Path, content: str) -> None:
+    """Replace atomically, as an operator's editor or a test harness would."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(content)
+    os.replace(tmp, path)
+
+
+UUID = load_preset("hgx-h100").gpus
+
+
+def test_is_a_backend() -> None:
+    backend: Backend = FileBackend("dgx1-v100")
+    assert backend.discover().name == "dgx1-v100"
+    backend.close()
+
+
+def test_discover_rereads_the_file(tmp_path: Path) -> None:
+    p = tmp_path / "node.json"
+    p.write_text(json.dumps(load_preset("rtx8000-4").to_dict()))
+    backend = FileBackend(str(p))
+    assert backend.discover().n == 4
+    p.write_text(json.dumps(load_preset("gb200-tray").to_dict()))
+    assert backend.discover().nvswitch is True
+
+
+def test_bad_source_fails_at_construction() -> None:
+    with pytest.raises(TopologyError, match="presets:"):
+        FileBackend("no-such-box")
+    with pytest.raises(ValueError, match="poll_interval"):
+        FileBackend("hgx-h100", poll_interval=0)
+
+
+def test_health_file_events_by_uuid_and_index(watch: Watch, health: Path) -> None:
+    write(health, json.dumps({UUID[2].uuid: "Unhealthy", "5": {"xid": 79}, "0": "healthy"}))
+    a, b, c = watch.take(3)
+    assert (a.uuid, a.healthy, a.xid) == (UUID[2].uuid, False, None)
+    assert (b.uuid, b.healthy, b.xid) == (UUID[5].uuid, None, 79)
+    assert (c.uuid, c.healthy) == (UUID[0].uuid, True)
+    watch.assert_quiet()  # unchanged file: nothing new
+
+
+def test_each_change_emits_again(watch: Watch, health: Path) -> None:
+    write(health, json.dumps({"1": "Unhealthy"}))
+    assert watch.take(1)[0].healthy is False
+    write(health, json.dumps({"1": "Healthy", "2": "Unhealthy"}))
+    assert [(e.uuid, e.healthy) for e in watch.take(2)] == [(UUID[1].uuid, True), (UUID[2].uuid, False)]
+
+
+def test_bad_file_and_bad_entries_change_nothing(
+    caplog: pytest.LogCaptureFixture, health: Path, watch: Watch
+) -> None:
+    caplog.set_level(logging.WARNING, logger="deviceplugin.filebackend")
+    write(health, "{not json")
+    watch.assert_quiet()
+    write(health, json.dumps(["0"]))
+    watch.assert_quiet()
+    write(health, json.dumps({"99": "Unhealthy", "GPU-nope": "Unhealthy", "1": "Broken",
+                              "2": {"xid": -1}, "3": {"xid": 79, "extra": 1}, "4": "Unhealthy"}))
+    [event] = watch.take(1)
+    assert (event.uuid, event.healthy) == (UUID[4].uuid, False)
+    names = [r.getMessage() for r in caplog.records]
+    assert "health_file_invalid" in names and names.count("health_entry_invalid") == 5
+
+
+def test_missing_file_then_created(caplog: pytest.LogCaptureFixture, health: Path, watch: Watch) -> None:
+    caplog.set_level(logging.WARNING, logger="deviceplugin.filebackend")
+    watch.assert_quiet(0.1)
+    assert [r.getMessage() for r in caplog.records].count("health_file_missing") == 1  # warned once
+    write(health, json.dumps({"7": "Unhealthy"}))
+    assert watch.take(1)[0].uuid == UUID[7].uuid
+
+
+def test_emit_failure_does_not_stop_watching(health: Path) -> None:
+    got: list[HealthEvent] = []
+
+    def emit(event: HealthEvent) -> None:
+        got.append(event)
+        if len(got) == 1:
+            raise RuntimeError("consumer bug")
+
+    stop = threading.Event()
+    backend = FileBackend("hgx-h100", str(health), poll_interval=POLL)
+    t = threading.Thread(target=backend.watch_health, args=(stop, emit))
+    t.start()
+    write(health, json.dumps({"0": "Unhealthy", "1": "Unhealthy"}))
+    for _ in range(500):
+        if len(got) == 2:
+            break
+        stop.wait(POLL)
+    stop.set()
+    t.join(WAIT)
+    assert [e.uuid for e in got] == [UUID[0].uuid, UUID[1].uuid]
+
+
+def test_close_ends_watch_without_health_file() -> None:
+    backend = FileBackend("hgx-h100", None, poll_interval=POLL)
+    t = threading.Thread(target=backend.watch_health, args=(threading.Event(), lambda e: None))
+    t.start()
+    backend.close()
+    t.join(WAIT)
+    assert not t.is_alive()
+
+
+def test_parse_health_entry_rules() -> None:
+    topo = load_preset("gb200-tray")
+    assert parse_health_entry(topo, topo.gpus[3].uuid, {"xid": 48}).xid == 48
+    assert parse_health_entry(topo, "0", " UNHEALTHY ").healthy is False
+    for key, value in (("4", "Unhealthy"), ("0", None), ("0", {"xid": True}), ("0", 3)):
+        with pytest.raises(HealthFileError):
+            parse_health_entry(topo, key, value)
