@@ -1,0 +1,41 @@
+# gputopo: two commands on a fresh machine —
+#   make run    installs into .venv and runs the simulator on the embedded default cluster
+#   make test   installs into .venv and runs lint + the whole test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run demo test lint proto bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/gputopo simulate
+
+demo: $(STAMP)
+	$(BIN)/gputopo topo --topology dgx1-v100
+	$(BIN)/gputopo prefer --topology dgx1-v100 --size 2 --available 0,1,2,4,5
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check gputopo deviceplugin scheduler tests bench
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+proto: $(STAMP)
+	PATH=$(abspath $(BIN)):$$PATH sh proto/generate.sh
+
+bench: $(STAMP)
+	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis

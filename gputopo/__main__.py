@@ -1,0 +1,7 @@
+"""`python -m gputopo` is the `gputopo` command."""
+
+import sys
+
+from gputopo.cli import main
+
+sys.exit(main())

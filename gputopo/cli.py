@@ -1,0 +1,292 @@
+"""`gputopo`, the node-level debug CLI: the link matrix, what the plugin would pick and why,
+and the running plugin's status. Every subcommand works without a GPU through `--topology`.
+
+Exit codes: 0 success, 1 runtime failure (e.g. the plugin is not reachable), 2 bad input
+(one line on stderr, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from gputopo.allocator import DISRUPTION_SIZES, AllocationError, Allocator, Choice
+from gputopo.topology import Topology, TopologyError
+
+
+class UsageError(Exception):
+    """Bad input from the user: reported as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one line (not usage + message) with exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _load(source: str | None) -> Topology:
+    """A topology from a preset/file, or from NVML when no --topology is given."""
+    if source:
+        from gputopo.topofile import load_topology
+
+        try:
+            return load_topology(source)
+        except (TopologyError, OSError) as e:
+            raise UsageError(f"--topology {source}: {e}") from None
+    try:
+        from deviceplugin.nvml import NvmlBackend, NvmlUnavailable
+    except ImportError as e:  # pragma: no cover - the plugin package ships with the CLI
+        raise UsageError(f"no --topology given and NVML support is missing ({e})") from None
+    try:
+        backend = NvmlBackend()
+        try:
+            return backend.discover()
+        finally:
+            backend.close()
+    except NvmlUnavailable as e:
+        raise UsageError(f"no --topology given and NVML is unavailable: {e}") from None
+
+
+def _ids(text: str | None, topo: Topology, what: str) -> list[int] | None:
+    """Comma-separated GPU indices or UUIDs -> indices; duplicates and unknowns are errors."""
+    if text is None:
+        return None
+    out: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if part.isdigit():
+            idx = int(part)
+            if idx >= topo.n:
+                raise UsageError(f"--{what}: GPU index {idx} is not in 0..{topo.n - 1}")
+        elif part in topo.index_by_uuid:
+            idx = topo.index_by_uuid[part]
+        else:
+            raise UsageError(f"--{what}: unknown GPU {part!r} (use indices 0..{topo.n - 1} or UUIDs)")
+        if idx in out:
+            raise UsageError(f"--{what}: GPU {part} listed twice")
+        out.append(idx)
+    return out
+
+
+# ---------------------------------------------------------------------------- topo
+
+
+def topo_document(topo: Topology) -> dict[str, Any]:
+    alloc = Allocator(topo)
+    doc = topo.to_dict()
+    doc["bandwidth_gbps"] = [[topo.gbps(i, j) for j in range(topo.n)] for i in range(topo.n)]
+    doc["best_ring_gbps"] = {str(k): alloc.best_ring_mbps(k) / 1000 for k in range(2, topo.n + 1)}
+    return doc
+
+
+def render_topo(topo: Topology) -> str:
+    """`nvidia-smi topo -m` layout with each cell's GB/s, plus NUMA, model and best rings."""
+    alloc = Allocator(topo)
+    n = topo.n
+    cells = [
+        ["X" if i == j else f"{topo.code(i, j)}/{topo.gbps(i, j):g}" for j in range(n)] for i in range(n)
+    ]
+    width = max(7, *(len(c) + 1 for row in cells for c in row))
+    lines = [
+        f"{topo.name}: {n} GPUs, NVLink {topo.settings.nvlink_gbps_per_link:g} GB/s per link, "
+        f"NVSwitch: {'yes' if topo.nvswitch else 'no'}   (cell = link code / GB/s one direction)",
+        "",
+        " " * 7 + "".join(f"GPU{j}".ljust(width) for j in range(n)) + "NUMA  Model",
+    ]
+    for i in range(n):
+        numa = "-" if topo.gpus[i].numa is None else str(topo.gpus[i].numa)
+        lines.append(
+            f"GPU{i}".ljust(7) + "".join(c.ljust(width) for c in cells[i]) + numa.ljust(6) + topo.gpus[i].model
+        )
+    lines += ["", "Best ring bandwidth an empty node offers, by request size:"]
+    lines.append(
+        "  " + "  ".join(f"{k}: {alloc.best_ring_mbps(k) / 1000:g} GB/s" for k in range(2, n + 1))
+    )
+    legend = ", ".join(f"{lvl} {gb:g}" for lvl, gb in topo.settings.pcie_gbps.items())
+    lines += ["", f"Legend (GB/s): NV# = # x {topo.settings.nvlink_gbps_per_link:g}; {legend}"]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- prefer
+
+
+def _leftover(choice: Choice) -> str:
+    parts = []
+    by_size = {m: (best, count) for m, best, count in choice.disruption}
+    for m in DISRUPTION_SIZES:
+        if m in by_size:
+            best, count = by_size[m]
+            parts.append(f"{m}:{best / 1000:g}x{count}")
+    return " ".join(parts) or "-"
+
+
+def render_prefer(topo: Topology, ranked: list[Choice], free: list[int], size: int, must: list[int]) -> str:
+    chosen = ranked[0]
+    uuids = [topo.gpus[i].uuid for i in chosen.indices]
+    lines = [
+        f"request: {size} GPU(s) from {len(free)} available"
+        + (f", must include {','.join(map(str, must))}" if must else ""),
+        f"chosen:  GPUs {','.join(map(str, chosen.indices))}  ({' '.join(uuids)})",
+        f"why:     ring {chosen.ring_mbps / 1000:g} GB/s (weakest hop of the best NCCL ring); "
+        f"leaves {_leftover(chosen)} (group size: best ring GB/s x disjoint groups); "
+        f"pair sum {chosen.pair_sum_mbps / 1000:g} GB/s",
+        "",
+        "rank  gpus                ring GB/s  leftover (size:best x groups)   pair-sum GB/s",
+    ]
+    for rank, c in enumerate(ranked, 1):
+        lines.append(
+            f"{rank:<6}{','.join(map(str, c.indices)):<20}{c.ring_mbps / 1000:<11g}"
+            f"{_leftover(c):<32}{c.pair_sum_mbps / 1000:g}"
+        )
+    lines.append("")
+    lines.append("Keys compare left to right: ring, then leftover groups (8, 4, 2), then pair sum, then lowest indices.")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- status
+
+
+def render_status(doc: dict[str, Any]) -> str:
+    lines = [f"{k}: {v}" for k, v in doc.items() if not isinstance(v, (list, dict))]
+    for key, value in doc.items():
+        if isinstance(value, dict):
+            lines.append(f"{key}:")
+            lines += [f"  {k}: {v}" for k, v in value.items()]
+    devices = doc.get("devices") or []
+    if devices:
+        lines.append("devices:")
+        for d in devices:
+            lines.append("  " + "  ".join(f"{k}={v}" for k, v in d.items()))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gputopo", description="Topology-aware GPU scheduling: node-level debug CLI.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("topo", help="print the link and bandwidth matrix")
+    p.add_argument("--topology", help="preset name, topology JSON or `nvidia-smi topo -m` text (default: NVML)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("prefer", help="what GetPreferredAllocation would pick, and why")
+    p.add_argument("--topology", help="preset name, topology JSON or `nvidia-smi topo -m` text (default: NVML)")
+    p.add_argument("--size", type=int, required=True, help="GPUs requested")
+    p.add_argument("--available", help="comma-separated GPU indices or UUIDs offered (default: all)")
+    p.add_argument("--must", help="comma-separated GPU indices or UUIDs that must be included")
+    p.add_argument("--top", type=int, default=5, help="alternatives to show (default 5)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("status", help="ask the running device plugin over its socket")
+    p.add_argument("--socket", help="plugin socket path (default: the kubelet dir's gputopo socket)")
+    p.add_argument("--kubelet-dir", help="kubelet device-plugin folder")
+    p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait (default 3)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("presets", help="list the built-in server topologies")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    try:
+        from gputopo.sim import cli as sim_cli
+    except ImportError:
+        sim_cli = None
+    if sim_cli is not None:
+        p = sub.add_parser("simulate", help="replay a workload through gputopo and today's policies")
+        sim_cli.add_arguments(p)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "topo":
+        topo = _load(args.topology)
+        print(json.dumps(topo_document(topo), indent=1) if args.json else render_topo(topo))
+        return 0
+    if args.command == "prefer":
+        topo = _load(args.topology)
+        free = _ids(args.available, topo, "available")
+        free = list(range(topo.n)) if free is None else free
+        must = _ids(args.must, topo, "must") or []
+        if args.top < 1:
+            raise UsageError("--top must be at least 1")
+        try:
+            ranked = Allocator(topo).rank(free, args.size, must, top=args.top)
+        except AllocationError as e:
+            raise UsageError(str(e)) from None
+        if args.json:
+            doc = {
+                "topology": topo.name,
+                "size": args.size,
+                "available": sorted(free),
+                "must": sorted(must),
+                "chosen": ranked[0].explain() | {"uuids": [topo.gpus[i].uuid for i in ranked[0].indices]},
+                "alternatives": [c.explain() for c in ranked],
+            }
+            print(json.dumps(doc, indent=1))
+        else:
+            print(render_prefer(topo, ranked, free, args.size, must))
+        return 0
+    if args.command == "status":
+        return _status(args)
+    if args.command == "presets":
+        from gputopo.topofile import list_presets, load_preset
+
+        rows = [load_preset(name) for name in list_presets()]
+        if args.json:
+            print(json.dumps([{"name": t.name, "gpus": t.n, "description": t.description} for t in rows]))
+        else:
+            for t in rows:
+                print(f"{t.name:<26}{t.n:>3} GPUs  {t.description}")
+        return 0
+    if args.command == "simulate":
+        from gputopo.sim import cli as sim_cli
+
+        try:
+            return sim_cli.run(args)
+        except getattr(sim_cli, "UsageError", UsageError) as e:
+            raise UsageError(str(e)) from None
+    raise UsageError(f"unknown command {args.command!r}")  # pragma: no cover - argparse guards it
+
+
+def _status(args: argparse.Namespace) -> int:
+    import os
+
+    from deviceplugin import defaults
+    from deviceplugin.status_client import StatusUnavailable, fetch_status
+
+    if args.timeout <= 0:
+        raise UsageError("--timeout must be positive")
+    socket = args.socket or os.path.join(
+        args.kubelet_dir or os.environ.get("GPUTOPO_KUBELET_DIR", defaults.KUBELET_DIR),
+        os.environ.get("GPUTOPO_SOCKET_NAME", defaults.SOCKET_NAME),
+    )
+    try:
+        doc = fetch_status(socket, timeout=args.timeout)
+    except StatusUnavailable as e:
+        print(f"gputopo: plugin not reachable at {socket}: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(doc, indent=1) if args.json else render_status(doc))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return _run(args)
+    except UsageError as e:
+        print(f"gputopo: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
