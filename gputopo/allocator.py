@@ -313,3 +313,26 @@ def _bit_reverse(masks: np.ndarray, n: int) -> np.ndarray:
     for i in range(n):
         out |= ((masks >> i) & 1) << (n - 1 - i)
     return out
+
+
+class AllocatorPool:
+    """One Allocator per distinct bandwidth matrix.
+
+    Building an Allocator is O(2^n) work while a cluster has thousands of nodes of a handful
+    of server models; nodes whose matrices are equal share one (the answers are GPU indices,
+    so the UUIDs of the topology that built it do not matter). An explicit object owned by
+    its caller, never a module-level cache."""
+
+    def __init__(self) -> None:
+        self._by_matrix: dict[bytes, Allocator] = {}
+
+    def get(self, topology: Topology) -> Allocator:
+        bw = topology.bandwidth_mbps
+        key = bw.shape[0].to_bytes(2, "little") + bw.tobytes()
+        alloc = self._by_matrix.get(key)
+        if alloc is None:
+            alloc = self._by_matrix[key] = Allocator(topology)
+        return alloc
+
+    def __len__(self) -> int:
+        return len(self._by_matrix)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gputopo.allocator import AllocationError, Allocator
 from gputopo.topofile import load_preset
-from gputopo.topology import make_topology
+from gputopo.topology import Topology, make_topology
 from tests.oracle import Oracle
 from tests.strategies import requests, topologies
 
@@ -135,3 +135,14 @@ def test_bad_requests_raise_clear_errors(free: list[int], size: int, must: list[
 def test_cache_returns_same_answer() -> None:
     alloc = Allocator(load_preset("pcie8-plx"))
     assert alloc.choose([0, 1, 2, 5], 2) is alloc.choose([5, 2, 1, 0], 2)
+
+
+def test_pool_shares_allocators_between_equal_matrices() -> None:
+    from gputopo.allocator import AllocatorPool
+
+    pool = AllocatorPool()
+    a = load_preset("dgx1-v100")
+    b = Topology.from_dict(a.to_dict() | {"gpus": [g.to_dict() | {"uuid": f"GPU-x{g.index}"} for g in a.gpus]})
+    assert pool.get(a) is pool.get(b)
+    assert pool.get(load_preset("hgx-h100")) is not pool.get(a)
+    assert len(pool) == 2

@@ -1,0 +1,84 @@
+"""The `gputopo` CLI as a user runs it: real subprocesses, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def gputopo(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gputopo", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_topo_prints_matrix_with_bandwidth_and_numa() -> None:
+    out = gputopo("topo", "--topology", "dgx1-v100")
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines() if line.startswith("GPU")}
+    assert rows["GPU0"][1:9] == ["X", "NV1/25", "NV1/25", "NV2/50", "NV2/50", "SYS/6", "SYS/6", "SYS/6"]
+    assert rows["GPU7"][9] == "1"  # NUMA column
+
+
+def test_topo_json_is_machine_readable() -> None:
+    out = gputopo("topo", "--topology", "hgx-h100", "--json")
+    doc = json.loads(out.stdout)
+    assert doc["nvswitch"] is True
+    assert doc["bandwidth_gbps"][0][7] == 450.0
+    assert doc["best_ring_gbps"]["8"] == 450.0
+
+
+def test_prefer_explains_choice_and_alternatives() -> None:
+    out = gputopo("prefer", "--topology", "dgx1-v100", "--size", "2", "--available", "0,1,2,4,5", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["chosen"]["gpus"] == [0, 4]  # an NV2 pair, lowest indices among equals
+    assert doc["chosen"]["ring_gbps"] == 50.0
+    assert doc["alternatives"][0]["gpus"] == [0, 4]
+    rings = [a["ring_gbps"] for a in doc["alternatives"]]
+    assert rings == sorted(rings, reverse=True)
+
+
+def test_prefer_accepts_uuids_and_must() -> None:
+    topo = json.loads(gputopo("topo", "--topology", "a100-pcie-nvlink-pairs", "--json").stdout)
+    uuid6 = topo["gpus"][6]["uuid"]
+    out = gputopo("prefer", "--topology", "a100-pcie-nvlink-pairs", "--size", "2", "--must", uuid6, "--json")
+    assert json.loads(out.stdout)["chosen"]["gpus"] == [6, 7]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("prefer", "--topology", "dgx1-v100", "--size", "9"),
+        ("prefer", "--topology", "dgx1-v100", "--size", "0"),
+        ("prefer", "--topology", "dgx1-v100", "--size", "2", "--available", "0,0,1"),
+        ("prefer", "--topology", "dgx1-v100", "--size", "2", "--available", "0,1", "--must", "5"),
+        ("prefer", "--topology", "dgx1-v100", "--size", "2", "--available", "GPU-nope"),
+        ("prefer", "--topology", "no-such-preset", "--size", "1"),
+        ("prefer", "--size", "two"),
+        ("topo", "--topology", "/nonexistent/file.json"),
+        ("frobnicate",),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args: tuple[str, ...]) -> None:
+    out = gputopo(*args)
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith("gputopo: error:")
+    assert "Traceback" not in out.stderr
+
+
+def test_bad_topology_file_is_exit_2(tmp_path) -> None:
+    bad = tmp_path / "t.json"
+    bad.write_text(json.dumps({"gpus": [{"index": 0}, {"index": 1}], "links": [["X", "NV1"], ["SYS", "X"]]}))
+    out = gputopo("topo", "--topology", str(bad))
+    assert out.returncode == 2 and "asymmetric" in out.stderr
+
+
+def test_status_without_plugin_is_a_clear_failure(tmp_path) -> None:
+    out = gputopo("status", "--socket", str(tmp_path / "none.sock"), "--timeout", "0.5")
+    assert out.returncode == 1
+    assert "not reachable" in out.stderr and "Traceback" not in out.stderr
