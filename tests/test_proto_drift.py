@@ -39,8 +39,16 @@ def test_generate_script_names_every_proto() -> None:
 def test_committed_code_matches_protoc(tmp_path: Path) -> None:
     out = tmp_path / "gen"
     out.mkdir()
-    _protoc(["-I", str(PROTO), f"--python_out={out}", f"--pyi_out={out}", f"--grpc_python_out={out}",
-             *(str(PROTO / rel) for rel in PROTO_FILES)])
+    _protoc(
+        [
+            "-I",
+            str(PROTO),
+            f"--python_out={out}",
+            f"--pyi_out={out}",
+            f"--grpc_python_out={out}",
+            *(str(PROTO / rel) for rel in PROTO_FILES),
+        ]
+    )
     fresh = _generated(out)
     committed = _generated(PROTO)
     assert fresh, "protoc produced nothing"
@@ -71,9 +79,15 @@ def _wire(fd: descriptor_pb2.FileDescriptorProto) -> dict[str, object]:
 
     walk("", fd.message_type)
     methods = sorted(
-        (f"/{fd.package}.{s.name}/{m.name}", m.input_type.split(".")[-1], m.output_type.split(".")[-1],
-         m.client_streaming, m.server_streaming)
-        for s in fd.service for m in s.method
+        (
+            f"/{fd.package}.{s.name}/{m.name}",
+            m.input_type.split(".")[-1],
+            m.output_type.split(".")[-1],
+            m.client_streaming,
+            m.server_streaming,
+        )
+        for s in fd.service
+        for m in s.method
     )
     return {"package": fd.package, "messages": messages, "methods": methods}
 
@@ -94,11 +108,19 @@ def test_wire_names_kubelet_relies_on() -> None:
     by_name = api_pb2.DESCRIPTOR.services_by_name
     services = {s.full_name: [m.name for m in s.methods] for s in by_name.values()}
     assert services["v1beta1.DevicePlugin"] == [
-        "GetDevicePluginOptions", "ListAndWatch", "GetPreferredAllocation", "Allocate", "PreStartContainer"]
+        "GetDevicePluginOptions",
+        "ListAndWatch",
+        "GetPreferredAllocation",
+        "Allocate",
+        "PreStartContainer",
+    ]
     assert services["v1beta1.Registration"] == ["Register"]
     req = api_pb2.ContainerPreferredAllocationRequest.DESCRIPTOR.fields_by_name
-    assert (req["available_deviceIDs"].number, req["must_include_deviceIDs"].number,
-            req["allocation_size"].number) == (1, 2, 3)
+    assert (
+        req["available_deviceIDs"].number,
+        req["must_include_deviceIDs"].number,
+        req["allocation_size"].number,
+    ) == (1, 2, 3)
     assert api_pb2.NUMANode.DESCRIPTOR.fields_by_name["ID"].number == 1
     assert api_pb2.ContainerAllocateResponse.DESCRIPTOR.fields_by_name["cdi_devices"].number == 5
     lister = pr_pb2.DESCRIPTOR.services_by_name["PodResourcesLister"]

@@ -1,0 +1,105 @@
+"""`python -m deviceplugin`: run the gputopo device plugin until SIGTERM/SIGINT.
+
+Exit codes: 0 after a signal (socket removed), 2 for any bad flag, environment value, config
+file or topology (one line on stderr, nothing started), 1 when the node cannot be served
+(NVML will not start with --fail-on-init-error, the kubelet folder is not writable).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from types import FrameType
+
+from deviceplugin import defaults
+from deviceplugin.backend import Backend
+from deviceplugin.config import ConfigError, PluginConfig, load_config
+from deviceplugin.daemon import Daemon
+from deviceplugin.server import ServerError
+from gputopo import jsonlog
+from gputopo.topology import TopologyError
+
+log = logging.getLogger("deviceplugin")
+PROG = "deviceplugin"
+
+
+class InitError(RuntimeError):
+    """The hardware backend cannot start; the message says why."""
+
+
+def _file_backend(config: PluginConfig) -> Backend:
+    from deviceplugin.filebackend import FileBackend
+
+    assert config.topology is not None
+    return FileBackend(config.topology, config.health_file)
+
+
+def _nvml_backend(config: PluginConfig, stop: threading.Event) -> Backend | None:
+    """NVML, retried every NVML_RETRY_SECONDS unless fail-on-init-error; None if stopped first."""
+    while True:
+        try:
+            from deviceplugin.nvml import NvmlBackend
+
+            return NvmlBackend()
+        except Exception as e:
+            reason = f"NVML could not start: {type(e).__name__}: {e}"
+            if config.fail_on_init_error:
+                raise InitError(reason + " (run with --fail-on-init-error=false to keep retrying)") from None
+            jsonlog.event(
+                log, "nvml_init_failed", logging.ERROR, retry_in_s=defaults.NVML_RETRY_SECONDS, reason=reason
+            )
+            if stop.wait(defaults.NVML_RETRY_SECONDS):
+                return None
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    try:
+        config = load_config(
+            sys.argv[1:] if argv is None else argv, os.environ if environ is None else environ
+        )
+    except ConfigError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    jsonlog.setup(config.log_level)
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        jsonlog.event(log, "signal", signal=signal.Signals(signum).name, reason="shutting down")
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    try:
+        backend = _file_backend(config) if config.topology else _nvml_backend(config, stop)
+    except (TopologyError, ValueError) as e:
+        print(f"{PROG}: error: topology: {e}", file=sys.stderr)
+        return 2
+    except InitError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    if backend is None:
+        return 0
+
+    daemon = Daemon(config, backend)
+    try:
+        daemon.start()
+    except TopologyError as e:
+        print(f"{PROG}: error: topology: {e}", file=sys.stderr)
+        return 2
+    except ServerError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    while not stop.wait(0.5):
+        pass
+    daemon.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

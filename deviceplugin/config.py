@@ -1,0 +1,370 @@
+"""The plugin's settings, layered flag > environment > config file > default.
+
+One table (`OPTIONS`) names every setting once: its flag, its environment variable, its key
+in the versioned YAML file and the parser that turns text (or a YAML value) into a checked
+value. The three sources then cannot drift apart, and every bad value is reported the same
+way: a `ConfigError` whose message names the source and the setting, which the entry point
+prints as one line before exiting with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, NoReturn
+
+import yaml
+
+from deviceplugin import defaults
+
+CONFIG_VERSION = "v1"
+STRATEGIES = ("envvar", "cdi")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+# sun_path of a unix socket holds 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH = 107
+_RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message says which one, where it came from and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class PluginConfig:
+    """Everything the daemon is told from outside, already checked."""
+
+    kubelet_dir: str = defaults.KUBELET_DIR
+    resource_name: str = defaults.RESOURCE_NAME
+    socket_name: str = defaults.SOCKET_NAME
+    topology: str | None = None
+    health_file: str | None = None
+    device_list_strategy: str = "envvar"
+    ignored_xids: tuple[int, ...] = defaults.IGNORED_XIDS
+    health_recovery_seconds: float = defaults.HEALTH_RECOVERY_SECONDS
+    fail_on_init_error: bool = True
+    metrics_port: int = defaults.METRICS_PORT
+    log_level: str = "info"
+    node_name: str | None = None
+    pod_resources_socket: str = defaults.POD_RESOURCES_SOCKET
+
+    @property
+    def socket_path(self) -> str:
+        return os.path.join(self.kubelet_dir, self.socket_name)
+
+    @property
+    def kubelet_socket(self) -> str:
+        return os.path.join(self.kubelet_dir, defaults.KUBELET_SOCKET_NAME)
+
+    @property
+    def backend_kind(self) -> str:
+        return "file" if self.topology else "nvml"
+
+
+# --- value parsers: text from a flag or env var, or a YAML scalar/list ---------------------------
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("must be a non-empty string")
+    return value.strip()
+
+
+def _optional_text(value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    return _text(value)
+
+
+def _choice(options: Sequence[str]) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = _text(value).lower()
+        if text not in options:
+            raise ValueError(f"must be one of {', '.join(options)}, got {value!r}")
+        return text
+
+    return parse
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"must be true or false, got {value!r}")
+
+
+def _port(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"must be a port number 0..65535, got {value!r}")
+    try:
+        port = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"must be a port number 0..65535, got {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"must be a port number 0..65535, got {value!r}")
+    return port
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number of seconds >= 0, got {value!r}")
+    try:
+        seconds = float(str(value).strip())
+    except ValueError:
+        raise ValueError(f"must be a number of seconds >= 0, got {value!r}") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"must be a number of seconds >= 0, got {value!r}")
+    return seconds
+
+
+def _xids(value: Any) -> tuple[int, ...]:
+    items: list[Any]
+    if isinstance(value, (list, tuple)):
+        items = list(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        items = [value]
+    elif isinstance(value, str):
+        items = [p for p in re.split(r"[,\s]+", value.strip()) if p]
+    else:
+        raise ValueError(f"must be a comma-separated list of XID numbers, got {value!r}")
+    out: list[int] = []
+    for item in items:
+        if isinstance(item, bool):
+            raise ValueError(f"{item!r} is not an XID number")
+        try:
+            xid = int(str(item))
+        except ValueError:
+            raise ValueError(f"{item!r} is not an XID number") from None
+        if xid < 0:
+            raise ValueError(f"{item!r} is not an XID number")
+        out.append(xid)
+    return tuple(sorted(set(out)))
+
+
+def _resource(value: Any) -> str:
+    text = _text(value)
+    if not _RESOURCE_RE.match(text) or len(text) > 253:
+        raise ValueError(f"must be an extended resource name like nvidia.com/gpu, got {value!r}")
+    return text
+
+
+def _socket_name(value: Any) -> str:
+    text = _text(value)
+    if "/" in text or text in (".", "..", defaults.KUBELET_SOCKET_NAME):
+        raise ValueError(
+            f"must be a plain file name other than {defaults.KUBELET_SOCKET_NAME}, got {value!r}"
+        )
+    return text
+
+
+def _log_level(value: Any) -> str:
+    return _choice(LOG_LEVELS)(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    name: str  # PluginConfig field
+    flag: str  # --flag
+    env: str  # environment variable
+    key: str  # YAML key
+    parse: Callable[[Any], Any]
+    help: str
+    boolean: bool = False
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "kubelet_dir",
+        "--kubelet-dir",
+        "GPUTOPO_KUBELET_DIR",
+        "kubeletDir",
+        _text,
+        "kubelet device-plugin folder holding kubelet.sock and the plugin's socket",
+    ),
+    Option(
+        "resource_name",
+        "--resource-name",
+        "GPUTOPO_RESOURCE_NAME",
+        "resourceName",
+        _resource,
+        "extended resource advertised to kubelet",
+    ),
+    Option(
+        "socket_name",
+        "--socket-name",
+        "GPUTOPO_SOCKET_NAME",
+        "socketName",
+        _socket_name,
+        "file name of the plugin's socket inside the kubelet folder",
+    ),
+    Option(
+        "topology",
+        "--topology",
+        "GPUTOPO_TOPOLOGY",
+        "topology",
+        _optional_text,
+        "topology JSON / `nvidia-smi topo -m` file or preset name; without it NVML is used",
+    ),
+    Option(
+        "health_file",
+        "--health-file",
+        "GPUTOPO_HEALTH_FILE",
+        "healthFile",
+        _optional_text,
+        "file backend only: file stating each GPU's health, watched for changes",
+    ),
+    Option(
+        "device_list_strategy",
+        "--device-list-strategy",
+        "GPUTOPO_DEVICE_LIST_STRATEGY",
+        "deviceListStrategy",
+        _choice(STRATEGIES),
+        "how Allocate hands GPUs to the container: envvar (NVIDIA_VISIBLE_DEVICES) or cdi",
+    ),
+    Option(
+        "ignored_xids",
+        "--ignored-xids",
+        "GPUTOPO_IGNORED_XIDS",
+        "ignoredXids",
+        _xids,
+        "XID errors that do not make a GPU unhealthy (comma-separated)",
+    ),
+    Option(
+        "health_recovery_seconds",
+        "--health-recovery-seconds",
+        "GPUTOPO_HEALTH_RECOVERY_SECONDS",
+        "healthRecoverySeconds",
+        _seconds,
+        "an unhealthy GPU without new errors for this long is healthy again (0: never)",
+    ),
+    Option(
+        "fail_on_init_error",
+        "--fail-on-init-error",
+        "GPUTOPO_FAIL_ON_INIT_ERROR",
+        "failOnInitError",
+        _bool,
+        "exit non-zero when NVML cannot start (false: keep retrying)",
+        boolean=True,
+    ),
+    Option(
+        "metrics_port",
+        "--metrics-port",
+        "GPUTOPO_METRICS_PORT",
+        "metricsPort",
+        _port,
+        "Prometheus metrics port (0 disables)",
+    ),
+    Option(
+        "log_level",
+        "--log-level",
+        "GPUTOPO_LOG_LEVEL",
+        "logLevel",
+        _log_level,
+        "debug, info, warning or error",
+    ),
+    Option(
+        "node_name",
+        "--node-name",
+        "NODE_NAME",
+        "nodeName",
+        _optional_text,
+        "name of this node (downward API)",
+    ),
+    Option(
+        "pod_resources_socket",
+        "--pod-resources-socket",
+        "GPUTOPO_POD_RESOURCES_SOCKET",
+        "podResourcesSocket",
+        _text,
+        "kubelet PodResources socket",
+    ),
+)
+CONFIG_ENV = "GPUTOPO_CONFIG"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as ConfigError (one line, exit 2) instead of usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m deviceplugin",
+        description="gputopo device plugin: topology-aware GetPreferredAllocation for kubelet.",
+        argument_default=argparse.SUPPRESS,
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--config", help=f"versioned YAML config file (version: {CONFIG_VERSION}); env {CONFIG_ENV}"
+    )
+    for opt in OPTIONS:
+        text = f"{opt.help} (env {opt.env}, file key {opt.key})"
+        if opt.boolean:
+            parser.add_argument(opt.flag, dest=opt.name, nargs="?", const="true", metavar="BOOL", help=text)
+        else:
+            parser.add_argument(opt.flag, dest=opt.name, metavar=opt.name.upper(), help=text)
+    return parser
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """The YAML file's settings by field name; unknown keys and a missing version are errors,
+    so a typo never silently falls back to a default."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError(f"config file {path}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"config file {path}: must be a YAML mapping")
+    version = doc.get("version")
+    if version != CONFIG_VERSION:
+        raise ConfigError(f"config file {path}: 'version' must be {CONFIG_VERSION!r}, got {version!r}")
+    by_key = {opt.key: opt for opt in OPTIONS}
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        if key == "version":
+            continue
+        opt = by_key.get(str(key))
+        if opt is None:
+            raise ConfigError(f"config file {path}: unknown key {key!r} (known: {', '.join(sorted(by_key))})")
+        out[opt.name] = _checked(opt, value, f"config file {path}: {opt.key}")
+    return out
+
+
+def _checked(opt: Option, value: Any, where: str) -> Any:
+    try:
+        return opt.parse(value)
+    except ValueError as e:
+        raise ConfigError(f"{where} {e}") from None
+
+
+def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> PluginConfig:
+    """Merge flags, environment and the optional config file (in that precedence) over defaults."""
+    args = vars(build_parser().parse_args(list(argv)))
+    config_path = args.pop("config", None) or environ.get(CONFIG_ENV) or None
+    values: dict[str, Any] = read_config_file(config_path) if config_path else {}
+    for opt in OPTIONS:
+        if opt.env in environ:
+            values[opt.name] = _checked(opt, environ[opt.env], f"environment {opt.env}:")
+    for opt in OPTIONS:
+        if opt.name in args:
+            values[opt.name] = _checked(opt, args[opt.name], f"flag {opt.flag}:")
+    known = {f.name for f in fields(PluginConfig)}
+    config = PluginConfig(**{k: v for k, v in values.items() if k in known})
+    if len(config.socket_path.encode()) > MAX_SOCKET_PATH:
+        raise ConfigError(
+            f"socket path {config.socket_path} is longer than a unix socket allows ({MAX_SOCKET_PATH} bytes)"
+        )
+    if config.health_file and not config.topology:
+        raise ConfigError("--health-file needs --topology (it drives the file backend)")
+    return config

@@ -1,0 +1,111 @@
+"""The node daemon: wires backend, snapshot store, gRPC server, kubelet watcher and health loop.
+
+Start order matters: discover the topology and build the allocator first (a bad topology must
+fail before anything is served), then serve, and only then let the watcher register, because
+kubelet dials back inside Register. Stop runs the other way round and leaves no socket behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from deviceplugin.backend import Backend
+from deviceplugin.config import PluginConfig
+from deviceplugin.health import HealthTracker
+from deviceplugin.healthloop import HealthLoop
+from deviceplugin.metrics import Metrics
+from deviceplugin.registration import KubeletWatcher, RegistrationInfo
+from deviceplugin.server import PluginServer
+from deviceplugin.state import Listener, SnapshotStore, make_snapshot
+from gputopo import jsonlog
+
+log = logging.getLogger("deviceplugin.daemon")
+
+
+class Daemon:
+    """One device plugin for one resource on one node; `start()` / `stop()`."""
+
+    def __init__(
+        self,
+        config: PluginConfig,
+        backend: Backend,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        register: Callable[[], None] | None = None,
+        health_tick_seconds: float = 1.0,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.metrics = metrics or Metrics()
+        self._clock = clock
+        self._wall = wall
+        self._register = register
+        self._health_tick_seconds = health_tick_seconds
+        self._pending_listeners: list[Listener] = []
+        self.store: SnapshotStore | None = None
+        self.server: PluginServer | None = None
+        self.watcher: KubeletWatcher | None = None
+        self.health: HealthLoop | None = None
+
+    def add_listener(self, listener: Listener) -> None:
+        """Hook for the Node publisher: called with every snapshot (topology + health)."""
+        if self.store is None:
+            self._pending_listeners.append(listener)
+        else:
+            self.store.add_listener(listener)
+
+    def registration(self) -> RegistrationInfo:
+        return self.watcher.info() if self.watcher is not None else RegistrationInfo()
+
+    def start(self) -> None:
+        """Discover, serve, then register; on any failure undo what was started and re-raise."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        cfg = self.config
+        topology = self.backend.discover()
+        recovery = cfg.health_recovery_seconds or None
+        tracker = HealthTracker([g.uuid for g in topology.gpus], cfg.ignored_xids, recovery, self._clock)
+        self.store = SnapshotStore(make_snapshot(1, topology, tracker.state()))
+        for listener in self._pending_listeners:
+            self.store.add_listener(listener)
+        jsonlog.event(
+            log,
+            "starting",
+            topology=topology.name,
+            gpus=topology.n,
+            backend=cfg.backend_kind,
+            resource=cfg.resource_name,
+            socket=cfg.socket_path,
+            strategy=cfg.device_list_strategy,
+            node=cfg.node_name,
+            reason="topology discovered; allocator built once for it",
+        )
+        self.metrics.serve(cfg.metrics_port)
+        self.health = HealthLoop(self.backend, tracker, self.store, self.metrics, self._health_tick_seconds)
+        self.health.export_gauges(self.store.current())
+        self.server = PluginServer(cfg, self.store, self.metrics, self.registration)
+        self.server.start()
+        self.health.start()
+        self.watcher = KubeletWatcher(cfg, self.server, self.metrics, self._register, self._clock, self._wall)
+        self.watcher.start()
+
+    def stop(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+        if self.health is not None:
+            self.health.stop()
+        if self.store is not None:
+            self.store.close()
+        if self.server is not None:
+            self.server.stop()
+        self.metrics.stop()
+        self.backend.close()
+        jsonlog.event(log, "stopped", socket=self.config.socket_path, reason="shutdown requested")

@@ -1,0 +1,210 @@
+"""Registration with kubelet, and the watch over kubelet's folder that keeps it valid.
+
+Kubelet gives no signal when it restarts except in its folder: kubelet.sock is removed and
+created again, and every other socket there (ours) is deleted. The watcher polls the folder
+(every ~150 ms, cheaper and more portable than inotify, and well inside the one-second
+re-registration target) and reacts to exactly two facts:
+
+* our socket is gone or replaced -> serve again on a fresh socket, then register again;
+* kubelet.sock appeared or is a different file than before -> the registration we had is
+  void; register again now (back-off reset, since a new kubelet is likely listening).
+
+Register is only ever sent while our server is serving, because kubelet dials the plugin back
+inside Register and refuses a plugin it cannot reach. Failed attempts back off exponentially
+(0.2 s doubling to 5 s), so a stale kubelet.sock nobody listens on costs almost nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import grpc
+
+from deviceplugin import defaults
+from deviceplugin.config import PluginConfig
+from deviceplugin.metrics import Metrics
+from gputopo import jsonlog
+from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+
+if TYPE_CHECKING:
+    from deviceplugin.server import PluginServer
+
+log = logging.getLogger("deviceplugin.registration")
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationInfo:
+    """Registration as the status service reports it."""
+
+    registered: bool = False
+    last_registration_unix: float | None = None
+    count: int = 0
+    last_error: str = ""
+    failed_attempts: int = 0
+
+
+FileId = tuple[int, int, int]  # (device, inode, ctime ns): a file replaced under the same name differs
+
+
+def file_id(path: str) -> FileId | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+def plugin_options() -> api_pb2.DevicePluginOptions:
+    """The same options in GetDevicePluginOptions (what kubelet stores) and RegisterRequest."""
+    return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+
+def register_request(config: PluginConfig) -> api_pb2.RegisterRequest:
+    return api_pb2.RegisterRequest(
+        version=defaults.API_VERSION,
+        endpoint=config.socket_name,
+        resource_name=config.resource_name,
+        options=plugin_options(),
+    )
+
+
+def register_with_kubelet(config: PluginConfig, timeout: float = defaults.REGISTER_TIMEOUT_SECONDS) -> None:
+    """One Register call; raises grpc.RpcError when kubelet refuses or cannot be reached."""
+    with grpc.insecure_channel(f"unix://{config.kubelet_socket}") as channel:
+        api_pb2_grpc.RegistrationStub(channel).Register(register_request(config), timeout=timeout)
+
+
+class KubeletWatcher:
+    """Keeps the plugin served and registered across kubelet restarts; `step()` is one poll."""
+
+    def __init__(
+        self,
+        config: PluginConfig,
+        server: PluginServer,
+        metrics: Metrics,
+        register: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        interval: float = defaults.WATCH_INTERVAL_SECONDS,
+        backoff: tuple[float, float] = defaults.REGISTER_BACKOFF_SECONDS,
+    ) -> None:
+        self._config = config
+        self._server = server
+        self._metrics = metrics
+        self._register = register or (lambda: register_with_kubelet(config))
+        self._clock = clock
+        self._wall = wall
+        self._interval = interval
+        self._backoff_first, self._backoff_max = backoff
+        self._delay = self._backoff_first
+        self._next_attempt = 0.0
+        self._kubelet_id: FileId | None = None
+        self._info = RegistrationInfo()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def info(self) -> RegistrationInfo:
+        return self._info
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="kubelet-watcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=defaults.REGISTER_TIMEOUT_SECONDS + 2)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception as e:  # keep watching whatever happens; the next poll may succeed
+                jsonlog.event(log, "watch_failed", logging.ERROR, reason=f"{type(e).__name__}: {e}")
+            self._stop.wait(self._interval)
+
+    def _unregistered(self) -> None:
+        if self._info.registered:
+            self._info = replace(self._info, registered=False)
+
+    def step(self) -> None:
+        if not self._server.socket_intact():
+            jsonlog.event(
+                log,
+                "plugin_socket_lost",
+                socket=self._server.path,
+                reason="our socket was deleted or replaced (kubelet restart?): serving again",
+            )
+            self._server.restart()
+            self._unregistered()
+            self._next_attempt = self._clock()
+        kid = file_id(self._config.kubelet_socket)
+        if kid != self._kubelet_id:
+            jsonlog.event(
+                log,
+                "kubelet_socket_changed",
+                socket=self._config.kubelet_socket,
+                present=kid is not None,
+                reason="kubelet.sock appeared or was recreated: registering again"
+                if kid
+                else "kubelet.sock removed: waiting for kubelet",
+            )
+            self._kubelet_id = kid
+            self._unregistered()
+            self._delay = self._backoff_first
+            self._next_attempt = self._clock()
+        if kid is None or self._info.registered or self._clock() < self._next_attempt:
+            return
+        self._attempt()
+
+    def _attempt(self) -> None:
+        try:
+            self._register()
+        except grpc.RpcError as e:
+            reason = f"{e.code().name}: {e.details()}" if isinstance(e, grpc.Call) else str(e)
+            self._failed(reason)
+            return
+        except Exception as e:
+            self._failed(f"{type(e).__name__}: {e}")
+            return
+        self._info = RegistrationInfo(
+            registered=True,
+            last_registration_unix=self._wall(),
+            count=self._info.count + 1,
+        )
+        self._delay = self._backoff_first
+        self._metrics.registrations.labels("ok").inc()
+        jsonlog.event(
+            log,
+            "registered",
+            kubelet=self._config.kubelet_socket,
+            endpoint=self._config.socket_name,
+            resource=self._config.resource_name,
+            count=self._info.count,
+            reason="kubelet accepted Register",
+        )
+
+    def _failed(self, reason: str) -> None:
+        self._info = replace(
+            self._info, registered=False, last_error=reason, failed_attempts=self._info.failed_attempts + 1
+        )
+        self._metrics.registrations.labels("error").inc()
+        jsonlog.event(
+            log,
+            "register_failed",
+            logging.WARNING,
+            kubelet=self._config.kubelet_socket,
+            attempt=self._info.failed_attempts,
+            retry_in_s=round(self._delay, 3),
+            reason=reason,
+        )
+        self._next_attempt = self._clock() + self._delay
+        self._delay = min(self._delay * 2, self._backoff_max)

@@ -1,0 +1,104 @@
+"""Kubelet's device IDs in, GPU indices to the allocator, device IDs out.
+
+This is the only place that checks what kubelet sent. Every malformed request becomes a
+`RequestError` whose message is the reason the client reads in INVALID_ARGUMENT; nothing here
+can raise anything else for any input, so no request can crash the daemon.
+
+Choices:
+
+* Unknown offered IDs (a GPU gone since kubelet's last list) are dropped before choosing and
+  reported in `PreferredAnswer.ignored`; an error would fail the pod's admission for nothing.
+  If too few known IDs remain, the request is refused.
+* Unhealthy offered IDs are treated as offered: kubelet only offers devices it believes
+  healthy and is the authority on what it may allocate, and our health view may simply be
+  newer or older than kubelet's. Refusing would fail admission; choosing around them would
+  second-guess kubelet. The decision log records them (`unhealthy_offered`) so it is visible.
+* The answer is the allocator's best set; it depends on the set of IDs offered, never on their
+  order (indices are sorted before the allocator sees them, and answers are listed by index).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from deviceplugin.state import Snapshot
+from gputopo.allocator import AllocationError, Choice
+
+
+class RequestError(ValueError):
+    """A request kubelet should not have sent; the message is the reason given back."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreferredAnswer:
+    """One container's preferred devices and why."""
+
+    device_ids: tuple[str, ...]
+    choice: Choice
+    ignored: tuple[str, ...]  # offered IDs this plugin does not know
+    unhealthy_offered: tuple[str, ...]  # offered IDs we currently see as unhealthy
+
+
+def _duplicates(ids: Sequence[str]) -> list[str]:
+    seen: set[str] = set()
+    dups: list[str] = []
+    for i in ids:
+        if i in seen and i not in dups:
+            dups.append(i)
+        seen.add(i)
+    return dups
+
+
+def _short(ids: Sequence[str], limit: int = 4) -> str:
+    shown = ", ".join(ids[:limit])
+    return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+
+
+def preferred(snap: Snapshot, available: Sequence[str], must: Sequence[str], size: int) -> PreferredAnswer:
+    """Validate one ContainerPreferredAllocationRequest and ask the allocator."""
+    if size <= 0:
+        raise RequestError(f"allocation_size must be positive, got {size}")
+    if dups := _duplicates(available):
+        raise RequestError(f"available_deviceIDs lists {_short(dups)} more than once")
+    if dups := _duplicates(must):
+        raise RequestError(f"must_include_deviceIDs lists {_short(dups)} more than once")
+    offered = set(available)
+    if missing := [m for m in must if m not in offered]:
+        raise RequestError(f"must_include_deviceIDs {_short(missing)} not among available_deviceIDs")
+    if len(must) > size:
+        raise RequestError(f"{len(must)} must_include_deviceIDs exceed allocation_size {size}")
+    if size > len(available):
+        raise RequestError(f"allocation_size {size} exceeds the {len(available)} available devices")
+    if unknown_must := [m for m in must if snap.index_of(m) is None]:
+        raise RequestError(f"must_include_deviceIDs {_short(unknown_must)} unknown to this plugin")
+    ignored = tuple(a for a in available if snap.index_of(a) is None)
+    free = sorted(i for a in available if (i := snap.index_of(a)) is not None)
+    if size > len(free):
+        raise RequestError(
+            f"allocation_size {size} exceeds the {len(free)} known available devices "
+            f"(unknown: {_short(list(ignored))})"
+        )
+    must_idx = sorted(i for m in must if (i := snap.index_of(m)) is not None)
+    try:
+        choice = snap.allocator.choose(free, size, must_idx)
+    except AllocationError as e:
+        raise RequestError(f"no allocation possible: {e}") from None
+    gpus = snap.gpus
+    return PreferredAnswer(
+        device_ids=tuple(gpus[i].uuid for i in sorted(choice.indices)),
+        choice=choice,
+        ignored=ignored,
+        unhealthy_offered=tuple(a for a in available if a not in ignored and not snap.healthy(a)),
+    )
+
+
+def allocate_ids(snap: Snapshot, ids: Sequence[str]) -> tuple[str, ...]:
+    """Validate one ContainerAllocateRequest; the IDs in GPU index order."""
+    if not ids:
+        raise RequestError("devices_ids is empty")
+    if dups := _duplicates(ids):
+        raise RequestError(f"devices_ids lists {_short(dups)} more than once")
+    if unknown := [i for i in ids if snap.index_of(i) is None]:
+        raise RequestError(f"unknown device IDs {_short(unknown)}")
+    return tuple(sorted(ids, key=lambda u: snap.index_of(u) or 0))
