@@ -1,14 +1,46 @@
 """Gang placement (design.md §5): all members of a PodGroup in the smallest network domain.
 
-(API fixed; implementation in progress by the scheduler work. Pure: no I/O, no globals.)
+The gang objective, compared in order:
+  (1) the smallest level whose one domain holds every member;
+  (2) fewest nodes;
+  (3) the best worst-member GPU set, as the node allocator chooses it;
+  (4) best fit: the domain left with the fewest free GPUs, so large empty domains stay whole;
+  (5) name order.
+
+How a plan is found (docs/gang.md has the long form, with where it is exact):
+  * per level, numpy sums free GPUs and member slots (`free // size`) over every domain at
+    once and drops the domains that cannot hold the gang, before any allocator is called;
+  * fewest nodes (2) is "fill the nodes with the most room first": exact when every member
+    asks for the same number of GPUs, first-fit-decreasing (a heuristic) otherwise;
+  * (3) only runs on the domains that tie on (1) and (2); the k nodes of a domain are picked
+    by the largest threshold T such that k nodes can take all members with every member's
+    set at least T (exact for equal sizes under per-node sequential allocation);
+  * GPU sets always come from `Allocator.choose` (one objective, one allocator); members that
+    share a node get their sets one after the other from what the earlier ones left free.
+
+Pure: no I/O, no clock, no globals. A `ChoiceMemo` owned by the caller may be shared across
+calls on the same allocators; everything else lives for one call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from gputopo.allocator import Allocator, Choice
+from gputopo.network import CLUSTER, NetworkIndex, short_name, validate_levels
+
+#: A member's GPU set as the gang compares it across nodes: (ring MB/s, pair-sum MB/s).
+Quality = tuple[int, ...]
+#: Quality of a set on a node of unknown topology: below every measured set.
+UNKNOWN_QUALITY: Quality = ()
+#: Score of a node of unknown topology in `node_scores`: the middle of 0..10.
+NEUTRAL_SCORE = 5
+MAX_SCORE = 10
+
+_NO_K = np.iinfo(np.int64).max
 
 
 @dataclass(frozen=True)
@@ -18,52 +50,505 @@ class NodeView:
     name: str
     labels: Mapping[str, str]
     gpu_count: int
-    free: frozenset[int]  # free GPU indices (healthy, not allocated, not reserved)
-    allocator: Allocator | None = None  # None = topology unknown: GPUs are interchangeable, neutral score
+    free: frozenset[int]                 # free GPU indices (healthy, not allocated, not reserved)
+    allocator: Allocator | None = None   # None = topology unknown: GPUs are interchangeable, neutral score
 
 
 @dataclass(frozen=True)
 class Member:
-    pod: str  # "namespace/name"
-    gpus: int  # GPUs the pod asks for (nvidia.com/gpu)
+    pod: str        # "namespace/name"
+    gpus: int       # GPUs the pod asks for (nvidia.com/gpu)
 
 
 @dataclass(frozen=True)
 class GangSpec:
-    key: str  # "namespace/group-name"
-    members: tuple[Member, ...]  # the members to place now (pending ones)
-    required_level: str | None = None  # gputopo.io/required-topology (a level's label key)
-    preferred_level: str | None = None  # gputopo.io/preferred-topology
+    key: str                              # "namespace/group-name"
+    members: tuple[Member, ...]           # the members to place now (pending ones)
+    required_level: str | None = None     # gputopo.io/required-topology (a level's label key)
+    preferred_level: str | None = None    # gputopo.io/preferred-topology
 
 
 @dataclass(frozen=True)
 class Placement:
     pod: str
     node: str
-    gpus: tuple[int, ...]  # GPU indices the node allocator would give (empty if unknown topology)
+    gpus: tuple[int, ...]                 # GPU indices the node allocator would give (empty if unknown topology)
     choice: Choice | None = None
 
 
 @dataclass(frozen=True)
 class GangPlan:
     gang: str
-    level: str  # the label key of the level whose one domain holds every member
-    domain: str  # that domain's label value
+    level: str                            # the label key of the level whose one domain holds every member
+    domain: str                           # that domain's label value
     placements: tuple[Placement, ...]
+    nodes_used: int = 0                   # objective (2)
+    worst: Quality = UNKNOWN_QUALITY      # objective (3): the worst member's (ring, pair sum)
+    domain_free: int = 0                  # objective (4): free GPUs of the domain before the plan
 
 
 @dataclass(frozen=True)
 class NoPlan:
     gang: str
-    reason: str  # readable: why nothing fits
+    reason: str                           # readable: why nothing fits
 
 
-def plan_gang(spec: GangSpec, nodes: Sequence[NodeView], levels: Sequence[str]) -> GangPlan | NoPlan:
-    """Plan every member at once under the gang objective of design.md §5."""
-    raise NotImplementedError
+class ChoiceMemo:
+    """Allocator answers per (allocator, free set, size).
+
+    Owned by the caller, never global: one per planning call by default, or one per cluster
+    snapshot when the caller wants repeated plans (filter retries, the simulator) to be cheap."""
+
+    def __init__(self) -> None:
+        self._answers: dict[tuple[Allocator, frozenset[int], int], Choice] = {}
+
+    def choose(self, allocator: Allocator, free: frozenset[int], size: int) -> Choice:
+        key = (allocator, free, size)
+        hit = self._answers.get(key)
+        if hit is None:
+            hit = self._answers[key] = allocator.choose(sorted(free), size)
+        return hit
+
+    def __len__(self) -> int:
+        return len(self._answers)
 
 
-def node_scores(gpus: int, nodes: Sequence[NodeView]) -> dict[str, int]:
+def member_quality(choice: Choice | None) -> Quality:
+    """How good a member's set is, comparable across nodes: ring bandwidth, then pair sum.
+
+    The node objective's other keys do not carry across nodes: least disruption describes
+    the node's leftovers (its tuple changes shape with the number of free GPUs), and the
+    index tie-break means nothing between two machines. Leftovers are (4)'s business."""
+    if choice is None:
+        return UNKNOWN_QUALITY
+    return (choice.ring_mbps, choice.pair_sum_mbps)
+
+
+# --------------------------------------------------------------------------- gang planning
+
+
+@dataclass
+class _Problem:
+    """One planning call, aligned on the network index's node positions."""
+
+    spec: GangSpec
+    index: NetworkIndex
+    views: list[NodeView | None]
+    free: np.ndarray                      # free GPU count per position (0 where no view)
+    sizes: list[int]                      # GPUs per member, spec order
+    memo: ChoiceMemo
+    homogeneous: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.homogeneous = len(set(self.sizes)) == 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes)
+
+    def choices(self, pos: int, sizes: Sequence[int]) -> list[Choice | None]:
+        """Sets for members of `sizes` placed on one node one after the other."""
+        view = self.views[pos]
+        assert view is not None
+        if view.allocator is None:
+            return [None] * len(sizes)
+        free = view.free
+        out: list[Choice | None] = []
+        for g in sizes:
+            choice = self.memo.choose(view.allocator, free, g)
+            out.append(choice)
+            free = free.difference(choice.indices)
+        return out
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A feasible placement inside one domain, with its objective values."""
+
+    domain: int
+    nodes_used: int
+    worst: Quality
+    domain_free: int
+    assignment: tuple[tuple[int, int, Choice | None], ...]   # (member index, node position, choice)
+
+    def rank(self) -> tuple:
+        """Sort key: smaller is better — (2) fewest nodes, (3) best worst, (4) fullest, (5) name."""
+        return (self.nodes_used, _Desc(self.worst), self.domain_free, self.domain)
+
+
+@dataclass(frozen=True)
+class _Desc:
+    """Reverses the order of a tuple inside a sort key."""
+
+    value: Quality
+
+    def __lt__(self, other: _Desc) -> bool:  # type: ignore[override]
+        return self.value > other.value
+
+
+@dataclass(frozen=True)
+class _Miss:
+    """Why a level had no domain for the gang: its roomiest domain, for the reason text."""
+
+    level: str
+    domain: str
+    free: int
+    slots: int
+    feasible_aggregate: bool
+
+
+def plan_gang(
+    spec: GangSpec,
+    nodes: Sequence[NodeView],
+    levels: Sequence[str],
+    *,
+    index: NetworkIndex | None = None,
+    memo: ChoiceMemo | None = None,
+    prune: bool = True,
+) -> GangPlan | NoPlan:
+    """Plan every member at once under the gang objective of design.md §5.
+
+    `index` (built from the same node names and labels, e.g. once per snapshot) saves
+    rebuilding the domain grouping; nodes it lists but `nodes` lacks count as full.
+    `prune=False` skips the aggregate capacity check and evaluates every domain in full —
+    the same answer, slowly; it exists for the benchmark baseline and as a test oracle.
+    Anything wrong with the gang itself is a NoPlan with its reason; a malformed node list
+    or level list (the caller's own data) raises ValueError."""
+    levels = validate_levels(levels)
+    problem = _spec_problem(spec)
+    if problem:
+        return NoPlan(spec.key, problem)
+    tried = _levels_to_try(spec, levels)
+    if isinstance(tried, str):
+        return NoPlan(spec.key, tried)
+    if index is None:
+        index = NetworkIndex.build(((v.name, v.labels) for v in nodes), levels)
+    elif index.levels != levels:
+        raise ValueError(f"network index was built for levels {list(index.levels)}, not {list(levels)}")
+    views: list[NodeView | None] = [None] * len(index.nodes)
+    free = np.zeros(len(index.nodes), dtype=np.int64)
+    for v in nodes:
+        pos = index.position.get(v.name)
+        if pos is None:
+            raise ValueError(f"node {v.name!r} is not in the network index")
+        views[pos] = v
+        free[pos] = len(v.free)
+    sizes = [m.gpus for m in spec.members]
+    largest = max((v.gpu_count for v in nodes), default=0)
+    if max(sizes) > largest:
+        big = max(spec.members, key=lambda m: m.gpus)
+        return NoPlan(spec.key, f"pod {big.pod} asks for {big.gpus} GPUs; the largest node has {largest}")
+    pb = _Problem(spec, index, views, free, sizes, memo if memo is not None else ChoiceMemo())
+    miss: _Miss | None = None
+    for level in tried:
+        found = _plan_level(pb, level, prune)
+        if isinstance(found, GangPlan):
+            return found
+        miss = found
+    assert miss is not None
+    return NoPlan(spec.key, _reason(pb, miss, spec.required_level is not None))
+
+
+def _spec_problem(spec: GangSpec) -> str:
+    if not spec.members:
+        return f"gang {spec.key} has no pending members to place"
+    seen: set[str] = set()
+    for m in spec.members:
+        if not isinstance(m.gpus, int) or isinstance(m.gpus, bool) or m.gpus < 1:
+            return f"pod {m.pod} asks for {m.gpus!r} GPUs; gang members must ask for at least 1"
+        if m.pod in seen:
+            return f"pod {m.pod} is listed twice in gang {spec.key}"
+        seen.add(m.pod)
+    return ""
+
+
+def _levels_to_try(spec: GangSpec, levels: tuple[str, ...]) -> list[str] | str:
+    """Required: that level only. Preferred (default: the smallest): that level, each larger
+    one, and at last the whole cluster."""
+    for what, level in (("required", spec.required_level), ("preferred", spec.preferred_level)):
+        if level is not None and level not in levels:
+            return f"{what} topology {level!r} is not one of the network levels: {', '.join(levels)}"
+    if spec.required_level is not None:
+        return [spec.required_level]
+    start = levels.index(spec.preferred_level) if spec.preferred_level is not None else 0
+    return [*levels[start:], CLUSTER]
+
+
+def _plan_level(pb: _Problem, level: str, prune: bool) -> GangPlan | _Miss:
+    lx = pb.index.level(level)
+    dfree = pb.index.free_per_domain(level, pb.free)
+    slots = pb.index.free_per_domain(level, pb.free // max(pb.sizes))
+    if prune:
+        ok = dfree >= pb.total
+        for s in sorted(set(pb.sizes)):
+            need = sum(1 for g in pb.sizes if g >= s)
+            ok &= pb.index.free_per_domain(level, pb.free // s) >= need
+        domains = np.flatnonzero(ok)
+        if pb.homogeneous:
+            bound = _min_nodes(lx.domain_id, lx.count, pb.free // pb.sizes[0], len(pb.sizes))
+        else:
+            bound = _min_nodes(lx.domain_id, lx.count, pb.free, pb.total)
+        domains = domains[np.argsort(bound[domains], kind="stable")]
+    else:
+        domains = np.arange(lx.count)
+        bound = np.zeros(lx.count, dtype=np.int64)
+    best_k = _NO_K
+    tied: list[tuple[int, int, list[tuple[int, int]]]] = []   # (domain, k, [(position, members)])
+    for d in domains.tolist():
+        if bound[d] > best_k:
+            break
+        if prune and pb.homogeneous:
+            k, packing = int(bound[d]), []        # exact already; _evaluate_equal picks the nodes
+        else:
+            found = _pack(pb, lx.members[d])
+            if found is None:
+                continue
+            k, packing = len(found), found
+        if k < best_k:
+            best_k, tied = k, []
+        if k == best_k:
+            tied.append((d, k, packing))
+    if not tied:
+        top = int(np.lexsort((np.arange(lx.count), -dfree, -slots))[0])
+        agg = bool(dfree[top] >= pb.total and slots[top] >= len(pb.sizes))
+        return _Miss(level, lx.names[top], int(dfree[top]), int(slots[top]), agg)
+    cands = [_evaluate(pb, d, k, packing, lx.members[d], int(dfree[d])) for d, k, packing in tied]
+    best = min(cands, key=_Candidate.rank)
+    placements = [Placement("", "", ())] * len(pb.sizes)
+    for i, pos, choice in best.assignment:
+        view = pb.views[pos]
+        assert view is not None
+        gpus = choice.indices if choice is not None else ()
+        placements[i] = Placement(pb.spec.members[i].pod, view.name, gpus, choice)
+    return GangPlan(
+        gang=pb.spec.key,
+        level=level,
+        domain=lx.names[best.domain],
+        placements=tuple(placements),
+        nodes_used=best.nodes_used,
+        worst=best.worst,
+        domain_free=best.domain_free,
+    )
+
+
+def _min_nodes(domain_id: np.ndarray, count: int, amount: np.ndarray, need: int) -> np.ndarray:
+    """Per domain, the fewest nodes whose `amount`s sum to `need` (largest first); _NO_K if none.
+
+    One lexsort over all nodes instead of a Python loop per domain."""
+    order = np.lexsort((-amount, domain_id))
+    sid, samt = domain_id[order], amount[order]
+    cs = np.cumsum(samt)
+    starts = np.searchsorted(sid, np.arange(count))
+    before = np.concatenate(([0], cs))[starts]
+    within = cs - before[sid]
+    rank = np.arange(len(sid)) - starts[sid] + 1
+    hit = np.flatnonzero(within >= need)
+    out = np.full(count, _NO_K, dtype=np.int64)
+    first_dom, first = np.unique(sid[hit], return_index=True)
+    out[first_dom] = rank[hit][first]
+    return out
+
+
+def _pack(pb: _Problem, positions: np.ndarray) -> list[tuple[int, int]] | None:
+    """Fewest nodes of the domain that take every member: (position, member count) pairs.
+
+    Nodes with the most room fill first (ties: fewer free GPUs is not a concern here, name
+    order is). Equal sizes: exact. Mixed sizes: first-fit decreasing, a heuristic that can
+    use one node more than the optimum, or miss a packing of a nearly full domain."""
+    room = sorted(((int(pb.free[p]), int(p)) for p in positions.tolist() if pb.free[p] > 0),
+                  key=lambda t: (-t[0], t[1]))
+    if pb.homogeneous:
+        g, left = pb.sizes[0], len(pb.sizes)
+        out: list[tuple[int, int]] = []
+        for f, p in room:
+            if left == 0 or f < g:
+                break
+            take = min(f // g, left)
+            out.append((p, take))
+            left -= take
+        return out if left == 0 else None
+    opened: list[list[int]] = []           # [position, free left, members]
+    nxt = 0
+    for g in sorted(pb.sizes, reverse=True):
+        for slot in opened:
+            if slot[1] >= g:
+                slot[1] -= g
+                slot[2] += 1
+                break
+        else:
+            if nxt >= len(room) or room[nxt][0] < g:
+                return None
+            f, p = room[nxt]
+            nxt += 1
+            opened.append([p, f - g, 1])
+    return [(p, n) for p, _, n in opened]
+
+
+def _evaluate(
+    pb: _Problem, d: int, k: int, packing: list[tuple[int, int]], positions: np.ndarray, dfree: int
+) -> _Candidate:
+    if pb.homogeneous:
+        return _evaluate_equal(pb, d, k, positions, dfree)
+    # Mixed sizes: keep the first-fit-decreasing packing; biggest members choose first.
+    order = sorted(range(len(pb.sizes)), key=lambda i: (-pb.sizes[i], i))
+    assignment: list[tuple[int, int, Choice | None]] = []
+    k = 0
+    for pos, n in packing:
+        members = order[k : k + n]
+        k += n
+        for i, choice in zip(members, pb.choices(pos, [pb.sizes[i] for i in members]), strict=True):
+            assignment.append((i, pos, choice))
+    worst = min(member_quality(c) for _, _, c in assignment)
+    return _Candidate(d, len(packing), worst, dfree, tuple(assignment))
+
+
+def _evaluate_equal(pb: _Problem, d: int, k: int, positions: np.ndarray, dfree: int) -> _Candidate:
+    """The k nodes of the domain that maximise the worst member's set (equal sizes).
+
+    Each node's members choose one after the other, so its i-th member's set is known and
+    `floor[i]` (the worst of the first i+1) only falls. For a threshold T a node offers the
+    members whose floor reaches T; the best plan is the largest T at which the k roomiest
+    nodes still take everyone. Ties among nodes: fewer free GPUs (best fit), then name.
+    Nodes with the same allocator and free set are worked out once."""
+    g, n = pb.sizes[0], len(pb.sizes)
+    kinds: dict[tuple[Allocator | None, frozenset[int]], tuple[list[Quality], list[Choice | None]]] = {}
+    nodes: list[tuple[int, tuple[Allocator | None, frozenset[int]]]] = []
+    for p in positions.tolist():
+        if pb.free[p] < g:
+            continue
+        view = pb.views[p]
+        assert view is not None
+        kind = (view.allocator, view.free)
+        if kind not in kinds:
+            choices = pb.choices(p, [g] * min(len(view.free) // g, n))
+            floor: list[Quality] = []
+            for c in choices:
+                q = member_quality(c)
+                floor.append(q if not floor or q < floor[-1] else floor[-1])
+            kinds[kind] = (floor, choices)
+        nodes.append((p, kind))
+
+    def offers(t: Quality) -> dict[tuple[Allocator | None, frozenset[int]], int]:
+        out = {}
+        for kind, (floor, _) in kinds.items():
+            count = 0                            # floor only falls: count its prefix >= t
+            for q in floor:
+                if q < t:
+                    break
+                count += 1
+            out[kind] = count
+        return out
+
+    def fits(t: Quality) -> bool:
+        per_kind = offers(t)
+        counts = sorted((per_kind[kind] for _, kind in nodes), reverse=True)
+        return sum(counts[:k]) >= n
+
+    thresholds = sorted({q for floor, _ in kinds.values() for q in floor})
+    lo, hi = 0, len(thresholds) - 1          # the lowest threshold fits: k is feasible
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(thresholds[mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    per_kind = offers(thresholds[lo])
+    ranked = sorted(nodes, key=lambda e: (-per_kind[e[1]], int(pb.free[e[0]]), e[0]))
+    assignment: list[tuple[int, int, Choice | None]] = []
+    i = 0
+    for p, kind in ranked[:k]:
+        for c in kinds[kind][1][: min(per_kind[kind], n - i)]:
+            assignment.append((i, p, c))
+            i += 1
+    assert i == n, "k nodes were proven to hold every member"
+    worst = min(member_quality(c) for _, _, c in assignment)
+    return _Candidate(d, k, worst, dfree, tuple(assignment))
+
+
+def _describe(sizes: Sequence[int]) -> str:
+    counts: dict[int, int] = {}
+    for g in sizes:
+        counts[g] = counts.get(g, 0) + 1
+    parts = [f"{n} pod{'s' if n > 1 else ''} x {g} GPU{'s' if g > 1 else ''}"
+             for g, n in sorted(counts.items(), reverse=True)]
+    total = sum(sizes)
+    return " + ".join(parts) + (f" = {total} GPUs" if len(parts) > 1 or counts[sizes[0]] > 1 else "")
+
+
+def _reason(pb: _Problem, miss: _Miss, required: bool) -> str:
+    what = _describe(pb.sizes)
+    n, g = len(pb.sizes), max(pb.sizes)
+    room = f"room for {miss.slots} of the {n} pods" if pb.homogeneous else f"room for {miss.slots} pods of {g} GPUs"
+    tail = " (the free GPUs are too fragmented to pack the pods)" if miss.feasible_aggregate else ""
+    if miss.level == CLUSTER:
+        return f"the whole cluster cannot hold gang {pb.spec.key} ({what}): {miss.free} free GPUs, {room}{tail}"
+    scope = "no" if required else "no domain up to the whole cluster; no"
+    return (
+        f"{scope} {short_name(miss.level)} domain can hold gang {pb.spec.key} ({what}); "
+        f"best {miss.level}={miss.domain} has {miss.free} free GPUs, {room}{tail}"
+    )
+
+
+# --------------------------------------------------------------------------- single pods
+
+
+def _single_key(view: NodeView, choice: Choice, gpus: int) -> tuple:
+    """Order of nodes for one pod, larger first: ring of its set, then best fit (fewest GPUs
+    left free: the emptier nodes stay whole for big jobs), then the node objective's least
+    disruption (same leftover count, so the tuples compare like for like), then pair sum."""
+    return (choice.ring_mbps, -(len(view.free) - gpus), choice.disruption, choice.pair_sum_mbps)
+
+
+def node_scores(gpus: int, nodes: Sequence[NodeView], *, memo: ChoiceMemo | None = None) -> dict[str, int]:
     """Prioritize for a single pod: each node scored 0..10 by the best GPU set it can give
-    (node objective), then by least disruption of what stays free. Nodes that cannot fit get 0."""
-    raise NotImplementedError
+    (node objective), then by least disruption of what stays free. Nodes that cannot fit get 0.
+
+    Scores are ranks, scaled over the nodes given: the best distinct key gets 10, the worst
+    fitting one 1, the rest evenly between; unknown-topology nodes that fit get 5 (neutral)."""
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        raise ValueError(f"a pod must ask for at least 1 GPU to be scored, got {gpus!r}")
+    memo = memo if memo is not None else ChoiceMemo()
+    scores: dict[str, int] = {}
+    keyed: dict[str, tuple] = {}
+    for v in nodes:
+        if len(v.free) < gpus:
+            scores[v.name] = 0
+        elif v.allocator is None:
+            scores[v.name] = NEUTRAL_SCORE
+        else:
+            keyed[v.name] = _single_key(v, memo.choose(v.allocator, v.free, gpus), gpus)
+    distinct = sorted(set(keyed.values()), reverse=True)
+    if distinct:
+        span = len(distinct) - 1
+        rank = {key: r for r, key in enumerate(distinct)}
+        for name, key in keyed.items():
+            r = rank[key]
+            scores[name] = MAX_SCORE if span == 0 else 1 + round((MAX_SCORE - 1) * (span - r) / span)
+    return scores
+
+
+def place_pod(
+    pod: str, gpus: int, nodes: Iterable[NodeView], *, memo: ChoiceMemo | None = None
+) -> Placement | None:
+    """The single best node and GPU set for one pod, or None when no node has room.
+
+    Nodes of known topology come first, ordered as in `node_scores` but without its rounding;
+    then unknown-topology nodes by best fit. Ties: name order."""
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        raise ValueError(f"a pod must ask for at least 1 GPU to be placed, got {gpus!r}")
+    memo = memo if memo is not None else ChoiceMemo()
+    best: tuple | None = None
+    best_place: Placement | None = None
+    for v in nodes:
+        if len(v.free) < gpus:
+            continue
+        if v.allocator is None:
+            key: tuple = (0, -len(v.free))
+            place = Placement(pod, v.name, ())
+        else:
+            choice = memo.choose(v.allocator, v.free, gpus)
+            key = (1, _single_key(v, choice, gpus))
+            place = Placement(pod, v.name, choice.indices, choice)
+        if best is None or key > best or (key == best and v.name < best_place.node):  # type: ignore[union-attr]
+            best, best_place = key, place
+    return best_place
