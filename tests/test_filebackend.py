@@ -106,6 +106,7 @@ def test_each_change_emits_again(watch: Watch, health: Path) -> None:
 def test_bad_file_and_bad_entries_change_nothing(
     caplog: pytest.LogCaptureFixture, health: Path, watch: Watch
 ) -> None:
+    # Every warning here follows a write made in the test phase, so caplog sees it.
     caplog.set_level(logging.WARNING, logger="deviceplugin.filebackend")
     write(health, "{not json")
     watch.assert_quiet()
@@ -119,12 +120,16 @@ def test_bad_file_and_bad_entries_change_nothing(
     assert "health_file_invalid" in names and names.count("health_entry_invalid") == 5
 
 
-def test_missing_file_then_created(caplog: pytest.LogCaptureFixture, health: Path, watch: Watch) -> None:
+def test_missing_file_then_created(caplog: pytest.LogCaptureFixture, health: Path) -> None:
     caplog.set_level(logging.WARNING, logger="deviceplugin.filebackend")
-    watch.assert_quiet(0.1)
-    assert [r.getMessage() for r in caplog.records].count("health_file_missing") == 1  # warned once
-    write(health, json.dumps({"7": "Unhealthy"}))
-    assert watch.take(1)[0].uuid == UUID[7].uuid
+    watch = Watch(FileBackend("hgx-h100", str(health), poll_interval=POLL))  # started in the test phase
+    try:
+        watch.assert_quiet(0.1)
+        assert [r.getMessage() for r in caplog.records].count("health_file_missing") == 1  # warned once
+        write(health, json.dumps({"7": "Unhealthy"}))
+        assert watch.take(1)[0].uuid == UUID[7].uuid
+    finally:
+        watch.close()
 
 
 def test_emit_failure_does_not_stop_watching(health: Path) -> None:
