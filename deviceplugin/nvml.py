@@ -127,10 +127,21 @@ class NvmlBackend:
     # --- discovery ---
 
     def discover(self) -> Topology:
-        """Probe every GPU and pair; O(n * links + n^2) NVML calls, milliseconds on a real node."""
+        """Probe every GPU and pair; O(n * links + n^2) NVML calls, milliseconds on a real node.
+
+        Raises NvmlUnavailable when NVML fails for a whole GPU (lost, reset) or sees none: the
+        caller keeps its previous topology or reports why it cannot start."""
+        try:
+            return self._discover()
+        except self._nvml.NVMLError as e:
+            raise NvmlUnavailable(f"NVML probe failed: {e}") from None
+
+    def _discover(self) -> Topology:
         nvml = self._nvml
         start = self._clock()
         count = nvml.nvmlDeviceGetCount()
+        if count < 1:
+            raise NvmlUnavailable("NVML reports no GPUs on this node")
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         gpus = tuple(self._gpu(i, h) for i, h in enumerate(handles))
         bus = [_bus_key(g.pci_bus_id) for g in gpus]
@@ -151,7 +162,7 @@ class NvmlBackend:
             links=tuple(tuple(row) for row in links),
             nvswitch=nvswitch,
             settings=settings,
-            description=f"discovered by NVML ({gpus[0].model if gpus else 'no GPUs'})",
+            description=f"discovered by NVML ({gpus[0].model})",
         )
         jsonlog.event(
             log, "discover", gpus=count, nvswitch=nvswitch, nvlink_gbps_per_link=settings.nvlink_gbps_per_link,

@@ -119,6 +119,36 @@ def parse_topo_text(text: str, *, name: str = "topo-m") -> Topology:
         raise TopologyError(f"{name}: {e}") from None
 
 
+def format_topo_text(topology: Topology, *, sep: str = "    ", nics: Sequence[str] = ()) -> str:
+    """The `nvidia-smi topo -m` layout of a topology, the form operators compare against.
+
+    `sep="\t"` gives the tab-separated variant. `nics` adds NIC rows and columns (all SYS) so
+    the printed text exercises the same paths as a real node's; the NUMA column is `N/A` when
+    unknown. Parsing the result gives back the same links and NUMA nodes."""
+    devices = [f"GPU{g.index}" for g in topology.gpus] + [f"NIC{k}" for k in range(len(nics))]
+    width = max(len(d) for d in devices)
+
+    def cell(text: str) -> str:
+        return text if sep == "\t" else text.ljust(width)
+
+    lines = [sep.join([cell(""), *(cell(d) for d in devices), "CPU Affinity", "NUMA Affinity"])]
+    for row, name in enumerate(devices):
+        cells = [
+            "X" if row == col else (topology.code(row, col) if max(row, col) < topology.n else "SYS")
+            for col in range(len(devices))
+        ]
+        extra: list[str] = []
+        if row < topology.n:
+            numa = topology.gpus[row].numa
+            cpus = "N/A" if sep == "\t" else "N/A".ljust(len("CPU Affinity"))
+            extra = [cpus, "N/A" if numa is None else str(numa)]
+        lines.append(sep.join([cell(name), *(cell(c) for c in cells), *extra]).rstrip())
+    lines += ["", "Legend:", "", "  X    = Self", "  NV#  = Connection traversing a bonded set of # NVLinks"]
+    if nics:
+        lines += ["", "NIC Legend:", ""] + [f"  NIC{k}: {nic}" for k, nic in enumerate(nics)]
+    return "\n".join(lines) + "\n"
+
+
 def _find_header(lines: Sequence[str], name: str) -> int:
     """The header is the first line starting with GPU0 whose next cell is not a link (rows say `X`)."""
     for k, line in enumerate(lines):

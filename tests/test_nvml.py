@@ -307,6 +307,22 @@ def test_real_pynvml_without_gpu_is_nvml_unavailable() -> None:
         backend.close()
 
 
+def test_probe_failures_are_nvml_unavailable(h100: FakeNvml) -> None:
+    backend = NvmlBackend(nvml=h100)
+    original = h100.nvmlDeviceGetPciInfo
+
+    def lost(h: int) -> SimpleNamespace:
+        if h == 4:
+            raise E(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return original(h)
+
+    h100.nvmlDeviceGetPciInfo = lost  # type: ignore[method-assign]
+    with pytest.raises(NvmlUnavailable, match="NVML probe failed: GPU is lost"):
+        backend.discover()
+    with pytest.raises(NvmlUnavailable, match="no GPUs"):
+        NvmlBackend(nvml=FakeNvml([], [])).discover()
+
+
 def test_close_shuts_nvml_down_once() -> None:
     fake = FakeNvml([], [])
     backend: Backend = NvmlBackend(nvml=fake)

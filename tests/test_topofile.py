@@ -7,8 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gputopo.topofile import (
+    format_topo_text,
     list_presets,
     load_preset,
     load_topology,
@@ -17,6 +20,7 @@ from gputopo.topofile import (
     parse_topology_json,
 )
 from gputopo.topology import Topology, TopologyError
+from tests.strategies import topologies
 
 DATA = Path(__file__).parent / "data" / "topo_text"
 
@@ -64,6 +68,21 @@ def test_text_uuids_are_stable_and_synthetic() -> None:
     text = (DATA / "ws2-tabs.txt").read_text()
     a, b = parse_topo_text(text, name="ws2"), parse_topo_text(text, name="ws2")
     assert [g.uuid for g in a.gpus] == ["GPU-ws2-0", "GPU-ws2-1"] == [g.uuid for g in b.gpus]
+
+
+@settings(max_examples=60, deadline=None)
+@given(topologies(min_gpus=1, max_gpus=12), st.sampled_from(["    ", "\t", "\t\t"]),
+       st.lists(st.sampled_from(["mlx5_0", "mlx5_1", "ib0"]), max_size=3))
+def test_printed_text_parses_back(t: Topology, sep: str, nics: list[str]) -> None:
+    back = parse_topo_text(format_topo_text(t, sep=sep, nics=nics), name="rt")
+    assert codes(back) == codes(t)
+    assert [g.numa for g in back.gpus] == [g.numa for g in t.gpus]
+
+
+def test_printed_text_of_presets_parses_back() -> None:
+    for name in list_presets():
+        t = load_preset(name)
+        assert codes(parse_topo_text(format_topo_text(t))) == codes(t), name
 
 
 # --- hand-made text edge cases ---
