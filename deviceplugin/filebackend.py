@@ -66,7 +66,11 @@ class FileBackend:
         """Re-read the topology source; raises TopologyError (the daemon keeps the old one)."""
         self._topology = load_topology(self.topology_source)
         jsonlog.event(
-            log, "discover", source=self.topology_source, topology=self._topology.name, gpus=self._topology.n,
+            log,
+            "discover",
+            source=self.topology_source,
+            topology=self._topology.name,
+            gpus=self._topology.n,
             reason="topology file read",
         )
         return self._topology
@@ -85,7 +89,10 @@ class FileBackend:
             if sig is None:
                 if not warned_missing:
                     jsonlog.event(
-                        log, "health_file_missing", logging.WARNING, path=self.health_file,
+                        log,
+                        "health_file_missing",
+                        logging.WARNING,
+                        path=self.health_file,
                         reason="health file absent; GPU health unchanged",
                     )
                     warned_missing = True
@@ -98,7 +105,10 @@ class FileBackend:
                         emit(event)
                     except Exception as e:  # a consumer bug must not stop health watching
                         jsonlog.event(
-                            log, "health_emit_failed", logging.ERROR, uuid=event.uuid,
+                            log,
+                            "health_emit_failed",
+                            logging.ERROR,
+                            uuid=event.uuid,
                             reason=f"{type(e).__name__}: {e}",
                         )
             stop.wait(self.poll_interval)
@@ -113,13 +123,19 @@ class FileBackend:
                 data = json.load(f)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             jsonlog.event(
-                log, "health_file_invalid", logging.WARNING, path=self.health_file,
+                log,
+                "health_file_invalid",
+                logging.WARNING,
+                path=self.health_file,
                 reason=f"cannot read health file, GPU health unchanged: {e}",
             )
             return []
         if not isinstance(data, dict):
             jsonlog.event(
-                log, "health_file_invalid", logging.WARNING, path=self.health_file,
+                log,
+                "health_file_invalid",
+                logging.WARNING,
+                path=self.health_file,
                 reason="health file must be a JSON object of GPU -> state; GPU health unchanged",
             )
             return []
@@ -129,7 +145,11 @@ class FileBackend:
                 events.append(parse_health_entry(self._topology, str(key), value))
             except HealthFileError as e:
                 jsonlog.event(
-                    log, "health_entry_invalid", logging.WARNING, path=self.health_file, key=key,
+                    log,
+                    "health_entry_invalid",
+                    logging.WARNING,
+                    path=self.health_file,
+                    key=key,
                     reason=f"{e}; entry ignored",
                 )
         return events

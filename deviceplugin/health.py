@@ -79,13 +79,20 @@ class HealthTracker:
                 targets = (event.uuid,)
             else:
                 jsonlog.event(
-                    log, "health_event_unknown_gpu", logging.WARNING, uuid=event.uuid, event_reason=event.reason,
+                    log,
+                    "health_event_unknown_gpu",
+                    logging.WARNING,
+                    uuid=event.uuid,
+                    event_reason=event.reason,
                     reason="event names a GPU this plugin does not manage; ignored",
                 )
                 return False
             if event.xid is not None and event.xid in self.ignored_xids:
                 jsonlog.event(
-                    log, "health_xid_ignored", uuid=event.uuid, xid=event.xid,
+                    log,
+                    "health_xid_ignored",
+                    uuid=event.uuid,
+                    xid=event.xid,
                     reason="application-level XID, says nothing about the GPU",
                 )
                 return False
@@ -108,7 +115,12 @@ class HealthTracker:
         healthy = uuid not in self._marks
         if healthy != was_healthy:
             jsonlog.event(
-                log, "gpu_health_changed", uuid=uuid, healthy=healthy, xid=event.xid, reason=event.reason,
+                log,
+                "gpu_health_changed",
+                uuid=uuid,
+                healthy=healthy,
+                xid=event.xid,
+                reason=event.reason,
             )
         return healthy != was_healthy
 
@@ -119,13 +131,17 @@ class HealthTracker:
         with self._lock:
             now = self._clock()
             back = [
-                u for u, m in self._marks.items()
+                u
+                for u, m in self._marks.items()
                 if m.since is not None and now - m.since >= self.recovery_seconds
             ]
             for uuid in back:
                 del self._marks[uuid]
                 jsonlog.event(
-                    log, "gpu_health_changed", uuid=uuid, healthy=True,
+                    log,
+                    "gpu_health_changed",
+                    uuid=uuid,
+                    healthy=True,
                     reason=f"no critical event for {self.recovery_seconds:g}s",
                 )
             return bool(back)

@@ -119,7 +119,9 @@ class NvmlBackend:
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as e:
-            raise NvmlUnavailable(f"NVML init failed: {e} (is the NVIDIA driver loaded and visible?)") from None
+            raise NvmlUnavailable(
+                f"NVML init failed: {e} (is the NVIDIA driver loaded and visible?)"
+            ) from None
         except OSError as e:
             raise NvmlUnavailable(f"NVML init failed: {e}") from None
         self._initialised = True
@@ -165,8 +167,13 @@ class NvmlBackend:
             description=f"discovered by NVML ({gpus[0].model})",
         )
         jsonlog.event(
-            log, "discover", gpus=count, nvswitch=nvswitch, nvlink_gbps_per_link=settings.nvlink_gbps_per_link,
-            seconds=round(elapsed, 4), reason="NVML probe",
+            log,
+            "discover",
+            gpus=count,
+            nvswitch=nvswitch,
+            nvlink_gbps_per_link=settings.nvlink_gbps_per_link,
+            seconds=round(elapsed, 4),
+            reason="NVML probe",
         )
         return topology
 
@@ -219,7 +226,11 @@ class NvmlBackend:
             except nvml.NVMLError as e:
                 if _code(e) not in (_NVML_ERROR_NOT_SUPPORTED, _NVML_ERROR_INVALID_ARGUMENT):
                     jsonlog.event(
-                        log, "nvlink_probe_failed", logging.WARNING, uuid=uuid, link=link,
+                        log,
+                        "nvlink_probe_failed",
+                        logging.WARNING,
+                        uuid=uuid,
+                        link=link,
                         reason=f"NVML error {e}; link skipped",
                     )
         return _Links(direct=direct, switch=switch, versions=frozenset(versions))
@@ -247,14 +258,21 @@ class NvmlBackend:
             level = int(self._nvml.nvmlDeviceGetTopologyCommonAncestor(a, b))
         except self._nvml.NVMLError as e:
             jsonlog.event(
-                log, "pcie_level_unknown", logging.WARNING, gpus=[ga.index, gb.index],
+                log,
+                "pcie_level_unknown",
+                logging.WARNING,
+                gpus=[ga.index, gb.index],
                 reason=f"nvmlDeviceGetTopologyCommonAncestor failed ({e}); assuming SYS",
             )
             return "SYS"
         code = TOPOLOGY_LEVEL_CODES.get(level)
         if code is None:
             jsonlog.event(
-                log, "pcie_level_unknown", logging.WARNING, gpus=[ga.index, gb.index], nvml_level=level,
+                log,
+                "pcie_level_unknown",
+                logging.WARNING,
+                gpus=[ga.index, gb.index],
+                nvml_level=level,
                 reason="unknown nvmlGpuTopologyLevel_t value; assuming SYS",
             )
             return "SYS"
@@ -265,7 +283,11 @@ class NvmlBackend:
         ba = b.direct.get(bus_a, 0)
         if ab != ba:
             jsonlog.event(
-                log, "nvlink_count_asymmetric", logging.WARNING, gpus=[ga.index, gb.index], counts=[ab, ba],
+                log,
+                "nvlink_count_asymmetric",
+                logging.WARNING,
+                gpus=[ga.index, gb.index],
+                counts=[ab, ba],
                 reason="the two GPUs report different direct link counts; using the smaller",
             )
         return min(ab, ba) + min(a.switch, b.switch)
@@ -278,7 +300,10 @@ class NvmlBackend:
             known = {NVLINK_VERSION_GBPS[v] for v in versions if v in NVLINK_VERSION_GBPS}
             if versions and not known:
                 jsonlog.event(
-                    log, "nvlink_version_unknown", logging.WARNING, versions=sorted(versions),
+                    log,
+                    "nvlink_version_unknown",
+                    logging.WARNING,
+                    versions=sorted(versions),
                     reason="no per-link figure for this NVLink version; using the default",
                 )
             # Mixed generations in one node do not exist in practice; the slowest is the safe figure.
@@ -300,7 +325,10 @@ class NvmlBackend:
             except Exception as e:  # the watcher must outlive any driver or consumer failure
                 emit_all = isinstance(e, self._nvml.NVMLError)
                 jsonlog.event(
-                    log, "health_watch_error", logging.ERROR, backoff_s=backoff,
+                    log,
+                    "health_watch_error",
+                    logging.ERROR,
+                    backoff_s=backoff,
                     reason=f"{type(e).__name__}: {e}" + ("; marking all GPUs" if emit_all else ""),
                 )
                 if emit_all:
@@ -329,7 +357,10 @@ class NvmlBackend:
                 mask = 0
             if not mask:
                 jsonlog.event(
-                    log, "health_events_unsupported", logging.WARNING, uuid=uuid,
+                    log,
+                    "health_events_unsupported",
+                    logging.WARNING,
+                    uuid=uuid,
                     reason="GPU does not report XID events; its health is not watched",
                 )
         jsonlog.event(log, "health_watch_started", reason="NVML event set registered")

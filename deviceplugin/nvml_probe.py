@@ -43,7 +43,9 @@ def main(argv: Sequence[str] | None = None, *, nvml: Any = None) -> int:
         "probe_seconds": round(min(timings), 6),
         "probe_seconds_all": [round(t, 6) for t in timings],
         "topology": topology.to_dict(),
-        "matrix": [" ".join(f"{topology.code(i, j):>5}" for j in range(topology.n)) for i in range(topology.n)],
+        "matrix": [
+            " ".join(f"{topology.code(i, j):>5}" for j in range(topology.n)) for i in range(topology.n)
+        ],
     }
     print(json.dumps(doc, indent=1))
     return 0

@@ -99,9 +99,7 @@ def parse_topo_text(text: str, *, name: str = "topo-m") -> Topology:
         raise TopologyError(f"{name}: no row for {', '.join(missing)}")
 
     col = {d: k for k, d in enumerate(devices)}
-    links = tuple(
-        tuple(_cell_link(rows[a][col[b]], a, b, name) for b in gpu_labels) for a in gpu_labels
-    )
+    links = tuple(tuple(_cell_link(rows[a][col[b]], a, b, name) for b in gpu_labels) for a in gpu_labels)
     extras = [
         dict(zip(extra_columns, rows[g][len(devices) : len(devices) + len(extra_columns)], strict=False))
         for g in gpu_labels

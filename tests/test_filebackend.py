@@ -112,8 +112,19 @@ def test_bad_file_and_bad_entries_change_nothing(
     watch.assert_quiet()
     write(health, json.dumps(["0"]))
     watch.assert_quiet()
-    write(health, json.dumps({"99": "Unhealthy", "GPU-nope": "Unhealthy", "1": "Broken",
-                              "2": {"xid": -1}, "3": {"xid": 79, "extra": 1}, "4": "Unhealthy"}))
+    write(
+        health,
+        json.dumps(
+            {
+                "99": "Unhealthy",
+                "GPU-nope": "Unhealthy",
+                "1": "Broken",
+                "2": {"xid": -1},
+                "3": {"xid": 79, "extra": 1},
+                "4": "Unhealthy",
+            }
+        ),
+    )
     [event] = watch.take(1)
     assert (event.uuid, event.healthy) == (UUID[4].uuid, False)
     names = [r.getMessage() for r in caplog.records]

@@ -122,7 +122,9 @@ def test_all_gpus_with_ignored_xid_changes_nothing(tracker: HealthTracker) -> No
     assert unhealthy(tracker) == []
 
 
-def test_unknown_gpu_changes_nothing_and_logs(tracker: HealthTracker, caplog: pytest.LogCaptureFixture) -> None:
+def test_unknown_gpu_changes_nothing_and_logs(
+    tracker: HealthTracker, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.WARNING, logger="deviceplugin.health")
     assert tracker.observe(xid("GPU-zzz", 79)) is False
     assert tracker.observe(HealthEvent("GPU-zzz", "file", healthy=False)) is False
@@ -130,7 +132,9 @@ def test_unknown_gpu_changes_nothing_and_logs(tracker: HealthTracker, caplog: py
     assert [r.getMessage() for r in caplog.records] == ["health_event_unknown_gpu"] * 2
 
 
-def test_state_changes_are_logged_with_reason(tracker: HealthTracker, caplog: pytest.LogCaptureFixture) -> None:
+def test_state_changes_are_logged_with_reason(
+    tracker: HealthTracker, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="deviceplugin.health")
     tracker.observe(xid("GPU-a", 79))
     [record] = [r for r in caplog.records if r.getMessage() == "gpu_health_changed"]

@@ -27,9 +27,13 @@ from deviceplugin.nvml import NvmlBackend, NvmlUnavailable
 from gputopo.topofile import load_preset
 from gputopo.topology import Topology
 
-LEVEL = {"PIX": pynvml.NVML_TOPOLOGY_SINGLE, "PXB": pynvml.NVML_TOPOLOGY_MULTIPLE,
-         "PHB": pynvml.NVML_TOPOLOGY_HOSTBRIDGE, "NODE": pynvml.NVML_TOPOLOGY_NODE,
-         "SYS": pynvml.NVML_TOPOLOGY_SYSTEM}
+LEVEL = {
+    "PIX": pynvml.NVML_TOPOLOGY_SINGLE,
+    "PXB": pynvml.NVML_TOPOLOGY_MULTIPLE,
+    "PHB": pynvml.NVML_TOPOLOGY_HOSTBRIDGE,
+    "NODE": pynvml.NVML_TOPOLOGY_NODE,
+    "SYS": pynvml.NVML_TOPOLOGY_SYSTEM,
+}
 E = pynvml.NVMLError
 
 
@@ -174,8 +178,10 @@ def model_from(topo: Topology, *, pcie: dict[tuple[int, int], str], switch: bool
                 continue
             if switch:
                 if not gpus[i].links:
-                    gpus[i].links = [FakeLink(remote_type=pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH, version=version)
-                                     for _ in range(link.nvlinks)]
+                    gpus[i].links = [
+                        FakeLink(remote_type=pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH, version=version)
+                        for _ in range(link.nvlinks)
+                    ]
             else:
                 gpus[i].links += [FakeLink(remote_bus=bus(j), version=version) for _ in range(link.nvlinks)]
     levels = [[LEVEL[pcie.get((min(i, j), max(i, j)), "SYS")] for j in range(n)] for i in range(n)]
@@ -196,8 +202,12 @@ def no_sysfs(tmp_path: Path) -> str:
 
 
 def test_hgx_h100_switch_links_give_nv18_everywhere(no_sysfs: str) -> None:
-    fake = model_from(load_preset("hgx-h100"), pcie=socket_levels(8, 4, "NODE"), switch=True,
-                      version=pynvml.NVML_NVLINK_VERSION_4_0)
+    fake = model_from(
+        load_preset("hgx-h100"),
+        pcie=socket_levels(8, 4, "NODE"),
+        switch=True,
+        version=pynvml.NVML_NVLINK_VERSION_4_0,
+    )
     t = NvmlBackend(nvml=fake, sysfs_root=no_sysfs).discover()
     assert t.n == 8 and t.nvswitch is True
     assert all(t.code(i, j) == "NV18" for i in range(8) for j in range(8) if i != j)
@@ -226,8 +236,10 @@ def test_dgx1_direct_links_match_the_preset(no_sysfs: str) -> None:
     pcie = socket_levels(8, 4, "PHB") | {(0, 1): "PIX", (2, 3): "PIX", (4, 5): "PIX", (6, 7): "PIX"}
     fake = model_from(preset, pcie=pcie, switch=False, version=pynvml.NVML_NVLINK_VERSION_2_0)
     # NVML pads the link array: unused links are disabled or raise INVALID_ARGUMENT/NOT_SUPPORTED.
-    fake.gpus[0].links += [FakeLink(state=pynvml.NVML_FEATURE_DISABLED),
-                           FakeLink(error=pynvml.NVML_ERROR_NOT_SUPPORTED)]
+    fake.gpus[0].links += [
+        FakeLink(state=pynvml.NVML_FEATURE_DISABLED),
+        FakeLink(error=pynvml.NVML_ERROR_NOT_SUPPORTED),
+    ]
     t = NvmlBackend(nvml=fake, sysfs_root=no_sysfs).discover()
     assert codes(t) == codes(preset)
     assert t.nvswitch is False
@@ -261,8 +273,10 @@ def test_internal_level_and_probe_failures(no_sysfs: str, caplog: pytest.LogCapt
 
 
 def test_asymmetric_direct_counts_use_the_smaller(no_sysfs: str, caplog: pytest.LogCaptureFixture) -> None:
-    gpus = [FakeGpu(uuid="GPU-0", bus_id=bus(0), links=[FakeLink(remote_bus=bus(1))] * 2),
-            FakeGpu(uuid="GPU-1", bus_id=bus(1), links=[FakeLink(remote_bus=bus(0))])]
+    gpus = [
+        FakeGpu(uuid="GPU-0", bus_id=bus(0), links=[FakeLink(remote_bus=bus(1))] * 2),
+        FakeGpu(uuid="GPU-1", bus_id=bus(1), links=[FakeLink(remote_bus=bus(0))]),
+    ]
     t = NvmlBackend(nvml=FakeNvml(gpus, [[0, 50], [50, 0]]), sysfs_root=no_sysfs).discover()
     assert t.code(0, 1) == "NV1"
     assert "nvlink_count_asymmetric" in [r.getMessage() for r in caplog.records]

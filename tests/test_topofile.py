@@ -71,8 +71,11 @@ def test_text_uuids_are_stable_and_synthetic() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(topologies(min_gpus=1, max_gpus=12), st.sampled_from(["    ", "\t", "\t\t"]),
-       st.lists(st.sampled_from(["mlx5_0", "mlx5_1", "ib0"]), max_size=3))
+@given(
+    topologies(min_gpus=1, max_gpus=12),
+    st.sampled_from(["    ", "\t", "\t\t"]),
+    st.lists(st.sampled_from(["mlx5_0", "mlx5_1", "ib0"]), max_size=3),
+)
 def test_printed_text_parses_back(t: Topology, sep: str, nics: list[str]) -> None:
     back = parse_topo_text(format_topo_text(t, sep=sep, nics=nics), name="rt")
     assert codes(back) == codes(t)
@@ -131,8 +134,10 @@ def test_single_gpu() -> None:
         (SMALL.replace("GPU1    NV2      X ", "GPU1    NV2     PIX"), "GPU1/GPU1 must be X"),
         (SMALL.replace("GPU0     X      NV2", "GPU0     X       X "), "X off the diagonal"),
         (SMALL.replace("GPU2    SYS     SYS      X      8-15            1\n", ""), "no row for GPU2"),
-        (SMALL.replace("GPU2    SYS     SYS      X ", "GPU2    SYS     SYS"),
-         "GPU2/GPU2 must be X (self), got '8-15'"),
+        (
+            SMALL.replace("GPU2    SYS     SYS      X ", "GPU2    SYS     SYS"),
+            "GPU2/GPU2 must be X (self), got '8-15'",
+        ),
         ("  GPU0  GPU1  NIC0\nGPU0 X PIX\nGPU1 PIX X PIX\nNIC0 PIX PIX X\n", "row GPU0 has 2 cells"),
         (SMALL.replace("CPU Affinity", "Bogus Column"), "unknown header column 'Bogus'"),
         ("hello\nworld\n", "no `nvidia-smi topo -m` header"),
@@ -149,8 +154,12 @@ def test_bad_text_raises_clear_error(text: str, message: str) -> None:
 
 
 def test_json_text_dict_and_bytes_agree() -> None:
-    d = {"name": "two", "gpus": [{"index": 0, "uuid": "a"}, {"index": 1, "uuid": "b"}],
-         "links": [["X", "NV4"], ["NV4", "X"]], "nvlink_gbps_per_link": 50}
+    d = {
+        "name": "two",
+        "gpus": [{"index": 0, "uuid": "a"}, {"index": 1, "uuid": "b"}],
+        "links": [["X", "NV4"], ["NV4", "X"]],
+        "nvlink_gbps_per_link": 50,
+    }
     for src in (d, json.dumps(d), json.dumps(d).encode()):
         t = parse_topology_json(src)
         assert t.name == "two" and t.gbps(0, 1) == 200.0
@@ -180,8 +189,15 @@ def test_parse_topology_sniffs_format() -> None:
 
 def test_every_preset_loads_with_its_name() -> None:
     names = list_presets()
-    for required in ("dgx1-v100", "dgx-a100", "hgx-h100", "dgx2-v100", "gb200-tray", "pcie8-plx",
-                     "a100-pcie-nvlink-pairs"):
+    for required in (
+        "dgx1-v100",
+        "dgx-a100",
+        "hgx-h100",
+        "dgx2-v100",
+        "gb200-tray",
+        "pcie8-plx",
+        "a100-pcie-nvlink-pairs",
+    ):
         assert required in names
     for name in names:
         t = load_preset(name)
@@ -196,8 +212,8 @@ def nv_pairs(t: Topology) -> int:
 @pytest.mark.parametrize(
     ("name", "n", "nvswitch", "nv_pair_count", "numa"),
     [
-        ("dgx1-v100", 8, False, 16, [0, 0, 0, 0, 1, 1, 1, 1]),     # hybrid cube-mesh: 4 peers each
-        ("dgx-a100", 8, True, 28, [3, 3, 1, 1, 7, 7, 5, 5]),       # NPS4 host
+        ("dgx1-v100", 8, False, 16, [0, 0, 0, 0, 1, 1, 1, 1]),  # hybrid cube-mesh: 4 peers each
+        ("dgx-a100", 8, True, 28, [3, 3, 1, 1, 7, 7, 5, 5]),  # NPS4 host
         ("hgx-h100", 8, True, 28, [0, 0, 0, 0, 1, 1, 1, 1]),
         ("dgx2-v100", 16, True, 120, [0] * 8 + [1] * 8),
         ("gb200-tray", 4, True, 6, [0, 0, 1, 1]),
@@ -220,7 +236,11 @@ def test_preset_link_codes() -> None:
     assert plx.code(0, 1) == "PIX" and plx.code(0, 2) == "PXB" and plx.code(0, 4) == "SYS"
     pairs = load_preset("a100-pcie-nvlink-pairs")
     assert {(i, j) for i in range(8) for j in range(i + 1, 8) if pairs.code(i, j) == "NV12"} == {
-        (0, 2), (1, 3), (4, 5), (6, 7)}
+        (0, 2),
+        (1, 3),
+        (4, 5),
+        (6, 7),
+    }
 
 
 def test_unknown_preset_lists_presets() -> None:
@@ -243,7 +263,7 @@ def test_load_topology_files(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        (b"{\"gpus\": []}", "gpus' must be a non-empty list"),
+        (b'{"gpus": []}', "gpus' must be a non-empty list"),
         (b"\xff\xfe garbage", "cannot read topology file"),
         (b"GPU0 X\n", "no `nvidia-smi topo -m` header|must be X"),
     ],
