@@ -1,0 +1,222 @@
+"""`gputopo simulate`: argument parsing and wiring; the dispatcher in gputopo/cli.py calls
+`add_arguments` and `run`. Every bad input raises UsageError (one line, exit code 2) before
+any simulation starts, so a typo never costs a minute of waiting."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from gputopo.sim.comm import CommModel
+from gputopo.sim.engine import Progress, RunConfig, compare
+from gputopo.sim.plot import PlotUnavailable, check_available, write_plot
+from gputopo.sim.policies import POLICIES
+from gputopo.sim.report import document, render_table
+from gputopo.sim.state import SimCluster
+from gputopo.sim.traces import TraceError, read_trace
+from gputopo.sim.workload import GANG_POD_GPUS, Job, generate
+
+
+class UsageError(Exception):
+    """Bad input from the user: reported as one line, exit code 2."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("workload")
+    g.add_argument("--trace", metavar="FILE",
+                   help="Alibaba openb pod list, or a Helios/Philly job CSV (default: embedded generator)")
+    g.add_argument("--pods", type=int, default=20000, help="pods the generator makes (default 20000)")
+    g.add_argument("--load", type=float, default=0.7,
+                   help="offered load of the generator, share of cluster GPUs (default 0.7)")
+    g.add_argument("--limit", type=int, default=None, metavar="N", help="use only the first N jobs of --trace")
+    g.add_argument("--time-scale", type=float, default=1.0, metavar="F",
+                   help="multiply trace submit times by F (<1 packs arrivals tighter; default 1)")
+    g.add_argument("--mode", choices=("auto", "replay", "fill"), default="auto",
+                   help="replay with departures, or FGD-style fill without (auto: fill for untimed lists)")
+    g = parser.add_argument_group("cluster and policies")
+    g.add_argument("--cluster", metavar="FILE",
+                   help="cluster snapshot (design.md §4); default: 2 spines x 4 leaves x 8 mixed nodes")
+    g.add_argument("--policies", default=",".join(POLICIES),
+                   help=f"comma list (default: {','.join(POLICIES)})")
+    g.add_argument("--seed", type=int, default=0, help="seed of the generator, fill order and kubelet order")
+    g = parser.add_argument_group("communication model")
+    g.add_argument("--allreduce-gb", type=float, default=1.0, help="all-reduce payload per step, GB (default 1)")
+    g.add_argument("--compute-s", type=float, default=0.2, help="compute time per step, s (default 0.2)")
+    g = parser.add_argument_group("output")
+    g.add_argument("--json", action="store_true", help="print a JSON document instead of the table")
+    g.add_argument("--plot", metavar="PNG", help="also draw the comparison into this PNG (needs matplotlib)")
+    g.add_argument("--progress", action="store_true", help="show a progress bar even when stderr is no TTY")
+
+
+def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Validate, simulate every policy on the same arrivals, print; raises UsageError on bad input."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    policies = _policies(args.policies)
+    comm = _comm(args)
+    if args.plot:
+        _check_plot_path(args.plot)
+    cluster = _cluster(args.cluster)
+    jobs, header, mode = _workload(args, cluster)
+    config = RunConfig(mode=mode, seed=args.seed, comm=comm)
+    total_pods = sum(len(j.pods) for j in jobs)
+    results = compare(cluster, jobs, policies, config, progress=_progress_factory(args, err, total_pods))
+    if args.json:
+        out.write(json.dumps(document(results, header, comm), indent=1) + "\n")
+    else:
+        out.write(render_table(results, header) + "\n")
+    if args.plot:
+        write_plot(results, args.plot, f"{header['workload']} on {header['cluster']}")
+        if not args.json:
+            out.write(f"plot written to {args.plot}\n")
+    return 0
+
+
+def _policies(text: str) -> list[str]:
+    names = [p.strip() for p in (text or "").split(",") if p.strip()]
+    if not names:
+        raise UsageError("--policies: name at least one policy")
+    for name in names:
+        if name not in POLICIES:
+            raise UsageError(f"--policies: unknown policy {name!r} (known: {', '.join(POLICIES)})")
+    if len(set(names)) != len(names):
+        raise UsageError("--policies: a policy is listed twice")
+    return names
+
+
+def _positive(value: float, flag: str) -> float:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise UsageError(f"{flag} must be a positive number, got {value}")
+    return float(value)
+
+
+def _comm(args: argparse.Namespace) -> CommModel:
+    gb = _positive(args.allreduce_gb, "--allreduce-gb")
+    compute = _positive(args.compute_s, "--compute-s")
+    return CommModel(allreduce_bytes=gb * 1e9, compute_s=compute)
+
+
+def _check_plot_path(path: str) -> None:
+    try:
+        check_available()
+    except PlotUnavailable as e:
+        raise UsageError(str(e)) from None
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"--plot {path}: is a directory")
+    if not target.parent.exists() if str(target.parent) else False:
+        raise UsageError(f"--plot {path}: directory {target.parent} does not exist")
+
+
+def _cluster(path: str | None) -> SimCluster:
+    from gputopo.sim.clusters import default_cluster, load_cluster_file
+
+    if path is None:
+        return default_cluster()
+    try:
+        return load_cluster_file(path)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--cluster {path}: {e}") from None
+
+
+def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job], dict[str, Any], str]:
+    rng = np.random.default_rng(args.seed)
+    header: dict[str, Any] = {
+        "cluster": _describe(cluster),
+        "seed": args.seed,
+    }
+    if args.limit is not None and args.limit <= 0:
+        raise UsageError(f"--limit must be positive, got {args.limit}")
+    scale = _positive(args.time_scale, "--time-scale")
+    if args.trace is None:
+        if args.pods <= 0:
+            raise UsageError(f"--pods must be positive, got {args.pods}")
+        load = _positive(args.load, "--load")
+        if args.mode == "fill":
+            raise UsageError("--mode fill applies to untimed traces; the generator always replays")
+        jobs = generate(args.pods, capacity_gpus=cluster.capacity, load=load, rng=rng,
+                        max_gpus=_largest_job(cluster))
+        header["workload"] = f"generator (Helios sizes/durations), {args.pods:,} pods, load {load:g}"
+        mode = "replay"
+    else:
+        try:
+            trace = read_trace(args.trace)
+        except TraceError as e:
+            raise UsageError(str(e)) from None
+        jobs = list(trace.jobs)
+        if args.limit is not None:
+            jobs = jobs[: args.limit]
+        mode = args.mode if args.mode != "auto" else ("replay" if trace.timed else "fill")
+        if mode == "replay" and not trace.timed:
+            raise UsageError(f"--trace {args.trace}: has no times, so it can only be used with --mode fill")
+        if mode == "fill":
+            order = rng.permutation(len(jobs))
+            jobs = [Job(id=jobs[k].id, submit=float(i), duration=math.inf, pods=jobs[k].pods)
+                    for i, k in enumerate(order)]
+        elif scale != 1.0:
+            jobs = [Job(id=j.id, submit=j.submit * scale, duration=j.duration, pods=j.pods) for j in jobs]
+        header["workload"] = (
+            f"{Path(args.trace).name} ({trace.format}, {len(jobs):,} GPU jobs; "
+            f"{trace.skipped_cpu_only:,} CPU-only skipped, {trace.fractional_as_whole:,} fractional as whole)"
+        )
+    header["mode"] = mode + (f", time scale {scale:g}" if mode == "replay" and args.trace and scale != 1 else "")
+    header["pods"] = f"{sum(len(j.pods) for j in jobs):,}"
+    return jobs, header, mode
+
+
+def _largest_job(cluster: SimCluster) -> int:
+    """The biggest job the cluster can ever run: as many 8-GPU gang pods as fit, or one node."""
+    sizes = [cluster.topologies[n.topology].n for n in cluster.nodes]
+    slots = sum(s // GANG_POD_GPUS for s in sizes)
+    return GANG_POD_GPUS * slots if slots else max(sizes)
+
+
+def _describe(cluster: SimCluster) -> str:
+    counts: dict[str, int] = {}
+    for node in cluster.nodes:
+        name = cluster.topologies[node.topology].name
+        counts[name] = counts.get(name, 0) + 1
+    kinds = ", ".join(f"{v} x {k}" for k, v in counts.items())
+    return f"{len(cluster.nodes)} nodes / {cluster.capacity} GPUs ({kinds})"
+
+
+def _progress_factory(args: argparse.Namespace, err: TextIO, total: int) -> Callable[[str], Progress] | None:
+    """A tqdm bar per policy on stderr, only on a TTY or with --progress (and only if tqdm exists)."""
+    if not (args.progress or (hasattr(err, "isatty") and err.isatty())):
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+
+    def factory(name: str) -> Progress:
+        bar = tqdm(total=total, desc=f"{name:>17}", unit="pod", file=err, leave=True)
+
+        def update(done: int) -> None:
+            bar.update(max(0, min(done, total) - bar.n))
+            if done >= total:
+                bar.close()
+
+        return update
+
+    return factory
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m gputopo.sim` until (and besides) the `gputopo simulate` dispatcher."""
+    parser = argparse.ArgumentParser(prog="gputopo simulate", description="replay a workload through gputopo "
+                                     "and the allocators people run today")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except UsageError as e:
+        print(f"gputopo simulate: error: {e}", file=sys.stderr)
+        return 2

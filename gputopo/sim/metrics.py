@@ -1,0 +1,184 @@
+"""What the simulator measures per policy, accumulated as jobs are placed.
+
+Ring figures compare each multi-GPU pod's GPU set with the best ring bandwidth its node could
+offer when empty (both from gputopo.allocator, the one node objective). Gang figures say
+whether every pod of a multi-node job landed in one leaf / one spine. Fragmentation is FGD's:
+free GPUs at the moment the first job could not be placed although enough GPUs were
+free. Job times come from comm.CommModel.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from gputopo.allocator import Allocator
+from gputopo.network import HOSTNAME, LEAF, SPINE
+from gputopo.sim.comm import CommModel
+from gputopo.sim.state import SimCluster
+from gputopo.sim.workload import Job
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One policy's results; None where a figure is undefined (e.g. no multi-GPU pod ran)."""
+
+    policy: str
+    jobs: int
+    placed: int
+    rejected: int
+    never_started: int
+    multi_gpu_pods: int
+    best_ring_share: float | None          # share of multi-GPU pods at the empty-node best ring
+    ring_over_best: float | None           # mean ring / best ring over multi-GPU pods
+    gangs: int
+    gangs_one_leaf: float | None
+    gangs_one_spine: float | None
+    free_at_first_failure: int | None      # free GPUs at the first failure with enough free (FGD)
+    first_failure_time: float | None
+    queue_delay_mean: float | None
+    queue_delay_p95: float | None
+    job_time_ratio: float | None           # GPU-weighted mean of actual/ideal job time, multi-GPU jobs
+    efficiency: float | None               # GPU-weighted ideal/actual time, multi-GPU jobs
+    throughput_vs_baseline: float | None   # efficiency / baseline efficiency
+    admission_failures: int
+    pods: int
+    seconds: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class Recorder:
+    """Accumulates one policy's figures; owned by one run."""
+
+    def __init__(self, cluster: SimCluster, allocators: Sequence[Allocator], comm: CommModel) -> None:
+        self.cluster = cluster
+        self.allocators = allocators
+        self.comm = comm
+        self._ring: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._best: dict[tuple[int, int], int] = {}
+        self.multi_pods = self.best_hits = 0
+        self.ratio_sum = 0.0
+        self.gangs = self.gang_leaf = self.gang_spine = 0
+        self.first_failure: tuple[float, int] | None = None
+        self.delays: list[float] = []
+        self.ideal_gpu_s = self.actual_gpu_s = 0.0
+        self.placed = self.rejected = self.admission_failures = self.pods = 0
+        self._ideal_level = _ideal_levels(cluster)
+
+    def ring(self, tid: int, gpus: tuple[int, ...]) -> int:
+        key = (tid, gpus)
+        hit = self._ring.get(key)
+        if hit is None:
+            hit = self._ring[key] = self.allocators[tid].ring_mbps(gpus)
+        return hit
+
+    def best(self, tid: int, size: int) -> int:
+        key = (tid, size)
+        hit = self._best.get(key)
+        if hit is None:
+            hit = self._best[key] = self.allocators[tid].best_ring_mbps(size)
+        return hit
+
+    def failure(self, job: Job, now: float, free_total: int, admission: bool) -> None:
+        """A job could not be placed. Only a failure with enough free GPUs in total counts for
+        fragmentation: a 160-GPU gang failing on a busy cluster says nothing about packing."""
+        if admission:
+            self.admission_failures += 1
+        if self.first_failure is None and job.gpus <= free_total:
+            self.first_failure = (now, free_total)
+
+    def placed_job(self, job: Job, slots: Sequence[tuple[int, tuple[int, ...]]], now: float) -> float:
+        """Record a placement; returns the stretch factor (actual / ideal job time)."""
+        self.placed += 1
+        self.pods += len(slots)
+        self.delays.append(now - job.submit)
+        nodes = [n for n, _ in slots]
+        ring_gbps = ideal_gbps = math.inf
+        for node, gpus in slots:
+            if len(gpus) < 2:
+                continue
+            tid = self.cluster.nodes[node].topology
+            ring, best = self.ring(tid, gpus), self.best(tid, len(gpus))
+            self.multi_pods += 1
+            self.best_hits += ring >= best
+            self.ratio_sum += ring / best if best else 1.0
+            ring_gbps = min(ring_gbps, ring / 1000)
+            ideal_gbps = min(ideal_gbps, best / 1000)
+        if job.is_gang:
+            self.gangs += 1
+            self.gang_leaf += self._same(nodes, LEAF)
+            self.gang_spine += self._same(nodes, SPINE)
+            level = self.cluster.common_level(nodes) if len(set(nodes)) > 1 else HOSTNAME
+            ring_gbps = min(ring_gbps, self.comm.network_gbps(level))
+            ideal_gbps = min(ideal_gbps, self.comm.network_gbps(self._ideal_level(len(slots))))
+        if job.gpus < 2:
+            return 1.0
+        stretch = self.comm.step_s(job.gpus, ring_gbps) / self.comm.step_s(job.gpus, ideal_gbps)
+        if math.isfinite(job.duration):
+            self.ideal_gpu_s += job.gpus * job.duration
+            self.actual_gpu_s += job.gpus * job.duration * stretch
+        else:  # fill mode: weigh every job as one unit of time
+            self.ideal_gpu_s += job.gpus
+            self.actual_gpu_s += job.gpus * stretch
+        return stretch
+
+    def _same(self, nodes: Sequence[int], level: str) -> bool:
+        return len({self.cluster.domain(n, level) for n in nodes}) == 1
+
+    def summary(self, policy: str, jobs: int, never_started: int, seconds: float, timed: bool) -> Summary:
+        def share(num: float, den: int) -> float | None:
+            return num / den if den else None
+
+        delays = np.asarray(self.delays) if timed and self.delays else None
+        return Summary(
+            policy=policy,
+            jobs=jobs,
+            placed=self.placed,
+            rejected=self.rejected,
+            never_started=never_started,
+            multi_gpu_pods=self.multi_pods,
+            best_ring_share=share(self.best_hits, self.multi_pods),
+            ring_over_best=share(self.ratio_sum, self.multi_pods),
+            gangs=self.gangs,
+            gangs_one_leaf=share(self.gang_leaf, self.gangs),
+            gangs_one_spine=share(self.gang_spine, self.gangs),
+            free_at_first_failure=None if self.first_failure is None else self.first_failure[1],
+            first_failure_time=None if self.first_failure is None else self.first_failure[0],
+            queue_delay_mean=None if delays is None else float(delays.mean()),
+            queue_delay_p95=None if delays is None else float(np.percentile(delays, 95)),
+            job_time_ratio=None if not self.ideal_gpu_s else self.actual_gpu_s / self.ideal_gpu_s,
+            efficiency=None if not self.actual_gpu_s else self.ideal_gpu_s / self.actual_gpu_s,
+            throughput_vs_baseline=None,
+            admission_failures=self.admission_failures,
+            pods=self.pods,
+            seconds=seconds,
+        )
+
+
+def _ideal_levels(cluster: SimCluster) -> Callable[[int], str | None]:
+    """For m nodes: the smallest level (above one node) with a domain of at least m nodes."""
+    sizes: list[tuple[str, int]] = []
+    for level in cluster.levels:
+        if level == HOSTNAME:
+            continue
+        counts: dict[str, int] = {}
+        for i in range(len(cluster.nodes)):
+            d = cluster.domain(i, level)
+            counts[d] = counts.get(d, 0) + 1
+        sizes.append((level, max(counts.values())))
+
+    def ideal(m: int) -> str | None:
+        if m <= 1:
+            return HOSTNAME
+        for level, biggest in sizes:
+            if biggest >= m:
+                return level
+        return None
+
+    return ideal

@@ -1,0 +1,209 @@
+"""The placement policies compared by the simulator: gputopo and the ones people run today.
+
+A policy answers "where does this job go?" against a ClusterState: a node for each pod and
+the GPUs on it, or a Failure with its reason. Each policy is a node ranking (what the
+scheduler does) plus an in-node GPU choice (what the device plugin answers) plus a gang mode:
+
+| policy            | node ranking                   | GPUs in the node              | gangs                     |
+|-------------------|--------------------------------|-------------------------------|---------------------------|
+| kubelet-default   | least allocated (spread)       | kubelet's (random) map order  | members one by one, all or nothing |
+| best-effort-pairs | least allocated (spread)       | go-gpuallocator best-effort, NVSwitch-blind | same          |
+| best-combo        | most allocated (HAMi binpack)  | HAMi best combination         | same                      |
+| gang-only         | gputopo node order (place_pod) | gputopo Allocator             | same: no network levels   |
+| gputopo           | gputopo node order (place_pod) | gputopo Allocator             | gputopo gang planner      |
+
+Every policy admits a gang all or nothing (as kube-scheduler's GangScheduling/Coscheduling
+do); without that the comparison would measure deadlocks, not placement. `gang-only` is
+therefore gputopo with the network-aware planner switched off, isolating what the network
+levels add. docs/simulator.md gives the reasons for each modelling choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gputopo.allocator import Allocator, AllocatorPool
+from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, place_pod, plan_gang
+from gputopo.network import NetworkIndex
+from gputopo.sim.baselines import best_combo, best_effort, kubelet_order
+from gputopo.sim.pairpoints import pair_points
+from gputopo.sim.state import ClusterState, SimCluster
+from gputopo.sim.workload import Job
+
+POLICIES: tuple[str, ...] = ("gputopo", "kubelet-default", "best-effort-pairs", "best-combo", "gang-only")
+BASELINE = "kubelet-default"
+
+#: One pod's placement: node index and GPU indices.
+Slot = tuple[int, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a job could not be placed now; `admission` marks a kubelet admission failure
+    (the node was chosen but the device plugin's answer was unusable)."""
+
+    reason: str
+    admission: bool = False
+
+
+class Policy:
+    """A node ranking + an in-node GPU choice + a gang mode (see the module table)."""
+
+    def __init__(
+        self,
+        name: str,
+        cluster: SimCluster,
+        allocators: Sequence[Allocator],
+        *,
+        rank: str,
+        gpus: Callable[[int, int, int], tuple[int | None, ...]],
+        planner: bool = False,
+    ) -> None:
+        self.name = name
+        self.cluster = cluster
+        self.allocators = allocators
+        self._rank = rank
+        self._gpus = gpus
+        self._planner = planner
+        self._memo = ChoiceMemo()
+        self._views: dict[tuple[int, int], NodeView] = {}
+        self._node_index = {node.name: i for i, node in enumerate(cluster.nodes)}
+        self._net: NetworkIndex | None = None
+
+    # ------------------------------------------------------------------ single pods
+
+    def _best_node(self, state: ClusterState, size: int) -> int | None:
+        """kube-scheduler's node score for this policy over one node per equivalence class."""
+        best: tuple[float, int] | None = None
+        best_node: int | None = None
+        for (_, mask), members in state.classes.items():
+            free = mask.bit_count()
+            if free < size:
+                continue
+            node = min(members)
+            n = state.size[node]
+            score = (free - size) / n if self._rank == "least" else (n - free + size) / n
+            cand = (score, -node)
+            if best is None or cand > best:
+                best, best_node = cand, node
+        return best_node
+
+    def _view(self, node: int, mask: int) -> NodeView:
+        key = (node, mask)
+        hit = self._views.get(key)
+        if hit is None:
+            tid = self.cluster.nodes[node].topology
+            if len(self._views) > 100_000:
+                self._views.clear()
+            hit = self._views[key] = _view(self.cluster, node, mask, self.allocators[tid])
+        return hit
+
+    def place_pod(self, state: ClusterState, size: int) -> Slot | Failure:
+        if self._rank == "gputopo":
+            # gputopo's own single-pod order (gang.place_pod: node_scores without rounding);
+            # nodes of one class answer alike, so only each class's first node is shown.
+            views = [
+                self._view(min(members), mask)
+                for (_, mask), members in state.classes.items()
+                if mask.bit_count() >= size
+            ]
+            placed = place_pod("sim/pod", size, views, memo=self._memo)
+            if placed is None:
+                return Failure(f"no node has {size} free GPUs")
+            return self._node_index[placed.node], tuple(sorted(placed.gpus))
+        node = self._best_node(state, size)
+        if node is None:
+            return Failure(f"no node has {size} free GPUs")
+        gpus = self._gpus(state.topo[node], state.mask[node], size)
+        if not gpus or any(g is None for g in gpus):
+            return Failure(f"device plugin gave no usable set of {size} on {self.cluster.nodes[node].name}", True)
+        return node, tuple(sorted(g for g in gpus if g is not None))
+
+    # ------------------------------------------------------------------ jobs
+
+    def place(self, state: ClusterState, job: Job) -> list[Slot] | Failure:
+        """All pods of the job, or a Failure; the state is left unchanged either way."""
+        if self._planner and job.is_gang:
+            return self._plan(state, job)
+        slots: list[Slot] = []
+        try:
+            for size in job.pods:
+                got = self.place_pod(state, size)
+                if isinstance(got, Failure):
+                    return got
+                state.take(*got)
+                slots.append(got)
+        finally:
+            for node, gpus in slots:
+                state.give(node, gpus)
+        return slots
+
+    def _plan(self, state: ClusterState, job: Job) -> list[Slot] | Failure:
+        views = [self._view(i, state.mask[i]) for i in range(len(self.cluster.nodes))]
+        spec = GangSpec(key=f"sim/job-{job.id}", members=tuple(
+            Member(pod=f"sim/job-{job.id}-{k}", gpus=g) for k, g in enumerate(job.pods)
+        ))
+        if self._net is None:
+            self._net = NetworkIndex.build(((n.name, n.labels) for n in self.cluster.nodes), self.cluster.levels)
+        plan = plan_gang(spec, views, self.cluster.levels, index=self._net, memo=self._memo)
+        if not isinstance(plan, GangPlan):
+            return Failure(plan.reason)
+        return [(self._node_index[p.node], tuple(sorted(p.gpus))) for p in plan.placements]
+
+
+def _view(cluster: SimCluster, node: int, mask: int, allocator: Allocator) -> NodeView:
+    spec = cluster.nodes[node]
+    n = cluster.topologies[spec.topology].n
+    return NodeView(
+        name=spec.name,
+        labels=spec.labels,
+        gpu_count=n,
+        free=frozenset(i for i in range(n) if mask >> i & 1),
+        allocator=allocator,
+    )
+
+
+def _mask_list(mask: int, n: int) -> list[int]:
+    return [i for i in range(n) if mask >> i & 1]
+
+
+def build_policy(name: str, cluster: SimCluster, pool: AllocatorPool, rng: np.random.Generator) -> Policy:
+    """A fresh policy (its own caches; `rng` only feeds kubelet's random order)."""
+    topos = cluster.topologies
+    allocators = [pool.get(t) for t in topos]
+    cache: dict[tuple[int, int, int], tuple[int | None, ...]] = {}
+
+    def cached(fn: Callable[[int, int, int], tuple[int | None, ...]]) -> Callable[[int, int, int], tuple[int | None, ...]]:
+        def wrapper(tid: int, mask: int, size: int) -> tuple[int | None, ...]:
+            key = (tid, mask, size)
+            hit = cache.get(key)
+            if hit is None:
+                hit = cache[key] = fn(tid, mask, size)
+            return hit
+
+        return wrapper
+
+    if name == "kubelet-default":
+        def kubelet(tid: int, mask: int, size: int) -> tuple[int | None, ...]:
+            return kubelet_order(_mask_list(mask, topos[tid].n), size, rng)
+
+        return Policy(name, cluster, allocators, rank="least", gpus=kubelet)
+    if name == "best-effort-pairs":
+        blind = [pair_points(t, nvswitch_visible=False) for t in topos]
+        return Policy(name, cluster, allocators, rank="least", gpus=cached(
+            lambda tid, mask, size: best_effort(blind[tid], _mask_list(mask, topos[tid].n), size)
+        ))
+    if name == "best-combo":
+        seen = [pair_points(t, nvswitch_visible=True) for t in topos]
+        return Policy(name, cluster, allocators, rank="most", gpus=cached(
+            lambda tid, mask, size: best_combo(seen[tid], _mask_list(mask, topos[tid].n), size)
+        ))
+    if name in ("gputopo", "gang-only"):
+        # GPUs come from gang.place_pod / plan_gang, i.e. from the Allocator; `gpus` is unused.
+        return Policy(name, cluster, allocators, rank="gputopo", planner=name == "gputopo", gpus=cached(
+            lambda tid, mask, size: allocators[tid].choose(_mask_list(mask, topos[tid].n), size).indices
+        ))
+    raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")

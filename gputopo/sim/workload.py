@@ -1,0 +1,114 @@
+"""Jobs as the simulator sees them, and the embedded workload generator.
+
+A job is one pod, or a gang of pods when it needs more than one node. Traces record GPUs and
+nodes per job; the simulator turns a job of more than 8 GPUs into a gang of 8-GPU pods (the
+last one takes the remainder), because every multi-node job of the Helios trace uses exactly 8
+GPUs per node. A job of at most 8 GPUs is one pod even when the trace spread it over several
+nodes (Philly's scheduler did that; the request itself fits one 8-GPU server).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+#: GPUs per pod of a multi-node job.
+GANG_POD_GPUS = 8
+
+#: GPU-job sizes of the Helios excerpt (traces/helios-excerpt-15k/README.md, "num_gpu, all jobs").
+HELIOS_SIZE_COUNTS: tuple[tuple[int, int], ...] = (
+    (1, 5939), (2, 544), (3, 14), (4, 647), (5, 2), (6, 9), (7, 19), (8, 2382), (16, 579),
+    (24, 112), (32, 246), (40, 59), (48, 104), (56, 24), (64, 4), (72, 11), (80, 42), (88, 7),
+    (96, 3), (104, 1), (112, 4), (120, 2), (128, 12), (136, 5), (144, 9), (152, 3), (160, 13),
+)
+#: Duration (median s, p90 s) by job size from the same README; sizes not listed use "all".
+HELIOS_DURATION: dict[str, tuple[float, float]] = {
+    "1": (405.0, 11376.0), "8": (162.0, 34858.0), "16": (518.0, 70238.0),
+    "32+": (251.0, 122892.0), "all": (277.0, 18376.0),
+}
+#: Longest job of the excerpt; the log-normal tail is cut there.
+HELIOS_MAX_DURATION = 1_964_673.0
+_Z90 = 1.2815515655446004  # standard normal 90th percentile
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One unit of work: `pods` lists the GPUs of each pod (one entry = a single pod)."""
+
+    id: int
+    submit: float          # seconds
+    duration: float        # seconds at an ideal placement; math.inf = never leaves (fill mode)
+    pods: tuple[int, ...]
+
+    @property
+    def gpus(self) -> int:
+        return sum(self.pods)
+
+    @property
+    def is_gang(self) -> bool:
+        return len(self.pods) > 1
+
+
+def pods_for(num_gpu: int) -> tuple[int, ...]:
+    """Pod shapes of a job of `num_gpu` GPUs (see the module docstring); () for CPU-only jobs."""
+    if num_gpu <= 0:
+        return ()
+    if num_gpu <= GANG_POD_GPUS:
+        return (num_gpu,)
+    full, rest = divmod(num_gpu, GANG_POD_GPUS)
+    return (GANG_POD_GPUS,) * full + ((rest,) if rest else ())
+
+
+def _duration_class(size: int) -> str:
+    if size == 1:
+        return "1"
+    if size == 8:
+        return "8"
+    if 9 <= size <= 16:
+        return "16"
+    if size > 16:
+        return "32+"
+    return "all"
+
+
+def generate(
+    pods: int,
+    *,
+    capacity_gpus: int,
+    load: float,
+    rng: np.random.Generator,
+    max_gpus: int | None = None,
+) -> list[Job]:
+    """Jobs totalling at least `pods` pods: Helios GPU-job sizes, log-normal durations matched to
+    Helios medians and 90th percentiles per size, Poisson arrivals scaled so that the offered
+    load (GPU-seconds per second over `capacity_gpus`) is `load`. Sizes above `max_gpus` are
+    dropped from the distribution so every job can fit the cluster."""
+    if pods <= 0:
+        raise ValueError("pods must be positive")
+    if not load > 0 or capacity_gpus <= 0:
+        raise ValueError("load and capacity must be positive")
+    table = [(s, c) for s, c in HELIOS_SIZE_COUNTS if max_gpus is None or s <= max_gpus]
+    sizes = np.array([s for s, _ in table])
+    probs = np.array([c for _, c in table], dtype=float)
+    probs /= probs.sum()
+    shapes: list[tuple[int, ...]] = []
+    durations: list[float] = []
+    total = 0
+    while total < pods:
+        size = int(rng.choice(sizes, p=probs))
+        median, p90 = HELIOS_DURATION[_duration_class(size)]
+        sigma = math.log(p90 / median) / _Z90
+        duration = float(min(HELIOS_MAX_DURATION, max(1.0, median * math.exp(sigma * rng.standard_normal()))))
+        shape = pods_for(size)
+        shapes.append(shape)
+        durations.append(duration)
+        total += len(shape)
+    work = sum(sum(s) * d for s, d in zip(shapes, durations, strict=True))
+    mean_gap = work / (len(shapes) * load * capacity_gpus)
+    gaps = rng.exponential(mean_gap, size=len(shapes))
+    submit = np.cumsum(gaps) - gaps[0]
+    return [
+        Job(id=i, submit=float(submit[i]), duration=durations[i], pods=shapes[i]) for i in range(len(shapes))
+    ]
