@@ -14,14 +14,14 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from deviceplugin import defaults
-from deviceplugin.backend import Backend
 from deviceplugin.config import ConfigError, PluginConfig, load_config
-from deviceplugin.daemon import Daemon
-from deviceplugin.server import ServerError
 from gputopo import jsonlog
-from gputopo.topology import TopologyError
+
+if TYPE_CHECKING:
+    from deviceplugin.backend import Backend
 
 log = logging.getLogger("deviceplugin")
 PROG = "deviceplugin"
@@ -65,6 +65,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     jsonlog.setup(config.log_level)
+    # Heavy imports (grpc, numpy) only once the flags are known good: bad flags fail fast.
+    from deviceplugin.daemon import Daemon
+    from deviceplugin.server import ServerError
+    from gputopo.topology import TopologyError
 
     stop = threading.Event()
 

@@ -1,0 +1,178 @@
+"""`python -m deviceplugin` as a process: signals, exit codes, and the layered configuration."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deviceplugin import defaults
+from deviceplugin.config import ConfigError, PluginConfig, load_config
+from deviceplugin.status_client import fetch_status
+from tests.kubelet_fake import eventually, fake_kubelet, short_tmpdir
+
+REPO = Path(__file__).resolve().parent.parent
+CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("GPUTOPO_") and k != "NODE_NAME"}
+
+
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    path = short_tmpdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def plugin(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "deviceplugin", *args],
+        cwd=REPO,
+        env={**CLEAN_ENV, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_serving_removes_socket_exits_zero(folder: Path, sig: signal.Signals) -> None:
+    sock = folder / defaults.SOCKET_NAME
+    with fake_kubelet(folder) as kubelet:
+        proc = plugin("--kubelet-dir", str(folder), "--topology", "gb200-tray", "--metrics-port", "0")
+        try:
+            reg = kubelet.wait(1, 20)
+            assert reg is not None, kubelet.refusals
+            assert eventually(lambda: fetch_status(str(sock), 2)["registration"]["registered"])
+            proc.send_signal(sig)
+            assert proc.wait(10) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+    assert not sock.exists()
+
+
+BAD_FLAGS = {
+    "unknown flag": ["--bogus"],
+    "flag without value": ["--topology"],
+    "port not a number": ["--metrics-port", "x"],
+    "port out of range": ["--metrics-port", "70000"],
+    "strategy": ["--device-list-strategy", "volume"],
+    "resource name": ["--resource-name", "gpu"],
+    "socket name with slash": ["--socket-name", "a/b.sock"],
+    "socket named like kubelet's": ["--socket-name", "kubelet.sock"],
+    "xids": ["--ignored-xids", "13,abc"],
+    "recovery": ["--health-recovery-seconds", "-1"],
+    "log level": ["--log-level", "loud"],
+    "bool": ["--fail-on-init-error", "maybe"],
+    "unknown preset": ["--topology", "dgx-99"],
+    "missing topology file": ["--topology", "/nonexistent/topo.json"],
+    "health file without topology": ["--health-file", "/tmp/h.json"],
+    "socket path too long": ["--kubelet-dir", "/tmp/" + "d" * 120],
+    "missing config file": ["--config", "/nonexistent/plugin.yaml"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FLAGS))
+def test_bad_flags_exit_2_with_one_line(case: str, folder: Path) -> None:
+    args = BAD_FLAGS[case]
+    if "--kubelet-dir" not in args:
+        args = ["--kubelet-dir", str(folder), *args]
+    if "--topology" not in args and "--health-file" not in args:
+        args = [*args, "--topology", "rtx8000-4"]
+    proc = plugin(*args, "--metrics-port", "0") if "--metrics-port" not in args else plugin(*args)
+    _, err = proc.communicate(timeout=20)
+    lines = err.decode().splitlines()
+    assert proc.returncode == 2, err.decode()
+    assert len(lines) == 1 and lines[0].startswith("deviceplugin: error: "), lines
+    assert "Traceback" not in err.decode()
+    assert not (folder / defaults.SOCKET_NAME).exists()
+
+
+def test_bad_topology_file_content_exits_2(folder: Path) -> None:
+    bad = folder / "topo.json"
+    bad.write_text('{"gpus": [{"index": 0}], "links": [["NV2"]]}')
+    proc = plugin("--kubelet-dir", str(folder), "--topology", str(bad), "--metrics-port", "0")
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2
+    assert len(err.decode().splitlines()) == 1 and "topology" in err.decode()
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"GPUTOPO_METRICS_PORT": "abc"}, "GPUTOPO_METRICS_PORT"),
+        ({"GPUTOPO_DEVICE_LIST_STRATEGY": "x"}, "GPUTOPO_DEVICE_LIST_STRATEGY"),
+    ],
+)
+def test_bad_environment_exits_2(env: dict[str, str], fragment: str, folder: Path) -> None:
+    proc = plugin("--kubelet-dir", str(folder), "--topology", "rtx8000-4", env=env)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2
+    assert len(err.decode().splitlines()) == 1 and fragment in err.decode()
+
+
+def test_help_exits_zero() -> None:
+    proc = plugin("--help")
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and b"--kubelet-dir" in out
+
+
+# --- layered configuration (pure: flags, env and file are plain inputs) ---------------------------
+
+
+def write_config(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults() -> None:
+    assert load_config([], {}) == PluginConfig()
+    cfg = PluginConfig()
+    assert cfg.kubelet_dir == defaults.KUBELET_DIR and cfg.backend_kind == "nvml"
+
+
+def test_precedence_flag_over_env_over_file_over_default(tmp_path: Path) -> None:
+    cfg_file = write_config(
+        tmp_path / "c.yaml",
+        "version: v1\nresourceName: example.com/file\nmetricsPort: 1111\nlogLevel: debug\nignoredXids: [1, 2]\n",
+    )
+    env = {"GPUTOPO_RESOURCE_NAME": "example.com/env", "GPUTOPO_METRICS_PORT": "2222", "NODE_NAME": "n1"}
+    cfg = load_config(["--config", cfg_file, "--metrics-port", "3333"], env)
+    assert cfg.metrics_port == 3333  # flag
+    assert cfg.resource_name == "example.com/env"  # env beats file
+    assert cfg.log_level == "debug"  # file beats default
+    assert cfg.ignored_xids == (1, 2)
+    assert cfg.node_name == "n1"
+    assert cfg.device_list_strategy == "envvar"  # default
+    # the config file may come from the environment too
+    assert load_config([], {"GPUTOPO_CONFIG": cfg_file}).metrics_port == 1111
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("resourceName: a.b/c\n", "'version' must be 'v1'"),
+        ("version: v2\n", "'version' must be 'v1'"),
+        ("version: v1\nmetricPort: 1\n", "unknown key 'metricPort'"),
+        ("version: v1\nmetricsPort: [1]\n", "metricsPort"),
+        ("- a\n- b\n", "YAML mapping"),
+        ("version: v1\n  bad: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_config_files(tmp_path: Path, text: str, fragment: str) -> None:
+    path = write_config(tmp_path / "c.yaml", text)
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(["--config", path], {})
+    assert fragment in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_boolean_flag_forms() -> None:
+    assert load_config(["--fail-on-init-error"], {}).fail_on_init_error is True
+    assert load_config(["--fail-on-init-error=false"], {}).fail_on_init_error is False
+    assert load_config([], {"GPUTOPO_FAIL_ON_INIT_ERROR": "0"}).fail_on_init_error is False

@@ -1,0 +1,131 @@
+"""Health changes reach kubelet: the file backend's health file -> a new ListAndWatch list."""
+
+from __future__ import annotations
+
+import json
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from deviceplugin.state import Snapshot
+from gputopo.topofile import load_preset
+from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from tests.kubelet_fake import fake_kubelet, plugin_channel, running_daemon, short_tmpdir
+
+TOPO = load_preset("dgx1-v100")
+UUIDS = [g.uuid for g in TOPO.gpus]
+
+
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    path = short_tmpdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class Watch:
+    """A ListAndWatch stream read on its own thread, lists delivered through a queue."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.lists: queue.Queue[dict[str, str]] = queue.Queue()
+        self.stream = api_pb2_grpc.DevicePluginStub(channel).ListAndWatch(api_pb2.Empty())
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            for resp in self.stream:
+                self.lists.put({d.ID: d.health for d in resp.devices})
+        except grpc.RpcError:
+            pass
+
+    def next(self, timeout: float = 5.0) -> dict[str, str]:
+        return self.lists.get(timeout=timeout)
+
+    def until(self, check: object, timeout: float = 5.0) -> dict[str, str]:
+        """The first pushed list for which check(list) holds (each health event may push one)."""
+        end = time.monotonic() + timeout
+        while True:
+            listing = self.next(max(0.01, end - time.monotonic()))
+            if check(listing):  # type: ignore[operator]
+                return listing
+
+
+def write_health(path: Path, doc: dict[str, object]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(path)
+
+
+def test_health_file_changes_push_new_lists(folder: Path) -> None:
+    health = folder / "health.json"
+    seen: list[Snapshot] = []
+    with (
+        fake_kubelet(folder) as kubelet,
+        running_daemon(folder, "dgx1-v100", health_file=str(health)) as daemon,
+        grpc.insecure_channel(f"unix://{folder / 'gputopo-gpu.sock'}") as channel,
+    ):
+        daemon.add_listener(seen.append)
+        assert kubelet.wait(1, 10) is not None
+        allocator = daemon.store.current().allocator
+        watch = Watch(channel)
+        assert set(watch.next().values()) == {"Healthy"}
+
+        write_health(health, {UUIDS[3]: "Unhealthy"})
+        listing = watch.next()
+        assert listing[UUIDS[3]] == "Unhealthy"
+        assert [u for u, h in listing.items() if h != "Healthy"] == [UUIDS[3]]
+
+        write_health(health, {"3": "Healthy", "5": {"xid": 79}})
+        listing = watch.until(lambda lst: lst[UUIDS[5]] == "Unhealthy")
+        assert [u for u, h in listing.items() if h != "Healthy"] == [UUIDS[5]]
+
+        # an ignored (application) XID changes nothing, so no new list is sent
+        write_health(health, {"5": {"xid": 79}, "6": {"xid": 13}})
+        with pytest.raises(queue.Empty):
+            watch.next(timeout=0.6)
+
+        snap = daemon.store.current()
+        assert snap.allocator is allocator, "same topology: the allocator is reused, not rebuilt"
+        assert [s.health[UUIDS[5]] for s in seen][-1] is False, "listeners see every change"
+        reg = daemon.metrics.registry
+        assert reg.get_sample_value("gputopo_health_transitions_total", {"to": "unhealthy"}) == 2
+        assert reg.get_sample_value("gputopo_health_transitions_total", {"to": "healthy"}) == 1
+        with plugin_channel(folder / "gputopo-gpu.sock") as stub:
+            # kubelet is the authority: an unhealthy GPU it offers may still be chosen
+            req = api_pb2.PreferredAllocationRequest(
+                container_requests=[
+                    api_pb2.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=[UUIDS[5]], allocation_size=1
+                    )
+                ]
+            )
+            assert list(stub.GetPreferredAllocation(req, timeout=5).container_responses[0].deviceIDs) == [
+                UUIDS[5]
+            ]
+        watch.stream.cancel()
+
+
+def test_xid_recovers_after_the_quiet_period(folder: Path) -> None:
+    health = folder / "health.json"
+    with (
+        fake_kubelet(folder) as kubelet,
+        running_daemon(folder, "rtx8000-4", health_file=str(health), health_recovery_seconds=0.5),
+        grpc.insecure_channel(f"unix://{folder / 'gputopo-gpu.sock'}") as channel,
+    ):
+        assert kubelet.wait(1, 10) is not None
+        uuid = load_preset("rtx8000-4").gpus[2].uuid
+        watch = Watch(channel)
+        watch.next()
+        write_health(health, {"2": {"xid": 48}})
+        assert watch.next()[uuid] == "Unhealthy"
+        t0 = time.monotonic()
+        assert watch.next(timeout=5)[uuid] == "Healthy"
+        assert time.monotonic() - t0 >= 0.3
+        watch.stream.cancel()
