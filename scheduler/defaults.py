@@ -1,5 +1,7 @@
 """Defaults the sidecar serves with; the deploy manifests and their tests read these."""
 
+from gputopo import network
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8888
 FILTER_PATH = "/filter"
@@ -10,3 +12,21 @@ READYZ_PATH = "/readyz"
 METRICS_PATH = "/metrics"
 TOPOLOGY_ANNOTATION = "gputopo.io/topology"
 RESOURCE_NAME = "nvidia.com/gpu"
+
+# Gang membership and placement constraints (design.md §5).
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+LIGHT_GROUP_LABEL = "pod-group.scheduling.sigs.k8s.io/name"
+LIGHT_MIN_LABEL = "pod-group.scheduling.sigs.k8s.io/min-available"
+REQUIRED_TOPOLOGY_ANNOTATION = "gputopo.io/required-topology"
+PREFERRED_TOPOLOGY_ANNOTATION = "gputopo.io/preferred-topology"
+PODGROUP_GROUP = "scheduling.x-k8s.io"
+PODGROUP_VERSION = "v1alpha1"
+PODGROUP_PLURAL = "podgroups"
+DEFAULT_LEVELS = network.DEFAULT_LEVELS
+
+# Limits and timings of the sidecar.
+MAX_BODY_BYTES = 64 * 1024 * 1024     # a full 5,000-node NodeList is ~30 MiB
+MAX_GPUS_PER_POD = 1024
+RESERVATION_TTL_S = 120.0             # a gang plan's capacity is held this long without binds
+ANNOTATION_MAX_AGE_S = 900.0          # older topology annotations are treated as unknown
+GANG_BACKOFF_S = (1.0, 60.0)          # first and largest retry delay of a gang that fits nowhere

@@ -1,0 +1,353 @@
+"""The extender's decisions: filter, prioritize and bind, for single pods and whole gangs.
+
+The HTTP layer only translates; everything that changes state happens here under one lock, so
+parallel calls from kube-scheduler can never promise the same GPU twice. Planning itself is
+`gputopo.gang` (one objective, imported); this module owns what happens around a plan: who the
+members are, the reservations that hold a plan's capacity, dropping a plan when it breaks, and
+backing off a gang that fits nowhere. Every decision is logged with its reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gputopo import jsonlog
+from gputopo.allocator import AllocationError
+from gputopo.gang import GangPlan, GangSpec, Member, NodeView, node_scores, plan_gang
+from scheduler import defaults
+from scheduler.metrics import Metrics
+from scheduler.model import BadInput, PodInfo, Snapshot
+from scheduler.reservations import Reservation, Reservations
+from scheduler.state import BindError, ClusterState
+from scheduler.views import Assumed, ViewBuilder
+
+log = logging.getLogger("gputopo.scheduler")
+
+#: Our own binds are remembered this long at most while the node's annotation catches up.
+ASSUMED_TTL_S = 600.0
+
+
+@dataclass(frozen=True)
+class FilterResult:
+    node_names: list[str]
+    failed: dict[str, str] = field(default_factory=dict)
+    unresolvable: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Backoff:
+    until: float
+    delay: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Wait:
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Planned:
+    node: str
+
+
+class Extender:
+    def __init__(
+        self,
+        state: ClusterState,
+        levels: Sequence[str] = defaults.DEFAULT_LEVELS,
+        *,
+        clock: Callable[[], float],
+        metrics: Metrics | None = None,
+        ttl_s: float = defaults.RESERVATION_TTL_S,
+        backoff_s: tuple[float, float] = defaults.GANG_BACKOFF_S,
+    ) -> None:
+        self.state = state
+        self.levels = tuple(levels)
+        self.clock = clock
+        self.metrics = metrics or Metrics()
+        self.ttl_s = ttl_s
+        self.backoff_s = backoff_s
+        self._lock = threading.Lock()
+        self.reservations = Reservations()
+        self.plans: dict[str, GangPlan] = {}
+        self._backoff: dict[str, _Backoff] = {}
+        self._assumed: dict[str, Assumed] = {}
+        self._assumed_version = 0
+        self._views = ViewBuilder()
+        self._warned: dict[str, str] = {}
+        self._scores_key: tuple | None = None
+        self._scores: dict[str, int] = {}
+
+    # ----------------------------------------------------------------------------- helpers
+
+    def _current(self, now: float) -> tuple[Snapshot, dict[str, NodeView]]:
+        """Expire what timed out, then the snapshot and its node views (caller holds the lock)."""
+        for gang in self.reservations.expired(now):
+            self._drop_plan(gang, "reservation expired before every member bound")
+        snap = self.state.snapshot()
+        stale = [
+            k
+            for k, a in self._assumed.items()
+            if now - a.at > ASSUMED_TTL_S or _caught_up(snap, a)
+        ]
+        for k in stale:
+            del self._assumed[k]
+        if stale:
+            self._assumed_version += 1
+        views = self._views.build(
+            snap,
+            self._assumed,
+            self._assumed_version,
+            self.reservations.by_node(),
+            self.reservations.version,
+        )
+        self._warn_unknown(snap)
+        self.metrics.reservations.set(len(self.reservations))
+        return snap, views
+
+    def _warn_unknown(self, snap: Snapshot) -> None:
+        if len(self._warned) > 100_000:
+            self._warned.clear()
+        for name, info in snap.nodes.items():
+            if info.topology is None and info.topology_problem:
+                if self._warned.get(name) != info.topology_problem:
+                    self._warned[name] = info.topology_problem
+                    jsonlog.event(
+                        log, "unknown_topology", logging.WARNING, node=name,
+                        reason=info.topology_problem, effect="GPUs counted only, neutral score",
+                    )
+            elif name in self._warned:
+                del self._warned[name]
+
+    def _drop_plan(self, gang: str, reason: str) -> None:
+        plan = self.plans.pop(gang, None)
+        released = self.reservations.release_gang(gang)
+        if plan is not None or released:
+            jsonlog.event(log, "plan_dropped", gang=gang, reason=reason, released=len(released))
+            self.metrics.plans.labels(result="dropped").inc()
+
+    # ------------------------------------------------------------------------------ filter
+
+    def filter(self, pod: PodInfo, names: Sequence[str]) -> FilterResult:
+        with self._lock:
+            now = self.clock()
+            self.state.observe(pod)
+            snap, views = self._current(now)
+            if pod.gang is not None and pod.gpus > 0:
+                return self._filter_gang(pod, names, snap, views, now)
+        return self._filter_single(pod, names, views)
+
+    def _filter_single(self, pod: PodInfo, names: Sequence[str], views: dict[str, NodeView]) -> FilterResult:
+        ok: list[str] = []
+        failed: dict[str, str] = {}
+        for name in names:
+            v = views.get(name)
+            if v is None:
+                failed[name] = "node unknown to gputopo"
+            elif pod.gpus == 0 or len(v.free) >= pod.gpus:
+                ok.append(name)
+            else:
+                failed[name] = f"needs {pod.gpus} GPUs, {len(v.free)} free"
+        jsonlog.event(
+            log, "filter", pod=pod.key, gpus=pod.gpus, candidates=len(names), fit=len(ok),
+            reason="nodes with enough free GPUs (reservations counted as taken)",
+        )
+        return FilterResult(ok, failed)
+
+    def _filter_gang(
+        self, pod: PodInfo, names: Sequence[str], snap: Snapshot, views: dict[str, NodeView], now: float
+    ) -> FilterResult:
+        assert pod.gang is not None
+        decision = self._gang_decision(pod, snap, views, now)
+        gang = pod.gang.key
+        if isinstance(decision, _Wait):
+            jsonlog.event(log, "filter_gang", pod=pod.key, gang=gang, result="wait", reason=decision.reason)
+            return FilterResult([], {}, {n: decision.reason for n in names})
+        node = decision.node
+        reason = f"gang {gang} planned on {node}"
+        out = FilterResult([node] if node in names else [], {}, {n: reason for n in names if n != node})
+        if node not in names:
+            reason = f"gang {gang} planned on {node}, which this scheduling cycle did not offer"
+            out.unresolvable.update({n: reason for n in names})
+        jsonlog.event(log, "filter_gang", pod=pod.key, gang=gang, result="planned", node=node, reason=reason)
+        return out
+
+    def _members(self, gang: str, snap: Snapshot) -> list[PodInfo]:
+        return sorted(
+            (p for p in snap.pods.values() if p.gang is not None and p.gang.key == gang and p.active),
+            key=lambda p: p.key,
+        )
+
+    def _gang_decision(
+        self, pod: PodInfo, snap: Snapshot, views: dict[str, NodeView], now: float
+    ) -> _Wait | _Planned:
+        assert pod.gang is not None
+        gang = pod.gang.key
+        plan = self.plans.get(gang)
+        if plan is not None:
+            mine = next((p for p in plan.placements if p.pod == pod.key), None)
+            gone = [p.node for p in plan.placements if p.node not in snap.nodes]
+            if gone:
+                self._drop_plan(gang, f"planned node {gone[0]} went away")
+            elif mine is not None and self.reservations.get(pod.key) is not None:
+                return _Planned(mine.node)
+            else:
+                self._drop_plan(gang, f"member {pod.key} is not in the plan")
+        members = self._members(gang, snap)
+        need = pod.gang.min_member or snap.min_members.get(gang)
+        if need is None:
+            return _Wait(f"gang {gang}: PodGroup {gang} not found")
+        if len(members) < need:
+            return _Wait(f"gang {gang} waiting for members {len(members)}/{need}")
+        back = self._backoff.get(gang)
+        if back is not None and now < back.until:
+            return _Wait(f"{back.reason} (retry in {back.until - now:.0f}s)")
+        pending = [m for m in members if not m.node and m.key not in self._assumed]
+        bound_nodes = {m.node for m in members if m.node} | {
+            self._assumed[m.key].node for m in members if m.key in self._assumed
+        }
+        if pod.key not in {m.key for m in pending}:
+            return _Wait(f"pod {pod.key} is already bound")
+        spec = GangSpec(
+            gang,
+            tuple(Member(m.key, m.gpus) for m in pending),
+            required_level=pod.gang.required_level,
+            preferred_level=pod.gang.preferred_level,
+        )
+        result = self._plan(spec, views, bound_nodes, snap)
+        if not isinstance(result, GangPlan):
+            delay = self.backoff_s[0] if back is None else min(back.delay * 2, self.backoff_s[1])
+            self._backoff[gang] = _Backoff(now + delay, delay, f"gang {gang} does not fit: {result}")
+            self.metrics.plans.labels(result="failed").inc()
+            jsonlog.event(log, "plan_failed", gang=gang, members=len(pending), reason=result, retry_in_s=delay)
+            return _Wait(f"gang {gang} does not fit: {result}")
+        self._backoff.pop(gang, None)
+        self.plans[gang] = result
+        gpus_of = {m.key: m.gpus for m in pending}
+        self.reservations.add(
+            Reservation(p.pod, gang, p.node, tuple(p.gpus), gpus_of[p.pod], now + self.ttl_s)
+            for p in result.placements
+        )
+        self.metrics.plans.labels(result="planned").inc()
+        jsonlog.event(
+            log, "plan", gang=gang, level=result.level, domain=result.domain,
+            nodes=sorted({p.node for p in result.placements}), members=len(result.placements),
+            reason=f"smallest level whose one domain holds all {len(result.placements)} pending members",
+        )
+        mine = next(p for p in result.placements if p.pod == pod.key)
+        return _Planned(mine.node)
+
+    def _plan(
+        self, spec: GangSpec, views: dict[str, NodeView], bound_nodes: set[str], snap: Snapshot
+    ) -> GangPlan | str:
+        """Plan the pending members; members already bound pin the search to their domain first."""
+        if bound_nodes:
+            for level in self.levels:
+                values = {snap.nodes[n].labels.get(level, n) for n in bound_nodes if n in snap.nodes}
+                if len(values) == 1:
+                    (value,) = values
+                    near = [v for v in views.values() if v.labels.get(level, v.name) == value]
+                    plan = plan_gang(spec, near, self.levels)
+                    if isinstance(plan, GangPlan):
+                        return plan
+        plan = plan_gang(spec, list(views.values()), self.levels)
+        return plan if isinstance(plan, GangPlan) else plan.reason
+
+    # -------------------------------------------------------------------------- prioritize
+
+    def prioritize(self, pod: PodInfo, names: Sequence[str]) -> list[tuple[str, int]]:
+        with self._lock:
+            now = self.clock()
+            self.state.observe(pod)
+            _snap, views = self._current(now)
+            plan = self.plans.get(pod.gang.key) if pod.gang is not None else None
+            key = (pod.gpus, id(views), self._views_key(), tuple(names))
+        if plan is not None:
+            planned = {p.pod: p.node for p in plan.placements}.get(pod.key)
+            return [(n, 10 if n == planned else 0) for n in names]
+        if pod.gpus == 0:
+            return [(n, 0) for n in names]
+        if key == self._scores_key:
+            scores = self._scores
+        else:
+            scores = node_scores(pod.gpus, [views[n] for n in names if n in views])
+            self._scores_key, self._scores = key, scores
+        jsonlog.event(
+            log, "prioritize", level=logging.DEBUG, pod=pod.key, gpus=pod.gpus, nodes=len(names),
+            reason="node objective of the best GPU set, then least disruption",
+        )
+        return [(n, int(scores.get(n, 0))) for n in names]
+
+    def _views_key(self) -> tuple:
+        return (self.state.snapshot().version, self._assumed_version, self.reservations.version)
+
+    # -------------------------------------------------------------------------------- bind
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        key = f"{namespace}/{name}"
+        with self._lock:
+            now = self.clock()
+            snap, views = self._current(now)
+            pod = snap.pods.get(key)
+            if pod is None:
+                raise BadInput(f"pod {key} is unknown (filter it first)")
+            if uid and pod.uid and uid != pod.uid:
+                raise BadInput(f"pod {key} has uid {pod.uid}, not {uid}")
+            if node not in snap.nodes:
+                raise BadInput(f"node {node} is unknown")
+            if pod.node:
+                if pod.node == node:
+                    jsonlog.event(log, "bind", pod=key, node=node, result="already bound")
+                    return
+                raise BindError(f"pod {key} is already bound to {pod.node}")
+            r = self.reservations.get(key)
+            gang = pod.gang.key if pod.gang is not None else None
+            if r is not None and r.node != node:
+                self._drop_plan(r.gang, f"{key} asked to bind on {node}, planned on {r.node}")
+                raise BindError(f"gang {r.gang} planned {key} on {r.node}, not {node}; replanning")
+            if r is None and gang is not None and gang in self.plans and pod.gpus > 0:
+                self._drop_plan(gang, f"{key} lost its reservation before binding")
+                raise BindError(f"pod {key} has no reservation in gang {gang}'s plan; replanning")
+            gpus = r.gpus if r is not None else self._pick(views.get(node), pod.gpus, node)
+            self.reservations.release_pod(key)
+            self._assumed[key] = Assumed(key, node, gpus, pod.gpus, now)
+            self._assumed_version += 1
+        try:
+            self.state.bind(pod, node, gpus)
+        except BindError as e:
+            with self._lock:
+                if self._assumed.pop(key, None) is not None:
+                    self._assumed_version += 1
+                if gang is not None:
+                    self._drop_plan(gang, f"bind of {key} on {node} failed: {e}")
+            self.metrics.binds.labels(result="failed").inc()
+            jsonlog.event(log, "bind", logging.WARNING, pod=key, node=node, result="failed", reason=str(e))
+            raise
+        self.metrics.binds.labels(result="bound").inc()
+        jsonlog.event(log, "bind", pod=key, node=node, gpus=list(gpus), gang=gang, result="bound")
+
+    def _pick(self, view: NodeView | None, size: int, node: str) -> tuple[int, ...]:
+        if view is None or size == 0:
+            return ()
+        if len(view.free) < size:
+            raise BindError(f"{node} has {len(view.free)} free GPUs, pod needs {size}")
+        if view.allocator is None:
+            return ()
+        try:
+            return view.allocator.choose(sorted(view.free), size).indices
+        except AllocationError as e:
+            raise BindError(f"{node}: {e}") from None
+
+
+def _caught_up(snap: Snapshot, a: Assumed) -> bool:
+    """An assumed bind is no longer needed once the watch shows the pod bound and the node's
+    annotation was written after the bind (or the node has no annotation to wait for)."""
+    pod = snap.pods.get(a.pod)
+    if pod is None or not pod.node:
+        return pod is None
+    info = snap.nodes.get(a.node)
+    return info is None or info.topology is None or info.topology.generated_at > a.at

@@ -1,0 +1,357 @@
+"""Live cluster state from the API server: list+watch of Nodes, Pods and PodGroups.
+
+Each kind has a reflector thread: list (remember resourceVersion), then watch from there; a
+broken watch resumes from the last resourceVersion seen, a 410 Gone relists. Objects are kept
+as raw JSON dicts from the official client (no model deserialisation: at 5,000 nodes that is
+the difference between milliseconds and seconds) and parsed with the same functions that
+parse kube-scheduler's requests. Binding goes through `pods/binding`, idempotently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from gputopo import jsonlog
+from gputopo.annotation import AnnotationError, decode
+from scheduler import defaults
+from scheduler.model import BadInput, NodeInfo, PodInfo, Snapshot, node_gpu_capacity, parse_pod
+from scheduler.state import BindError
+
+log = logging.getLogger("gputopo.scheduler.kube")
+
+#: Pods kube-scheduler asked about but no watch has shown are remembered this long.
+OBSERVED_TTL_S = 300.0
+#: How often snapshot() re-judges annotation freshness when nothing else changed.
+STALENESS_RECHECK_S = 5.0
+
+
+def _raw(resp: Any) -> Any:
+    """The JSON body of a `_preload_content=False` response."""
+    try:
+        return json.loads(resp.data)
+    finally:
+        resp.release_conn()
+
+
+class _Reflector:
+    """List then watch one kind, forever, until stopped; never raises out of its thread."""
+
+    def __init__(
+        self,
+        kind: str,
+        list_fn: Callable[..., Any],
+        replace_all: Callable[[list[dict[str, Any]]], None],
+        apply: Callable[[str, dict[str, Any]], None],
+        stop: threading.Event,
+        *,
+        watch_timeout_s: int,
+        backoff_s: tuple[float, float],
+        on_listed: Callable[[], None],
+        absent_ok: bool = False,
+    ) -> None:
+        self.kind = kind
+        self.list_fn = list_fn
+        self.replace_all = replace_all
+        self.apply = apply
+        self.stop = stop
+        self.watch_timeout_s = watch_timeout_s
+        self.backoff_s = backoff_s
+        self.on_listed = on_listed
+        self.absent_ok = absent_ok
+        self.resource_version = ""
+        self.lists = 0
+        self.watches = 0
+
+    def run(self) -> None:
+        delay = self.backoff_s[0]
+        need_list = True
+        while not self.stop.is_set():
+            try:
+                if need_list:
+                    self._list()
+                    need_list = False
+                self._watch()
+                delay = self.backoff_s[0]
+            except ApiException as e:
+                if e.status == 410:
+                    jsonlog.event(log, "watch_expired", kind=self.kind, reason="410 Gone: relisting")
+                    need_list = True
+                    continue
+                if e.status == 404 and self.absent_ok:
+                    jsonlog.event(log, "kind_absent", kind=self.kind, reason="CRD not installed; retrying later")
+                    self.on_listed()
+                    need_list = True
+                    self.stop.wait(self.backoff_s[1])
+                    continue
+                jsonlog.event(log, "api_error", logging.WARNING, kind=self.kind, status=e.status,
+                              reason=str(e.reason), retry_in_s=delay)
+                self.stop.wait(delay)
+                delay = min(delay * 2, self.backoff_s[1])
+            except Exception as e:  # broken connection, bad JSON: resume, never die
+                jsonlog.event(log, "watch_broken", logging.WARNING, kind=self.kind,
+                              reason=f"{type(e).__name__}: {e}", resume_from=self.resource_version,
+                              retry_in_s=delay)
+                self.stop.wait(delay)
+                delay = min(delay * 2, self.backoff_s[1])
+
+    def _list(self) -> None:
+        body = _raw(self.list_fn(_preload_content=False))
+        items = body.get("items") or []
+        self.resource_version = (body.get("metadata") or {}).get("resourceVersion", "")
+        self.replace_all(items)
+        self.lists += 1
+        jsonlog.event(log, "listed", kind=self.kind, count=len(items), resource_version=self.resource_version)
+        self.on_listed()
+
+    def _watch(self) -> None:
+        self.watches += 1
+        w = watch.Watch()
+        kwargs: dict[str, Any] = {"timeout_seconds": self.watch_timeout_s, "allow_watch_bookmarks": True}
+        if self.resource_version:
+            kwargs["resource_version"] = self.resource_version
+        # A wrapper without a docstring: the client then finds no model type and hands us plain
+        # dicts (raw_object) instead of deserialising every object into models.
+        def raw_list(**kw: Any) -> Any:
+            return self.list_fn(**kw)
+
+        for event in w.stream(raw_list, **kwargs):
+            if self.stop.is_set():
+                w.stop()
+                return
+            obj = event.get("raw_object") or {}
+            rv = (obj.get("metadata") or {}).get("resourceVersion")
+            if event.get("type") != "BOOKMARK":
+                self.apply(event.get("type", ""), obj)
+            if rv:
+                self.resource_version = rv
+
+
+class KubeState:
+    """ClusterState backed by the API server through the official `kubernetes` client."""
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        clock: Callable[[], float],
+        resource: str = defaults.RESOURCE_NAME,
+        annotation_key: str = defaults.TOPOLOGY_ANNOTATION,
+        max_age_s: float = defaults.ANNOTATION_MAX_AGE_S,
+        watch_timeout_s: int = 300,
+        backoff_s: tuple[float, float] = (0.5, 30.0),
+    ) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.clock = clock
+        self.resource = resource
+        self.annotation_key = annotation_key
+        self.max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._nodes: dict[str, NodeInfo] = {}
+        self._pods: dict[str, PodInfo] = {}
+        self._min: dict[str, int] = {}
+        self._observed: dict[str, tuple[PodInfo, float]] = {}
+        self._version = 1
+        self._snap: Snapshot | None = None
+        self._snap_at = -math.inf
+        self._stale: set[str] = set()
+        self._stop = threading.Event()
+        self._listed: set[str] = set()
+        self._threads: list[threading.Thread] = []
+        common = {"watch_timeout_s": watch_timeout_s, "backoff_s": backoff_s}
+        self.reflectors = [
+            _Reflector("nodes", self.core.list_node, self._replace_nodes, self._apply_node, self._stop,
+                       on_listed=lambda: self._mark("nodes"), **common),
+            _Reflector("pods", self.core.list_pod_for_all_namespaces, self._replace_pods, self._apply_pod,
+                       self._stop, on_listed=lambda: self._mark("pods"), **common),
+            _Reflector("podgroups", self._list_podgroups, self._replace_groups, self._apply_group, self._stop,
+                       on_listed=lambda: self._mark("podgroups"), absent_ok=True, **common),
+        ]
+
+    def _list_podgroups(self, **kwargs: Any) -> Any:
+        return self.custom.list_cluster_custom_object(
+            defaults.PODGROUP_GROUP, defaults.PODGROUP_VERSION, defaults.PODGROUP_PLURAL, **kwargs
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        for r in self.reflectors:
+            t = threading.Thread(target=r.run, name=f"reflector-{r.kind}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def ready(self) -> bool:
+        with self._lock:
+            return {"nodes", "pods", "podgroups"} <= self._listed
+
+    def _mark(self, kind: str) -> None:
+        with self._lock:
+            self._listed.add(kind)
+
+    def _changed(self) -> None:
+        self._version += 1
+        self._snap = None
+
+    # ------------------------------------------------------------------ nodes
+
+    def _node_info(self, obj: dict[str, Any]) -> NodeInfo:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name", "")
+        labels = {k: v for k, v in (meta.get("labels") or {}).items() if isinstance(v, str)}
+        text = (meta.get("annotations") or {}).get(self.annotation_key)
+        capacity = node_gpu_capacity(obj, self.resource)
+        try:
+            topo = decode(text, now=self.clock(), max_age_s=math.inf)
+            if topo.node != name:
+                raise AnnotationError(f"annotation is for node {topo.node}")
+            return NodeInfo(name, labels, capacity, topo)
+        except AnnotationError as e:
+            return NodeInfo(name, labels, capacity, None, str(e))
+
+    def _replace_nodes(self, items: list[dict[str, Any]]) -> None:
+        infos = [self._node_info(o) for o in items]
+        with self._lock:
+            self._nodes = {i.name: i for i in infos if i.name}
+            self._changed()
+
+    def _apply_node(self, kind: str, obj: dict[str, Any]) -> None:
+        info = self._node_info(obj)
+        with self._lock:
+            if kind == "DELETED":
+                self._nodes.pop(info.name, None)
+            else:
+                self._nodes[info.name] = info
+            self._changed()
+
+    # ------------------------------------------------------------------ pods
+
+    def _pod(self, obj: dict[str, Any]) -> PodInfo | None:
+        try:
+            pod = parse_pod(obj, self.resource)
+        except BadInput as e:
+            meta = obj.get("metadata") or {}
+            jsonlog.event(log, "pod_ignored", logging.WARNING, pod=f"{meta.get('namespace')}/{meta.get('name')}",
+                          reason=str(e))
+            return None
+        return pod if (pod.gpus > 0 or pod.gang is not None) and pod.active else None
+
+    def _replace_pods(self, items: list[dict[str, Any]]) -> None:
+        pods = [p for p in (self._pod(o) for o in items) if p is not None]
+        with self._lock:
+            self._pods = {p.key: p for p in pods}
+            self._changed()
+
+    def _apply_pod(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+        pod = None if kind == "DELETED" else self._pod(obj)
+        with self._lock:
+            if pod is None:
+                self._pods.pop(key, None)
+                self._observed.pop(key, None)
+            else:
+                self._pods[key] = pod
+            self._changed()
+
+    def observe(self, pod: PodInfo) -> None:
+        with self._lock:
+            if pod.key in self._pods:
+                return
+            fresh = pod.key not in self._observed
+            self._observed[pod.key] = (pod, self.clock())
+            if fresh:
+                self._changed()
+
+    # ------------------------------------------------------------------ podgroups
+
+    def _group(self, obj: dict[str, Any]) -> tuple[str, int | None]:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+        raw = (obj.get("spec") or {}).get("minMember")
+        ok = isinstance(raw, int) and not isinstance(raw, bool) and raw > 0
+        return key, raw if ok else None
+
+    def _replace_groups(self, items: list[dict[str, Any]]) -> None:
+        groups = dict(self._group(o) for o in items)
+        with self._lock:
+            self._min = {k: v for k, v in groups.items() if v is not None}
+            self._changed()
+
+    def _apply_group(self, kind: str, obj: dict[str, Any]) -> None:
+        key, value = self._group(obj)
+        with self._lock:
+            if kind == "DELETED" or value is None:
+                self._min.pop(key, None)
+            else:
+                self._min[key] = value
+            self._changed()
+
+    # ------------------------------------------------------------------ snapshot
+
+    def snapshot(self) -> Snapshot:
+        now = self.clock()
+        with self._lock:
+            if self._snap is not None and now - self._snap_at < STALENESS_RECHECK_S:
+                return self._snap
+            purged = [k for k, (_, at) in self._observed.items() if now - at > OBSERVED_TTL_S]
+            for key in purged:
+                del self._observed[key]
+            nodes = dict(self._nodes)
+            stale: set[str] = set()
+            for name, info in self._nodes.items():
+                topo = info.topology
+                if topo is not None and now - topo.generated_at > self.max_age_s:
+                    age = now - topo.generated_at
+                    stale.add(name)
+                    nodes[name] = replace(
+                        info, topology=None,
+                        topology_problem=f"annotation stale: {age:.0f}s old (limit {self.max_age_s:.0f}s)",
+                    )
+            pods = {k: p for k, (p, _) in self._observed.items()}
+            pods.update(self._pods)
+            if self._snap is not None and (purged or stale != self._stale):
+                self._version += 1
+            self._stale = stale
+            self._snap = Snapshot(nodes, pods, dict(self._min), self._version)
+            self._snap_at = now
+            return self._snap
+
+    # ------------------------------------------------------------------ bind
+
+    def bind(self, pod: PodInfo, node: str, gpus: Iterable[int]) -> None:
+        body = client.V1Binding(
+            metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace, uid=pod.uid or None),
+            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
+        )
+        try:
+            self.core.create_namespaced_pod_binding(
+                pod.name, pod.namespace, body, _preload_content=False
+            ).release_conn()
+        except ApiException as e:
+            if e.status == 409 and self._bound_to(pod, node):
+                return
+            raise BindError(f"API server refused the binding: {e.status} {e.reason}") from None
+        except Exception as e:
+            raise BindError(f"binding failed: {type(e).__name__}: {e}") from None
+
+    def _bound_to(self, pod: PodInfo, node: str) -> bool:
+        try:
+            raw = _raw(self.core.read_namespaced_pod(pod.name, pod.namespace, _preload_content=False))
+        except Exception:
+            return False
+        return (raw.get("spec") or {}).get("nodeName") == node

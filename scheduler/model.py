@@ -1,0 +1,200 @@
+"""Values the sidecar reasons about, parsed once at the edge from Kubernetes JSON.
+
+Pods and Nodes arrive as API JSON (from kube-scheduler's request, a watch event or a snapshot
+file). Everything is validated here into frozen values, so the planning code never meets a
+half-formed dict and a malformed request becomes one clear `BadInput` instead of a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gputopo.annotation import NodeTopology
+from scheduler import defaults
+
+
+class BadInput(ValueError):
+    """A request or object that cannot be understood; the message is shown to the caller."""
+
+
+@dataclass(frozen=True)
+class GangRef:
+    """A pod's gang: its key and what the pod's own labels/annotations say about it."""
+
+    key: str                       # "namespace/group"
+    min_member: int | None         # from the light label; None = read it from the PodGroup object
+    required_level: str | None = None
+    preferred_level: str | None = None
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    namespace: str
+    name: str
+    uid: str
+    gpus: int
+    node: str = ""                 # spec.nodeName: bound already
+    phase: str = "Pending"
+    gang: GangRef | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def active(self) -> bool:
+        """Holds (or will hold) resources: not finished."""
+        return self.phase not in ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node: labels, GPU count, and what its plugin published (None = unknown topology)."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    gpu_capacity: int = 0
+    topology: NodeTopology | None = None
+    topology_problem: str = ""     # why `topology` is None, for the warning log
+    pods_know_allocations: bool = True   # False in file mode: `topology.allocated` is the whole truth
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The cluster at one instant: what the planner is given."""
+
+    nodes: Mapping[str, NodeInfo]
+    pods: Mapping[str, PodInfo]
+    min_members: Mapping[str, int]          # PodGroup objects: "ns/name" -> minMember
+    version: int = 0                        # changes whenever anything above changes
+
+
+def _obj(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise BadInput(f"{where} must be an object")
+    return value
+
+
+def _str_map(value: Any, where: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    m = _obj(value, where)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in m.items()):
+        raise BadInput(f"{where} must map strings to strings")
+    return dict(m)
+
+
+def parse_quantity(value: Any, where: str) -> int:
+    """A whole-GPU quantity ("2", 2); fractions, units and absurd counts are refused."""
+    if isinstance(value, bool):
+        raise BadInput(f"{where} must be a whole number")
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if not isinstance(value, int):
+        raise BadInput(f"{where} must be a whole number of GPUs, got {value!r}")
+    if not 0 <= value <= defaults.MAX_GPUS_PER_POD:
+        raise BadInput(f"{where} = {value} is out of range 0..{defaults.MAX_GPUS_PER_POD}")
+    return value
+
+
+def _container_gpus(containers: Any, where: str, resource: str) -> list[int]:
+    if containers is None:
+        return []
+    if not isinstance(containers, list):
+        raise BadInput(f"{where} must be a list")
+    out = []
+    for k, c in enumerate(containers):
+        c = _obj(c, f"{where}[{k}]")
+        res = _obj(c.get("resources") or {}, f"{where}[{k}].resources")
+        limits = _obj(res.get("limits") or {}, f"{where}[{k}].resources.limits")
+        requests = _obj(res.get("requests") or {}, f"{where}[{k}].resources.requests")
+        raw = limits.get(resource, requests.get(resource, 0))
+        out.append(parse_quantity(raw, f"{where}[{k}] {resource}"))
+    return out
+
+
+def parse_pod(raw: Any, resource: str = defaults.RESOURCE_NAME) -> PodInfo:
+    """A v1.Pod JSON object as kube-scheduler or the API server sends it."""
+    pod = _obj(raw, "Pod")
+    meta = _obj(pod.get("metadata"), "Pod.metadata")
+    spec = _obj(pod.get("spec") or {}, "Pod.spec")
+    status = _obj(pod.get("status") or {}, "Pod.status")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise BadInput("Pod.metadata.name is required")
+    namespace = meta.get("namespace") or "default"
+    if not isinstance(namespace, str):
+        raise BadInput("Pod.metadata.namespace must be a string")
+    uid = meta.get("uid") or ""
+    labels = _str_map(meta.get("labels"), "Pod.metadata.labels")
+    annotations = _str_map(meta.get("annotations"), "Pod.metadata.annotations")
+    main = sum(_container_gpus(spec.get("containers"), "Pod.spec.containers", resource))
+    init = max(_container_gpus(spec.get("initContainers"), "Pod.spec.initContainers", resource), default=0)
+    gpus = max(main, init)
+    if gpus > defaults.MAX_GPUS_PER_POD:
+        raise BadInput(f"Pod asks for {gpus} GPUs, more than {defaults.MAX_GPUS_PER_POD}")
+    node = spec.get("nodeName") or ""
+    phase = status.get("phase") or "Pending"
+    if not isinstance(node, str) or not isinstance(phase, str) or not isinstance(uid, str):
+        raise BadInput("Pod.spec.nodeName, Pod.status.phase and metadata.uid must be strings")
+    return PodInfo(
+        namespace=namespace,
+        name=name,
+        uid=uid,
+        gpus=gpus,
+        node=node,
+        phase=phase,
+        gang=_gang(namespace, labels, annotations),
+    )
+
+
+def _gang(namespace: str, labels: Mapping[str, str], annotations: Mapping[str, str]) -> GangRef | None:
+    required = annotations.get(defaults.REQUIRED_TOPOLOGY_ANNOTATION) or None
+    preferred = annotations.get(defaults.PREFERRED_TOPOLOGY_ANNOTATION) or None
+    group = labels.get(defaults.POD_GROUP_LABEL)
+    if group:
+        return GangRef(f"{namespace}/{group}", None, required, preferred)
+    group = labels.get(defaults.LIGHT_GROUP_LABEL)
+    if group:
+        raw = labels.get(defaults.LIGHT_MIN_LABEL, "")
+        if not raw.isdigit() or not 1 <= int(raw) <= 100_000:
+            raise BadInput(f"label {defaults.LIGHT_MIN_LABEL} must be a positive integer, got {raw!r}")
+        return GangRef(f"{namespace}/{group}", int(raw), required, preferred)
+    return None
+
+
+def parse_node_names(args: Mapping[str, Any]) -> tuple[list[str], bool]:
+    """The candidate nodes of an ExtenderArgs, and whether they came as NodeNames (cache mode)."""
+    names = args.get("NodeNames")
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            raise BadInput("NodeNames must be a list of node names")
+        return names, True
+    nodes = args.get("Nodes")
+    if nodes is None:
+        raise BadInput("one of NodeNames or Nodes is required")
+    items = _obj(nodes, "Nodes").get("items")
+    if items is None:
+        items = []
+    if not isinstance(items, list):
+        raise BadInput("Nodes.items must be a list")
+    out = []
+    for k, item in enumerate(items):
+        meta = _obj(_obj(item, f"Nodes.items[{k}]").get("metadata"), f"Nodes.items[{k}].metadata")
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            raise BadInput(f"Nodes.items[{k}].metadata.name is required")
+        out.append(name)
+    return out, False
+
+
+def node_gpu_capacity(node: Mapping[str, Any], resource: str = defaults.RESOURCE_NAME) -> int:
+    """GPUs a Node reports allocatable (0 when absent or unreadable)."""
+    status = node.get("status") or {}
+    alloc = (status.get("allocatable") or status.get("capacity") or {}) if isinstance(status, Mapping) else {}
+    try:
+        return parse_quantity(alloc.get(resource, 0), "allocatable") if isinstance(alloc, Mapping) else 0
+    except BadInput:
+        return 0

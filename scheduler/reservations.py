@@ -1,0 +1,71 @@
+"""Capacity promised to a planned gang member but not yet bound.
+
+Reservations are explicit values with an expiry, not side effects hidden in a filter: every
+other pod and gang sees reserved GPUs as taken, a bind turns a reservation into an allocation,
+and a plan that stops binding gives its capacity back when its time runs out. The clock is
+passed in by the caller so tests decide when things expire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Reservation:
+    pod: str                  # "namespace/name" of the member
+    gang: str                 # "namespace/group"
+    node: str
+    gpus: tuple[int, ...]     # GPU indices held (empty when the node's topology is unknown)
+    count: int                # GPUs held
+    expires_at: float
+
+
+class Reservations:
+    """The table of live reservations. Not thread-safe: the extender's lock guards it."""
+
+    def __init__(self) -> None:
+        self._by_pod: dict[str, Reservation] = {}
+        self.version = 0
+
+    def add(self, items: Iterable[Reservation]) -> None:
+        for r in items:
+            self._by_pod[r.pod] = r
+        self.version += 1
+
+    def get(self, pod: str) -> Reservation | None:
+        return self._by_pod.get(pod)
+
+    def release_pod(self, pod: str) -> Reservation | None:
+        r = self._by_pod.pop(pod, None)
+        if r is not None:
+            self.version += 1
+        return r
+
+    def release_gang(self, gang: str) -> list[Reservation]:
+        gone = [r for r in self._by_pod.values() if r.gang == gang]
+        for r in gone:
+            del self._by_pod[r.pod]
+        if gone:
+            self.version += 1
+        return gone
+
+    def expired(self, now: float) -> set[str]:
+        """Gangs with at least one reservation past its time."""
+        return {r.gang for r in self._by_pod.values() if r.expires_at <= now}
+
+    def on_node(self, node: str, *, excluding: str = "") -> list[Reservation]:
+        return [r for r in self._by_pod.values() if r.node == node and r.pod != excluding]
+
+    def by_node(self) -> dict[str, list[Reservation]]:
+        out: dict[str, list[Reservation]] = {}
+        for r in self._by_pod.values():
+            out.setdefault(r.node, []).append(r)
+        return out
+
+    def __iter__(self) -> Iterator[Reservation]:
+        return iter(list(self._by_pod.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_pod)

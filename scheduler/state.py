@@ -1,0 +1,124 @@
+"""Where the sidecar's picture of the cluster comes from: one Protocol, two sources.
+
+The extender plans on a `Snapshot` and binds through `bind`, whether the cluster is a live API
+server (scheduler/kube.py) or a snapshot file held in memory (FileState, for simulation and
+tests). The planning code cannot tell them apart, which is the point.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from typing import Protocol
+
+from scheduler.model import NodeInfo, PodInfo, Snapshot
+
+
+class BindError(RuntimeError):
+    """A bind the cluster refused; the message is returned to kube-scheduler."""
+
+
+class ClusterState(Protocol):
+    def snapshot(self) -> Snapshot:
+        """The cluster now (cheap when nothing changed: the same object)."""
+        ...
+
+    def observe(self, pod: PodInfo) -> None:
+        """kube-scheduler asked about this pod: it exists, even if no watch has shown it yet."""
+        ...
+
+    def bind(self, pod: PodInfo, node: str, gpus: tuple[int, ...]) -> None:
+        """Bind the pod to the node (idempotent); raise BindError when refused."""
+        ...
+
+    def ready(self) -> bool:
+        """True once the first full picture is loaded."""
+        ...
+
+
+class FileState:
+    """A cluster held in memory, loaded from a snapshot file: binds allocate GPUs in place.
+
+    The pods a gang has are the ones the file lists plus every one kube-scheduler asks about,
+    since kube-scheduler keeps retrying pending pods until each member has shown up."""
+
+    def __init__(
+        self,
+        nodes: Iterable[NodeInfo],
+        pods: Iterable[PodInfo] = (),
+        min_members: Mapping[str, int] | None = None,
+        levels: Iterable[str] | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._nodes = {n.name: replace(n, pods_know_allocations=False) for n in nodes}
+        self._pods = {p.key: p for p in pods}
+        self._min = dict(min_members or {})
+        self._held: dict[str, tuple[int, ...]] = {}
+        self.levels = tuple(levels) if levels is not None else None
+        self._version = 1
+        self._snap: Snapshot | None = None
+
+    def _changed(self) -> None:
+        self._version += 1
+        self._snap = None
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            if self._snap is None:
+                self._snap = Snapshot(dict(self._nodes), dict(self._pods), dict(self._min), self._version)
+            return self._snap
+
+    def observe(self, pod: PodInfo) -> None:
+        with self._lock:
+            if pod.key not in self._pods:
+                self._pods[pod.key] = replace(pod, node="")
+                self._changed()
+
+    def ready(self) -> bool:
+        return True
+
+    def bind(self, pod: PodInfo, node: str, gpus: tuple[int, ...]) -> None:
+        with self._lock:
+            info = self._nodes.get(node)
+            if info is None:
+                raise BindError(f"node {node} does not exist")
+            known = self._pods.get(pod.key, pod)
+            if known.node:
+                if known.node == node:
+                    return
+                raise BindError(f"pod {pod.key} is already bound to {known.node}")
+            topo = info.topology
+            if topo is not None:
+                taken = set(gpus) - topo.free
+                if taken or len(gpus) != pod.gpus:
+                    raise BindError(f"GPUs {sorted(gpus)} are not {pod.gpus} free GPUs of {node}")
+                info = replace(info, topology=replace(topo, allocated=topo.allocated | set(gpus)))
+            else:
+                used = sum(p.gpus for p in self._pods.values() if p.node == node and p.active)
+                if used + pod.gpus > info.gpu_capacity:
+                    raise BindError(f"{node} has {info.gpu_capacity - used} free GPUs, pod needs {pod.gpus}")
+            self._nodes[node] = info
+            self._pods[pod.key] = replace(known, node=node)
+            self._held[pod.key] = tuple(gpus)
+            self._changed()
+
+    # Simulation hooks: the cluster changing under the scheduler.
+    def remove_node(self, name: str) -> None:
+        with self._lock:
+            self._nodes.pop(name, None)
+            self._changed()
+
+    def delete_pod(self, key: str) -> None:
+        """A pod ends: its GPUs go back to its node."""
+        with self._lock:
+            pod = self._pods.pop(key, None)
+            self._changed()
+            if pod is None or not pod.node:
+                return
+            info = self._nodes.get(pod.node)
+            if info is not None and info.topology is not None:
+                held = self._held.pop(key, ())
+                topo = info.topology
+                self._nodes[pod.node] = replace(info, topology=replace(topo, allocated=topo.allocated - set(held)))

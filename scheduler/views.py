@@ -1,0 +1,119 @@
+"""From cluster state to the planner's NodeViews: which GPUs of each node are really free.
+
+A node's plugin annotation lags behind the scheduler (a pod bound a second ago is not in it
+yet), so the free set is the annotation's, minus the GPUs of our own recent binds, minus what
+bound pods hold beyond what the annotation shows (those GPUs are the ones the node allocator
+would have handed out, so the same allocator picks them), minus reservations. A node whose
+topology is unknown keeps a plain count and a neutral score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gputopo.allocator import AllocationError, Allocator, AllocatorPool
+from gputopo.gang import NodeView
+from scheduler.model import NodeInfo, Snapshot
+from scheduler.reservations import Reservation
+
+
+@dataclass(frozen=True)
+class Assumed:
+    """A pod this sidecar bound, with the GPUs it expects the node to give it."""
+
+    pod: str
+    node: str
+    gpus: tuple[int, ...]
+    count: int
+    at: float
+
+
+def _take(alloc: Allocator | None, free: set[int], count: int) -> set[int]:
+    """The `count` GPUs the node allocator would hand out from `free` (or the lowest ones)."""
+    count = min(count, len(free))
+    if count <= 0:
+        return set()
+    if alloc is not None:
+        try:
+            return set(alloc.choose(sorted(free), count).indices)
+        except AllocationError:
+            pass
+    return set(sorted(free)[:count])
+
+
+def node_view(
+    info: NodeInfo,
+    alloc: Allocator | None,
+    pod_gpus: int,
+    assumed: Iterable[Assumed],
+    reserved: Iterable[Reservation],
+    bound: frozenset[str] | set[str] = frozenset(),
+) -> NodeView:
+    """The free GPUs of one node; `pod_gpus` is what pods bound to it (per the watch) hold, and
+    `bound` names those pods, so an assumed bind the watch already shows is not counted twice."""
+    topo = info.topology
+    assumed = list(assumed)
+    unseen = sum(a.count for a in assumed if a.pod not in bound)
+    if topo is None:
+        used = pod_gpus + unseen + sum(r.count for r in reserved)
+        free_count = max(0, info.gpu_capacity - used)
+        return NodeView(info.name, info.labels, info.gpu_capacity, frozenset(range(free_count)), None)
+    free = set(topo.free)
+    if info.pods_know_allocations:
+        lag = pod_gpus + unseen - len(topo.allocated)
+        for a in assumed:
+            if a.at >= topo.generated_at:
+                hit = free.intersection(a.gpus)
+                free -= hit
+                lag -= len(hit)
+        free -= _take(alloc, free, lag)
+    for r in reserved:
+        if r.gpus:
+            free -= set(r.gpus)
+        else:
+            free -= _take(alloc, free, r.count)
+    return NodeView(info.name, info.labels, topo.topology.n, frozenset(free), alloc)
+
+
+class ViewBuilder:
+    """Builds (and caches, per state version) the NodeViews of a whole snapshot."""
+
+    def __init__(self) -> None:
+        self.allocators = AllocatorPool()
+        self._cache_key: tuple[int, int, int] | None = None
+        self._cache: dict[str, NodeView] = {}
+
+    def build(
+        self,
+        snap: Snapshot,
+        assumed: Mapping[str, Assumed],
+        assumed_version: int,
+        reservations_by_node: Mapping[str, list[Reservation]],
+        reservations_version: int,
+    ) -> dict[str, NodeView]:
+        key = (snap.version, assumed_version, reservations_version)
+        if key == self._cache_key:
+            return self._cache
+        pod_gpus: dict[str, int] = {}
+        bound = set()
+        for pod in snap.pods.values():
+            if pod.node and pod.active:
+                pod_gpus[pod.node] = pod_gpus.get(pod.node, 0) + pod.gpus
+                bound.add(pod.key)
+        assumed_by_node: dict[str, list[Assumed]] = {}
+        for a in assumed.values():
+            assumed_by_node.setdefault(a.node, []).append(a)
+        views: dict[str, NodeView] = {}
+        for name, info in snap.nodes.items():
+            alloc = self.allocators.get(info.topology.topology) if info.topology is not None else None
+            views[name] = node_view(
+                info,
+                alloc,
+                pod_gpus.get(name, 0),
+                assumed_by_node.get(name, ()),
+                reservations_by_node.get(name, ()),
+                bound,
+            )
+        self._cache_key, self._cache = key, views
+        return views

@@ -1,0 +1,303 @@
+"""A small stand-in for the Kubernetes API server, for tests through the official client.
+
+It answers only what gputopo uses: list and watch of Nodes, Pods and PodGroups (with
+resourceVersions, bookmarks-free streaming, 410 Gone for a too-old version, and watches that
+can be broken on demand), pod reads, `pods/binding`, and Node PATCH. Failures can be injected
+per endpoint so tests can exercise retries, re-plans and resumption.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from kubernetes import client
+
+PODGROUPS = "/apis/scheduling.x-k8s.io/v1alpha1/podgroups"
+
+
+def _key(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    ns = meta.get("namespace")
+    return f"{ns}/{meta['name']}" if ns else meta["name"]
+
+
+class FakeAPI:
+    """The store, its event history and the injected faults."""
+
+    def __init__(self, *, podgroups_crd: bool = True) -> None:
+        self.cond = threading.Condition()
+        self.rv = 100
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {"nodes": {}, "pods": {}, "podgroups": {}}
+        self.history: list[tuple[int, str, str, dict[str, Any]]] = []
+        self.compacted = 0             # watches from a resourceVersion below this get 410
+        self.generation = 0            # bumped to break every open watch
+        self.podgroups_crd = podgroups_crd
+        self.fail: dict[str, list[int]] = {}   # endpoint -> status codes to answer next
+        self.requests: list[tuple[str, str]] = []
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+        self.bindings: list[tuple[str, str]] = []
+
+    # -- store --------------------------------------------------------------
+    def put(self, kind: str, obj: dict[str, Any], event: str | None = None) -> dict[str, Any]:
+        with self.cond:
+            obj = copy.deepcopy(obj)
+            key = _key(obj)
+            existed = key in self.objects[kind]
+            self.rv += 1
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+            self.objects[kind][key] = obj
+            self.history.append((self.rv, kind, event or ("MODIFIED" if existed else "ADDED"), copy.deepcopy(obj)))
+            self.cond.notify_all()
+            return obj
+
+    def delete(self, kind: str, key: str) -> None:
+        with self.cond:
+            obj = self.objects[kind].pop(key)
+            self.rv += 1
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+            self.history.append((self.rv, kind, "DELETED", obj))
+            self.cond.notify_all()
+
+    def break_watches(self) -> None:
+        with self.cond:
+            self.generation += 1
+            self.cond.notify_all()
+
+    def compact(self) -> None:
+        """Forget history: every watch resuming from an older version gets 410 Gone."""
+        with self.cond:
+            self.compacted = self.rv + 1
+            self.history.clear()
+            self.generation += 1
+            self.cond.notify_all()
+
+    def inject(self, endpoint: str, *codes: int) -> None:
+        with self.cond:
+            self.fail.setdefault(endpoint, []).extend(codes)
+
+    def take_fault(self, endpoint: str) -> int | None:
+        with self.cond:
+            codes = self.fail.get(endpoint)
+            return codes.pop(0) if codes else None
+
+    def watch_requests(self, kind: str) -> list[str]:
+        return [q for k, q in self.requests if k == f"watch:{kind}"]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _json(self, code: int, doc: Any) -> None:
+        body = json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _status(self, code: int, reason: str, message: str = "") -> None:
+        self._json(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+                          "reason": reason, "message": message or reason})
+
+    def _kind(self, path: str) -> str | None:
+        return {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods", PODGROUPS: "podgroups"}.get(path)
+
+    def do_GET(self) -> None:
+        api = self.server.api
+        url = urlparse(self.path)
+        q = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        kind = self._kind(url.path)
+        if kind == "podgroups" and not api.podgroups_crd:
+            self._status(404, "NotFound", "the server could not find the requested resource")
+            return
+        if kind is not None and q.get("watch") in ("true", "1"):
+            api.requests.append((f"watch:{kind}", q.get("resourceVersion", "")))
+            self._watch(kind, int(q.get("resourceVersion") or 0), float(q.get("timeoutSeconds") or 30))
+            return
+        if kind is not None:
+            api.requests.append((f"list:{kind}", ""))
+            fault = api.take_fault(f"list:{kind}")
+            if fault:
+                self._status(fault, "Injected")
+                return
+            with api.cond:
+                items = [copy.deepcopy(o) for o in api.objects[kind].values()]
+                rv = api.rv
+            self._json(200, {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)},
+                             "items": items})
+            return
+        m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", url.path)
+        if m:
+            pod = api.objects["pods"].get(f"{m.group(1)}/{m.group(2)}")
+            if pod is None:
+                self._status(404, "NotFound")
+            else:
+                self._json(200, pod)
+            return
+        self._status(404, "NotFound", url.path)
+
+    def _watch(self, kind: str, since: int, timeout: float) -> None:
+        api = self.server.api
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        if since and since < api.compacted:
+            line = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired",
+                                                "message": f"too old resource version: {since}"}}
+            self.wfile.write(json.dumps(line).encode() + b"\n")
+            return
+        deadline = time.monotonic() + timeout
+        with api.cond:
+            gen = api.generation
+        sent = since
+        while True:
+            with api.cond:
+                if api.generation != gen or self.server.closing:
+                    return
+                pending = [e for e in api.history if e[0] > sent and e[1] == kind]
+                if not pending:
+                    if time.monotonic() >= deadline:
+                        return
+                    api.cond.wait(timeout=0.05)
+                    continue
+            for rv, _, etype, obj in pending:
+                self.wfile.write(json.dumps({"type": etype, "object": obj}).encode() + b"\n")
+                sent = rv
+            self.wfile.flush()
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        return json.loads(self.rfile.read(length) or b"{}")
+
+    def do_POST(self) -> None:
+        api = self.server.api
+        m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/binding", urlparse(self.path).path)
+        if not m:
+            self._status(404, "NotFound")
+            return
+        body = self._body()
+        key = f"{m.group(1)}/{m.group(2)}"
+        node = (body.get("target") or {}).get("name")
+        api.requests.append(("bind", key))
+        fault = api.take_fault("bind")
+        if fault:
+            self._status(fault, "Injected", f"injected failure binding {key}")
+            return
+        with api.cond:
+            pod = copy.deepcopy(api.objects["pods"].get(key))
+        if pod is None:
+            self._status(404, "NotFound", f"pods {key} not found")
+            return
+        if pod["spec"].get("nodeName"):
+            self._status(409, "Conflict", f"pod {key} is already assigned to node {pod['spec']['nodeName']}")
+            return
+        pod["spec"]["nodeName"] = node
+        api.put("pods", pod)
+        api.bindings.append((key, node))
+        self._json(201, {"kind": "Status", "status": "Success", "code": 201})
+
+    def do_PATCH(self) -> None:
+        api = self.server.api
+        m = re.fullmatch(r"/api/v1/nodes/([^/]+)", urlparse(self.path).path)
+        if not m:
+            self._status(404, "NotFound")
+            return
+        body = self._body()
+        name = m.group(1)
+        api.requests.append(("patch", name))
+        fault = api.take_fault("patch")
+        if fault:
+            self._status(fault, "Injected", f"injected failure patching {name}")
+            return
+        with api.cond:
+            node = copy.deepcopy(api.objects["nodes"].get(name))
+        if node is None:
+            self._status(404, "NotFound", f"nodes {name} not found")
+            return
+        anns = (body.get("metadata") or {}).get("annotations") or {}
+        mine = node["metadata"].setdefault("annotations", {})
+        for k, v in anns.items():
+            if v is None:
+                mine.pop(k, None)
+            else:
+                mine[k] = v
+        api.patches.append((name, body))
+        self._json(200, api.put("nodes", node))
+
+
+class FakeServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, api: FakeAPI) -> None:
+        self.api = api
+        self.closing = False
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@contextmanager
+def running(api: FakeAPI | None = None) -> Iterator[tuple[FakeAPI, FakeServer, client.ApiClient]]:
+    """A fake API server on a random loopback port and an official ApiClient pointed at it."""
+    api = api or FakeAPI()
+    server = FakeServer(api)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    cfg = client.Configuration()
+    cfg.host = server.url
+    api_client = client.ApiClient(cfg)
+    try:
+        yield api, server, api_client
+    finally:
+        server.closing = True
+        api.break_watches()
+        server.shutdown()
+        server.server_close()
+        api_client.close()
+
+
+def node(name: str, labels: dict[str, str] | None = None, gpus: int = 8,
+         annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})},
+                     "annotations": dict(annotations or {})},
+        "status": {"allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "96"},
+                   "capacity": {"nvidia.com/gpu": str(gpus)}},
+    }
+
+
+def pod(namespace: str, name: str, gpus: int = 1, *, labels: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None, node_name: str = "", uid: str = "") -> dict[str, Any]:
+    """A v1.Pod shaped as kube-scheduler and the API server send it."""
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid or f"uid-{namespace}-{name}",
+                     "labels": dict(labels or {}), "annotations": dict(annotations or {}),
+                     "creationTimestamp": "2026-11-29T07:00:00Z"},
+        "spec": {
+            "schedulerName": "gputopo-scheduler",
+            "nodeName": node_name or None,
+            "containers": [{
+                "name": "main", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                "resources": {"limits": {"nvidia.com/gpu": str(gpus), "cpu": "8", "memory": "64Gi"},
+                              "requests": {"nvidia.com/gpu": str(gpus), "cpu": "8", "memory": "64Gi"}},
+            }],
+            "restartPolicy": "Never",
+        },
+        "status": {"phase": "Pending", "qosClass": "Guaranteed"},
+    }

@@ -1,0 +1,144 @@
+"""Live cluster state through the official client against a local fake API server."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from gputopo.annotation import encode, make
+from gputopo.topology import Topology
+from scheduler.kube import KubeState
+from scheduler.model import parse_pod
+from scheduler.state import BindError
+from tests import fake_apiserver as fk
+
+PRESETS = Path(__file__).resolve().parent.parent / "gputopo" / "presets"
+NOW = 1_800_000_000.0
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.02)
+    raise AssertionError("condition not reached")
+
+
+def annotated(name: str, allocated: tuple[int, ...] = (), at: float = NOW) -> str:
+    topo = Topology.from_dict(json.loads((PRESETS / "dgx-a100.json").read_text()))
+    return encode(make(name, topo, generated_at=at, plugin_version="0.1.0", allocated=allocated))
+
+
+@pytest.fixture
+def clock() -> list[float]:
+    return [NOW]
+
+
+def start(api_client, clock: list[float], **kw) -> KubeState:
+    state = KubeState(api_client, clock=lambda: clock[0], watch_timeout_s=5, backoff_s=(0.05, 0.2), **kw)
+    state.start()
+    wait_until(state.ready)
+    return state
+
+
+def test_lists_nodes_pods_and_podgroups(clock: list[float]) -> None:
+    with fk.running() as (api, _, api_client):
+        api.put("nodes", fk.node("a1", {"network.topology.nvidia.com/leaf": "l1"},
+                                 annotations={"gputopo.io/topology": annotated("a1", (0, 1))}))
+        api.put("nodes", fk.node("a2", annotations={"gputopo.io/topology": "{corrupt"}))
+        api.put("nodes", fk.node("a3", gpus=4))
+        api.put("pods", fk.pod("ml", "w-0", 2, labels={"scheduling.x-k8s.io/pod-group": "g1"}))
+        api.put("pods", fk.pod("web", "nginx", 0))
+        api.put("podgroups", {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+                              "metadata": {"namespace": "ml", "name": "g1"}, "spec": {"minMember": 4}})
+        state = start(api_client, clock)
+        try:
+            snap = state.snapshot()
+            assert set(snap.nodes) == {"a1", "a2", "a3"}
+            assert snap.nodes["a1"].topology is not None
+            assert snap.nodes["a1"].topology.allocated == {0, 1}
+            assert snap.nodes["a1"].labels["network.topology.nvidia.com/leaf"] == "l1"
+            assert snap.nodes["a2"].topology is None and "not JSON" in snap.nodes["a2"].topology_problem
+            assert snap.nodes["a3"].topology is None and snap.nodes["a3"].gpu_capacity == 4
+            assert "annotation missing" in snap.nodes["a3"].topology_problem
+            assert set(snap.pods) == {"ml/w-0"}, "pods without GPUs or gangs are not tracked"
+            assert snap.min_members == {"ml/g1": 4}
+            clock[0] += 3600
+            assert state.snapshot().nodes["a1"].topology is None
+            assert "stale" in state.snapshot().nodes["a1"].topology_problem
+        finally:
+            state.stop()
+
+
+def test_watch_applies_changes_and_resumes_after_a_break(clock: list[float]) -> None:
+    with fk.running() as (api, _, api_client):
+        api.put("nodes", fk.node("a1"))
+        state = start(api_client, clock)
+        try:
+            api.put("pods", fk.pod("ml", "p", 1))
+            wait_until(lambda: "ml/p" in state.snapshot().pods)
+            seen = api.rv
+            before = len(api.watch_requests("nodes"))
+            api.break_watches()
+            wait_until(lambda: len(api.watch_requests("nodes")) > before)
+            # the resumed watch starts from the last version the reflector saw, not from scratch
+            assert int(api.watch_requests("nodes")[-1]) >= int(api.watch_requests("nodes")[before - 1] or 0)
+            assert api.watch_requests("pods")[-1] == str(seen)
+            api.put("nodes", fk.node("a2"))
+            wait_until(lambda: "a2" in state.snapshot().nodes)
+            api.delete("pods", "ml/p")
+            wait_until(lambda: "ml/p" not in state.snapshot().pods)
+            lists = [r.lists for r in state.reflectors]
+            assert lists == [1, 1, 1], "a broken watch resumes without relisting"
+        finally:
+            state.stop()
+
+
+def test_410_gone_relists(clock: list[float]) -> None:
+    with fk.running() as (api, _, api_client):
+        api.put("nodes", fk.node("a1"))
+        state = start(api_client, clock)
+        try:
+            api.compact()
+            api.put("nodes", fk.node("a9"))
+            wait_until(lambda: "a9" in state.snapshot().nodes)
+            assert state.reflectors[0].lists >= 2
+        finally:
+            state.stop()
+
+
+def test_missing_podgroup_crd_is_not_fatal(clock: list[float]) -> None:
+    with fk.running(fk.FakeAPI(podgroups_crd=False)) as (api, _, api_client):
+        api.put("nodes", fk.node("a1"))
+        state = start(api_client, clock)
+        try:
+            assert state.snapshot().min_members == {}
+        finally:
+            state.stop()
+
+
+def test_bind_is_idempotent_and_reports_refusals(clock: list[float]) -> None:
+    with fk.running() as (api, _, api_client):
+        api.put("nodes", fk.node("a1"))
+        api.put("pods", fk.pod("ml", "p", 1))
+        api.put("pods", fk.pod("ml", "q", 1))
+        state = start(api_client, clock)
+        try:
+            p = parse_pod(fk.pod("ml", "p", 1))
+            state.bind(p, "a1", (0,))
+            assert api.bindings == [("ml/p", "a1")]
+            state.bind(p, "a1", (0,))  # already bound there: success
+            with pytest.raises(BindError, match="409"):
+                state.bind(p, "a2", (0,))
+            api.inject("bind", 500)
+            with pytest.raises(BindError, match="500"):
+                state.bind(parse_pod(fk.pod("ml", "q", 1)), "a1", (1,))
+            with pytest.raises(BindError, match="404"):
+                state.bind(parse_pod(fk.pod("ml", "ghost", 1)), "a1", (1,))
+        finally:
+            state.stop()
