@@ -41,11 +41,16 @@ def _file_backend(config: PluginConfig) -> Backend:
 def _nvml_backend(config: PluginConfig, stop: threading.Event) -> Backend | None:
     """NVML, retried every NVML_RETRY_SECONDS unless fail-on-init-error; None if stopped first."""
     while True:
+        backend: Backend | None = None
         try:
             from deviceplugin.nvml import NvmlBackend
 
-            return NvmlBackend()
+            backend = NvmlBackend()
+            backend.discover()  # a node whose GPUs cannot be probed is not initialised either
+            return backend
         except Exception as e:
+            if backend is not None:
+                backend.close()
             reason = f"NVML could not start: {type(e).__name__}: {e}"
             if config.fail_on_init_error:
                 raise InitError(reason + " (run with --fail-on-init-error=false to keep retrying)") from None
@@ -98,6 +103,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return 2
     except ServerError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # the backend failed its first probe: say why in one line, no traceback
+        print(f"{PROG}: error: cannot start: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     while not stop.wait(0.5):
         pass

@@ -176,3 +176,44 @@ def test_boolean_flag_forms() -> None:
     assert load_config(["--fail-on-init-error"], {}).fail_on_init_error is True
     assert load_config(["--fail-on-init-error=false"], {}).fail_on_init_error is False
     assert load_config([], {"GPUTOPO_FAIL_ON_INIT_ERROR": "0"}).fail_on_init_error is False
+
+
+def _nvml_loads() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        return True
+    except Exception:
+        return False
+
+
+needs_no_nvml = pytest.mark.skipif(_nvml_loads(), reason="NVML works here: the plugin would start")
+
+
+@needs_no_nvml
+def test_nvml_init_failure_exits_1_with_one_line(folder: Path) -> None:
+    proc = plugin("--kubelet-dir", str(folder), "--metrics-port", "0")
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 1
+    lines = err.decode().splitlines()
+    assert len(lines) == 1 and "NVML" in lines[0] and "--fail-on-init-error=false" in lines[0]
+    assert not (folder / defaults.SOCKET_NAME).exists()
+
+
+@needs_no_nvml
+def test_nvml_init_failure_keeps_retrying_when_asked(folder: Path) -> None:
+    proc = plugin(
+        "--kubelet-dir", str(folder), "--metrics-port", "0", env={"GPUTOPO_FAIL_ON_INIT_ERROR": "false"}
+    )
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(1.5)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+        assert proc.returncode == 0
+        assert b'"event":"nvml_init_failed"' in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
