@@ -111,7 +111,7 @@ def _check_plot_path(path: str) -> None:
     target = Path(path)
     if target.is_dir():
         raise UsageError(f"--plot {path}: is a directory")
-    if not target.parent.exists() if str(target.parent) else False:
+    if not target.parent.exists():
         raise UsageError(f"--plot {path}: directory {target.parent} does not exist")
 
 

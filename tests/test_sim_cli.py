@@ -1,0 +1,88 @@
+"""`gputopo simulate` as a user runs it: real processes, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACES = Path(__file__).parent / "data" / "traces"
+
+
+def sim(*args: str, module: tuple[str, ...] = ("gputopo.sim",)) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *module, *args], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--pods", "0"], "--pods must be positive"),
+        (["--policies", "gputopo,fifo"], "unknown policy 'fifo'"),
+        (["--policies", "gputopo,gputopo"], "listed twice"),
+        (["--load", "-1"], "--load must be a positive number"),
+        (["--trace", "/nonexistent/trace.csv"], "cannot read trace"),
+        (["--trace", str(TRACES / "openb_pod_list_multigpu50_slice.csv"), "--mode", "replay"], "no times"),
+        (["--cluster", "/nonexistent/cluster.yaml"], "--cluster"),
+        (["--plot", "/nonexistent/dir/out.png"], "does not exist"),
+        (["--compute-s", "nan"], "--compute-s must be a positive number"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args: list[str], message: str) -> None:
+    r = sim(*args)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert r.stdout == ""
+
+
+def test_bad_trace_content_and_bad_cluster_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("job_id,submit_time,duration,num_gpu,num_nodes\n0,0,10,many,1\n")
+    r = sim("--trace", str(bad))
+    assert r.returncode == 2 and "bad.csv:2: column num_gpu" in r.stderr and "Traceback" not in r.stderr
+    cl = tmp_path / "c.yaml"
+    cl.write_text("nodes:\n  - {name: a, gpus: 8}\n")   # GPU count only: no topology to simulate
+    r = sim("--cluster", str(cl))
+    assert r.returncode == 2 and "needs a topology" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_json_on_a_trace_slice_with_a_cluster_file(tmp_path: Path) -> None:
+    cl = tmp_path / "c.yaml"
+    cl.write_text(
+        "nodes:\n"
+        + "".join(
+            f"  - {{name: n{i}, gpus: hgx-h100, labels: {{network.topology.nvidia.com/leaf: l{i % 2}}}}}\n"
+            for i in range(6)
+        )
+    )
+    r = sim("--trace", str(TRACES / "helios_jobs_slice.csv"), "--cluster", str(cl), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [x["policy"] for x in doc["results"]] == [
+        "gputopo", "kubelet-default", "best-effort-pairs", "best-combo", "gang-only"
+    ]
+    assert doc["run"]["mode"] == "replay"
+    assert doc["comm_model"]["compute_s"] == 0.2
+    for res in doc["results"]:
+        # the 160-GPU job can never fit 48 GPUs; everything else runs
+        assert res["jobs"] == 17 and res["placed"] == 16 and res["never_started"] == 1
+    assert doc["results"][1]["throughput_vs_baseline"] == 1.0
+
+
+def test_table_and_plot_through_the_gputopo_command(tmp_path: Path) -> None:
+    png = tmp_path / "out.png"
+    r = sim("simulate", "--trace", str(TRACES / "openb_pod_list_multigpu50_slice.csv"), "--plot", str(png),
+            "--policies", "gputopo,kubelet-default", module=("gputopo",))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert any(line.startswith("mode: fill") for line in lines)
+    header = next(line for line in lines if line.startswith("metric"))
+    assert header.split() == ["metric", "gputopo", "kubelet-default"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert r.stderr == ""             # no progress bar when stderr is not a terminal

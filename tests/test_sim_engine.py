@@ -1,0 +1,135 @@
+"""The event loop and its metrics on tiny clusters whose answers are known by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gputopo.network import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
+from gputopo.sim.comm import CommModel
+from gputopo.sim.engine import RunConfig, compare, simulate
+from gputopo.sim.state import ClusterState, SimCluster, SimNode
+from gputopo.sim.workload import Job
+from gputopo.topofile import load_preset
+
+POLICIES = ("gputopo", "kubelet-default", "best-effort-pairs", "best-combo", "gang-only")
+
+
+def cluster(preset: str, nodes: list[tuple[str, str, frozenset[int]]]) -> SimCluster:
+    """Nodes as (name, leaf, allocated GPUs), all of one preset, one spine."""
+    return SimCluster(
+        topologies=(load_preset(preset),),
+        nodes=tuple(
+            SimNode(name, 0, {HOSTNAME: name, LEAF: leaf, SPINE: "spine-1"}, allocated)
+            for name, leaf, allocated in nodes
+        ),
+        levels=DEFAULT_LEVELS,
+    )
+
+
+def job(i: int, pods: tuple[int, ...], submit: float = 0.0, duration: float = 100.0) -> Job:
+    return Job(id=i, submit=submit, duration=duration, pods=pods)
+
+
+def by_policy(results: list) -> dict:
+    return {r.policy: r for r in results}
+
+
+def test_network_aware_gang_stays_in_one_leaf_and_runs_faster() -> None:
+    # name order interleaves the leaves, so a network-blind first fit splits the gang
+    c = cluster("hgx-h100", [("n1", "a", frozenset()), ("n2", "b", frozenset()),
+                             ("n3", "a", frozenset()), ("n4", "b", frozenset(range(4)))])
+    res = by_policy(compare(c, [job(0, (8, 8))], POLICIES, RunConfig()))
+    assert res["gputopo"].gangs == 1 and res["gputopo"].gangs_one_leaf == 1.0
+    for name in ("kubelet-default", "best-effort-pairs", "gang-only"):
+        assert res[name].gangs_one_leaf == 0.0, name
+        assert res[name].gangs_one_spine == 1.0, name
+    # step: 0.2 s compute + 2*15/16 * 1 GB over the spine (12.5 GB/s) vs the leaf (25 GB/s)
+    spine, leaf = 0.2 + 1.875 / 12.5, 0.2 + 1.875 / 25
+    assert res["kubelet-default"].job_time_ratio == pytest.approx(spine / leaf)
+    assert res["gputopo"].job_time_ratio == pytest.approx(1.0)
+    assert res["gputopo"].throughput_vs_baseline == pytest.approx(spine / leaf)
+    assert res["kubelet-default"].throughput_vs_baseline == pytest.approx(1.0)
+
+
+def test_padded_group_fails_admission_and_the_job_waits() -> None:
+    # free {0,1,4,5,6} of an NV12-pairs node: go-gpuallocator answers [4, 5, nil] for 3 GPUs
+    c = cluster("a100-pcie-nvlink-pairs", [("n1", "a", frozenset({2, 3, 7}))])
+    res = by_policy(compare(c, [job(0, (3,))], POLICIES, RunConfig()))
+    assert res["best-effort-pairs"].admission_failures == 1
+    assert res["best-effort-pairs"].never_started == 1 and res["best-effort-pairs"].placed == 0
+    assert res["gputopo"].placed == 1 and res["gputopo"].admission_failures == 0
+    # gputopo keeps the NVLink pair 4-5 in the set: the ring is still SYS (6 GB/s) but best-ring
+    # of an empty node for 3 GPUs is SYS too, so it counts as best
+    assert res["gputopo"].best_ring_share == 1.0
+
+
+def test_fragmentation_at_first_failure_spread_vs_binpack() -> None:
+    """Fill mode: two 1-GPU pods, then an 8-GPU pod, on two 8-GPU nodes."""
+    c = cluster("rtx4090-8-allsys", [("n1", "a", frozenset()), ("n2", "a", frozenset())])
+    jobs = [job(0, (1,), 0, math.inf), job(1, (1,), 1, math.inf), job(2, (8,), 2, math.inf),
+            job(3, (8,), 3, math.inf)]
+    res = by_policy(compare(c, jobs, ("kubelet-default", "best-combo"), RunConfig(mode="fill")))
+    spread, packed = res["kubelet-default"], res["best-combo"]
+    # spreading puts one pod on each node: the 8-GPU pod fails with 14 GPUs free
+    assert spread.free_at_first_failure == 14 and spread.rejected == 2 and spread.placed == 2
+    # bin-packing keeps n2 whole; the last 8-GPU pod fails with only 6 free, which is not
+    # fragmentation (not enough GPUs in total), so no FGD figure
+    assert packed.placed == 3 and packed.rejected == 1 and packed.free_at_first_failure is None
+    assert spread.queue_delay_mean is None  # fill mode has no queue
+
+
+def test_queueing_delay_and_departures() -> None:
+    c = cluster("hgx-h100", [("n1", "a", frozenset())])
+    jobs = [job(0, (8,), 0, 100), job(1, (8,), 10, 50), job(2, (4,), 20, 10), job(3, (4,), 20, 10)]
+    r = simulate(c, jobs, "gputopo", RunConfig())
+    # job 1 waits until 100; jobs 2 and 3 wait for job 1 (ends at 150), then run side by side
+    assert r.placed == 4 and r.never_started == 0
+    assert r.queue_delay_mean == pytest.approx((0 + 90 + 130 + 130) / 4)
+    assert r.best_ring_share == 1.0 and r.job_time_ratio == pytest.approx(1.0)
+
+
+def test_ring_metrics_against_the_empty_node_best() -> None:
+    # DGX-1: the best pair is an NV2 pair (50 GB/s); best-combo's pair sum finds one too
+    c = cluster("dgx1-v100", [("n1", "a", frozenset())])
+    jobs = [job(0, (2,), 0, math.inf)]
+    res = by_policy(compare(c, jobs, ("gputopo", "best-combo"), RunConfig(mode="fill")))
+    assert res["gputopo"].best_ring_share == 1.0 and res["gputopo"].ring_over_best == 1.0
+    assert res["best-combo"].best_ring_share == 1.0
+    # a 3-GPU pod taken from {1, 4, 6} only: SYS hops, far below the empty-node best of 3
+    c2 = cluster("dgx1-v100", [("n1", "a", frozenset({0, 2, 3, 5, 7}))])
+    r = simulate(c2, [job(0, (3,), 0, math.inf)], "gputopo", RunConfig(mode="fill"))
+    assert r.best_ring_share == 0.0
+    assert r.ring_over_best == pytest.approx(6 / 25)   # SYS 6 GB/s vs an NV1 ring of 25 GB/s
+
+
+def test_same_arrivals_and_seed_give_the_same_answer() -> None:
+    c = cluster("dgx1-v100", [(f"n{i}", "ab"[i % 2], frozenset()) for i in range(4)])
+    jobs = [job(i, ((1, 2, 4, 8)[i % 4],), submit=i * 5.0, duration=40.0 + i) for i in range(40)]
+    a = simulate(c, jobs, "kubelet-default", RunConfig(seed=3), clock=lambda: 0.0)
+    b = simulate(c, jobs, "kubelet-default", RunConfig(seed=3), clock=lambda: 0.0)
+    assert a == b
+    assert a.placed == 40
+
+
+def test_cluster_state_classes_and_fit() -> None:
+    c = cluster("hgx-h100", [("n1", "a", frozenset()), ("n2", "a", frozenset({0}))])
+    s = ClusterState(c)
+    assert s.free_total == 15 and s.slots(8) == 1 and s.could_fit((8,)) and not s.could_fit((8, 8))
+    assert set(s.classes) == {(0, 0xFF), (0, 0xFE)}
+    s.take(0, (0,))
+    assert s.classes[(0, 0xFE)] == {0, 1}
+    with pytest.raises(ValueError, match="not free"):
+        s.take(0, (0,))
+    s.give(0, (0,))
+    assert s.free_total == 15 and s.hist[8] == 1 and s.hist[7] == 1
+
+
+def test_comm_model_step() -> None:
+    m = CommModel()
+    assert m.step_s(1, 0.0) == 0.2
+    assert m.step_s(2, 50.0) == pytest.approx(0.2 + 1.0 * 1e9 / 50e9)
+    assert m.network_gbps(HOSTNAME) == math.inf and m.network_gbps(None) == m.cluster_gbps
+    with pytest.raises(ValueError):
+        m.step_s(4, 0.0)
