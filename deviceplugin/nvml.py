@@ -320,6 +320,10 @@ class NvmlBackend:
             try:
                 if event_set is None:
                     event_set = self._register_events()
+                    if event_set is None:
+                        while not (stop.wait(0.2) or self._closed.is_set()):
+                            pass
+                        return
                 self._wait_once(event_set, emit)
                 backoff = self.error_backoff_s
             except Exception as e:  # the watcher must outlive any driver or consumer failure
@@ -339,31 +343,54 @@ class NvmlBackend:
         self._free_event_set(event_set)
 
     def _register_events(self) -> Any:
+        """A registered event set, or None when no GPU here can report events (health unwatched,
+        as NVIDIA's plugin does: marking every GPU Unhealthy would take a working node down)."""
         nvml = self._nvml
         wanted = int(getattr(nvml, "nvmlEventTypeXidCriticalError", _NVML_XID_EVENT)) | int(
             getattr(nvml, "nvmlEventTypeDoubleBitEccError", _NVML_DBE_EVENT)
         )
-        event_set = nvml.nvmlEventSetCreate()
-        for i in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(i)
-            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-            try:
-                mask = wanted & int(nvml.nvmlDeviceGetSupportedEventTypes(handle))
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError as e:
+            if _code(e) != _NVML_ERROR_NOT_SUPPORTED:
+                raise
+            jsonlog.event(
+                log, "health_watch_disabled", logging.WARNING, reason="NVML events not supported on this node"
+            )
+            return None
+        watched = 0
+        try:
+            for i in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+                try:
+                    mask = wanted & int(nvml.nvmlDeviceGetSupportedEventTypes(handle))
+                    if mask:
+                        nvml.nvmlDeviceRegisterEvents(handle, mask, event_set)
+                except nvml.NVMLError as e:
+                    if _code(e) != _NVML_ERROR_NOT_SUPPORTED:
+                        raise
+                    mask = 0
                 if mask:
-                    nvml.nvmlDeviceRegisterEvents(handle, mask, event_set)
-            except nvml.NVMLError as e:
-                if _code(e) != _NVML_ERROR_NOT_SUPPORTED:
-                    raise
-                mask = 0
-            if not mask:
-                jsonlog.event(
-                    log,
-                    "health_events_unsupported",
-                    logging.WARNING,
-                    uuid=uuid,
-                    reason="GPU does not report XID events; its health is not watched",
-                )
-        jsonlog.event(log, "health_watch_started", reason="NVML event set registered")
+                    watched += 1
+                else:
+                    jsonlog.event(
+                        log,
+                        "health_events_unsupported",
+                        logging.WARNING,
+                        uuid=uuid,
+                        reason="GPU does not report XID events; its health is not watched",
+                    )
+        except BaseException:
+            self._free_event_set(event_set)
+            raise
+        if not watched:
+            self._free_event_set(event_set)
+            jsonlog.event(
+                log, "health_watch_disabled", logging.WARNING, reason="no GPU on this node reports XID events"
+            )
+            return None
+        jsonlog.event(log, "health_watch_started", gpus=watched, reason="NVML event set registered")
         return event_set
 
     def _wait_once(self, event_set: Any, emit: Callable[[HealthEvent], None]) -> None:

@@ -422,6 +422,51 @@ def test_gpu_without_event_support_is_skipped(h100: FakeNvml, caplog: pytest.Log
     assert "health_events_unsupported" in [r.getMessage() for r in caplog.records]
 
 
+@pytest.mark.parametrize("where", ["create", "devices"])
+def test_no_event_support_leaves_health_unwatched(
+    h100: FakeNvml, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    caplog.set_level(logging.WARNING, logger="deviceplugin.nvml")
+    if where == "create":
+
+        def unsupported() -> str:
+            raise E(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+        h100.nvmlEventSetCreate = unsupported  # type: ignore[method-assign]
+    else:
+        for g in h100.gpus:
+            g.events = 0
+    w = Watcher(h100)
+    h100.events.put(("error", pynvml.NVML_ERROR_UNKNOWN))  # never waited on
+    with pytest.raises(queue.Empty):
+        w.events.get(timeout=0.2)
+    w.close()  # returns promptly on stop
+    assert "health_watch_disabled" in [r.getMessage() for r in caplog.records]
+    assert h100.sets_freed == h100.sets_created
+
+
+def test_registration_error_frees_the_set_and_retries(h100: FakeNvml) -> None:
+    calls = {"n": 0}
+    original = h100.nvmlDeviceRegisterEvents
+
+    def flaky(h: int, mask: int, s: str) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise E(pynvml.NVML_ERROR_UNKNOWN)
+        original(h, mask, s)
+
+    h100.nvmlDeviceRegisterEvents = flaky  # type: ignore[method-assign]
+    w = Watcher(h100)
+    try:
+        first = w.take()
+        assert first.uuid == ALL_GPUS and "Unknown Error" in first.reason
+        h100.events.put((XID, 2, 79))
+        assert w.take().uuid == h100.gpus[2].uuid
+    finally:
+        w.close()
+    assert h100.sets_created == 2 and h100.sets_freed == 2
+
+
 def test_emit_failure_does_not_stop_watching(h100: FakeNvml) -> None:
     got: list[HealthEvent] = []
 
