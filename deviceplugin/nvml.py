@@ -107,7 +107,12 @@ class NvmlBackend:
         self._nvml = nvml
         self._overrides = (nvlink_gbps_per_link, dict(pcie_gbps) if pcie_gbps else None)
         # Validate overrides now, not at the first probe.
-        BandwidthSettings(nvlink_gbps_per_link or 25.0, dict(pcie_gbps or {}))
+        BandwidthSettings(
+            BandwidthSettings().nvlink_gbps_per_link
+            if nvlink_gbps_per_link is None
+            else nvlink_gbps_per_link,
+            dict(pcie_gbps or {}),
+        )
         self.name = name
         self.event_timeout_ms = event_timeout_ms
         self.error_backoff_s = error_backoff_s

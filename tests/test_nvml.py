@@ -302,6 +302,8 @@ def test_overrides_beat_nvml(no_sysfs: str) -> None:
 def test_bad_override_fails_at_construction() -> None:
     with pytest.raises(ValueError, match="pcie_gbps"):
         NvmlBackend(nvml=FakeNvml([], []), pcie_gbps={"FAST": 1})
+    with pytest.raises(ValueError, match="nvlink_gbps_per_link"):
+        NvmlBackend(nvml=FakeNvml([], []), nvlink_gbps_per_link=0)
 
 
 def test_init_failure_is_nvml_unavailable() -> None:
