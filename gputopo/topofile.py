@@ -20,7 +20,8 @@ Choices for the `nvidia-smi topo -m` text form, which carries less than the JSON
 * UUIDs are not printed by `topo -m`; each GPU gets the stable synthetic `GPU-<name>-<index>`,
   where `<name>` is the topology name, so the same text always yields the same IDs.
 * Cells are split on whitespace, so space-aligned and TAB-separated layouts (including the
-  empty cells that runs of tabs leave) read the same way.
+  empty cells that runs of tabs leave) read the same way. Terminal colour codes and any lines
+  before the header (a prompt, a title) are ignored.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ AFFINITY_COLUMNS: tuple[str, ...] = ("CPU Affinity", "NUMA Affinity", "GPU NUMA 
 
 _GPU_RE = re.compile(r"^GPU(\d+)$")
 _NIC_LEGEND_RE = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colour codes some nvidia-smi versions print on a TTY
 _UNKNOWN = frozenset({"", "N/A", "NA", "-"})
 
 
@@ -62,7 +64,7 @@ def parse_topology_json(source: str | bytes | Mapping[str, Any], *, name: str = 
 
 def parse_topo_text(text: str, *, name: str = "topo-m") -> Topology:
     """The plain text printed by `nvidia-smi topo -m` (see the module docstring for the rules)."""
-    lines = text.splitlines()
+    lines = _ANSI_RE.sub("", text).splitlines()
     start = _find_header(lines, name)
     header = lines[start].split()
     row_tokens: list[list[str]] = []

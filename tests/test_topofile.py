@@ -109,6 +109,19 @@ def test_leading_shell_prompt_and_trailing_legend_are_ignored() -> None:
     assert parse_topo_text(text).n == 3
 
 
+def test_title_lines_tabs_and_colour_codes() -> None:
+    text = (
+        "GPU Topology Matrix:\n--------------------\n"
+        "\tGPU0\tGPU1\tmlx5_0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+        "GPU0\t \x1b[1mX\x1b[0m \t\x1b[32mNV12\x1b[0m\tNODE\t0-31\t0\t\tN/A\n"
+        "GPU1\tNV12\t X \tSYS\t32-63\t1\t\tN/A\n"
+        "mlx5_0\tNODE\tSYS\t X \n"
+    )
+    t = parse_topo_text(text)
+    assert codes(t) == [["X", "NV12"], ["NV12", "X"]]
+    assert [g.numa for g in t.gpus] == [0, 1]
+
+
 def test_numa_unknown_without_affinity_columns() -> None:
     t = parse_topo_text("\tGPU0\tGPU1\nGPU0\tX\tPIX\nGPU1\tPIX\tX\n")
     assert [g.numa for g in t.gpus] == [None, None]
