@@ -278,11 +278,11 @@ def _plan_level(pb: _Problem, level: str, prune: bool) -> GangPlan | _Miss:
     lx = pb.index.level(level)
     dfree = pb.index.free_per_domain(level, pb.free)
     slots = pb.index.free_per_domain(level, pb.free // max(pb.sizes))
+    ok = dfree >= pb.total                   # necessary: GPUs, and slots of every size
+    for s in sorted(set(pb.sizes)):
+        need = sum(1 for g in pb.sizes if g >= s)
+        ok &= pb.index.free_per_domain(level, pb.free // s) >= need
     if prune:
-        ok = dfree >= pb.total
-        for s in sorted(set(pb.sizes)):
-            need = sum(1 for g in pb.sizes if g >= s)
-            ok &= pb.index.free_per_domain(level, pb.free // s) >= need
         domains = np.flatnonzero(ok)
         if pb.homogeneous:
             bound = _min_nodes(lx.domain_id, lx.count, pb.free // pb.sizes[0], len(pb.sizes))
@@ -293,12 +293,12 @@ def _plan_level(pb: _Problem, level: str, prune: bool) -> GangPlan | _Miss:
         domains = np.arange(lx.count)
         bound = np.zeros(lx.count, dtype=np.int64)
     best_k = _NO_K
-    tied: list[tuple[int, int, list[tuple[int, int]]]] = []   # (domain, k, [(position, members)])
+    tied: list[tuple[int, int, list[tuple[int, list[int]]]]] = []   # (domain, k, packing)
     for d in domains.tolist():
         if bound[d] > best_k:
             break
         if prune and pb.homogeneous:
-            k, packing = int(bound[d]), []        # exact already; _evaluate_equal picks the nodes
+            k, packing = int(bound[d]), []      # exact already; _evaluate_equal picks the nodes
         else:
             found = _pack(pb, lx.members[d])
             if found is None:
@@ -309,9 +309,8 @@ def _plan_level(pb: _Problem, level: str, prune: bool) -> GangPlan | _Miss:
         if k == best_k:
             tied.append((d, k, packing))
     if not tied:
-        top = int(np.lexsort((np.arange(lx.count), -dfree, -slots))[0])
-        agg = bool(dfree[top] >= pb.total and slots[top] >= len(pb.sizes))
-        return _Miss(level, lx.names[top], int(dfree[top]), int(slots[top]), agg)
+        top = int(np.lexsort((np.arange(lx.count), -dfree, -slots, ~ok))[0])
+        return _Miss(level, lx.names[top], int(dfree[top]), int(slots[top]), bool(ok[top]))
     cands = [_evaluate(pb, d, k, packing, lx.members[d], int(dfree[d])) for d, k, packing in tied]
     best = min(cands, key=_Candidate.rank)
     placements = [Placement("", "", ())] * len(pb.sizes)
@@ -349,53 +348,122 @@ def _min_nodes(domain_id: np.ndarray, count: int, amount: np.ndarray, need: int)
     return out
 
 
-def _pack(pb: _Problem, positions: np.ndarray) -> list[tuple[int, int]] | None:
-    """Fewest nodes of the domain that take every member: (position, member count) pairs.
+def _pack(pb: _Problem, positions: np.ndarray) -> list[tuple[int, list[int]]] | None:
+    """Fewest nodes of the domain that take every member: (position, member indices) pairs,
+    each node's members in the order they choose their GPUs (biggest first, then spec order).
 
-    Nodes with the most room fill first (ties: fewer free GPUs is not a concern here, name
-    order is). Equal sizes: exact. Mixed sizes: first-fit decreasing, a heuristic that can
-    use one node more than the optimum, or miss a packing of a nearly full domain."""
+    Nodes with the most room fill first, ties in name order. Equal sizes: exact. Mixed sizes:
+    exact up to 64 members and 20,000 search steps per domain, else first-fit decreasing (a
+    heuristic that can use a node more than needed, or miss a packing of a nearly full domain)."""
     room = sorted(((int(pb.free[p]), int(p)) for p in positions.tolist() if pb.free[p] > 0),
                   key=lambda t: (-t[0], t[1]))
+    order = sorted(range(len(pb.sizes)), key=lambda i: (-pb.sizes[i], i))
     if pb.homogeneous:
-        g, left = pb.sizes[0], len(pb.sizes)
-        out: list[tuple[int, int]] = []
+        g, done = pb.sizes[0], 0
+        out: list[tuple[int, list[int]]] = []
         for f, p in room:
-            if left == 0 or f < g:
+            if done == len(order) or f < g:
                 break
-            take = min(f // g, left)
-            out.append((p, take))
-            left -= take
-        return out if left == 0 else None
-    opened: list[list[int]] = []           # [position, free left, members]
+            take = min(f // g, len(order) - done)
+            out.append((p, order[done : done + take]))
+            done += take
+        return out if done == len(order) else None
+    if len(order) <= _EXACT_MIXED_MEMBERS:
+        try:
+            return _pack_mixed_exact(pb, room, order)
+        except _BudgetSpent:
+            pass
+    return _pack_first_fit(pb, room, order)
+
+
+class _BudgetSpent(Exception):
+    """The exact mixed-size search ran out of steps; first-fit decreasing answers instead."""
+
+
+#: Mixed-size gangs up to this many members get an exact (budgeted) packing search.
+_EXACT_MIXED_MEMBERS = 64
+#: Search steps per domain before falling back to first-fit decreasing.
+_EXACT_MIXED_STEPS = 20_000
+
+
+def _pack_mixed_exact(
+    pb: _Problem, room: list[tuple[int, int]], order: list[int]
+) -> list[tuple[int, list[int]]] | None:
+    """Fewest nodes for mixed sizes, exactly, or _BudgetSpent when the step budget runs out.
+
+    If k nodes can hold the gang, the k roomiest can (give each used node's load to a roomier
+    one), so for k = the lower bound upwards this only asks "do the members fit in the top k?":
+    a depth-first search, biggest member first, that never tries two nodes with the same room
+    left for the same member."""
+    total = sum(pb.sizes)
+    smallest = min(pb.sizes)
+    steps = [_EXACT_MIXED_STEPS]
+    acc = 0
+    for k, (f, _) in enumerate(room, start=1):
+        acc += f
+        if f < smallest:
+            break
+        if acc < total:
+            continue
+        left = [f for f, _ in room[:k]]
+        bins: list[list[int]] = [[] for _ in range(k)]
+        if _fit(pb.sizes, order, 0, left, bins, steps):
+            return [(room[b][1], bins[b]) for b in range(k) if bins[b]]
+    return None
+
+
+def _fit(sizes: list[int], order: list[int], j: int, left: list[int], bins: list[list[int]], steps: list[int]) -> bool:
+    if j == len(order):
+        return True
+    steps[0] -= 1
+    if steps[0] < 0:
+        raise _BudgetSpent
+    i = order[j]
+    g = sizes[i]
+    tried: set[int] = set()
+    for b, room in enumerate(left):
+        if room < g or room in tried:
+            continue
+        tried.add(room)
+        left[b] -= g
+        bins[b].append(i)
+        if _fit(sizes, order, j + 1, left, bins, steps):
+            return True
+        left[b] += g
+        bins[b].pop()
+    return False
+
+
+def _pack_first_fit(
+    pb: _Problem, room: list[tuple[int, int]], order: list[int]
+) -> list[tuple[int, list[int]]] | None:
+    """First-fit decreasing onto the roomiest nodes: fast, possibly a node more than needed."""
+    opened: list[tuple[int, list[int], list[int]]] = []     # (position, [free left], members)
     nxt = 0
-    for g in sorted(pb.sizes, reverse=True):
-        for slot in opened:
-            if slot[1] >= g:
-                slot[1] -= g
-                slot[2] += 1
+    for i in order:
+        g = pb.sizes[i]
+        for _, left, members in opened:
+            if left[0] >= g:
+                left[0] -= g
+                members.append(i)
                 break
         else:
             if nxt >= len(room) or room[nxt][0] < g:
                 return None
             f, p = room[nxt]
             nxt += 1
-            opened.append([p, f - g, 1])
-    return [(p, n) for p, _, n in opened]
+            opened.append((p, [f - g], [i]))
+    return [(p, members) for p, _, members in opened]
 
 
 def _evaluate(
-    pb: _Problem, d: int, k: int, packing: list[tuple[int, int]], positions: np.ndarray, dfree: int
+    pb: _Problem, d: int, k: int, packing: list[tuple[int, list[int]]], positions: np.ndarray, dfree: int
 ) -> _Candidate:
     if pb.homogeneous:
         return _evaluate_equal(pb, d, k, positions, dfree)
     # Mixed sizes: keep the first-fit-decreasing packing; biggest members choose first.
-    order = sorted(range(len(pb.sizes)), key=lambda i: (-pb.sizes[i], i))
     assignment: list[tuple[int, int, Choice | None]] = []
-    k = 0
-    for pos, n in packing:
-        members = order[k : k + n]
-        k += n
+    for pos, members in packing:
         for i, choice in zip(members, pb.choices(pos, [pb.sizes[i] for i in members]), strict=True):
             assignment.append((i, pos, choice))
     worst = min(member_quality(c) for _, _, c in assignment)
