@@ -41,6 +41,6 @@ def setup(level: str = "info", stream: Any = None) -> None:
     root.setLevel(level.upper())
 
 
-def event(logger: logging.Logger, name: str, level: int = logging.INFO, **fields: Any) -> None:
+def event(logger: logging.Logger, name: str, level: int = logging.INFO, /, **fields: Any) -> None:
     """Log one event with its fields: `event(log, "allocate", size=2, chosen=[0, 3], reason=...)`."""
     logger.log(level, name, extra={"fields": fields})
