@@ -26,7 +26,8 @@ class JsonFormatter(logging.Formatter):
         }
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
-            doc.update(fields)
+            for key, value in fields.items():
+                doc[f"{key}_" if key in doc else key] = value  # never overwrite ts/level/event
         if record.exc_info and record.exc_info[0] is not None:
             doc["error"] = f"{record.exc_info[0].__name__}: {record.exc_info[1]}"
         return json.dumps(doc, default=str, separators=(",", ":"))
