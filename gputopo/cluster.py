@@ -9,7 +9,8 @@ Building an `Allocator` costs O(2^n) work, so nodes whose bandwidth matrices are
 one: a 5,000-node cluster of three server types builds three.
 
 File shape (YAML or JSON), beyond design.md §4's example:
-  nodes[].gpus        preset name | topology file path (relative to the snapshot file) |
+  nodes[].gpus        preset name | topology file path (with a `/` or an extension; relative
+                      to the snapshot file) |
                       inline topology object | integer GPU count (topology unknown)
   nodes[].allocated   GPU indices or UUIDs in use (UUIDs only when the topology is known)
   podgroups[]         {namespace (default "default"), name, minMember}
@@ -213,8 +214,10 @@ class _TopologyCache:
         self._done: dict[str, Topology] = {}
 
     def get(self, source: str) -> Topology:
+        """A bare word is a preset name; anything with a `/` or an extension is a file path."""
         path = source
-        if source not in self._presets and self._base and not os.path.isabs(source):
+        looks_like_path = os.sep in source or "." in source
+        if looks_like_path and source not in self._presets and self._base and not os.path.isabs(source):
             path = os.path.join(self._base, source)
         hit = self._done.get(path)
         if hit is None:

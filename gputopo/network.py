@@ -48,8 +48,8 @@ def is_label_key(key: object) -> bool:
     """Whether `key` is a syntactically valid Kubernetes label key."""
     if not isinstance(key, str) or not key:
         return False
-    prefix, _, name = key.rpartition("/")
-    if "/" in prefix:
+    prefix, slash, name = key.rpartition("/")
+    if "/" in prefix or (slash and not prefix):
         return False
     if prefix and (len(prefix) > 253 or not _PREFIX_RE.match(prefix)):
         return False
