@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from gputopo.allocator import MAX_GPUS, AllocationError, Allocator
+from gputopo.allocator import MAX_GPUS, AllocationError, Allocator, AllocatorPool
 from gputopo.gang import NodeView
 from gputopo.network import (
     DEFAULT_LEVELS,
@@ -63,8 +63,8 @@ class ClusterNode:
     name: str
     labels: Mapping[str, str]
     gpu_count: int
-    topology: Topology | None           # None: only the GPU count is known
-    allocated: frozenset[int]           # GPU indices in use
+    topology: Topology | None  # None: only the GPU count is known
+    allocated: frozenset[int]  # GPU indices in use
     gpus_source: Any = field(default=None, compare=False, repr=False)  # what the file said
 
 
@@ -86,7 +86,7 @@ class PodRecord:
     gpus: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
-    node: str = ""                      # bound node; "" = pending
+    node: str = ""  # bound node; "" = pending
     uid: str = ""
 
     @property
@@ -163,7 +163,9 @@ def _pod_dict(p: PodRecord) -> dict[str, Any]:
 TopologyLoader = Callable[[str], Topology]
 
 
-def load_cluster(path: str, *, load: TopologyLoader = load_topology) -> ClusterSnapshot:
+def load_cluster(
+    path: str, *, load: TopologyLoader = load_topology, pool: AllocatorPool | None = None
+) -> ClusterSnapshot:
     """Read a YAML or JSON snapshot file; topology paths in it are relative to its folder."""
     try:
         with open(path, encoding="utf-8") as f:
@@ -174,13 +176,18 @@ def load_cluster(path: str, *, load: TopologyLoader = load_topology) -> ClusterS
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ClusterError(f"{path}: not valid YAML or JSON: {_one_line(str(e))}") from None
-    return parse_cluster(data, base_dir=os.path.dirname(os.path.abspath(path)), load=load)
+    return parse_cluster(data, base_dir=os.path.dirname(os.path.abspath(path)), load=load, pool=pool)
 
 
 def parse_cluster(
-    data: Any, *, base_dir: str | None = None, load: TopologyLoader = load_topology
+    data: Any,
+    *,
+    base_dir: str | None = None,
+    load: TopologyLoader = load_topology,
+    pool: AllocatorPool | None = None,
 ) -> ClusterSnapshot:
-    """Validate a decoded snapshot; `load` resolves preset names and topology file paths."""
+    """Validate a decoded snapshot; `load` resolves preset names and topology file paths, and
+    `pool` (one per snapshot unless given) shares allocators between nodes and snapshots."""
     if not isinstance(data, Mapping):
         raise ClusterError("a cluster snapshot must be a mapping with 'nodes'")
     _no_unknown_keys(data, _TOP_KEYS, "snapshot")
@@ -200,7 +207,7 @@ def parse_cluster(
         nodes.append(node)
     groups = _podgroups(_list(data.get("podgroups"), "podgroups"))
     pods = _pods(_list(data.get("pods"), "pods"), seen)
-    allocators = _share_allocators(nodes)
+    allocators = _share_allocators(nodes, pool if pool is not None else AllocatorPool())
     return ClusterSnapshot(levels, tuple(nodes), groups, pods, MappingProxyType(allocators))
 
 
@@ -236,7 +243,9 @@ def _node(raw: Any, where: str, topologies: _TopologyCache) -> ClusterNode:
     gpus = raw.get("gpus")
     topology: Topology | None = None
     if isinstance(gpus, bool) or gpus is None:
-        raise ClusterError(f"{where}.gpus: give a preset name, a topology file, an inline topology or a count")
+        raise ClusterError(
+            f"{where}.gpus: give a preset name, a topology file, an inline topology or a count"
+        )
     if isinstance(gpus, int):
         if not 0 <= gpus <= 1024:
             raise ClusterError(f"{where}.gpus: a GPU count must be 0..1024, got {gpus}")
@@ -335,22 +344,14 @@ def _pods(raw: list[Any], node_names: set[str]) -> tuple[PodRecord, ...]:
     return tuple(out)
 
 
-def _share_allocators(nodes: Sequence[ClusterNode]) -> dict[str, Allocator | None]:
+def _share_allocators(nodes: Sequence[ClusterNode], pool: AllocatorPool) -> dict[str, Allocator | None]:
     """One Allocator per distinct bandwidth matrix (the only input of the objective)."""
-    built: dict[tuple[int, bytes], Allocator] = {}
     out: dict[str, Allocator | None] = {}
     for n in nodes:
-        if n.topology is None:
-            out[n.name] = None
-            continue
-        key = (n.topology.n, n.topology.bandwidth_mbps.tobytes())
-        alloc = built.get(key)
-        if alloc is None:
-            try:
-                alloc = built[key] = Allocator(n.topology)
-            except AllocationError as e:
-                raise ClusterError(f"node {n.name}: {e}") from None
-        out[n.name] = alloc
+        try:
+            out[n.name] = pool.get(n.topology) if n.topology is not None else None
+        except AllocationError as e:
+            raise ClusterError(f"node {n.name}: {e}") from None
     return out
 
 
@@ -390,7 +391,9 @@ def _labels(raw: Any, where: str) -> Mapping[str, str]:
 def _annotations(raw: Any, where: str) -> Mapping[str, str]:
     if raw is None:
         return MappingProxyType({})
-    if not isinstance(raw, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+    if not isinstance(raw, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+    ):
         raise ClusterError(f"{where}: must be a mapping of strings to strings")
     return MappingProxyType(dict(raw))
 
@@ -412,13 +415,18 @@ def generate_cluster(
     busy_fraction: float = 0.0,
     levels: Sequence[str] = DEFAULT_LEVELS,
     load: TopologyLoader = load_topology,
+    pool: AllocatorPool | None = None,
 ) -> ClusterSnapshot:
     """A fat tree of spines > leaves > nodes, labelled with the NVIDIA topology keys.
 
     `presets` is a weighted mix ({"dgx-a100": 3, "hgx-h100": 1}) or a list (equal weights); each
     node draws its server type. A `busy_fraction` of the nodes, drawn at random, has between 1
     and all of its GPUs in use, also drawn at random. Same arguments, same cluster (`seed`)."""
-    for what, v in (("spines", spines), ("leaves_per_spine", leaves_per_spine), ("nodes_per_leaf", nodes_per_leaf)):
+    for what, v in (
+        ("spines", spines),
+        ("leaves_per_spine", leaves_per_spine),
+        ("nodes_per_leaf", nodes_per_leaf),
+    ):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{what} must be a positive integer, got {v!r}")
     if not 0.0 <= busy_fraction <= 1.0:
@@ -447,4 +455,4 @@ def generate_cluster(
                         "allocated": allocated,
                     }
                 )
-    return parse_cluster({"levels": list(levels), "nodes": nodes}, load=load)
+    return parse_cluster({"levels": list(levels), "nodes": nodes}, load=load, pool=pool)

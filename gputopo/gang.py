@@ -50,47 +50,47 @@ class NodeView:
     name: str
     labels: Mapping[str, str]
     gpu_count: int
-    free: frozenset[int]                 # free GPU indices (healthy, not allocated, not reserved)
-    allocator: Allocator | None = None   # None = topology unknown: GPUs are interchangeable, neutral score
+    free: frozenset[int]  # free GPU indices (healthy, not allocated, not reserved)
+    allocator: Allocator | None = None  # None = topology unknown: GPUs are interchangeable, neutral score
 
 
 @dataclass(frozen=True)
 class Member:
-    pod: str        # "namespace/name"
-    gpus: int       # GPUs the pod asks for (nvidia.com/gpu)
+    pod: str  # "namespace/name"
+    gpus: int  # GPUs the pod asks for (nvidia.com/gpu)
 
 
 @dataclass(frozen=True)
 class GangSpec:
-    key: str                              # "namespace/group-name"
-    members: tuple[Member, ...]           # the members to place now (pending ones)
-    required_level: str | None = None     # gputopo.io/required-topology (a level's label key)
-    preferred_level: str | None = None    # gputopo.io/preferred-topology
+    key: str  # "namespace/group-name"
+    members: tuple[Member, ...]  # the members to place now (pending ones)
+    required_level: str | None = None  # gputopo.io/required-topology (a level's label key)
+    preferred_level: str | None = None  # gputopo.io/preferred-topology
 
 
 @dataclass(frozen=True)
 class Placement:
     pod: str
     node: str
-    gpus: tuple[int, ...]                 # GPU indices the node allocator would give (empty if unknown topology)
+    gpus: tuple[int, ...]  # GPU indices the node allocator would give (empty if unknown topology)
     choice: Choice | None = None
 
 
 @dataclass(frozen=True)
 class GangPlan:
     gang: str
-    level: str                            # the label key of the level whose one domain holds every member
-    domain: str                           # that domain's label value
+    level: str  # the label key of the level whose one domain holds every member
+    domain: str  # that domain's label value
     placements: tuple[Placement, ...]
-    nodes_used: int = 0                   # objective (2)
-    worst: Quality = UNKNOWN_QUALITY      # objective (3): the worst member's (ring, pair sum)
-    domain_free: int = 0                  # objective (4): free GPUs of the domain before the plan
+    nodes_used: int = 0  # objective (2)
+    worst: Quality = UNKNOWN_QUALITY  # objective (3): the worst member's (ring, pair sum)
+    domain_free: int = 0  # objective (4): free GPUs of the domain before the plan
 
 
 @dataclass(frozen=True)
 class NoPlan:
     gang: str
-    reason: str                           # readable: why nothing fits
+    reason: str  # readable: why nothing fits
 
 
 class ChoiceMemo:
@@ -134,8 +134,8 @@ class _Problem:
     spec: GangSpec
     index: NetworkIndex
     views: list[NodeView | None]
-    free: np.ndarray                      # free GPU count per position (0 where no view)
-    sizes: list[int]                      # GPUs per member, spec order
+    free: np.ndarray  # free GPU count per position (0 where no view)
+    sizes: list[int]  # GPUs per member, spec order
     memo: ChoiceMemo
     homogeneous: bool = field(init=False)
 
@@ -169,7 +169,7 @@ class _Candidate:
     nodes_used: int
     worst: Quality
     domain_free: int
-    assignment: tuple[tuple[int, int, Choice | None], ...]   # (member index, node position, choice)
+    assignment: tuple[tuple[int, int, Choice | None], ...]  # (member index, node position, choice)
 
     def rank(self) -> tuple:
         """Sort key: smaller is better — (2) fewest nodes, (3) best worst, (4) fullest, (5) name."""
@@ -278,7 +278,7 @@ def _plan_level(pb: _Problem, level: str, prune: bool) -> GangPlan | _Miss:
     lx = pb.index.level(level)
     dfree = pb.index.free_per_domain(level, pb.free)
     slots = pb.index.free_per_domain(level, pb.free // max(pb.sizes))
-    ok = dfree >= pb.total                   # necessary: GPUs, and slots of every size
+    ok = dfree >= pb.total  # necessary: GPUs, and slots of every size
     for s in sorted(set(pb.sizes)):
         need = sum(1 for g in pb.sizes if g >= s)
         ok &= pb.index.free_per_domain(level, pb.free // s) >= need
@@ -293,12 +293,12 @@ def _plan_level(pb: _Problem, level: str, prune: bool) -> GangPlan | _Miss:
         domains = np.arange(lx.count)
         bound = np.zeros(lx.count, dtype=np.int64)
     best_k = _NO_K
-    tied: list[tuple[int, int, list[tuple[int, list[int]]]]] = []   # (domain, k, packing)
+    tied: list[tuple[int, int, list[tuple[int, list[int]]]]] = []  # (domain, k, packing)
     for d in domains.tolist():
         if bound[d] > best_k:
             break
         if prune and pb.homogeneous:
-            k, packing = int(bound[d]), []      # exact already; _evaluate_equal picks the nodes
+            k, packing = int(bound[d]), []  # exact already; _evaluate_equal picks the nodes
         else:
             found = _pack(pb, lx.members[d])
             if found is None:
@@ -355,8 +355,9 @@ def _pack(pb: _Problem, positions: np.ndarray) -> list[tuple[int, list[int]]] | 
     Nodes with the most room fill first, ties in name order. Equal sizes: exact. Mixed sizes:
     exact up to 64 members and 20,000 search steps per domain, else first-fit decreasing (a
     heuristic that can use a node more than needed, or miss a packing of a nearly full domain)."""
-    room = sorted(((int(pb.free[p]), int(p)) for p in positions.tolist() if pb.free[p] > 0),
-                  key=lambda t: (-t[0], t[1]))
+    room = sorted(
+        ((int(pb.free[p]), int(p)) for p in positions.tolist() if pb.free[p] > 0), key=lambda t: (-t[0], t[1])
+    )
     order = sorted(range(len(pb.sizes)), key=lambda i: (-pb.sizes[i], i))
     if pb.homogeneous:
         g, done = pb.sizes[0], 0
@@ -412,7 +413,9 @@ def _pack_mixed_exact(
     return None
 
 
-def _fit(sizes: list[int], order: list[int], j: int, left: list[int], bins: list[list[int]], steps: list[int]) -> bool:
+def _fit(
+    sizes: list[int], order: list[int], j: int, left: list[int], bins: list[list[int]], steps: list[int]
+) -> bool:
     if j == len(order):
         return True
     steps[0] -= 1
@@ -438,7 +441,7 @@ def _pack_first_fit(
     pb: _Problem, room: list[tuple[int, int]], order: list[int]
 ) -> list[tuple[int, list[int]]] | None:
     """First-fit decreasing onto the roomiest nodes: fast, possibly a node more than needed."""
-    opened: list[tuple[int, list[int], list[int]]] = []     # (position, [free left], members)
+    opened: list[tuple[int, list[int], list[int]]] = []  # (position, [free left], members)
     nxt = 0
     for i in order:
         g = pb.sizes[i]
@@ -499,7 +502,7 @@ def _evaluate_equal(pb: _Problem, d: int, k: int, positions: np.ndarray, dfree: 
     def offers(t: Quality) -> dict[tuple[Allocator | None, frozenset[int]], int]:
         out = {}
         for kind, (floor, _) in kinds.items():
-            count = 0                            # floor only falls: count its prefix >= t
+            count = 0  # floor only falls: count its prefix >= t
             for q in floor:
                 if q < t:
                     break
@@ -513,7 +516,7 @@ def _evaluate_equal(pb: _Problem, d: int, k: int, positions: np.ndarray, dfree: 
         return sum(counts[:k]) >= n
 
     thresholds = sorted({q for floor, _ in kinds.values() for q in floor})
-    lo, hi = 0, len(thresholds) - 1          # the lowest threshold fits: k is feasible
+    lo, hi = 0, len(thresholds) - 1  # the lowest threshold fits: k is feasible
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if fits(thresholds[mid]):
@@ -537,8 +540,10 @@ def _describe(sizes: Sequence[int]) -> str:
     counts: dict[int, int] = {}
     for g in sizes:
         counts[g] = counts.get(g, 0) + 1
-    parts = [f"{n} pod{'s' if n > 1 else ''} x {g} GPU{'s' if g > 1 else ''}"
-             for g, n in sorted(counts.items(), reverse=True)]
+    parts = [
+        f"{n} pod{'s' if n > 1 else ''} x {g} GPU{'s' if g > 1 else ''}"
+        for g, n in sorted(counts.items(), reverse=True)
+    ]
     total = sum(sizes)
     return " + ".join(parts) + (f" = {total} GPUs" if len(parts) > 1 or counts[sizes[0]] > 1 else "")
 
@@ -546,10 +551,16 @@ def _describe(sizes: Sequence[int]) -> str:
 def _reason(pb: _Problem, miss: _Miss, required: bool) -> str:
     what = _describe(pb.sizes)
     n, g = len(pb.sizes), max(pb.sizes)
-    room = f"room for {miss.slots} of the {n} pods" if pb.homogeneous else f"room for {miss.slots} pods of {g} GPUs"
+    room = (
+        f"room for {miss.slots} of the {n} pods"
+        if pb.homogeneous
+        else f"room for {miss.slots} pods of {g} GPUs"
+    )
     tail = " (the free GPUs are too fragmented to pack the pods)" if miss.feasible_aggregate else ""
     if miss.level == CLUSTER:
-        return f"the whole cluster cannot hold gang {pb.spec.key} ({what}): {miss.free} free GPUs, {room}{tail}"
+        return (
+            f"the whole cluster cannot hold gang {pb.spec.key} ({what}): {miss.free} free GPUs, {room}{tail}"
+        )
     scope = "no" if required else "no domain up to the whole cluster; no"
     return (
         f"{scope} {short_name(miss.level)} domain can hold gang {pb.spec.key} ({what}); "

@@ -101,9 +101,9 @@ class LevelIndex:
     """The domains of one level: `domain_id[pos]` for every node position, names in order."""
 
     level: str
-    domain_id: np.ndarray                 # int64, one per node position
-    names: tuple[str, ...]                # domain names, sorted; id = position in this tuple
-    members: tuple[np.ndarray, ...]       # node positions of each domain, ascending (= name order)
+    domain_id: np.ndarray  # int64, one per node position
+    names: tuple[str, ...]  # domain names, sorted; id = position in this tuple
+    members: tuple[np.ndarray, ...]  # node positions of each domain, ascending (= name order)
 
     @property
     def count(self) -> int:
@@ -118,7 +118,7 @@ class NetworkIndex:
     label version and hand it to every planning call."""
 
     levels: tuple[str, ...]
-    nodes: tuple[str, ...]                              # node names, sorted
+    nodes: tuple[str, ...]  # node names, sorted
     position: Mapping[str, int]
     by_level: Mapping[str, LevelIndex] = field(repr=False)
 

@@ -75,11 +75,21 @@ def test_round_trip_through_to_dict(tmp_path: Path) -> None:
     snap = generate_cluster(2, 2, 3, ["dgx-a100", "pcie8-plx"], seed=3, busy_fraction=0.5)
     again = parse_cluster(json.loads(json.dumps(snap.to_dict())))
     assert again == snap
-    pods = {"nodes": [{"name": "a", "gpus": 8}],
-            "pods": [{"namespace": "ml", "name": "w-0", "gpus": 2, "node": "a",
-                      "labels": {"scheduling.x-k8s.io/pod-group": "g"},
-                      "annotations": {"gputopo.io/required-topology": LEAF}, "uid": "u-1"},
-                     {"name": "idle"}]}
+    pods = {
+        "nodes": [{"name": "a", "gpus": 8}],
+        "pods": [
+            {
+                "namespace": "ml",
+                "name": "w-0",
+                "gpus": 2,
+                "node": "a",
+                "labels": {"scheduling.x-k8s.io/pod-group": "g"},
+                "annotations": {"gputopo.io/required-topology": LEAF},
+                "uid": "u-1",
+            },
+            {"name": "idle"},
+        ],
+    }
     snap = parse_cluster(pods)
     assert [p.key for p in snap.pods] == ["ml/w-0", "default/idle"]
     assert snap.pods[0].node == "a" and snap.pods[1].node == "" and snap.pods[1].gpus == 0
@@ -96,8 +106,14 @@ def _node(**kw: Any) -> dict[str, Any]:
         ([], "must be a mapping with 'nodes'"),
         ({"nodes": []}, "nodes: must be a non-empty list"),
         ({"nodes": [_node()], "extra": 1}, "snapshot: unknown key 'extra'"),
-        ({"levels": ["bad key"], "nodes": [_node()]}, r"levels\[0\]: 'bad key' is not a valid node-label key"),
-        ({"nodes": [_node(), _node(name="b", gpus="dgx-9")]}, r"nodes\[1\]\.gpus: topology 'dgx-9' is neither a preset"),
+        (
+            {"levels": ["bad key"], "nodes": [_node()]},
+            r"levels\[0\]: 'bad key' is not a valid node-label key",
+        ),
+        (
+            {"nodes": [_node(), _node(name="b", gpus="dgx-9")]},
+            r"nodes\[1\]\.gpus: topology 'dgx-9' is neither a preset",
+        ),
         ({"nodes": [_node(gpus="nope/x.json")]}, r"nodes\[0\]\.gpus: topology '.*nope/x.json' is neither"),
         ({"nodes": [_node(gpus=True)]}, r"nodes\[0\]\.gpus: give a preset name"),
         ({"nodes": [_node(gpus=-1)]}, r"nodes\[0\]\.gpus: a GPU count must be 0..1024"),
@@ -106,16 +122,24 @@ def _node(**kw: Any) -> dict[str, Any]:
         ({"nodes": [_node(name="A_1")]}, r"nodes\[0\]\.name: 'A_1' is not a valid node name"),
         ({"nodes": [_node(), _node()]}, r"nodes\[1\]\.name: node 'a1' is listed twice"),
         ({"nodes": [_node(labels={LEAF: 3})]}, r"nodes\[0\]\.labels\..*leaf: 3 is not a valid label value"),
-        ({"nodes": [_node(labels={"bad key": "x"})]}, r"nodes\[0\]\.labels: 'bad key' is not a valid label key"),
+        (
+            {"nodes": [_node(labels={"bad key": "x"})]},
+            r"nodes\[0\]\.labels: 'bad key' is not a valid label key",
+        ),
         ({"nodes": [_node(allocated=[8])]}, r"nodes\[0\]\.allocated\[0\]: GPU index 8 is not in 0..7"),
         ({"nodes": [_node(allocated=["GPU-x"])]}, r"nodes\[0\]\.allocated\[0\]: no GPU with UUID 'GPU-x'"),
-        ({"nodes": [_node(gpus=2, allocated=["GPU-x"])]}, r"allocated\[0\]: 'GPU-x' is not a GPU index \(topology"),
+        (
+            {"nodes": [_node(gpus=2, allocated=["GPU-x"])]},
+            r"allocated\[0\]: 'GPU-x' is not a GPU index \(topology",
+        ),
         ({"nodes": [_node(allocated=5)]}, r"nodes\[0\]\.allocated: must be a list"),
         ({"nodes": [_node(topology="x")]}, r"nodes\[0\]: unknown key 'topology'"),
         ({"nodes": ["a1"]}, r"nodes\[0\]: must be a mapping"),
         ({"nodes": [_node()], "podgroups": [{"name": "g", "minMember": 0}]}, r"podgroups\[0\]\.minMember"),
-        ({"nodes": [_node()], "podgroups": [{"name": "g", "minMember": 1}, {"name": "g", "minMember": 2}]},
-         r"podgroups\[1\]: podgroup default/g is listed twice"),
+        (
+            {"nodes": [_node()], "podgroups": [{"name": "g", "minMember": 1}, {"name": "g", "minMember": 2}]},
+            r"podgroups\[1\]: podgroup default/g is listed twice",
+        ),
         ({"nodes": [_node()], "pods": [{"name": "p", "node": "zz"}]}, r"pods\[0\]\.node: 'zz' is not a node"),
         ({"nodes": [_node()], "pods": [{"name": "p", "gpus": "2"}]}, r"pods\[0\]\.gpus: must be an integer"),
         ({"nodes": [_node()], "pods": [{"name": "p", "annotations": {"a": 1}}]}, r"pods\[0\]\.annotations"),

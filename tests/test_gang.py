@@ -103,15 +103,26 @@ def test_two_members_share_one_node_at_the_hostname_level() -> None:
 
 def test_smallest_level_that_holds_the_gang() -> None:
     # 3 x 8 GPUs: leaf l1 has only two empty nodes, l2 has three, so the answer is l2.
-    nodes = [node("a1", "l1", "s1"), node("a2", "l1", "s1"), node("a3", "l1", "s1", busy=[0]),
-             node("b1", "l2", "s1"), node("b2", "l2", "s1"), node("b3", "l2", "s1")]
+    nodes = [
+        node("a1", "l1", "s1"),
+        node("a2", "l1", "s1"),
+        node("a3", "l1", "s1", busy=[0]),
+        node("b1", "l2", "s1"),
+        node("b2", "l2", "s1"),
+        node("b3", "l2", "s1"),
+    ]
     out = plan(gang(3, 8), nodes)
     assert (out.level, out.domain, out.nodes_used) == (LEAF, "l2", 3)
 
 
 def test_spine_when_no_leaf_is_big_enough() -> None:
-    nodes = [node("a1", "l1", "s1"), node("a2", "l1", "s1"), node("b1", "l2", "s1"),
-             node("c1", "l3", "s2"), node("c2", "l3", "s2")]
+    nodes = [
+        node("a1", "l1", "s1"),
+        node("a2", "l1", "s1"),
+        node("b1", "l2", "s1"),
+        node("c1", "l3", "s2"),
+        node("c2", "l3", "s2"),
+    ]
     out = plan(gang(3, 8), nodes)
     assert (out.level, out.domain) == (SPINE, "s1")
 
@@ -121,8 +132,14 @@ def test_spine_when_no_leaf_is_big_enough() -> None:
 
 def test_fewest_nodes_beats_best_fit() -> None:
     # 3 x 4 GPUs. l1 (12 free, fuller) needs 3 nodes; l2 (16 free) needs only 2: (2) before (4).
-    nodes = [node("a1", "l1", busy=range(4)), node("a2", "l1", busy=range(4)), node("a3", "l1", busy=range(4)),
-             node("b1", "l2"), node("b2", "l2", busy=range(4)), node("b3", "l2", busy=range(4))]
+    nodes = [
+        node("a1", "l1", busy=range(4)),
+        node("a2", "l1", busy=range(4)),
+        node("a3", "l1", busy=range(4)),
+        node("b1", "l2"),
+        node("b2", "l2", busy=range(4)),
+        node("b3", "l2", busy=range(4)),
+    ]
     out = plan(gang(3, 4), nodes)
     assert (out.level, out.domain, out.nodes_used) == (LEAF, "l2", 2)
     assert sorted(p.node for p in out.placements).count("b1") == 2
@@ -133,8 +150,13 @@ def test_fewest_nodes_beats_best_fit() -> None:
 
 def test_better_gpu_sets_beat_best_fit() -> None:
     # 2 x 8. l1: NVSwitch boxes (300 GB/s rings); l2: PCIe boxes, fuller (best fit would pick it).
-    nodes = [node("a1", "l1"), node("a2", "l1"), node("a3", "l1"),
-             node("b1", "l2", preset="pcie8-plx"), node("b2", "l2", preset="pcie8-plx")]
+    nodes = [
+        node("a1", "l1"),
+        node("a2", "l1"),
+        node("a3", "l1"),
+        node("b1", "l2", preset="pcie8-plx"),
+        node("b2", "l2", preset="pcie8-plx"),
+    ]
     out = plan(gang(2, 8), nodes)
     assert out.domain == "l1"
     assert out.worst[0] == alloc("dgx-a100").best_ring_mbps(8)
@@ -162,8 +184,15 @@ def test_threshold_search_skips_a_roomy_node_that_would_be_the_worst_member() ->
 
 
 def test_best_fit_keeps_the_large_empty_leaf_whole() -> None:
-    nodes = [node("a1", "l1"), node("a2", "l1"), node("a3", "l1", busy=range(4)),
-             node("b1", "l2"), node("b2", "l2"), node("b3", "l2"), node("b4", "l2")]
+    nodes = [
+        node("a1", "l1"),
+        node("a2", "l1"),
+        node("a3", "l1", busy=range(4)),
+        node("b1", "l2"),
+        node("b2", "l2"),
+        node("b3", "l2"),
+        node("b4", "l2"),
+    ]
     out = plan(gang(2, 8), nodes)
     assert out.domain == "l1" and out.domain_free == 20
     assert {p.node for p in out.placements} == {"a1", "a2"}
@@ -203,7 +232,7 @@ def test_required_level_never_falls_back_but_preferred_does() -> None:
 def test_required_level_holds_even_when_one_node_would_do() -> None:
     nodes = [node("a1", "l1"), node("a2", "l1"), node("b1", "l2")]
     out = plan(gang(2, 4, required_level=LEAF), nodes)
-    assert (out.level, out.domain, out.nodes_used) == (LEAF, "l2", 1)   # best fit among leaves
+    assert (out.level, out.domain, out.nodes_used) == (LEAF, "l2", 1)  # best fit among leaves
 
 
 def test_preferred_falls_back_to_the_whole_cluster() -> None:
@@ -216,8 +245,10 @@ def test_nothing_fits_anywhere() -> None:
     nodes = [node("a1", "l1", busy=[0]), node("b1", "l2", busy=[0])]
     out = plan_gang(gang(2, 8), nodes, LEVELS)
     assert isinstance(out, NoPlan)
-    assert out.reason == ("the whole cluster cannot hold gang ml/g (2 pods x 8 GPUs = 16 GPUs): "
-                          "14 free GPUs, room for 0 of the 2 pods")
+    assert out.reason == (
+        "the whole cluster cannot hold gang ml/g (2 pods x 8 GPUs = 16 GPUs): "
+        "14 free GPUs, room for 0 of the 2 pods"
+    )
 
 
 def test_fragmented_mixed_sizes_say_so() -> None:
@@ -270,8 +301,13 @@ def test_unknown_topology_nodes_hold_gangs_without_gpu_sets() -> None:
 
 def test_measured_topology_ranks_above_unknown_on_ties() -> None:
     # Same node count either way; the unknown leaf is fuller (best fit) but (3) prefers evidence.
-    nodes = [node("a1", "l1"), node("a2", "l1"), node("a3", "l1"),
-             node("u1", "l2", preset=None), node("u2", "l2", preset=None)]
+    nodes = [
+        node("a1", "l1"),
+        node("a2", "l1"),
+        node("a3", "l1"),
+        node("u1", "l2", preset=None),
+        node("u2", "l2", preset=None),
+    ]
     assert plan(gang(2, 8), nodes).domain == "l1"
 
 
@@ -325,15 +361,20 @@ def test_memo_is_reused_across_calls() -> None:
 
 def test_node_scores_order_and_scale() -> None:
     nodes = [
-        node("nv-empty", "l1"),                          # NVSwitch, 8 free
-        node("nv-tight", "l1", busy=range(2, 8)),        # NVSwitch, exactly 2 free: best fit
-        node("pcie", "l1", preset="pcie8-plx"),          # PCIe only: worst ring
-        node("full", "l1", busy=range(7)),               # 1 free: cannot fit 2
+        node("nv-empty", "l1"),  # NVSwitch, 8 free
+        node("nv-tight", "l1", busy=range(2, 8)),  # NVSwitch, exactly 2 free: best fit
+        node("pcie", "l1", preset="pcie8-plx"),  # PCIe only: worst ring
+        node("full", "l1", busy=range(7)),  # 1 free: cannot fit 2
         node("unknown", "l1", preset=None),
     ]
     scores = node_scores(2, nodes)
-    assert scores == {"nv-tight": 10, "nv-empty": scores["nv-empty"], "pcie": 1, "full": 0,
-                      "unknown": NEUTRAL_SCORE}
+    assert scores == {
+        "nv-tight": 10,
+        "nv-empty": scores["nv-empty"],
+        "pcie": 1,
+        "full": 0,
+        "unknown": NEUTRAL_SCORE,
+    }
     assert 1 < scores["nv-empty"] < 10
     assert node_scores(2, [node("x", "l1"), node("y", "l1")]) == {"x": 10, "y": 10}
     with pytest.raises(ValueError, match="at least 1 GPU"):
@@ -341,8 +382,12 @@ def test_node_scores_order_and_scale() -> None:
 
 
 def test_place_pod_prefers_ring_then_best_fit_then_name() -> None:
-    nodes = [node("pcie", "l1", preset="pcie8-plx", busy=range(6)), node("nv-b", "l1"),
-             node("nv-a", "l1"), node("u", "l1", preset=None, busy=range(6))]
+    nodes = [
+        node("pcie", "l1", preset="pcie8-plx", busy=range(6)),
+        node("nv-b", "l1"),
+        node("nv-a", "l1"),
+        node("u", "l1", preset=None, busy=range(6)),
+    ]
     got = place_pod("ml/p", 2, nodes)
     assert got is not None and got.node == "nv-a" and len(got.gpus) == 2
     assert place_pod("ml/p", 2, [nodes[3]]) == place_pod("ml/p", 2, [nodes[3]])

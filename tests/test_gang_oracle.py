@@ -52,8 +52,9 @@ def gangs(draw: st.DrawFn, equal: bool) -> GangSpec:
         sizes = [draw(st.sampled_from([1, 2, 3, 4, 8]))] * count
     else:
         sizes = draw(st.lists(st.sampled_from([1, 2, 3, 4, 8]), min_size=count, max_size=count))
-    kind, level = draw(st.sampled_from([(None, None), ("required", LEAF), ("preferred", LEAF),
-                                        ("required", HOSTNAME)]))
+    kind, level = draw(
+        st.sampled_from([(None, None), ("required", LEAF), ("preferred", LEAF), ("required", HOSTNAME)])
+    )
     return GangSpec(
         "ml/g",
         tuple(Member(f"ml/w{i}", g) for i, g in enumerate(sizes)),
@@ -73,7 +74,9 @@ def domain(v: NodeView, level: str) -> str:
 def worst_member(spec: GangSpec, nodes: list[NodeView], assign: tuple[int, ...]) -> Quality:
     worst: Quality | None = None
     for k, v in enumerate(nodes):
-        members = sorted((i for i, a in enumerate(assign) if a == k), key=lambda i: (-spec.members[i].gpus, i))
+        members = sorted(
+            (i for i, a in enumerate(assign) if a == k), key=lambda i: (-spec.members[i].gpus, i)
+        )
         free = set(v.free)
         for i in members:
             if v.allocator is None:
@@ -96,8 +99,12 @@ def oracle(spec: GangSpec, nodes: list[NodeView]) -> tuple[str, int, Quality, in
         tried = [*LEVELS[start:], CLUSTER]
     sizes = [m.gpus for m in spec.members]
     feasible = [
-        a for a in product(range(len(nodes)), repeat=len(sizes))
-        if all(sum(g for g, k in zip(sizes, a, strict=True) if k == j) <= len(v.free) for j, v in enumerate(nodes))
+        a
+        for a in product(range(len(nodes)), repeat=len(sizes))
+        if all(
+            sum(g for g, k in zip(sizes, a, strict=True) if k == j) <= len(v.free)
+            for j, v in enumerate(nodes)
+        )
     ]
     for level in tried:
         found = []
@@ -147,7 +154,7 @@ def test_mixed_sizes_match_the_oracle_on_level_and_nodes(nodes: list[NodeView], 
     assert isinstance(got, GangPlan), got
     check_plan(spec, nodes, got)
     assert (got.level, got.nodes_used) == want[:2]
-    assert got.worst <= want[2]          # the packing is not searched for the best worst member
+    assert got.worst <= want[2]  # the packing is not searched for the best worst member
     in_domain = {domain(v, got.level) for v in nodes if v.name in {p.node for p in got.placements}}
     assert in_domain == {got.domain}
     assert plan_gang(spec, nodes, LEVELS, prune=False) == got

@@ -70,14 +70,16 @@ def test_bad_level_lists(levels: object, message: str) -> None:
 def test_domain_of() -> None:
     labels = {LEAF: "leaf-1", HOSTNAME: "other-name", SPINE: ""}
     assert domain_of("a1", labels, LEAF) == "leaf-1"
-    assert domain_of("a1", labels, HOSTNAME) == "a1"           # the node name, whatever the label says
-    assert domain_of("a1", labels, SPINE) == "node/a1"         # empty value: own domain
-    assert domain_of("a1", labels, ZONE) == "node/a1"          # missing: own domain
+    assert domain_of("a1", labels, HOSTNAME) == "a1"  # the node name, whatever the label says
+    assert domain_of("a1", labels, SPINE) == "node/a1"  # empty value: own domain
+    assert domain_of("a1", labels, ZONE) == "node/a1"  # missing: own domain
     assert domain_of("a1", labels, CLUSTER) == CLUSTER
 
 
 def test_unlabelled_node_never_joins_a_domain_named_like_it() -> None:
-    idx = NetworkIndex.build([("leaf-1", {}), ("b", {LEAF: "leaf-1"}), ("c", {LEAF: "leaf-1"})], (HOSTNAME, LEAF))
+    idx = NetworkIndex.build(
+        [("leaf-1", {}), ("b", {LEAF: "leaf-1"}), ("c", {LEAF: "leaf-1"})], (HOSTNAME, LEAF)
+    )
     assert idx.domain("leaf-1", LEAF) != idx.domain("b", LEAF)
     assert idx.domain("b", LEAF) == idx.domain("c", LEAF) == "leaf-1"
 
@@ -107,8 +109,14 @@ names = st.text(alphabet="abc", min_size=1, max_size=3)
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.dictionaries(names, st.fixed_dictionaries({}, optional={LEAF: st.sampled_from(["x", "y", "a"]),
-                                                                  SPINE: st.sampled_from(["s", "t"])})))
+@given(
+    st.dictionaries(
+        names,
+        st.fixed_dictionaries(
+            {}, optional={LEAF: st.sampled_from(["x", "y", "a"]), SPINE: st.sampled_from(["s", "t"])}
+        ),
+    )
+)
 def test_index_agrees_with_domain_of(nodes: dict[str, dict[str, str]]) -> None:
     levels = (HOSTNAME, LEAF, SPINE)
     idx = NetworkIndex.build(nodes.items(), levels)
@@ -120,4 +128,5 @@ def test_index_agrees_with_domain_of(nodes: dict[str, dict[str, str]]) -> None:
         # members of each domain are exactly the nodes with that domain, in name order
         for d, members in enumerate(lx.members):
             assert [idx.nodes[p] for p in members] == sorted(
-                n for n, lb in nodes.items() if domain_of(n, lb, level) == lx.names[d])
+                n for n, lb in nodes.items() if domain_of(n, lb, level) == lx.names[d]
+            )
