@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
@@ -70,6 +71,20 @@ class _Reflector:
         self.resource_version = ""
         self.lists = 0
         self.watches = 0
+        self._current: watch.Watch | None = None
+
+    def interrupt(self) -> None:
+        """Unblock a watch waiting for events (used by stop)."""
+        w = self._current
+        if w is not None:
+            w.stop()
+            resp = getattr(w, "_resp", None)
+            shutdown = getattr(resp, "shutdown", None)
+            if shutdown is not None:  # urllib3 >= 2.3: unblocks a read in another thread
+                try:
+                    shutdown()
+                except Exception:
+                    pass
 
     def run(self) -> None:
         delay = self.backoff_s[0]
@@ -114,7 +129,9 @@ class _Reflector:
 
     def _watch(self) -> None:
         self.watches += 1
-        w = watch.Watch()
+        w = self._current = watch.Watch()
+        if self.stop.is_set():
+            return
         kwargs: dict[str, Any] = {"timeout_seconds": self.watch_timeout_s, "allow_watch_bookmarks": True}
         if self.resource_version:
             kwargs["resource_version"] = self.resource_version
@@ -192,8 +209,17 @@ class KubeState:
 
     def stop(self) -> None:
         self._stop.set()
-        for t in self._threads:
-            t.join(timeout=5)
+        deadline = self.clock_monotonic() + 5.0
+        # A watch may be opening its connection right now; interrupt until every thread is out.
+        while any(t.is_alive() for t in self._threads) and self.clock_monotonic() < deadline:
+            for r in self.reflectors:
+                r.interrupt()
+            for t in self._threads:
+                t.join(timeout=0.05)
+
+    @staticmethod
+    def clock_monotonic() -> float:
+        return time.monotonic()
 
     def ready(self) -> bool:
         with self._lock:

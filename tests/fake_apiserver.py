@@ -94,6 +94,7 @@ class FakeAPI:
 
 
 class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"   # watches stream chunked, as the real API server does
     server: FakeServer
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -152,11 +153,25 @@ class _Handler(BaseHTTPRequestHandler):
         api = self.server.api
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        self.close_connection = True
+        try:
+            self._stream(kind, since, timeout)
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            pass
+
+    def _chunk(self, doc: Any) -> None:
+        data = json.dumps(doc).encode() + b"\n"
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _stream(self, kind: str, since: int, timeout: float) -> None:
+        api = self.server.api
         if since and since < api.compacted:
-            line = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired",
-                                                "message": f"too old resource version: {since}"}}
-            self.wfile.write(json.dumps(line).encode() + b"\n")
+            self._chunk({"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired",
+                                                     "message": f"too old resource version: {since}"}})
             return
         deadline = time.monotonic() + timeout
         with api.cond:
@@ -173,9 +188,8 @@ class _Handler(BaseHTTPRequestHandler):
                     api.cond.wait(timeout=0.05)
                     continue
             for rv, _, etype, obj in pending:
-                self.wfile.write(json.dumps({"type": etype, "object": obj}).encode() + b"\n")
+                self._chunk({"type": etype, "object": obj})
                 sent = rv
-            self.wfile.flush()
 
     def _body(self) -> Any:
         length = int(self.headers.get("Content-Length") or 0)
@@ -183,11 +197,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         api = self.server.api
+        body = self._body()
         m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/binding", urlparse(self.path).path)
         if not m:
             self._status(404, "NotFound")
             return
-        body = self._body()
         key = f"{m.group(1)}/{m.group(2)}"
         node = (body.get("target") or {}).get("name")
         api.requests.append(("bind", key))
@@ -210,11 +224,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PATCH(self) -> None:
         api = self.server.api
+        body = self._body()
         m = re.fullmatch(r"/api/v1/nodes/([^/]+)", urlparse(self.path).path)
         if not m:
             self._status(404, "NotFound")
             return
-        body = self._body()
         name = m.group(1)
         api.requests.append(("patch", name))
         fault = api.take_fault("patch")
