@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -130,8 +131,18 @@ def test_dockerignore_lets_through_exactly_what_the_builder_copies() -> None:
     assert not missing, f"the image build would fail: {missing} not in the repository"
 
 
-def installed_wheel(tmp: Path) -> tuple[Path, Path]:
-    """Build the wheel the way the builder stage does, from the copied files only, and install it."""
+def run(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # cwd "/": not this checkout, which `python -c` / `-m` would put first on sys.path.
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False, env=env, cwd="/")
+
+
+def image_venv(tmp: Path) -> tuple[Path, Path]:
+    """The builder stage's recipe, offline: a wheel from the copied files only, installed with
+    the outer pip into a venv that has no pip of its own (/opt/gputopo in the image).
+
+    The image resolves dependencies from PyPI; here they come from the test environment through
+    a .pth line placed after the venv's own site-packages, so the project itself is imported from
+    the wheel, never from this checkout."""
     if importlib.util.find_spec("setuptools") is None:
         pytest.skip("setuptools is not installed: cannot build the wheel offline")
     context = tmp / "context"
@@ -140,63 +151,64 @@ def installed_wheel(tmp: Path) -> tuple[Path, Path]:
         src = ROOT / source
         if src.is_dir():
             shutil.copytree(src, context / source, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        elif src.exists():
+        else:
             shutil.copy2(src, context / source)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    build = subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(tmp / "dist"), str(context)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    build = run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(tmp / "dist"), str(context)]
     )
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     (wheel,) = (tmp / "dist").glob("gputopo-*.whl")
-    target = tmp / "site"
-    install = subprocess.run(
-        [*pip, "install", "--no-deps", "--no-index", "--target", str(target), str(wheel)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    venv = tmp / "opt-gputopo"
+    made = run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    assert made.returncode == 0, made.stderr
+    install = run(
+        [*pip, "--python", str(venv / "bin" / "python"), "install", "--no-deps", "--no-index", str(wheel)]
     )
     assert install.returncode == 0, install.stderr[-2000:]
-    return wheel, target
+    purelib = run(
+        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
+    )
+    deps = [p for p in sys.path if p.endswith("site-packages")]
+    (Path(purelib.stdout.strip()) / "zz-test-dependencies.pth").write_text("\n".join(deps) + "\n")
+    return wheel, venv
 
 
 @pytest.fixture(scope="module")
 def wheel_install(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return installed_wheel(tmp_path_factory.mktemp("image"))
+    return image_venv(tmp_path_factory.mktemp("image"))
 
 
-def test_wheel_carries_presets_protos_and_the_cli(wheel_install: tuple[Path, Path]) -> None:
-    wheel, _ = wheel_install
+def test_wheel_carries_presets_and_protos_and_the_venv_no_pip(wheel_install: tuple[Path, Path]) -> None:
+    wheel, venv = wheel_install
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
-        entry_points = next(zf.read(n).decode() for n in names if n.endswith("entry_points.txt"))
     assert any(n.startswith("gputopo/presets/") and n.endswith(".json") for n in names)
     assert any(
         n.startswith("gputopo_proto/deviceplugin/v1beta1/") and n.endswith("_pb2_grpc.py") for n in names
     )
-    # The plugin's probes run `gputopo status` inside the image.
-    assert re.search(r"^gputopo\s*=\s*gputopo\.cli:main$", entry_points, re.M)
+    assert not list((venv / "bin").glob("pip*")), "the runtime venv must not carry pip"
 
 
-@pytest.mark.parametrize("module", sorted(set(ENTRYPOINTS.values())))
-def test_image_entrypoint_starts_from_the_installed_wheel(
-    module: str, wheel_install: tuple[Path, Path]
-) -> None:
-    _, site = wheel_install
-    code = (
-        "import runpy, sys\n"
-        f"sys.path.insert(0, {str(site)!r})\n"
-        f"import {module}\n"
-        f"assert {module}.__file__.startswith({str(site)!r}), {module}.__file__\n"
-        f"sys.argv = [{module!r}, '--help']\n"
-        f"runpy.run_module({module!r}, run_name='__main__')\n"
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_image_entrypoint_starts_from_the_wheel(dockerfile: str, wheel_install: tuple[Path, Path]) -> None:
+    _, venv = wheel_install
+    module = ENTRYPOINTS[dockerfile]
+    # ENV PATH=/opt/gputopo/bin:$PATH makes `python` the venv's, as in the image.
+    env = {"PATH": f"{venv / 'bin'}{os.pathsep}/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+    where = run(["python", "-c", f"import {module}; print({module}.__file__)"], env=env)
+    assert where.returncode == 0, where.stderr[-2000:]
+    assert where.stdout.strip().startswith(str(venv)), (
+        f"{module} came from {where.stdout.strip()}, not the wheel"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
+    out = run(["python", "-m", module, "--help"], env=env)
     assert out.returncode == 0, f"python -m {module} --help from the wheel failed:\n{out.stderr[-2000:]}"
     assert "usage" in out.stdout.lower()
+
+
+def test_gputopo_cli_the_probes_call_is_on_the_image_path(wheel_install: tuple[Path, Path]) -> None:
+    _, venv = wheel_install
+    env = {"PATH": f"{venv / 'bin'}{os.pathsep}/usr/bin:/bin"}
+    out = run(["gputopo", "status", "--help"], env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert shutil.which("gputopo", path=env["PATH"]) == str(venv / "bin" / "gputopo")
