@@ -9,6 +9,7 @@ go-gpuallocator best-effort), §4 (HAMi topology-aware). No code of those projec
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Sequence
 from functools import cache
 
@@ -18,13 +19,12 @@ import numpy as np
 Group = tuple[int | None, ...]
 
 
-def kubelet_order(free: Sequence[int], size: int, rng: np.random.Generator) -> tuple[int, ...]:
+def kubelet_order(free: Sequence[int], size: int, rng: random.Random) -> tuple[int, ...]:
     """No preferred allocation: kubelet takes the first `size` IDs of a Go map's iteration,
     which is effectively a random order; `rng` stands in for it so runs are reproducible."""
     if size <= 0 or size > len(free):
         return ()
-    order = rng.permutation(len(free))[:size]
-    return tuple(sorted(free[int(k)] for k in order))
+    return tuple(sorted(rng.sample(list(free), size)))
 
 
 def best_effort(points: np.ndarray, available: Sequence[int], size: int, required: Sequence[int] = ()) -> Group:

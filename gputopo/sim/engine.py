@@ -8,19 +8,20 @@ fit is rejected, not queued.
 
 Trying a long queue after every event is what makes naive simulators slow. Jobs of the same
 shape fit or fail alike, so the queue is kept per shape and a pass tries only the head of
-each shape, merging heads in arrival order; once a shape fails, the rest of it is skipped.
+each shape, merging heads in arrival order; once a shape fails, the rest of it is skipped,
+and it stays skipped until a departure frees GPUs (arrivals only ever take capacity away).
+kube-scheduler likewise retries unschedulable pods on cluster events, not in a loop.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from gputopo.allocator import AllocatorPool
 from gputopo.sim.comm import CommModel
@@ -54,7 +55,7 @@ def simulate(
     if config.mode not in ("replay", "fill"):
         raise ValueError(f"unknown mode {config.mode!r}")
     pool = pool or AllocatorPool()
-    rng = np.random.default_rng(config.seed)
+    rng = random.Random(config.seed)
     policy = build_policy(policy_name, cluster, pool, rng)
     state = ClusterState(cluster)
     rec = Recorder(cluster, [pool.get(t) for t in cluster.topologies], config.comm)
@@ -86,6 +87,7 @@ def _replay(
 ) -> int:
     departures: list[tuple[float, int, list[tuple[int, tuple[int, ...]]]]] = []
     queues: dict[tuple[int, ...], deque[int]] = {}
+    blocked: set[tuple[int, ...]] = set()   # shapes that failed since capacity was last freed
     nxt = 0
     handled = 0
     seq = 0
@@ -94,6 +96,8 @@ def _replay(
             jobs[nxt].submit if nxt < len(jobs) else math.inf,
             departures[0][0] if departures else math.inf,
         )
+        if departures and departures[0][0] <= now:
+            blocked.clear()   # only freed GPUs can unblock a shape: placements only take
         while departures and departures[0][0] <= now:
             _, _, slots = heapq.heappop(departures)
             for node, gpus in slots:
@@ -101,7 +105,7 @@ def _replay(
         while nxt < len(jobs) and jobs[nxt].submit <= now:
             queues.setdefault(jobs[nxt].pods, deque()).append(nxt)
             nxt += 1
-        heads = [(q[0], shape) for shape, q in queues.items() if q]
+        heads = [(q[0], shape) for shape, q in queues.items() if q and shape not in blocked]
         heapq.heapify(heads)
         while heads:
             idx, shape = heapq.heappop(heads)
@@ -109,6 +113,7 @@ def _replay(
             got = place(state, job) if state.could_fit(job.pods) else Failure("not enough free GPUs")
             if isinstance(got, Failure):
                 rec.failure(job, now, state.free_total, got.admission)
+                blocked.add(shape)
                 continue
             for node, gpus in got:
                 state.take(node, gpus)
@@ -119,6 +124,8 @@ def _replay(
             queue.popleft()
             if queue:
                 heapq.heappush(heads, (queue[0], shape))
+            else:
+                del queues[shape]
             handled += len(job.pods)
             if progress is not None and handled % 512 < len(job.pods):
                 progress(handled)

@@ -20,10 +20,9 @@ levels add. docs/simulator.md gives the reasons for each modelling choice.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 from gputopo.allocator import Allocator, AllocatorPool
 from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, place_pod, plan_gang
@@ -170,7 +169,7 @@ def _mask_list(mask: int, n: int) -> list[int]:
     return [i for i in range(n) if mask >> i & 1]
 
 
-def build_policy(name: str, cluster: SimCluster, pool: AllocatorPool, rng: np.random.Generator) -> Policy:
+def build_policy(name: str, cluster: SimCluster, pool: AllocatorPool, rng: random.Random) -> Policy:
     """A fresh policy (its own caches; `rng` only feeds kubelet's random order)."""
     topos = cluster.topologies
     allocators = [pool.get(t) for t in topos]

@@ -125,6 +125,9 @@ class ClusterState:
 
     def could_fit(self, pods: Sequence[int]) -> bool:
         """A necessary condition every policy shares: enough free GPUs on enough nodes."""
+        if len(pods) == 1:  # the common case, kept cheap: some node has that many free
+            size = pods[0]
+            return size <= self.free_total and any(self.hist[size:])
         if sum(pods) > self.free_total:
             return False
         return all(self.slots(g) >= pods.count(g) for g in set(pods))
