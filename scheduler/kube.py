@@ -365,9 +365,7 @@ class KubeState:
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
         try:
-            self.core.create_namespaced_pod_binding(
-                pod.name, pod.namespace, body, _preload_content=False
-            ).release_conn()
+            _raw(self.core.create_namespaced_pod_binding(pod.name, pod.namespace, body, _preload_content=False))
         except ApiException as e:
             if e.status == 409 and self._bound_to(pod, node):
                 return

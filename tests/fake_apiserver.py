@@ -150,7 +150,6 @@ class _Handler(BaseHTTPRequestHandler):
         self._status(404, "NotFound", url.path)
 
     def _watch(self, kind: str, since: int, timeout: float) -> None:
-        api = self.server.api
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
