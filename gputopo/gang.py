@@ -24,6 +24,7 @@ calls on the same allocators; everything else lives for one call.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -41,6 +42,7 @@ NEUTRAL_SCORE = 5
 MAX_SCORE = 10
 
 _NO_K = np.iinfo(np.int64).max
+_Kind = tuple[Allocator | None, frozenset[int]]
 
 
 @dataclass(frozen=True)
@@ -226,15 +228,17 @@ def plan_gang(
     elif index.levels != levels:
         raise ValueError(f"network index was built for levels {list(index.levels)}, not {list(levels)}")
     views: list[NodeView | None] = [None] * len(index.nodes)
-    free = np.zeros(len(index.nodes), dtype=np.int64)
+    counts = [0] * len(index.nodes)
+    largest = 0
     for v in nodes:
         pos = index.position.get(v.name)
         if pos is None:
             raise ValueError(f"node {v.name!r} is not in the network index")
         views[pos] = v
-        free[pos] = len(v.free)
+        counts[pos] = len(v.free)
+        largest = max(largest, v.gpu_count)
+    free = np.array(counts, dtype=np.int64)
     sizes = [m.gpus for m in spec.members]
-    largest = max((v.gpu_count for v in nodes), default=0)
     if max(sizes) > largest:
         big = max(spec.members, key=lambda m: m.gpus)
         return NoPlan(spec.key, f"pod {big.pod} asks for {big.gpus} GPUs; the largest node has {largest}")
@@ -482,40 +486,43 @@ def _evaluate_equal(pb: _Problem, d: int, k: int, positions: np.ndarray, dfree: 
     nodes still take everyone. Ties among nodes: fewer free GPUs (best fit), then name.
     Nodes with the same allocator and free set are worked out once."""
     g, n = pb.sizes[0], len(pb.sizes)
-    kinds: dict[tuple[Allocator | None, frozenset[int]], tuple[list[Quality], list[Choice | None]]] = {}
-    nodes: list[tuple[int, tuple[Allocator | None, frozenset[int]]]] = []
+    # kind (allocator, free set) -> (floor, choices, positions in name order)
+    kinds: dict[_Kind, tuple[list[Quality], list[Choice | None], list[int]]] = {}
     for p in positions.tolist():
         if pb.free[p] < g:
             continue
         view = pb.views[p]
         assert view is not None
         kind = (view.allocator, view.free)
-        if kind not in kinds:
+        entry = kinds.get(kind)
+        if entry is None:
             choices = pb.choices(p, [g] * min(len(view.free) // g, n))
             floor: list[Quality] = []
             for c in choices:
                 q = member_quality(c)
                 floor.append(q if not floor or q < floor[-1] else floor[-1])
-            kinds[kind] = (floor, choices)
-        nodes.append((p, kind))
+            entry = kinds[kind] = (floor, choices, [])
+        entry[2].append(p)
 
-    def offers(t: Quality) -> dict[tuple[Allocator | None, frozenset[int]], int]:
-        out = {}
-        for kind, (floor, _) in kinds.items():
-            count = 0  # floor only falls: count its prefix >= t
-            for q in floor:
-                if q < t:
-                    break
-                count += 1
-            out[kind] = count
-        return out
+    def offer(floor: list[Quality], t: Quality) -> int:
+        count = 0  # floor only falls: count its prefix >= t
+        for q in floor:
+            if q < t:
+                break
+            count += 1
+        return count
 
     def fits(t: Quality) -> bool:
-        per_kind = offers(t)
-        counts = sorted((per_kind[kind] for _, kind in nodes), reverse=True)
-        return sum(counts[:k]) >= n
+        nodes_left, members = k, 0
+        for cnt, many in sorted(((offer(f, t), len(ps)) for f, _, ps in kinds.values()), reverse=True):
+            take = min(many, nodes_left)
+            members += cnt * take
+            nodes_left -= take
+            if nodes_left == 0:
+                break
+        return members >= n
 
-    thresholds = sorted({q for floor, _ in kinds.values() for q in floor})
+    thresholds = sorted({q for floor, _, _ in kinds.values() for q in floor})
     lo, hi = 0, len(thresholds) - 1  # the lowest threshold fits: k is feasible
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -523,15 +530,29 @@ def _evaluate_equal(pb: _Problem, d: int, k: int, positions: np.ndarray, dfree: 
             lo = mid
         else:
             hi = mid - 1
-    per_kind = offers(thresholds[lo])
-    ranked = sorted(nodes, key=lambda e: (-per_kind[e[1]], int(pb.free[e[0]]), e[0]))
+    t = thresholds[lo]
+    # Nodes by (most members offered, fewest free GPUs, name): kinds sharing the first two
+    # merge their name-ordered positions.
+    ranks: dict[tuple[int, int], list[tuple[list[int], list[Choice | None], int]]] = {}
+    for (_, free), (floor, choices, ps) in kinds.items():
+        cnt = offer(floor, t)
+        ranks.setdefault((-cnt, len(free)), []).append((ps, choices, cnt))
     assignment: list[tuple[int, int, Choice | None]] = []
-    i = 0
-    for p, kind in ranked[:k]:
-        for c in kinds[kind][1][: min(per_kind[kind], n - i)]:
-            assignment.append((i, p, c))
-            i += 1
-    assert i == n, "k nodes were proven to hold every member"
+    used = 0
+    for key in sorted(ranks):
+        groups = ranks[key]
+        by_pos = {p: (choices, cnt) for ps, choices, cnt in groups for p in ps} if len(groups) > 1 else None
+        merged = heapq.merge(*(ps for ps, _, _ in groups)) if by_pos else groups[0][0]
+        for p in merged:
+            if used == k:
+                break
+            choices, cnt = by_pos[p] if by_pos else groups[0][1:]
+            for c in choices[: min(cnt, n - len(assignment))]:
+                assignment.append((len(assignment), p, c))
+            used += 1
+        if used == k:
+            break
+    assert len(assignment) == n, "k nodes were proven to hold every member"
     worst = min(member_quality(c) for _, _, c in assignment)
     return _Candidate(d, k, worst, dfree, tuple(assignment))
 

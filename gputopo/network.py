@@ -96,14 +96,41 @@ def domain_of(node_name: str, labels: Mapping[str, str], level: str) -> str:
     return value
 
 
+class _Named(Sequence[str]):
+    """Domain names of a level where every node is its own domain, made on demand: a
+    5,000-node cluster has several such levels (hostname, and any level nobody labels)."""
+
+    def __init__(self, nodes: tuple[str, ...], prefix: str) -> None:
+        self._nodes, self._prefix = nodes, prefix
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __getitem__(self, i: int) -> str:  # type: ignore[override]
+        return self._prefix + self._nodes[i]
+
+
+class _Groups(Sequence[np.ndarray]):
+    """Node positions of each domain: slices of one sorted array, cut on demand."""
+
+    def __init__(self, order: np.ndarray, bounds: np.ndarray) -> None:
+        self._order, self._bounds = order, bounds
+
+    def __len__(self) -> int:
+        return len(self._bounds) - 1
+
+    def __getitem__(self, d: int) -> np.ndarray:  # type: ignore[override]
+        return self._order[self._bounds[d] : self._bounds[d + 1]]
+
+
 @dataclass(frozen=True)
 class LevelIndex:
     """The domains of one level: `domain_id[pos]` for every node position, names in order."""
 
     level: str
     domain_id: np.ndarray  # int64, one per node position
-    names: tuple[str, ...]  # domain names, sorted; id = position in this tuple
-    members: tuple[np.ndarray, ...]  # node positions of each domain, ascending (= name order)
+    names: Sequence[str]  # domain names, sorted; id = position in this sequence
+    members: Sequence[np.ndarray]  # node positions of each domain, ascending (= name order)
 
     @property
     def count(self) -> int:
@@ -132,7 +159,10 @@ class NetworkIndex:
         if len(position) != len(names):
             dup = next(a for a, b in itertools.pairwise(names) if a == b)
             raise ValueError(f"node {dup!r} is listed twice")
-        by_level = {lv: _level_index(lv, pairs) for lv in (*levels, CLUSTER)}
+        present: set[str] = set()
+        for _, labels in pairs:
+            present.update(labels)
+        by_level = {lv: _level_index(lv, names, pairs, lv in present) for lv in (*levels, CLUSTER)}
         return cls(levels=levels, nodes=names, position=position, by_level=by_level)
 
     def level(self, level: str) -> LevelIndex:
@@ -153,13 +183,24 @@ class NetworkIndex:
         return np.bincount(lx.domain_id, weights=per_node, minlength=lx.count).astype(np.int64)
 
 
-def _level_index(level: str, pairs: Sequence[tuple[str, Mapping[str, str]]]) -> LevelIndex:
-    values = [domain_of(name, labels, level) for name, labels in pairs]
-    names = tuple(sorted(set(values)))
-    ids = {name: i for i, name in enumerate(names)}
-    domain_id = np.fromiter((ids[v] for v in values), dtype=np.int64, count=len(values))
+def _level_index(
+    level: str, nodes: tuple[str, ...], pairs: Sequence[tuple[str, Mapping[str, str]]], labelled: bool
+) -> LevelIndex:
+    """Positions are in name order, so when every node is its own domain ("node/<name>" sorts
+    like the names) the ids are the positions and nothing needs sorting."""
+    n = len(nodes)
+    if level == CLUSTER:
+        return _frozen(level, np.zeros(n, dtype=np.int64), (CLUSTER,) if n else ())
+    if level == HOSTNAME or not labelled:
+        ids = np.arange(n, dtype=np.int64)
+        return _frozen(level, ids, _Named(nodes, "" if level == HOSTNAME else "node/"))
+    values = np.array([labels.get(level) or "node/" + name for name, labels in pairs])
+    names, inverse = np.unique(values, return_inverse=True)
+    return _frozen(level, inverse.astype(np.int64).reshape(-1), tuple(str(v) for v in names))
+
+
+def _frozen(level: str, domain_id: np.ndarray, names: Sequence[str]) -> LevelIndex:
     order = np.argsort(domain_id, kind="stable")
     bounds = np.searchsorted(domain_id[order], np.arange(len(names) + 1))
-    members = tuple(order[bounds[i] : bounds[i + 1]] for i in range(len(names)))
     domain_id.setflags(write=False)
-    return LevelIndex(level=level, domain_id=domain_id, names=names, members=members)
+    return LevelIndex(level, domain_id, names, _Groups(order, bounds))
