@@ -31,6 +31,8 @@ def sim(*args: str, module: tuple[str, ...] = ("gputopo.sim",)) -> subprocess.Co
         (["--cluster", "/nonexistent/cluster.yaml"], "--cluster"),
         (["--plot", "/nonexistent/dir/out.png"], "does not exist"),
         (["--compute-s", "nan"], "--compute-s must be a positive number"),
+        (["--mode", "fill"], "applies to pod lists"),
+        (["--trace", str(TRACES / "helios_jobs_slice.csv"), "--limit", "0"], "--limit must be positive"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args: list[str], message: str) -> None:
@@ -86,3 +88,13 @@ def test_table_and_plot_through_the_gputopo_command(tmp_path: Path) -> None:
     assert header.split() == ["metric", "gputopo", "kubelet-default"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert r.stderr == ""             # no progress bar when stderr is not a terminal
+
+
+def test_untimed_list_with_poisson_arrivals() -> None:
+    r = sim("--trace", str(TRACES / "openb_pod_list_multigpu50_slice.csv"), "--mode", "arrivals",
+            "--load", "0.9", "--json", "--policies", "gputopo,best-effort-pairs")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["run"]["mode"].startswith("arrivals")
+    for res in doc["results"]:
+        assert res["placed"] == 24 and res["rejected"] == 0 and res["queue_delay_mean"] is not None

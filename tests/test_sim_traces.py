@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gputopo.sim.traces import TraceError, read_trace
-from gputopo.sim.workload import generate, pods_for
+from gputopo.sim.workload import Job, generate, pods_for, timed_arrivals
 
 DATA = Path(__file__).parent / "data" / "traces"
 
@@ -110,3 +110,15 @@ def test_generator_is_reproducible_and_meets_the_load() -> None:
     assert 0.4 < offered < 0.6                      # Poisson noise around the target
     sizes = [j.gpus for j in a]
     assert 0.5 < sizes.count(1) / len(sizes) < 0.65  # Helios: 55 % of GPU jobs use one GPU
+
+
+def test_untimed_lists_get_alibaba_run_times_and_poisson_arrivals() -> None:
+    jobs = [Job(id=i, submit=float(i), duration=math.inf, pods=((1, 2, 4, 8)[i % 4],)) for i in range(4000)]
+    timed = timed_arrivals(jobs, capacity_gpus=512, load=0.8, rng=np.random.default_rng(1))
+    assert [j.pods for j in timed] == [j.pods for j in jobs]          # order and shapes kept
+    assert all(math.isfinite(j.duration) and j.duration >= 1 for j in timed)
+    ones = sorted(j.duration for j in timed if j.pods == (1,))
+    assert 450 < ones[len(ones) // 2] < 900                            # published median 655 s
+    span = timed[-1].submit - timed[0].submit
+    offered = sum(j.gpus * j.duration for j in timed) / (span * 512)
+    assert 0.6 < offered < 1.0

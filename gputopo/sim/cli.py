@@ -21,7 +21,7 @@ from gputopo.sim.policies import POLICIES
 from gputopo.sim.report import document, render_table
 from gputopo.sim.state import SimCluster
 from gputopo.sim.traces import TraceError, read_trace
-from gputopo.sim.workload import GANG_POD_GPUS, Job, generate
+from gputopo.sim.workload import GANG_POD_GPUS, Job, generate, timed_arrivals
 
 
 class UsageError(Exception):
@@ -34,12 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="Alibaba openb pod list, or a Helios/Philly job CSV (default: embedded generator)")
     g.add_argument("--pods", type=int, default=20000, help="pods the generator makes (default 20000)")
     g.add_argument("--load", type=float, default=0.7,
-                   help="offered load of the generator, share of cluster GPUs (default 0.7)")
+                   help="offered load of the generator and of --mode arrivals, share of cluster GPUs "
+                   "(default 0.7)")
     g.add_argument("--limit", type=int, default=None, metavar="N", help="use only the first N jobs of --trace")
     g.add_argument("--time-scale", type=float, default=1.0, metavar="F",
                    help="multiply trace submit times by F (<1 packs arrivals tighter; default 1)")
-    g.add_argument("--mode", choices=("auto", "replay", "fill"), default="auto",
-                   help="replay with departures, or FGD-style fill without (auto: fill for untimed lists)")
+    g.add_argument("--mode", choices=("auto", "replay", "fill", "arrivals"), default="auto",
+                   help="replay: trace times; fill: FGD-style, no departures; arrivals: untimed list with "
+                   "Poisson arrivals at --load and Alibaba run times (auto: fill for untimed lists)")
     g = parser.add_argument_group("cluster and policies")
     g.add_argument("--cluster", metavar="FILE",
                    help="cluster snapshot (design.md §4); default: 2 spines x 4 leaves x 8 mixed nodes")
@@ -135,16 +137,17 @@ def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job],
     if args.limit is not None and args.limit <= 0:
         raise UsageError(f"--limit must be positive, got {args.limit}")
     scale = _positive(args.time_scale, "--time-scale")
+    load = _positive(args.load, "--load")
     if args.trace is None:
         if args.pods <= 0:
             raise UsageError(f"--pods must be positive, got {args.pods}")
-        load = _positive(args.load, "--load")
-        if args.mode == "fill":
-            raise UsageError("--mode fill applies to untimed traces; the generator always replays")
+        if args.mode in ("fill", "arrivals"):
+            raise UsageError(f"--mode {args.mode} applies to pod lists (--trace); the generator always replays")
         jobs = generate(args.pods, capacity_gpus=cluster.capacity, load=load, rng=rng,
                         max_gpus=_largest_job(cluster))
         header["workload"] = f"generator (Helios sizes/durations), {args.pods:,} pods, load {load:g}"
         mode = "replay"
+        header["mode"] = mode
     else:
         try:
             trace = read_trace(args.trace)
@@ -155,18 +158,24 @@ def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job],
             jobs = jobs[: args.limit]
         mode = args.mode if args.mode != "auto" else ("replay" if trace.timed else "fill")
         if mode == "replay" and not trace.timed:
-            raise UsageError(f"--trace {args.trace}: has no times, so it can only be used with --mode fill")
-        if mode == "fill":
+            raise UsageError(f"--trace {args.trace}: has no times; use --mode fill or --mode arrivals")
+        label = mode
+        if mode in ("fill", "arrivals"):
             order = rng.permutation(len(jobs))
             jobs = [Job(id=jobs[k].id, submit=float(i), duration=math.inf, pods=jobs[k].pods)
                     for i, k in enumerate(order)]
-        elif scale != 1.0:
+        if mode == "arrivals":
+            jobs = timed_arrivals(jobs, capacity_gpus=cluster.capacity, load=load, rng=rng)
+            mode = "replay"
+            label = f"arrivals (shuffled, Poisson at load {load:g}, Alibaba default-list run times)"
+        elif mode == "replay" and scale != 1.0:
             jobs = [Job(id=j.id, submit=j.submit * scale, duration=j.duration, pods=j.pods) for j in jobs]
+            label = f"replay, time scale {scale:g}"
         header["workload"] = (
             f"{Path(args.trace).name} ({trace.format}, {len(jobs):,} GPU jobs; "
             f"{trace.skipped_cpu_only:,} CPU-only skipped, {trace.fractional_as_whole:,} fractional as whole)"
         )
-    header["mode"] = mode + (f", time scale {scale:g}" if mode == "replay" and args.trace and scale != 1 else "")
+        header["mode"] = label
     header["pods"] = f"{sum(len(j.pods) for j in jobs):,}"
     return jobs, header, mode
 

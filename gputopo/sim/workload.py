@@ -30,6 +30,12 @@ HELIOS_DURATION: dict[str, tuple[float, float]] = {
 }
 #: Longest job of the excerpt; the log-normal tail is cut there.
 HELIOS_MAX_DURATION = 1_964_673.0
+#: Pod run time (median s, p90 s) by GPU count of the Alibaba openb default list
+#: (traces/alibaba-gpu-v2023/README.md, "Timing"), for the lists that carry no times.
+ALIBABA_RUNTIME: dict[int, tuple[float, float]] = {
+    1: (655.0, 7240.0), 2: (2267.0, 27368.0), 4: (542.0, 23925.0), 8: (553.0, 101998.0),
+}
+ALIBABA_MAX_RUNTIME = 12_537_496.0
 _Z90 = 1.2815515655446004  # standard normal 90th percentile
 
 
@@ -98,13 +104,24 @@ def generate(
     total = 0
     while total < pods:
         size = int(rng.choice(sizes, p=probs))
-        median, p90 = HELIOS_DURATION[_duration_class(size)]
-        sigma = math.log(p90 / median) / _Z90
-        duration = float(min(HELIOS_MAX_DURATION, max(1.0, median * math.exp(sigma * rng.standard_normal()))))
+        duration = _lognormal(*HELIOS_DURATION[_duration_class(size)], HELIOS_MAX_DURATION, rng)
         shape = pods_for(size)
         shapes.append(shape)
         durations.append(duration)
         total += len(shape)
+    return _poisson(shapes, durations, capacity_gpus, load, rng)
+
+
+def _lognormal(median: float, p90: float, cap: float, rng: np.random.Generator) -> float:
+    sigma = math.log(p90 / median) / _Z90
+    return float(min(cap, max(1.0, median * math.exp(sigma * rng.standard_normal()))))
+
+
+def _poisson(
+    shapes: list[tuple[int, ...]], durations: list[float], capacity_gpus: int, load: float,
+    rng: np.random.Generator,
+) -> list[Job]:
+    """Poisson arrivals whose offered load (GPU-seconds per second / capacity) is `load`."""
     work = sum(sum(s) * d for s, d in zip(shapes, durations, strict=True))
     mean_gap = work / (len(shapes) * load * capacity_gpus)
     gaps = rng.exponential(mean_gap, size=len(shapes))
@@ -112,3 +129,22 @@ def generate(
     return [
         Job(id=i, submit=float(submit[i]), duration=durations[i], pods=shapes[i]) for i in range(len(shapes))
     ]
+
+
+def timed_arrivals(
+    jobs: list[Job], *, capacity_gpus: int, load: float, rng: np.random.Generator
+) -> list[Job]:
+    """Times for an untimed pod list, in its (already shuffled) order: log-normal run times
+    matched per GPU count to the Alibaba default list's medians and 90th percentiles (the
+    nearest listed count for others), Poisson arrivals at offered load `load`."""
+    if not jobs:
+        raise ValueError("no jobs to time")
+    if not load > 0 or capacity_gpus <= 0:
+        raise ValueError("load and capacity must be positive")
+    listed = sorted(ALIBABA_RUNTIME)
+    durations = []
+    for job in jobs:
+        nearest = min(listed, key=lambda k: (abs(k - job.gpus), k))
+        durations.append(_lognormal(*ALIBABA_RUNTIME[nearest], ALIBABA_MAX_RUNTIME, rng))
+    timed = _poisson([j.pods for j in jobs], durations, capacity_gpus, load, rng)
+    return [Job(id=j.id, submit=t.submit, duration=t.duration, pods=j.pods) for j, t in zip(jobs, timed, strict=True)]
