@@ -592,11 +592,11 @@ def _reason(pb: _Problem, miss: _Miss, required: bool) -> str:
 # --------------------------------------------------------------------------- single pods
 
 
-def _single_key(view: NodeView, choice: Choice, gpus: int) -> tuple:
+def _single_key(free: frozenset[int], choice: Choice, gpus: int) -> tuple:
     """Order of nodes for one pod, larger first: ring of its set, then best fit (fewest GPUs
     left free: the emptier nodes stay whole for big jobs), then the node objective's least
     disruption (same leftover count, so the tuples compare like for like), then pair sum."""
-    return (choice.ring_mbps, -(len(view.free) - gpus), choice.disruption, choice.pair_sum_mbps)
+    return (choice.ring_mbps, -(len(free) - gpus), choice.disruption, choice.pair_sum_mbps)
 
 
 def node_scores(gpus: int, nodes: Sequence[NodeView], *, memo: ChoiceMemo | None = None) -> dict[str, int]:
@@ -609,21 +609,24 @@ def node_scores(gpus: int, nodes: Sequence[NodeView], *, memo: ChoiceMemo | None
         raise ValueError(f"a pod must ask for at least 1 GPU to be scored, got {gpus!r}")
     memo = memo if memo is not None else ChoiceMemo()
     scores: dict[str, int] = {}
-    keyed: dict[str, tuple] = {}
+    # Nodes of one server type with the same free GPUs share a key: work per kind, not per node.
+    kinds: dict[tuple[Allocator, frozenset[int]], list[str]] = {}
     for v in nodes:
         if len(v.free) < gpus:
             scores[v.name] = 0
         elif v.allocator is None:
             scores[v.name] = NEUTRAL_SCORE
         else:
-            keyed[v.name] = _single_key(v, memo.choose(v.allocator, v.free, gpus), gpus)
+            kinds.setdefault((v.allocator, v.free), []).append(v.name)
+    keyed = {(a, free): _single_key(free, memo.choose(a, free, gpus), gpus) for a, free in kinds}
     distinct = sorted(set(keyed.values()), reverse=True)
-    if distinct:
-        span = len(distinct) - 1
-        rank = {key: r for r, key in enumerate(distinct)}
-        for name, key in keyed.items():
-            r = rank[key]
-            scores[name] = MAX_SCORE if span == 0 else 1 + round((MAX_SCORE - 1) * (span - r) / span)
+    span = len(distinct) - 1
+    rank = {key: r for r, key in enumerate(distinct)}
+    for kind, names in kinds.items():
+        r = rank[keyed[kind]]
+        score = MAX_SCORE if span == 0 else 1 + round((MAX_SCORE - 1) * (span - r) / span)
+        for name in names:
+            scores[name] = score
     return scores
 
 
@@ -647,7 +650,7 @@ def place_pod(
             place = Placement(pod, v.name, ())
         else:
             choice = memo.choose(v.allocator, v.free, gpus)
-            key = (1, _single_key(v, choice, gpus))
+            key = (1, _single_key(v.free, choice, gpus))
             place = Placement(pod, v.name, choice.indices, choice)
         if best is None or key > best or (key == best and v.name < best_place.node):  # type: ignore[union-attr]
             best, best_place = key, place

@@ -345,6 +345,17 @@ def test_pruned_and_unpruned_planning_agree(count: int, gpus: int) -> None:
         check_plan(spec, views, fast)
 
 
+@pytest.mark.parametrize("sizes", [(2, 8, 8), (1, 2, 4, 8, 8, 8), (3, 3, 2)])
+def test_pruned_and_unpruned_planning_agree_for_mixed_sizes(sizes: tuple[int, ...]) -> None:
+    c = generate_cluster(3, 4, 5, {"dgx-a100": 2, "pcie8-plx": 1, "rtx8000-4": 1}, seed=9, busy_fraction=0.6)
+    views = list(c.node_views())
+    spec = GangSpec("ml/g", tuple(Member(f"ml/w{i}", g) for i, g in enumerate(sizes)))
+    fast = plan_gang(spec, views, c.levels, index=c.index)
+    assert fast == plan_gang(spec, views, c.levels, prune=False)
+    assert isinstance(fast, GangPlan)
+    check_plan(spec, views, fast)
+
+
 def test_memo_is_reused_across_calls() -> None:
     c = generate_cluster(2, 2, 4, seed=1, busy_fraction=0.5)
     views = list(c.node_views())
