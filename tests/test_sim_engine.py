@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
+from gputopo.allocator import AllocatorPool
 from gputopo.network import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
 from gputopo.sim.comm import CommModel
 from gputopo.sim.engine import RunConfig, compare, simulate
+from gputopo.sim.policies import build_policy
 from gputopo.sim.state import ClusterState, SimCluster, SimNode
 from gputopo.sim.workload import Job
 from gputopo.topofile import load_preset
@@ -133,3 +136,24 @@ def test_comm_model_step() -> None:
     assert m.network_gbps(HOSTNAME) == math.inf and m.network_gbps(None) == m.cluster_gbps
     with pytest.raises(ValueError):
         m.step_s(4, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("policy", "want"),
+    [
+        ("gputopo", (2,)),            # least disruption: 2's NVLink partner 0 is busy
+        ("gang-only", (2,)),
+        ("best-combo", (2,)),         # HAMi: least connected to the other free cards
+        ("best-effort-pairs", (1,)),  # go-gpuallocator: available[0], breaking the 1-3 pair
+    ],
+)
+def test_single_gpu_choice_per_policy(policy: str, want: tuple[int, ...]) -> None:
+    c = cluster("a100-pcie-nvlink-pairs", [("n1", "a", frozenset({0}))])
+    p = build_policy(policy, c, AllocatorPool(), random.Random(0))
+    assert p.place(ClusterState(c), job(0, (1,))) == [(0, want)]
+
+
+def test_unknown_policy_is_refused() -> None:
+    c = cluster("hgx-h100", [("n1", "a", frozenset())])
+    with pytest.raises(ValueError, match="unknown policy"):
+        build_policy("fifo", c, AllocatorPool(), random.Random(0))

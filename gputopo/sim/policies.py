@@ -58,7 +58,7 @@ class Policy:
         allocators: Sequence[Allocator],
         *,
         rank: str,
-        gpus: Callable[[int, int, int], tuple[int | None, ...]],
+        gpus: Callable[[int, int, int], tuple[int | None, ...]] | None = None,
         planner: bool = False,
     ) -> None:
         self.name = name
@@ -116,6 +116,7 @@ class Policy:
         node = self._best_node(state, size)
         if node is None:
             return Failure(f"no node has {size} free GPUs")
+        assert self._gpus is not None, "a baseline policy needs an in-node GPU choice"
         gpus = self._gpus(state.topo[node], state.mask[node], size)
         if not gpus or any(g is None for g in gpus):
             return Failure(f"device plugin gave no usable set of {size} on {self.cluster.nodes[node].name}", True)
@@ -201,8 +202,6 @@ def build_policy(name: str, cluster: SimCluster, pool: AllocatorPool, rng: rando
             lambda tid, mask, size: best_combo(seen[tid], _mask_list(mask, topos[tid].n), size)
         ))
     if name in ("gputopo", "gang-only"):
-        # GPUs come from gang.place_pod / plan_gang, i.e. from the Allocator; `gpus` is unused.
-        return Policy(name, cluster, allocators, rank="gputopo", planner=name == "gputopo", gpus=cached(
-            lambda tid, mask, size: allocators[tid].choose(_mask_list(mask, topos[tid].n), size).indices
-        ))
+        # node and GPUs both come from gang.place_pod / plan_gang, i.e. from the Allocator
+        return Policy(name, cluster, allocators, rank="gputopo", planner=name == "gputopo")
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
