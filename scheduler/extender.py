@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from gputopo import jsonlog
 from gputopo.allocator import AllocationError
-from gputopo.gang import GangPlan, GangSpec, Member, NodeView, node_scores, plan_gang
+from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, node_scores, plan_gang
+from gputopo.network import NetworkIndex
 from scheduler import defaults
 from scheduler.metrics import Metrics
 from scheduler.model import BadInput, PodInfo, Snapshot
@@ -81,6 +82,21 @@ class Extender:
         self._warned: dict[str, str] = {}
         self._scores_key: tuple | None = None
         self._scores: dict[str, int] = {}
+        self._memo = ChoiceMemo()
+        self._index_key: int | None = None
+        self._index: NetworkIndex | None = None
+
+    def _memo_now(self) -> ChoiceMemo:
+        """Allocator answers are pure in (allocator, free set, size): keep them, within bounds."""
+        if len(self._memo) > 200_000:
+            self._memo = ChoiceMemo()
+        return self._memo
+
+    def _network(self, snap: Snapshot) -> NetworkIndex:
+        if self._index is None or self._index_key != snap.version:
+            self._index = NetworkIndex.build(((n.name, n.labels) for n in snap.nodes.values()), self.levels)
+            self._index_key = snap.version
+        return self._index
 
     # ----------------------------------------------------------------------------- helpers
 
@@ -245,16 +261,17 @@ class Extender:
         self, spec: GangSpec, views: dict[str, NodeView], bound_nodes: set[str], snap: Snapshot
     ) -> GangPlan | str:
         """Plan the pending members; members already bound pin the search to their domain first."""
+        index = self._network(snap)
         if bound_nodes:
             for level in self.levels:
                 values = {snap.nodes[n].labels.get(level, n) for n in bound_nodes if n in snap.nodes}
                 if len(values) == 1:
                     (value,) = values
                     near = [v for v in views.values() if v.labels.get(level, v.name) == value]
-                    plan = plan_gang(spec, near, self.levels)
+                    plan = plan_gang(spec, near, self.levels, index=index, memo=self._memo_now())
                     if isinstance(plan, GangPlan):
                         return plan
-        plan = plan_gang(spec, list(views.values()), self.levels)
+        plan = plan_gang(spec, list(views.values()), self.levels, index=index, memo=self._memo_now())
         return plan if isinstance(plan, GangPlan) else plan.reason
 
     # -------------------------------------------------------------------------- prioritize
@@ -274,7 +291,7 @@ class Extender:
         if key == self._scores_key:
             scores = self._scores
         else:
-            scores = node_scores(pod.gpus, [views[n] for n in names if n in views])
+            scores = node_scores(pod.gpus, [views[n] for n in names if n in views], memo=self._memo_now())
             self._scores_key, self._scores = key, scores
         jsonlog.event(
             log, "prioritize", level=logging.DEBUG, pod=pod.key, gpus=pod.gpus, nodes=len(names),

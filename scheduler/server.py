@@ -161,6 +161,7 @@ class _Handler(BaseHTTPRequestHandler):
 class ExtenderHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 256   # kube-scheduler calls in parallel; the default backlog of 5 resets them
 
     def __init__(self, address: tuple[str, int], extender: Extender, max_body: int) -> None:
         self.extender = extender

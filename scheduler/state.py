@@ -8,11 +8,14 @@ tests). The planning code cannot tell them apart, which is the point.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Protocol
 
-from scheduler.model import NodeInfo, PodInfo, Snapshot
+from gputopo.annotation import NodeTopology
+from gputopo.cluster import ClusterSnapshot
+from scheduler import defaults
+from scheduler.model import NodeInfo, PodInfo, Snapshot, parse_pod
 
 
 class BindError(RuntimeError):
@@ -49,7 +52,6 @@ class FileState:
         pods: Iterable[PodInfo] = (),
         min_members: Mapping[str, int] | None = None,
         levels: Iterable[str] | None = None,
-        clock: Callable[[], float] | None = None,
     ) -> None:
         self._lock = threading.Lock()
         self._nodes = {n.name: replace(n, pods_know_allocations=False) for n in nodes}
@@ -104,6 +106,11 @@ class FileState:
             self._held[pod.key] = tuple(gpus)
             self._changed()
 
+    def held(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Pods bound through this state: pod -> (node, GPU indices it was given)."""
+        with self._lock:
+            return {k: (self._pods[k].node, g) for k, g in self._held.items() if k in self._pods}
+
     # Simulation hooks: the cluster changing under the scheduler.
     def remove_node(self, name: str) -> None:
         with self._lock:
@@ -122,3 +129,34 @@ class FileState:
                 held = self._held.pop(key, ())
                 topo = info.topology
                 self._nodes[pod.node] = replace(info, topology=replace(topo, allocated=topo.allocated - set(held)))
+
+
+def from_cluster(snapshot: ClusterSnapshot, resource: str = defaults.RESOURCE_NAME) -> FileState:
+    """A FileState holding a parsed cluster snapshot file (gputopo.cluster)."""
+    nodes = []
+    for n in snapshot.nodes:
+        if n.topology is not None:
+            topo = NodeTopology(n.name, n.topology, frozenset(), n.allocated, 0.0, "snapshot-file")
+            nodes.append(NodeInfo(n.name, dict(n.labels), n.gpu_count, topo))
+        else:
+            nodes.append(
+                NodeInfo(
+                    n.name, dict(n.labels), n.gpu_count - len(n.allocated), None,
+                    "snapshot file gives only a GPU count",
+                )
+            )
+    pods = [
+        parse_pod(
+            {
+                "metadata": {"namespace": p.namespace, "name": p.name, "uid": p.uid,
+                             "labels": dict(p.labels), "annotations": dict(p.annotations)},
+                "spec": {"nodeName": p.node,
+                         "containers": [{"resources": {"limits": {resource: p.gpus}}}]},
+            },
+            resource,
+        )
+        for p in snapshot.pods
+    ]
+    return FileState(
+        nodes, pods, {g.key: g.min_member for g in snapshot.podgroups}, levels=snapshot.levels
+    )

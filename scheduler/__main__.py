@@ -1,0 +1,134 @@
+"""`python -m scheduler`: the kube-scheduler extender sidecar.
+
+Wires flags to the pieces: a cluster state (a snapshot file, or the API server through the
+official client), the Extender, and its HTTP server on loopback. Bad flags or an unreadable
+file end the process with exit code 2 and one line on stderr; after start-up nothing a client
+sends can stop it. SIGTERM or SIGINT stops it cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import NoReturn
+
+from gputopo import jsonlog
+from gputopo.cluster import ClusterError, load_cluster
+from gputopo.network import LevelError, validate_levels
+from scheduler import defaults
+from scheduler.extender import Extender
+from scheduler.server import Server
+from scheduler.state import ClusterState, from_cluster
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return (host.strip("[]") or defaults.DEFAULT_HOST), int(port)
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m scheduler", description="gputopo kube-scheduler extender")
+    p.add_argument("--listen", type=_listen, default=(defaults.DEFAULT_HOST, defaults.DEFAULT_PORT),
+                   metavar="HOST:PORT", help=f"default {defaults.DEFAULT_HOST}:{defaults.DEFAULT_PORT}")
+    p.add_argument("--cluster", metavar="FILE", help="serve a cluster snapshot file instead of the API server")
+    p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--levels", metavar="KEY,KEY,...",
+                   help="network levels, smallest domain first (default: the file's, else design.md §5)")
+    p.add_argument("--reservation-ttl", type=_positive, default=defaults.RESERVATION_TTL_S, metavar="SECONDS")
+    p.add_argument("--annotation-max-age", type=_positive, default=defaults.ANNOTATION_MAX_AGE_S,
+                   metavar="SECONDS")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def _fail(message: str) -> NoReturn:
+    sys.stderr.write(f"python -m scheduler: error: {message}\n")
+    sys.exit(2)
+
+
+def _live_state(kubeconfig: str | None, max_age: float) -> ClusterState:
+    from kubernetes import client, config
+
+    from scheduler.kube import KubeState
+
+    cfg = client.Configuration()
+    try:
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        else:
+            try:
+                config.load_incluster_config(client_configuration=cfg)
+            except config.ConfigException:
+                config.load_kube_config(client_configuration=cfg)
+    except (config.ConfigException, OSError, ValueError, TypeError) as e:
+        _fail(f"cannot load Kubernetes configuration: {e}")
+    state = KubeState(client.ApiClient(cfg), clock=time.time, max_age_s=max_age)
+    state.start()
+    return state
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    jsonlog.setup(args.log_level)
+    levels: tuple[str, ...] | None = None
+    if args.levels is not None:
+        try:
+            levels = validate_levels([s.strip() for s in args.levels.split(",") if s.strip()], where="--levels")
+        except LevelError as e:
+            _fail(str(e))
+    state: ClusterState
+    if args.cluster:
+        try:
+            snapshot = load_cluster(args.cluster)
+        except ClusterError as e:
+            _fail(str(e))
+        file_state = from_cluster(snapshot)
+        levels = levels or snapshot.levels
+        state = file_state
+    else:
+        state = _live_state(args.kubeconfig, args.annotation_max_age)
+    extender = Extender(state, levels or defaults.DEFAULT_LEVELS, clock=time.time, ttl_s=args.reservation_ttl)
+    host, port = args.listen
+    try:
+        server = Server(extender, host, port)
+    except OSError as e:
+        sys.stderr.write(f"python -m scheduler: error: cannot listen on {host}:{port}: {e.strerror or e}\n")
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    stop.wait()
+    server.stop()
+    halt = getattr(state, "stop", None)
+    if halt is not None:
+        halt()
+    jsonlog.event(logging.getLogger("gputopo.scheduler"), "stopped", reason="signal")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

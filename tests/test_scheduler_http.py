@@ -1,0 +1,272 @@
+"""The extender over real HTTP, with bodies shaped as kube-scheduler sends them (both modes)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gputopo.cluster import parse_cluster
+from scheduler import defaults
+from scheduler.extender import Extender
+from scheduler.server import Server
+from scheduler.state import FileState, from_cluster
+from tests import fake_apiserver as fk
+
+LEAF = "network.topology.nvidia.com/leaf"
+SPINE = "network.topology.nvidia.com/spine"
+
+
+def cluster(**extra: Any) -> FileState:
+    nodes = [
+        {"name": "a1", "labels": {LEAF: "leaf-1", SPINE: "s1"}, "gpus": "dgx-a100", "allocated": [0, 1, 2, 3, 4, 5]},
+        {"name": "a2", "labels": {LEAF: "leaf-1", SPINE: "s1"}, "gpus": "dgx1-v100", "allocated": [0, 3]},
+        {"name": "a3", "labels": {LEAF: "leaf-2", SPINE: "s1"}, "gpus": "dgx-a100"},
+        {"name": "a4", "labels": {LEAF: "leaf-2", SPINE: "s1"}, "gpus": "dgx-a100"},
+        {"name": "a5", "labels": {LEAF: "leaf-3", SPINE: "s1"}, "gpus": 8},
+    ]
+    return from_cluster(parse_cluster({"nodes": nodes, **extra}))
+
+
+class Client:
+    def __init__(self, server: Server) -> None:
+        self.host, self.port = server.address
+
+    def raw(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            resp = conn.getresponse()
+            return resp.status, resp.getheader("Content-Type"), resp.read()
+        finally:
+            conn.close()
+
+    def post(self, path: str, doc: Any) -> tuple[int, Any]:
+        status, _, body = self.raw("POST", path, json.dumps(doc).encode(), {"Content-Type": "application/json"})
+        return status, json.loads(body)
+
+
+@pytest.fixture
+def serve() -> Iterator[Any]:
+    servers: list[Server] = []
+
+    def start(state: FileState, clock: list[float] | None = None, **kw: Any) -> tuple[Client, Extender]:
+        clock = clock or [1000.0]
+        ext = Extender(state, state.levels or defaults.DEFAULT_LEVELS, clock=lambda: clock[0])
+        server = Server(ext, "127.0.0.1", 0, **kw)
+        server.start()
+        servers.append(server)
+        return Client(server), ext
+
+    yield start
+    for s in servers:
+        s.stop()
+
+
+def args(pod: dict, names: list[str]) -> dict:
+    """ExtenderArgs with nodeCacheCapable: true."""
+    return {"Pod": pod, "Nodes": None, "NodeNames": names}
+
+
+def node_list(names: list[str]) -> dict:
+    return {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "77"},
+            "items": [fk.node(n) for n in names]}
+
+
+ALL = ["a1", "a2", "a3", "a4", "a5"]
+
+
+def test_filter_cache_mode_returns_node_names_and_reasons(serve) -> None:
+    client, _ = serve(cluster())
+    status, out = client.post("/filter", args(fk.pod("ml", "p", 4), ALL))
+    assert status == 200
+    assert set(out) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+    assert out["Nodes"] is None and out["Error"] == ""
+    assert out["NodeNames"] == ["a2", "a3", "a4", "a5"]
+    assert out["FailedNodes"] == {"a1": "needs 4 GPUs, 2 free"}
+
+
+def test_filter_without_node_cache_returns_the_node_objects(serve) -> None:
+    client, _ = serve(cluster())
+    status, out = client.post("/filter", {"Pod": fk.pod("ml", "p", 4), "Nodes": node_list(ALL), "NodeNames": None})
+    assert status == 200
+    assert out["NodeNames"] is None
+    assert [i["metadata"]["name"] for i in out["Nodes"]["items"]] == ["a2", "a3", "a4", "a5"]
+    assert out["Nodes"]["items"][0] == fk.node("a2"), "node objects are passed back untouched"
+    assert out["FailedNodes"] == {"a1": "needs 4 GPUs, 2 free"}
+
+
+def test_prioritize_prefers_the_node_that_gives_the_best_gpu_set(serve) -> None:
+    client, _ = serve(cluster())
+    status, out = client.post("/prioritize", args(fk.pod("ml", "p", 2), ALL))
+    assert status == 200
+    scores = {h["Host"]: h["Score"] for h in out}
+    assert set(scores) == set(ALL) and all(0 <= s <= 10 for s in scores.values())
+    # a1 has exactly the two NVSwitch GPUs left: best ring and best fit
+    assert scores["a1"] == 10
+    assert scores["a5"] == 5, "unknown topology is neutral"
+    assert scores["a3"] < 10
+    # both modes score alike
+    status, again = client.post("/prioritize", {"Pod": fk.pod("ml", "p", 2), "Nodes": node_list(ALL), "NodeNames": None})
+    assert again == out
+
+
+def test_bind_allocates_and_is_idempotent(serve) -> None:
+    state = cluster()
+    client, _ = serve(state)
+    pod = fk.pod("ml", "p", 2)
+    client.post("/filter", args(pod, ALL))
+    bind = {"PodName": "p", "PodNamespace": "ml", "PodUID": pod["metadata"]["uid"], "Node": "a1"}
+    assert client.post("/bind", bind) == (200, {"Error": ""})
+    assert state.held() == {"ml/p": ("a1", (6, 7))}
+    assert client.post("/bind", bind) == (200, {"Error": ""}), "already bound there: success"
+    status, out = client.post("/bind", {**bind, "Node": "a3"})
+    assert status == 200 and "already bound to a1" in out["Error"]
+    _, out = client.post("/filter", args(fk.pod("ml", "q", 1), ["a1"]))
+    assert out["NodeNames"] == [] and out["FailedNodes"] == {"a1": "needs 1 GPUs, 0 free"}
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{not json", "malformed JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (json.dumps({"Nodes": None, "NodeNames": ["a1"]}).encode(), "Pod must be an object"),
+        (json.dumps({"Pod": fk.pod("ml", "p", 1), "Nodes": None, "NodeNames": None}).encode(), "NodeNames or Nodes"),
+        (json.dumps({"Pod": fk.pod("ml", "p", 1), "NodeNames": "a1"}).encode(), "NodeNames must be a list"),
+        (json.dumps({"Pod": fk.pod("ml", "p", 1), "Nodes": {"items": [{}]}}).encode(), "metadata must be an object"),
+        (json.dumps(args(fk.pod("ml", "p", 99999), ["a1"])).encode(), "out of range"),
+        (json.dumps(args(fk.pod("ml", "p", -1), ["a1"])).encode(), "whole number"),
+        (json.dumps(args({**fk.pod("ml", "p", 1), "metadata": {}}, ["a1"])).encode(), "name is required"),
+        (b"\xff\xfe", "malformed JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "malformed JSON"),
+    ],
+)
+def test_bad_filter_input_is_a_400_with_a_reason(serve, body: bytes, message: str) -> None:
+    client, _ = serve(cluster())
+    for path in ("/filter", "/prioritize"):
+        status, ctype, out = client.raw("POST", path, body, {"Content-Type": "application/json"})
+        assert status == 400 and ctype == "application/json"
+        assert message in json.loads(out)["Error"]
+    assert client.raw("GET", "/healthz")[0] == 200, "still serving"
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"PodName": "ghost", "PodNamespace": "ml", "PodUID": "u", "Node": "a1"}, "unknown"),
+        ({"PodName": "p", "PodNamespace": "ml", "PodUID": "uid-ml-p", "Node": "nowhere"}, "node nowhere is unknown"),
+        ({"PodName": "p", "PodNamespace": "ml", "PodUID": "other", "Node": "a1"}, "has uid"),
+        ({"PodNamespace": "ml", "Node": "a1"}, "required"),
+        ({"PodName": 7, "Node": "a1"}, "must be a string"),
+    ],
+)
+def test_bad_bind_input_is_a_400_with_the_error_field(serve, doc: dict, message: str) -> None:
+    client, _ = serve(cluster())
+    client.post("/filter", args(fk.pod("ml", "p", 1), ALL))
+    status, out = client.post("/bind", doc)
+    assert status == 400 and message in out["Error"]
+
+
+def test_size_limits_paths_and_probes(serve) -> None:
+    client, _ = serve(cluster(), max_body=1000)
+    status, _, out = client.raw("POST", "/filter", b"x" * 2000)
+    assert status == 400 and "exceeds" in json.loads(out)["Error"]
+    status, _, out = client.raw("POST", "/nope", b"{}")
+    assert status == 404
+    assert client.raw("GET", "/healthz")[0] == 200
+    assert client.raw("GET", "/readyz")[0] == 200
+    client.post("/filter", args(fk.pod("ml", "p", 1), ["a1"]))
+    status, ctype, text = client.raw("GET", "/metrics")
+    assert status == 200 and ctype.startswith("text/plain")
+    body = text.decode()
+    assert 'gputopo_extender_request_seconds_count{verb="filter"}' in body
+    assert 'gputopo_extender_requests_total{code="400",verb="filter"} 1.0' in body
+
+
+def gang_pod(name: str, gpus: int = 8, group: str = "g1") -> dict:
+    return fk.pod("ml", name, gpus, labels={"scheduling.x-k8s.io/pod-group": group})
+
+
+def test_gang_waits_for_members_then_steers_each_to_its_planned_node(serve) -> None:
+    state = cluster(podgroups=[{"namespace": "ml", "name": "g1", "minMember": 2}])
+    client, ext = serve(state)
+    _, out = client.post("/filter", args(gang_pod("w-0"), ALL))
+    assert out["NodeNames"] == [] and out["FailedNodes"] == {}
+    assert set(out["FailedAndUnresolvableNodes"]) == set(ALL)
+    assert out["FailedAndUnresolvableNodes"]["a3"] == "gang ml/g1 waiting for members 1/2"
+    _, out = client.post("/filter", args(gang_pod("w-1"), ALL))
+    # two empty DGX A100s share leaf-2: the smallest domain that holds both 8-GPU members
+    assert out["NodeNames"] in (["a3"], ["a4"])
+    first = out["NodeNames"][0]
+    assert out["FailedAndUnresolvableNodes"]["a1"] == f"gang ml/g1 planned on {first}"
+    _, out0 = client.post("/filter", args(gang_pod("w-0"), ALL))
+    other = ({"a3", "a4"} - {first}).pop()
+    assert out0["NodeNames"] == [other]
+    # the reserved capacity is taken for everybody else
+    _, single = client.post("/filter", args(fk.pod("ml", "solo", 1), ["a3", "a4"]))
+    assert single["NodeNames"] == []
+    prio = dict((h["Host"], h["Score"]) for h in client.post("/prioritize", args(gang_pod("w-1"), ALL))[1])
+    assert prio[first] == 10 and sum(prio.values()) == 10
+    for pod, node in (("w-1", first), ("w-0", other)):
+        status, out = client.post("/bind", {"PodName": pod, "PodNamespace": "ml", "PodUID": f"uid-ml-{pod}", "Node": node})
+        assert out == {"Error": ""}
+    assert len(ext.reservations) == 0
+    assert {k: v[0] for k, v in state.held().items()} == {"ml/w-1": first, "ml/w-0": other}
+
+
+def test_gang_that_fits_nowhere_waits_with_back_off(serve) -> None:
+    clock = [1000.0]
+    state = cluster(podgroups=[{"namespace": "ml", "name": "big", "minMember": 3}])
+    client, ext = serve(state, clock)
+    pods = [gang_pod(f"b-{i}", 8, "big") for i in range(3)]
+    for p in pods[:2]:
+        client.post("/filter", args(p, ALL))
+    pods[2]["metadata"]["annotations"]["gputopo.io/required-topology"] = LEAF
+    _, out = client.post("/filter", args(pods[2], ALL))
+    reason = out["FailedAndUnresolvableNodes"]["a1"]
+    assert "does not fit" in reason and out["NodeNames"] == []
+    assert len(ext.reservations) == 0, "a waiting gang holds nothing"
+    _, out = client.post("/filter", args(pods[2], ALL))
+    assert "retry in" in out["FailedAndUnresolvableNodes"]["a1"]
+    clock[0] += 5
+    _, out = client.post("/filter", args(pods[2], ALL))
+    assert "retry in" not in out["FailedAndUnresolvableNodes"]["a1"], "planned again after the back-off"
+
+
+def test_parallel_single_pods_never_share_a_gpu(serve) -> None:
+    state = cluster()
+    client, _ = serve(state)
+    errors: list[str] = []
+
+    def worker(i: int) -> None:
+        pod = fk.pod("ml", f"p{i}", 1 + i % 3)
+        _, out = client.post("/filter", args(pod, ALL))
+        if not out["NodeNames"]:
+            return
+        scores = client.post("/prioritize", args(pod, out["NodeNames"]))[1]
+        best = max(scores, key=lambda h: (h["Score"], h["Host"]))["Host"]
+        status, res = client.post("/bind", {"PodName": f"p{i}", "PodNamespace": "ml", "PodUID": "", "Node": best})
+        if res["Error"]:
+            errors.append(res["Error"])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    held = state.held()
+    seen: set[tuple[str, int]] = set()
+    for node, gpus in held.values():
+        for g in gpus:
+            assert (node, g) not in seen, f"GPU {g} of {node} given twice"
+            seen.add((node, g))
+    initially = {"a1": {0, 1, 2, 3, 4, 5}, "a2": {0, 3}}
+    for node, g in seen:
+        assert g not in initially.get(node, set())
+    assert held, "some pods were bound"
+    assert all("free" in e or "GPUs" in e for e in errors)
