@@ -193,7 +193,9 @@ class Server:
         return f"http://{host}:{port}"
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="extender-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="extender-http", daemon=True
+        )
         self._thread.start()
         jsonlog.event(log, "listening", url=self.url)
 

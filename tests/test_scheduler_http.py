@@ -213,7 +213,7 @@ def test_gang_waits_for_members_then_steers_each_to_its_planned_node(serve) -> N
     prio = dict((h["Host"], h["Score"]) for h in client.post("/prioritize", args(gang_pod("w-1"), ALL))[1])
     assert prio[first] == 10 and sum(prio.values()) == 10
     for pod, node in (("w-1", first), ("w-0", other)):
-        status, out = client.post("/bind", {"PodName": pod, "PodNamespace": "ml", "PodUID": f"uid-ml-{pod}", "Node": node})
+        _status, out = client.post("/bind", {"PodName": pod, "PodNamespace": "ml", "PodUID": f"uid-ml-{pod}", "Node": node})
         assert out == {"Error": ""}
     assert len(ext.reservations) == 0
     assert {k: v[0] for k, v in state.held().items()} == {"ml/w-1": first, "ml/w-0": other}
@@ -250,7 +250,7 @@ def test_parallel_single_pods_never_share_a_gpu(serve) -> None:
             return
         scores = client.post("/prioritize", args(pod, out["NodeNames"]))[1]
         best = max(scores, key=lambda h: (h["Score"], h["Host"]))["Host"]
-        status, res = client.post("/bind", {"PodName": f"p{i}", "PodNamespace": "ml", "PodUID": "", "Node": best})
+        _status, res = client.post("/bind", {"PodName": f"p{i}", "PodNamespace": "ml", "PodUID": "", "Node": best})
         if res["Error"]:
             errors.append(res["Error"])
 
