@@ -55,6 +55,11 @@ class NodeView:
     free: frozenset[int]  # free GPU indices (healthy, not allocated, not reserved)
     allocator: Allocator | None = None  # None = topology unknown: GPUs are interchangeable, neutral score
 
+    def __post_init__(self) -> None:
+        # Free sets are dictionary keys of the planner's memo: a plain set would not hash.
+        if type(self.free) is not frozenset:
+            object.__setattr__(self, "free", frozenset(self.free))
+
 
 @dataclass(frozen=True)
 class Member:

@@ -356,6 +356,12 @@ def test_pruned_and_unpruned_planning_agree_for_mixed_sizes(sizes: tuple[int, ..
     check_plan(spec, views, fast)
 
 
+def test_a_plain_set_of_free_gpus_is_accepted() -> None:
+    v = NodeView("a1", {LEAF: "l1"}, 8, {0, 1, 2, 3}, alloc("dgx-a100"))  # type: ignore[arg-type]
+    assert isinstance(v.free, frozenset)
+    assert isinstance(plan_gang(gang(2, 2), [v], LEVELS), GangPlan)
+
+
 def test_memo_is_reused_across_calls() -> None:
     c = generate_cluster(2, 2, 4, seed=1, busy_fraction=0.5)
     views = list(c.node_views())
