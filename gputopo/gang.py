@@ -10,8 +10,8 @@ The gang objective, compared in order:
 How a plan is found (docs/gang.md has the long form, with where it is exact):
   * per level, numpy sums free GPUs and member slots (`free // size`) over every domain at
     once and drops the domains that cannot hold the gang, before any allocator is called;
-  * fewest nodes (2) is "fill the nodes with the most room first": exact when every member
-    asks for the same number of GPUs, first-fit-decreasing (a heuristic) otherwise;
+  * fewest nodes (2) fills the nodes with the most room first: exact for equal member sizes;
+    for mixed sizes a budgeted exact search, then first-fit decreasing (a heuristic);
   * (3) only runs on the domains that tie on (1) and (2); the k nodes of a domain are picked
     by the largest threshold T such that k nodes can take all members with every member's
     set at least T (exact for equal sizes under per-node sequential allocation);
@@ -255,7 +255,7 @@ def plan_gang(
             return found
         miss = found
     assert miss is not None
-    return NoPlan(spec.key, _reason(pb, miss, spec.required_level is not None))
+    return NoPlan(spec.key, _reason(pb, miss))
 
 
 def _spec_problem(spec: GangSpec) -> str:
@@ -574,7 +574,8 @@ def _describe(sizes: Sequence[int]) -> str:
     return " + ".join(parts) + (f" = {total} GPUs" if len(parts) > 1 or counts[sizes[0]] > 1 else "")
 
 
-def _reason(pb: _Problem, miss: _Miss, required: bool) -> str:
+def _reason(pb: _Problem, miss: _Miss) -> str:
+    """Why the last level tried failed: the whole cluster, or the required level."""
     what = _describe(pb.sizes)
     n, g = len(pb.sizes), max(pb.sizes)
     room = (
@@ -587,9 +588,8 @@ def _reason(pb: _Problem, miss: _Miss, required: bool) -> str:
         return (
             f"the whole cluster cannot hold gang {pb.spec.key} ({what}): {miss.free} free GPUs, {room}{tail}"
         )
-    scope = "no" if required else "no domain up to the whole cluster; no"
     return (
-        f"{scope} {short_name(miss.level)} domain can hold gang {pb.spec.key} ({what}); "
+        f"no {short_name(miss.level)} domain can hold gang {pb.spec.key} ({what}); "
         f"best {miss.level}={miss.domain} has {miss.free} free GPUs, {room}{tail}"
     )
 
