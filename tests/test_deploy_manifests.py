@@ -24,6 +24,7 @@ import yaml
 from deviceplugin import config as plugin_config
 from deviceplugin import defaults as plugin_defaults
 from scheduler import defaults as sched_defaults
+from scheduler.__main__ import parser as sidecar_parser
 from scheduler.model import parse_pod
 
 kv = pytest.importorskip(
@@ -175,97 +176,10 @@ def scheduler_config() -> dict[str, Any]:
 
 
 def sidecar_listen() -> str:
+    """HOST:PORT the sidecar listens on, as its own argument parser reads the container's args."""
     spec = one(render(""), "Deployment", "gputopo-scheduler")["spec"]["template"]["spec"]
-    args = container(spec, "extender")["args"]
-    return next(a.split("=", 1)[1] for a in args if a.startswith("--listen="))
-
-
-# kube-scheduler decodes its config strictly: an unknown key is a crash loop, not a warning.
-# kubernetes-validate ships no schema for it, so here are the v1 keys (json tags of
-# k8s.io/kube-scheduler/config/v1 types.go and component-base LeaderElectionConfiguration).
-_STRICT = {"type": "object", "additionalProperties": False}
-KUBE_SCHEDULER_CONFIG_V1 = {
-    **_STRICT,
-    "required": ["apiVersion", "kind"],
-    "properties": {
-        "apiVersion": {"const": "kubescheduler.config.k8s.io/v1"},
-        "kind": {"const": "KubeSchedulerConfiguration"},
-        "parallelism": {"type": "integer", "minimum": 1},
-        "leaderElection": {
-            **_STRICT,
-            "properties": {
-                "leaderElect": {"type": "boolean"},
-                "leaseDuration": {"type": "string"},
-                "renewDeadline": {"type": "string"},
-                "retryPeriod": {"type": "string"},
-                "resourceLock": {"const": "leases"},
-                "resourceName": {"type": "string", "minLength": 1},
-                "resourceNamespace": {"type": "string", "minLength": 1},
-            },
-        },
-        "clientConnection": {"type": "object"},
-        "enableProfiling": {"type": "boolean"},
-        "enableContentionProfiling": {"type": "boolean"},
-        "percentageOfNodesToScore": {"type": "integer", "minimum": 0, "maximum": 100},
-        "podInitialBackoffSeconds": {"type": "integer", "minimum": 1},
-        "podMaxBackoffSeconds": {"type": "integer", "minimum": 1},
-        "delayCacheUntilActive": {"type": "boolean"},
-        "profiles": {
-            "type": "array",
-            "minItems": 1,
-            "items": {
-                **_STRICT,
-                "required": ["schedulerName"],
-                "properties": {
-                    "schedulerName": {"type": "string", "minLength": 1},
-                    "percentageOfNodesToScore": {"type": "integer", "minimum": 0, "maximum": 100},
-                    "plugins": {"type": "object"},
-                    "pluginConfig": {"type": "array"},
-                },
-            },
-        },
-        "extenders": {
-            "type": "array",
-            "items": {
-                **_STRICT,
-                "required": ["urlPrefix"],
-                "properties": {
-                    "urlPrefix": {"type": "string", "minLength": 1},
-                    "filterVerb": {"type": "string"},
-                    "preemptVerb": {"type": "string"},
-                    "prioritizeVerb": {"type": "string"},
-                    "weight": {"type": "integer", "minimum": 1},
-                    "bindVerb": {"type": "string"},
-                    "enableHTTPS": {"type": "boolean"},
-                    "tlsConfig": {"type": "object"},
-                    "httpTimeout": {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?(ms|s|m|h)$"},
-                    "nodeCacheCapable": {"type": "boolean"},
-                    "managedResources": {
-                        "type": "array",
-                        "items": {
-                            **_STRICT,
-                            "required": ["name"],
-                            "properties": {
-                                "name": {"type": "string"},
-                                "ignoredByScheduler": {"type": "boolean"},
-                            },
-                        },
-                    },
-                    "ignorable": {"type": "boolean"},
-                },
-            },
-        },
-    },
-}
-
-
-def test_scheduler_config_has_only_keys_kube_scheduler_v1_decodes() -> None:
-    cfg = scheduler_config()
-    jsonschema.validate(cfg, KUBE_SCHEDULER_CONFIG_V1)
-    misspelt = copy.deepcopy(cfg)
-    misspelt["extenders"][0]["enableHttps"] = False  # the legacy Policy spelling
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(misspelt, KUBE_SCHEDULER_CONFIG_V1)
+    host, port = sidecar_parser().parse_args(container(spec, "extender")["args"]).listen
+    return f"{host}:{port}"
 
 
 def test_extender_url_and_verbs_are_what_the_sidecar_serves() -> None:

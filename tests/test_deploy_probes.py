@@ -1,12 +1,12 @@
-"""The DaemonSet's probes, run for real against a running plugin and a kubelet stand-in.
+"""The manifests' exec probes, run for real against the daemons they watch.
 
-The probe commands are taken from the rendered manifest and executed the way kubelet's exec
-probes run them: inside the container's environment (the DaemonSet's env, with the host's
-kubelet folders mapped to a temporary one), against `python -m deviceplugin` started from the
-same environment as the image's entrypoint. Only the GPU source differs: a topology preset
-stands in for NVML. What is checked is the meaning of each probe's exit code:
-liveness passes while the plugin serves its socket; readiness passes only once kubelet has
-accepted the registration.
+The probe commands are taken from the rendered manifests and executed the way kubelet's exec
+probes run them, inside the container's environment, against the daemon started as the image's
+entrypoint with the manifest's own args and env. Only what a test machine lacks is stood in for:
+a topology preset for NVML, a kubelet stand-in, a fake API server, temporary folders for the
+host's kubelet folders and a free port for the sidecar's. What is checked is the meaning of
+each exit code: liveness passes while the daemon serves; readiness passes only once it can do
+its job (plugin registered with kubelet; sidecar's cluster state loaded).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,21 +24,24 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import fake_apiserver
 from tests.kubelet_fake import eventually, fake_kubelet, short_tmpdir
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST_KUBELET = "/var/lib/kubelet"
+# Each probe is a Python process; polling slower than that leaves the daemon the CPU to start.
+PROBE_POLL_S = 0.25
 
 
-def plugin_container() -> dict[str, Any]:
+def deployed_container(kind: str, name: str) -> dict[str, Any]:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed: cannot render deploy/ offline")
     out = subprocess.run(
         [kubectl, "kustomize", str(ROOT / "deploy")], capture_output=True, text=True, timeout=60, check=True
     )
-    ds = next(d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "DaemonSet")
-    return next(c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "device-plugin")
+    workload = next(d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == kind)
+    return next(c for c in workload["spec"]["template"]["spec"]["containers"] if c["name"] == name)
 
 
 def container_env(c: dict[str, Any], kubelet_root: Path) -> dict[str, str]:
@@ -55,7 +59,7 @@ def probe(command: list[str], env: dict[str, str]) -> int:
 
 @pytest.fixture
 def node() -> Iterator[tuple[dict[str, Any], dict[str, str], Path]]:
-    c = plugin_container()
+    c = deployed_container("DaemonSet", "device-plugin")
     root = short_tmpdir("gtp-")
     env = container_env(c, root)
     Path(env["GPUTOPO_KUBELET_DIR"]).mkdir(parents=True)
@@ -65,13 +69,10 @@ def node() -> Iterator[tuple[dict[str, Any], dict[str, str], Path]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def start_plugin(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    # The image's ENTRYPOINT, with a preset in place of NVML and no metrics port to collide on.
-    plugin_env = {**env, "GPUTOPO_TOPOLOGY": "dgx1-v100", "GPUTOPO_METRICS_PORT": "0"}
+def start(module: str, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """The image's ENTRYPOINT (`python -m <module>`) with the container's args."""
     with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "deviceplugin"], env=plugin_env, stdout=out, stderr=out
-        )
+        return subprocess.Popen([sys.executable, "-m", module, *args], env=env, stdout=out, stderr=out)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -90,21 +91,88 @@ def test_liveness_follows_the_socket_and_readiness_follows_registration(
     c, env, kubelet_dir = node
     live = c["livenessProbe"]["exec"]["command"]
     ready = c["readinessProbe"]["exec"]["command"]
-    socket = kubelet_dir / "gputopo-gpu.sock"
+    plugin_socket = kubelet_dir / "gputopo-gpu.sock"
 
     assert probe(live, env) != 0, "nothing serves yet: liveness must fail"
     log = kubelet_dir.parent / "plugin.log"
-    plugin = start_plugin(env, log)
+    # A preset in place of NVML, and no metrics port to collide on.
+    plugin_env = {**env, "GPUTOPO_TOPOLOGY": "dgx1-v100", "GPUTOPO_METRICS_PORT": "0"}
+    plugin = start("deviceplugin", c.get("args", []), plugin_env, log)
     try:
-        assert eventually(socket.exists, timeout=20), log.read_text()
-        assert eventually(lambda: probe(live, env) == 0, timeout=20)
+        assert eventually(plugin_socket.exists, timeout=20), log.read_text()
+        assert eventually(lambda: probe(live, env) == 0, timeout=30, interval=PROBE_POLL_S)
         assert probe(ready, env) != 0, "kubelet is not there: the plugin is not registered, so not ready"
 
         with fake_kubelet(kubelet_dir) as kubelet:
             assert kubelet.wait(1, timeout=20) is not None
-            assert eventually(lambda: probe(ready, env) == 0, timeout=20)
+            assert eventually(lambda: probe(ready, env) == 0, timeout=30, interval=PROBE_POLL_S)
             assert probe(live, env) == 0
     finally:
         stop(plugin)
     assert probe(live, env) != 0, "the plugin is gone: liveness must fail"
     assert probe(ready, env) != 0
+
+
+# ------------------------------------------------------------------ scheduler extender sidecar
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def kubeconfig(path: Path, server: str) -> Path:
+    """What the in-cluster config gives the sidecar in a pod, as a file: the API server's address."""
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def sidecar(api_url: str, tmp: Path) -> tuple[list[str], list[str], subprocess.Popen[bytes]]:
+    """The sidecar started with the Deployment's args on a free port; its two probe commands."""
+    c = deployed_container("Deployment", "extender")
+    listen = next(a.split("=", 1)[1] for a in c["args"] if a.startswith("--listen="))
+    moved = f"127.0.0.1:{free_port()}"
+
+    def here(cmd: list[str]) -> list[str]:
+        return [part.replace(listen, moved) for part in cmd]
+
+    args = [*here(c["args"]), f"--kubeconfig={kubeconfig(tmp / 'kubeconfig', api_url)}"]
+    env = {"PATH": os.environ.get("PATH", "")}
+    proc = start("scheduler", args, env, tmp / "sidecar.log")
+    return here(c["livenessProbe"]["exec"]["command"]), here(c["readinessProbe"]["exec"]["command"]), proc
+
+
+def test_sidecar_is_live_without_the_api_server_but_not_ready(tmp_path: Path) -> None:
+    env = {"PATH": os.environ.get("PATH", "")}
+    live, ready, proc = sidecar(f"http://127.0.0.1:{free_port()}", tmp_path)  # nobody listens there
+    try:
+        assert eventually(lambda: probe(live, env) == 0, timeout=30, interval=PROBE_POLL_S), (
+            tmp_path / "sidecar.log"
+        ).read_text()
+        assert probe(ready, env) != 0, "no cluster state: kube-scheduler must not be sent GPU pods yet"
+    finally:
+        stop(proc)
+    assert probe(live, env) != 0, "the sidecar is gone: liveness must fail"
+
+
+def test_sidecar_is_ready_once_it_has_listed_the_cluster(tmp_path: Path) -> None:
+    env = {"PATH": os.environ.get("PATH", "")}
+    with fake_apiserver.running() as (api, server, _):
+        api.put("nodes", fake_apiserver.node("gpu-a1", {"network.topology.nvidia.com/leaf": "leaf-a"}))
+        live, ready, proc = sidecar(server.url, tmp_path)
+        try:
+            assert eventually(lambda: probe(ready, env) == 0, timeout=30, interval=PROBE_POLL_S), (
+                tmp_path / "sidecar.log"
+            ).read_text()
+            assert probe(live, env) == 0
+        finally:
+            stop(proc)
