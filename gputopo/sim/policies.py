@@ -128,6 +128,9 @@ class Policy:
         """All pods of the job, or a Failure; the state is left unchanged either way."""
         if self._planner and job.is_gang:
             return self._plan(state, job)
+        if not job.is_gang:  # nothing to hold while the other members are placed
+            got = self.place_pod(state, job.pods[0])
+            return got if isinstance(got, Failure) else [got]
         slots: list[Slot] = []
         try:
             for size in job.pods:
