@@ -82,6 +82,7 @@ VERBS: dict[str, tuple[str, Callable[[Extender, Any], tuple[int, Any]]]] = {
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True   # headers and body go out in two writes: no 40 ms delayed-ACK stall
     server: ExtenderHTTPServer
 
     def log_message(self, format: str, *args: Any) -> None:

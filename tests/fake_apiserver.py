@@ -95,6 +95,7 @@ class FakeAPI:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"   # watches stream chunked, as the real API server does
+    disable_nagle_algorithm = True
     server: FakeServer
 
     def log_message(self, format: str, *args: Any) -> None:
