@@ -78,7 +78,7 @@ class StandIn:
         else:
             status, scores = self._post("/prioritize", self._args(pod, names))
             out.calls += 1
-            ranked = sorted(((-h["Score"], h["Host"]) for h in scores)) if status == 200 else []
+            ranked = sorted((-h["Score"], h["Host"]) for h in scores) if status == 200 else []
             best = ranked[0][1] if ranked else sorted(names)[0]
         doc = {"PodName": pod["metadata"]["name"], "PodNamespace": pod["metadata"]["namespace"],
                "PodUID": pod["metadata"].get("uid", ""), "Node": best}
