@@ -23,6 +23,7 @@ import yaml
 
 from deviceplugin import config as plugin_config
 from deviceplugin import defaults as plugin_defaults
+from gputopo.network import validate_levels
 from scheduler import defaults as sched_defaults
 from scheduler.__main__ import parser as sidecar_parser
 from scheduler.model import parse_pod
@@ -36,7 +37,7 @@ jsonschema = pytest.importorskip(
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
-KUSTOMIZATIONS = ("", "overlays/gpu-operator", "overlays/with-podgroup-crd")
+KUSTOMIZATIONS = ("", "overlays/gpu-operator", "overlays/with-podgroup-crd", "overlays/example-site")
 EXAMPLES = ("gang-training-job.yaml", "single-4gpu-pod.yaml")
 # The oldest Kubernetes the manifests claim (docs/operator.md) and the newest schemas shipped.
 K8S_VERSIONS = ("1.28.0", kv.latest_version())
@@ -155,6 +156,27 @@ def test_overlays_add_only_what_they_name() -> None:
     with_crd = render("overlays/with-podgroup-crd")
     assert len(with_crd) == len(base) + 1
     assert "CustomResourceDefinition" not in {d["kind"] for d in base}
+    site = render("overlays/example-site")
+    images = {
+        c["image"]
+        for d in site
+        if d["kind"] in ("Deployment", "DaemonSet")
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+    assert not any(i.startswith("ghcr.io/gputopo/") for i in images), images
+
+
+@pytest.mark.parametrize("path", KUSTOMIZATIONS)
+def test_both_daemons_accept_the_settings_of_every_variant(path: str) -> None:
+    """A flag or env value either daemon would refuse is a crash loop after `kubectl apply`."""
+    docs = render(path)
+    ds_spec = one(docs, "DaemonSet", "gputopo-device-plugin")["spec"]["template"]["spec"]
+    plugin = container(ds_spec, "device-plugin")
+    plugin_config.load_config(plugin.get("args", []), resolved_env(plugin, "gpu-node-7"))
+    spec = one(docs, "Deployment", "gputopo-scheduler")["spec"]["template"]["spec"]
+    args = sidecar_parser().parse_args(container(spec, "extender")["args"])
+    if args.levels is not None:
+        validate_levels([k.strip() for k in args.levels.split(",") if k.strip()], where="--levels")
 
 
 # ------------------------------------------------------------------ scheduler <-> sidecar
