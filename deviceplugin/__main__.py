@@ -7,6 +7,7 @@ file or topology (one line on stderr, nothing started), 1 when the node cannot b
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -107,6 +108,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except Exception as e:  # the backend failed its first probe: say why in one line, no traceback
         print(f"{PROG}: error: cannot start: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+    # Everything built so far (allocator tables, stubs, modules) lives as long as the process:
+    # keep it out of the collector's way so a full collection never lands inside an RPC.
+    gc.freeze()
     while not stop.wait(0.5):
         pass
     daemon.stop()
