@@ -80,6 +80,7 @@ def test_fragmentation_at_first_failure_spread_vs_binpack() -> None:
     # bin-packing keeps n2 whole; the last 8-GPU pod fails with only 6 free, which is not
     # fragmentation (not enough GPUs in total), so no FGD figure
     assert packed.placed == 3 and packed.rejected == 1 and packed.free_at_first_failure is None
+    assert spread.fragmented_jobs == 0.5 and packed.fragmented_jobs == 0.0
     assert spread.queue_delay_mean is None  # fill mode has no queue
 
 

@@ -39,6 +39,7 @@ class Summary:
     gangs_one_spine: float | None
     free_at_first_failure: int | None      # free GPUs at the first failure with enough free (FGD)
     first_failure_time: float | None
+    fragmented_jobs: float                 # share of jobs that failed at least once with enough GPUs free
     queue_delay_mean: float | None
     queue_delay_p95: float | None
     job_time_ratio: float | None           # GPU-weighted mean of actual/ideal job time, multi-GPU jobs
@@ -70,6 +71,7 @@ class Recorder:
         self.ideal_gpu_s = self.actual_gpu_s = 0.0
         self.placed = self.rejected = self.admission_failures = self.pods = 0
         self._ideal_level = _ideal_levels(cluster)
+        self._fragmented: set[int] = set()
 
     def ring(self, tid: int, gpus: tuple[int, ...]) -> int:
         key = (tid, gpus)
@@ -90,8 +92,10 @@ class Recorder:
         fragmentation: a 160-GPU gang failing on a busy cluster says nothing about packing."""
         if admission:
             self.admission_failures += 1
-        if self.first_failure is None and job.gpus <= free_total:
-            self.first_failure = (now, free_total)
+        if job.gpus <= free_total:
+            self._fragmented.add(job.id)
+            if self.first_failure is None:
+                self.first_failure = (now, free_total)
 
     def placed_job(self, job: Job, slots: Sequence[tuple[int, tuple[int, ...]]], now: float) -> float:
         """Record a placement; returns the stretch factor (actual / ideal job time)."""
@@ -150,6 +154,7 @@ class Recorder:
             gangs_one_spine=share(self.gang_spine, self.gangs),
             free_at_first_failure=None if self.first_failure is None else self.first_failure[1],
             first_failure_time=None if self.first_failure is None else self.first_failure[0],
+            fragmented_jobs=len(self._fragmented) / jobs if jobs else 0.0,
             queue_delay_mean=None if delays is None else float(delays.mean()),
             queue_delay_p95=None if delays is None else float(np.percentile(delays, 95)),
             job_time_ratio=None if not self.ideal_gpu_s else self.actual_gpu_s / self.ideal_gpu_s,

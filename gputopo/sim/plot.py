@@ -1,4 +1,4 @@
-"""The --plot PNG: four panels, one bar per policy. matplotlib is an optional extra."""
+"""The --plot PNG: five panels, one bar per policy. matplotlib is an optional extra."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def check_available() -> None:
 PANELS: tuple[tuple[str, str, float], ...] = (
     ("best_ring_share", "multi-GPU pods at the best ring (%)", 100.0),
     ("gangs_one_leaf", "gangs inside one leaf (%)", 100.0),
-    ("free_at_first_failure", "free GPUs at first failure", 1.0),
+    ("free_at_first_failure", "free GPUs at first failure (lower is better)", 1.0),
+    ("fragmented_jobs", "jobs held up by fragmentation (%, lower better)", 100.0),
     ("throughput_vs_baseline", "throughput vs kubelet-default (x)", 1.0),
 )
 
@@ -37,7 +38,7 @@ def write_plot(results: Sequence[Summary], path: str | Path, title: str) -> None
     import matplotlib.pyplot as plt
 
     names = [r.policy for r in results]
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 4.2))
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(3.8 * len(PANELS), 4.2))
     for ax, (attr, label, scale) in zip(axes, PANELS, strict=True):
         values = [getattr(r, attr) for r in results]
         heights = [0.0 if v is None else float(v) * scale for v in values]

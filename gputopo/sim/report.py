@@ -46,6 +46,7 @@ ROWS: tuple[tuple[str, Callable[[Summary], str]], ...] = (
     ("gangs inside one leaf", lambda s: _pct(s.gangs_one_leaf)),
     ("gangs inside one spine", lambda s: _pct(s.gangs_one_spine)),
     ("free GPUs at first failure (FGD)", lambda s: _int(s.free_at_first_failure)),
+    ("jobs held up by fragmentation", lambda s: _pct(s.fragmented_jobs)),
     ("queueing delay, mean", lambda s: _secs(s.queue_delay_mean)),
     ("queueing delay, p95", lambda s: _secs(s.queue_delay_p95)),
     ("job time / ideal (multi-GPU)", lambda s: _ratio(s.job_time_ratio)),
