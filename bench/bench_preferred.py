@@ -165,13 +165,11 @@ def bench_preset(preset: str, count: int, seed: int) -> list[tuple]:
         plugin.close()
 
     def agree(answers: Sequence[object]) -> str:
+        sets = [tuple(getattr(a, "indices", a)) for a in answers[: len(base_a)]]  # type: ignore[call-overload]
         if full:
-            same = sum(tuple(a.indices if hasattr(a, "indices") else a) == b for a, b in zip(answers, base_a))
+            same = sum(a == b for a, b in zip(sets, base_a, strict=True))
         else:
-            same = sum(
-                alloc.ring_mbps(a.indices if hasattr(a, "indices") else a) == b
-                for a, b in zip(answers, base_a)
-            )
+            same = sum(alloc.ring_mbps(a) == b for a, b in zip(sets, base_a, strict=True))
         return f"{same}/{len(base_a)}"
 
     b50, b99 = pct(base_t, 0.5), pct(base_t, 0.99)
@@ -225,10 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows += bench_preset(preset.strip(), args.requests, args.seed)
     cells = [[str(c) if not isinstance(c, float) else f"{c:.3f}" for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(head)]
-    print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
     print("  ".join("-" * w for w in widths))
     for r in cells:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
     return 0
 
 
