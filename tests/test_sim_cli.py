@@ -98,3 +98,10 @@ def test_untimed_list_with_poisson_arrivals() -> None:
     assert doc["run"]["mode"].startswith("arrivals")
     for res in doc["results"]:
         assert res["placed"] == 24 and res["rejected"] == 0 and res["queue_delay_mean"] is not None
+
+
+def test_progress_bar_on_request_goes_to_stderr() -> None:
+    r = sim("--pods", "600", "--progress", "--policies", "kubelet-default", "--json")
+    assert r.returncode == 0, r.stderr
+    assert "kubelet-default" in r.stderr and "100%" in r.stderr
+    assert json.loads(r.stdout)["results"][0]["pods"] >= 600    # stdout stays clean JSON

@@ -64,6 +64,8 @@ def simulate(
         never = _fill(state, jobs, policy.place, rec, progress)
     else:
         never = _replay(state, jobs, policy.place, rec, progress)
+    if progress is not None:
+        progress(sum(len(j.pods) for j in jobs))   # the end, whatever never started
     return rec.summary(policy_name, len(jobs), never, clock() - started, timed=config.mode == "replay")
 
 
