@@ -26,12 +26,14 @@ from dataclasses import dataclass, field
 from gputopo.allocator import AllocatorPool
 from gputopo.sim.comm import CommModel
 from gputopo.sim.metrics import Recorder, Summary
-from gputopo.sim.policies import BASELINE, Failure, build_policy
+from gputopo.sim.policies import BASELINE, Failure, Slot, build_policy
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
 
 #: Called with the number of pods handled so far (for a progress bar); injected by the CLI.
 Progress = Callable[[int], None]
+#: A policy's answer for one job against the current state.
+Place = Callable[[ClusterState, Job], "list[Slot] | Failure"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ def simulate(
     return rec.summary(policy_name, len(jobs), never, clock() - started, timed=config.mode == "replay")
 
 
-def _fill(state: ClusterState, jobs: Sequence[Job], place: Callable, rec: Recorder, progress: Progress | None) -> int:
+def _fill(state: ClusterState, jobs: Sequence[Job], place: Place, rec: Recorder, progress: Progress | None) -> int:
     for k, job in enumerate(jobs):
         got = place(state, job) if state.could_fit(job.pods) else Failure("not enough free GPUs")
         if isinstance(got, Failure):
@@ -85,7 +87,7 @@ def _fill(state: ClusterState, jobs: Sequence[Job], place: Callable, rec: Record
 
 
 def _replay(
-    state: ClusterState, jobs: Sequence[Job], place: Callable, rec: Recorder, progress: Progress | None
+    state: ClusterState, jobs: Sequence[Job], place: Place, rec: Recorder, progress: Progress | None
 ) -> int:
     departures: list[tuple[float, int, list[tuple[int, tuple[int, ...]]]]] = []
     queues: dict[tuple[int, ...], deque[int]] = {}

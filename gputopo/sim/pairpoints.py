@@ -11,13 +11,18 @@ node score as PHB (one host bridge), GPUs on different NUMA nodes (or unknown NU
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 import numpy as np
 
 from gputopo.links import Link
 from gputopo.topology import Topology
 
 #: Points of one PCIe link entry (node-anchors.md §2.2).
-PCIE_POINTS: dict[str, int] = {"SYS": 10, "NODE": 20, "PHB": 30, "PXB": 40, "PIX": 50, "BOARD": 60}
+PCIE_POINTS: Mapping[str, int] = MappingProxyType(
+    {"SYS": 10, "NODE": 20, "PHB": 30, "PXB": 40, "PIX": 50, "BOARD": 60}
+)
 #: Points per bonded NVLink.
 NVLINK_POINTS = 100
 

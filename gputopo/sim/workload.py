@@ -10,7 +10,9 @@ nodes (Philly's scheduler did that; the request itself fits one 8-GPU server).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -24,17 +26,17 @@ HELIOS_SIZE_COUNTS: tuple[tuple[int, int], ...] = (
     (96, 3), (104, 1), (112, 4), (120, 2), (128, 12), (136, 5), (144, 9), (152, 3), (160, 13),
 )
 #: Duration (median s, p90 s) by job size from the same README; sizes not listed use "all".
-HELIOS_DURATION: dict[str, tuple[float, float]] = {
+HELIOS_DURATION: Mapping[str, tuple[float, float]] = MappingProxyType({
     "1": (405.0, 11376.0), "8": (162.0, 34858.0), "16": (518.0, 70238.0),
     "32+": (251.0, 122892.0), "all": (277.0, 18376.0),
-}
+})
 #: Longest job of the excerpt; the log-normal tail is cut there.
 HELIOS_MAX_DURATION = 1_964_673.0
 #: Pod run time (median s, p90 s) by GPU count of the Alibaba openb default list
 #: (traces/alibaba-gpu-v2023/README.md, "Timing"), for the lists that carry no times.
-ALIBABA_RUNTIME: dict[int, tuple[float, float]] = {
+ALIBABA_RUNTIME: Mapping[int, tuple[float, float]] = MappingProxyType({
     1: (655.0, 7240.0), 2: (2267.0, 27368.0), 4: (542.0, 23925.0), 8: (553.0, 101998.0),
-}
+})
 ALIBABA_MAX_RUNTIME = 12_537_496.0
 _Z90 = 1.2815515655446004  # standard normal 90th percentile
 
