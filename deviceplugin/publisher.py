@@ -1,0 +1,213 @@
+"""Keeps this node's topology annotation (gputopo.io/topology) in step with the plugin.
+
+The scheduler sidecar plans on what this writes, so it must be right and never noisy:
+  * it is rebuilt from the plugin's current snapshot (topology + health) and from kubelet's own
+    record of the GPUs in use (PodResources), re-read on every change and periodically, so it
+    is right after a plugin restart and after pods end;
+  * it is patched only when its content changes (plus a heartbeat well inside the sidecar's
+    staleness limit), at most once per `min_interval_s` — changes in between are coalesced;
+  * an API or kubelet error is logged and retried with back-off; nothing here can stop the
+    plugin.
+`sync(now)` makes one decision and says when it wants to run next, so tests drive it with a fake
+clock; `start()` runs it on a thread, woken by `update()` (the daemon's listener hook).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from deviceplugin import defaults
+from deviceplugin.podresources import PodResourcesError, ids_to_uuids
+from deviceplugin.state import Snapshot
+from gputopo import __version__, jsonlog
+from gputopo.annotation import encode, make
+
+log = logging.getLogger("deviceplugin.publisher")
+
+NODE_NAME_ENV = "NODE_NAME"
+
+
+class NodePatcher(Protocol):
+    """The one call of `kubernetes.client.CoreV1Api` the publisher needs."""
+
+    def patch_node(self, name: str, body: Any, **kwargs: Any) -> Any: ...
+
+
+class PublisherError(ValueError):
+    """The publisher cannot be set up (no node name); the message says what is missing."""
+
+
+def node_name_from_env(environ: dict[str, str] | None = None) -> str:
+    """The node name the downward API puts in NODE_NAME (spec.nodeName)."""
+    name = (environ if environ is not None else dict(os.environ)).get(NODE_NAME_ENV, "").strip()
+    if not name:
+        raise PublisherError(f"{NODE_NAME_ENV} is not set (downward API: fieldRef spec.nodeName)")
+    return name
+
+
+class Publisher:
+    def __init__(
+        self,
+        node_name: str,
+        api: NodePatcher,
+        in_use: Callable[[], frozenset[str]],
+        *,
+        annotation_key: str = defaults.TOPOLOGY_ANNOTATION,
+        plugin_version: str = __version__,
+        min_interval_s: float = 5.0,
+        resync_s: float = 30.0,
+        heartbeat_s: float = 300.0,
+        backoff_s: tuple[float, float] = (1.0, 60.0),
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        if not node_name:
+            raise PublisherError("node name is required")
+        self.node_name = node_name
+        self.api = api
+        self.in_use = in_use
+        self.annotation_key = annotation_key
+        self.plugin_version = plugin_version
+        self.min_interval_s = min_interval_s
+        self.resync_s = resync_s
+        self.heartbeat_s = heartbeat_s
+        self.backoff_s = backoff_s
+        self.monotonic = monotonic
+        self.wall = wall
+        self._lock = threading.Lock()
+        self._snapshot: Snapshot | None = None
+        self._in_use: frozenset[str] | None = None
+        self._published: tuple | None = None
+        self._patched_at = -float("inf")
+        self._retry_at = -float("inf")
+        self._delay = backoff_s[0]
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.patches = 0
+        self.failures = 0
+
+    # ------------------------------------------------------------------ hook and lifecycle
+
+    def update(self, snapshot: Snapshot) -> None:
+        """Listener for the plugin's snapshot store: remember the newest, wake the thread."""
+        with self._lock:
+            self._snapshot = snapshot
+        self._wake.set()
+
+    def poke(self) -> None:
+        """Something may have changed in PodResources (an Allocate happened): look again."""
+        self._wake.set()
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="node-publisher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                delay = self.sync(self.monotonic())
+            except Exception as e:  # never let a bug end the thread silently
+                jsonlog.event(log, "publish_failed", logging.ERROR, node=self.node_name,
+                              reason=f"{type(e).__name__}: {e}")
+                delay = self.backoff_s[1]
+            self._wake.wait(timeout=max(0.0, delay))
+            self._wake.clear()
+
+    # ------------------------------------------------------------------ one decision
+
+    def sync(self, now: float) -> float:
+        """Publish if needed and allowed at `now`; returns seconds until it wants to run again."""
+        with self._lock:
+            snap = self._snapshot
+        if snap is None:
+            return self.resync_s
+        if now < self._retry_at:
+            return self._retry_at - now
+        try:
+            self._in_use = ids_to_uuids(self.in_use())
+        except PodResourcesError as e:
+            jsonlog.event(log, "podresources_failed", logging.WARNING, node=self.node_name, reason=str(e),
+                          effect="keeping the last in-use set" if self._in_use is not None else "not publishing yet")
+            if self._in_use is None:
+                return self._fail(now)
+        content = self._content(snap, self._in_use or frozenset())
+        changed = content != self._published
+        if not changed and now - self._patched_at < self.heartbeat_s:
+            return min(self.resync_s, self._patched_at + self.heartbeat_s - now)
+        if now - self._patched_at < self.min_interval_s:
+            return self._patched_at + self.min_interval_s - now   # coalesce: the newest wins later
+        _, unhealthy, allocated = content
+        text = encode(make(self.node_name, snap.topology, generated_at=self.wall(), plugin_version=self.plugin_version,
+                           unhealthy=unhealthy, allocated=allocated))
+        body = {"metadata": {"annotations": {self.annotation_key: text}}}
+        try:
+            self.api.patch_node(self.node_name, body, _content_type="application/merge-patch+json")
+        except Exception as e:
+            status = getattr(e, "status", None)
+            jsonlog.event(log, "publish_failed", logging.WARNING, node=self.node_name, status=status,
+                          reason=f"{type(e).__name__}: {getattr(e, 'reason', None) or e}",
+                          retry_in_s=self._delay)
+            return self._fail(now)
+        self._published = content
+        self._patched_at = now
+        self._delay = self.backoff_s[0]
+        self.patches += 1
+        jsonlog.event(log, "published", node=self.node_name, bytes=len(text), allocated=sorted(allocated),
+                      unhealthy=sorted(unhealthy), reason="content changed" if changed else "heartbeat")
+        return self.resync_s
+
+    def _fail(self, now: float) -> float:
+        self.failures += 1
+        delay = self._delay
+        self._retry_at = now + delay
+        self._delay = min(delay * 2, self.backoff_s[1])
+        return delay
+
+    def _content(self, snap: Snapshot, in_use: frozenset[str]) -> tuple:
+        """What the annotation says, minus its timestamp: the thing compared for 'changed'."""
+        topo = snap.topology
+        unhealthy = tuple(g.index for g in topo.gpus if not snap.healthy(g.uuid))
+        by_uuid = topo.index_by_uuid
+        unknown = sorted(u for u in in_use if u not in by_uuid)
+        if unknown:
+            jsonlog.event(log, "unknown_devices", logging.WARNING, node=self.node_name, ids=unknown[:8],
+                          reason="kubelet reports devices this plugin does not have; ignored")
+        allocated = tuple(sorted(by_uuid[u] for u in in_use if u in by_uuid))
+        text = encode(make(self.node_name, topo, generated_at=0.0, plugin_version=self.plugin_version,
+                           unhealthy=unhealthy, allocated=allocated))
+        return (text, unhealthy, allocated)
+
+
+def for_cluster(
+    node_name: str,
+    in_use: Callable[[], frozenset[str]],
+    kubeconfig: str | None = None,
+    **kwargs: Any,
+) -> Publisher:
+    """A Publisher talking to the API server with the official client: in-cluster config
+    (the plugin's ServiceAccount), or a kubeconfig when given or when not in a cluster."""
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=cfg)
+    return Publisher(node_name, client.CoreV1Api(client.ApiClient(cfg)), in_use, **kwargs)

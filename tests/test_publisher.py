@@ -1,0 +1,171 @@
+"""The Node publisher: content, change-only and rate-limited patches, retries, and the real client."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from deviceplugin.podresources import PodResourcesError
+from deviceplugin.publisher import Publisher, PublisherError, node_name_from_env
+from deviceplugin.state import make_snapshot
+from gputopo.annotation import decode
+from gputopo.topofile import load_preset
+from tests import fake_apiserver as fk
+
+KEY = "gputopo.io/topology"
+TOPO = load_preset("dgx-a100")
+UUIDS = [g.uuid for g in TOPO.gpus]
+
+
+class RecordingAPI:
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.errors: list[Exception] = []
+
+    def patch_node(self, name: str, body: Any, **kwargs: Any) -> Any:
+        if self.errors:
+            raise self.errors.pop(0)
+        self.bodies.append(body)
+        return {}
+
+    def last(self, now: float = 2_000_000_000.0):
+        return decode(self.bodies[-1]["metadata"]["annotations"][KEY], now=now, max_age_s=1e9)
+
+
+def snapshot(version: int = 1, unhealthy: tuple[int, ...] = ()):
+    health = {u: i not in unhealthy for i, u in enumerate(UUIDS)}
+    return make_snapshot(version, TOPO, health)
+
+
+def publisher(api: Any, in_use: list, **kw: Any) -> Publisher:
+    def read() -> frozenset[str]:
+        value = in_use[0]
+        if isinstance(value, Exception):
+            raise value
+        return frozenset(value)
+
+    return Publisher("node-a", api, read, min_interval_s=10, resync_s=30, heartbeat_s=300,
+                     backoff_s=(1, 8), wall=lambda: 1_900_000_000.0, **kw)
+
+
+def test_publishes_topology_health_and_gpus_in_use() -> None:
+    api = RecordingAPI()
+    in_use = [{UUIDS[2], UUIDS[3] + "::1"}]
+    pub = publisher(api, in_use)
+    assert pub.sync(0.0) == 30, "nothing to publish before the first snapshot"
+    pub.update(snapshot(unhealthy=(7,)))
+    pub.sync(0.0)
+    got = api.last()
+    assert got.node == "node-a" and got.allocated == {2, 3} and got.unhealthy == {7}
+    assert got.free == {0, 1, 4, 5, 6}
+    assert (got.topology.bandwidth_mbps == TOPO.bandwidth_mbps).all()
+    assert got.generated_at == 1_900_000_000.0
+
+
+def test_patches_only_on_change_and_at_most_once_per_interval() -> None:
+    api = RecordingAPI()
+    in_use = [set()]
+    pub = publisher(api, in_use)
+    pub.update(snapshot())
+    pub.sync(0.0)
+    assert len(api.bodies) == 1
+    pub.sync(5.0)
+    pub.sync(40.0)
+    assert len(api.bodies) == 1, "unchanged content is not patched again"
+    in_use[0] = {UUIDS[0]}
+    pub.update(snapshot(2))
+    assert pub.sync(41.0) == 30, "a change after the interval is published at once"
+    assert len(api.bodies) == 2
+    in_use[0] = {UUIDS[0], UUIDS[1]}
+    assert pub.sync(42.0) == pytest.approx(9.0), "too soon: wait for the rest of the interval"
+    in_use[0] = {UUIDS[0], UUIDS[1], UUIDS[5]}
+    pub.update(snapshot(3, unhealthy=(6,)))
+    pub.sync(45.0)
+    assert len(api.bodies) == 2
+    pub.sync(51.0)
+    assert len(api.bodies) == 3, "the changes in between were coalesced into one patch"
+    assert api.last().allocated == {0, 1, 5} and api.last().unhealthy == {6}
+
+
+def test_heartbeat_keeps_the_annotation_fresh() -> None:
+    api = RecordingAPI()
+    pub = publisher(api, [set()])
+    pub.update(snapshot())
+    pub.sync(0.0)
+    pub.sync(299.0)
+    assert len(api.bodies) == 1
+    pub.sync(300.0)
+    assert len(api.bodies) == 2
+
+
+def test_api_errors_are_retried_with_back_off_never_raised() -> None:
+    api = RecordingAPI()
+    api.errors = [ApiException(status=500, reason="boom"), ApiException(status=429, reason="slow down"),
+                  ConnectionError("reset")]
+    pub = publisher(api, [set()])
+    pub.update(snapshot())
+    assert pub.sync(0.0) == 1
+    assert pub.sync(0.5) == pytest.approx(0.5), "waits out the back-off"
+    assert pub.sync(1.0) == 2
+    assert pub.sync(3.0) == 4
+    pub.sync(7.0)
+    assert len(api.bodies) == 1 and pub.failures == 3
+
+
+def test_podresources_errors_hold_publication_until_in_use_is_known() -> None:
+    api = RecordingAPI()
+    in_use: list = [PodResourcesError("kubelet down")]
+    pub = publisher(api, in_use)
+    pub.update(snapshot())
+    pub.sync(0.0)
+    assert api.bodies == [], "never publish 'nothing in use' without having asked kubelet"
+    in_use[0] = {UUIDS[4]}
+    pub.sync(1.0)
+    assert api.last().allocated == {4}
+    in_use[0] = PodResourcesError("kubelet restarting")
+    pub.update(snapshot(2, unhealthy=(1,)))
+    pub.sync(20.0)
+    assert api.last().allocated == {4} and api.last().unhealthy == {1}, "last known in-use set kept"
+
+
+def test_node_name_comes_from_the_downward_api() -> None:
+    assert node_name_from_env({"NODE_NAME": "gpu-7"}) == "gpu-7"
+    with pytest.raises(PublisherError, match="NODE_NAME"):
+        node_name_from_env({})
+
+
+def test_thread_patches_the_node_through_the_official_client_and_survives_errors() -> None:
+    with fk.running() as (api, _, api_client):
+        api.put("nodes", fk.node("node-a"))
+        api.inject("patch", 500)
+        in_use = [{UUIDS[1]}]
+        pub = Publisher("node-a", client.CoreV1Api(api_client), lambda: frozenset(in_use[0]),
+                        min_interval_s=0.05, resync_s=0.05, backoff_s=(0.05, 0.2))
+        pub.update(snapshot())
+        pub.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not api.patches and time.monotonic() < deadline:
+                time.sleep(0.02)
+            text = api.objects["nodes"]["node-a"]["metadata"]["annotations"][KEY]
+            assert decode(text, now=time.time(), max_age_s=60).allocated == {1}
+            assert pub.failures >= 1, "the injected 500 was retried"
+            # a plugin restart: a new publisher learns the GPUs in use from kubelet, not from memory
+            pub.stop()
+            in_use[0] = {UUIDS[1], UUIDS[6]}
+            pub = Publisher("node-a", client.CoreV1Api(api_client), lambda: frozenset(in_use[0]),
+                            min_interval_s=0.05, resync_s=0.05)
+            pub.update(snapshot())
+            pub.start()
+            deadline = time.monotonic() + 10
+            while len(api.patches) < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            text = api.objects["nodes"]["node-a"]["metadata"]["annotations"][KEY]
+            assert decode(text, now=time.time(), max_age_s=60).allocated == {1, 6}
+            assert set(api.objects["nodes"]["node-a"]["metadata"]["annotations"]) == {KEY}
+        finally:
+            pub.stop()
