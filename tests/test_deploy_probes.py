@@ -44,9 +44,14 @@ def deployed_container(kind: str, name: str) -> dict[str, Any]:
     return next(c for c in workload["spec"]["template"]["spec"]["containers"] if c["name"] == name)
 
 
+def image_path() -> dict[str, str]:
+    """PATH as in the images (ENV PATH=/opt/gputopo/bin:$PATH): `python` and `gputopo` are the project's."""
+    return {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
 def container_env(c: dict[str, Any], kubelet_root: Path) -> dict[str, str]:
     """The DaemonSet's env as kubelet sets it, host kubelet paths moved under `kubelet_root`."""
-    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = image_path()
     for var in c["env"]:
         value = var.get("value", "node-a")  # the one valueFrom is the downward API's spec.nodeName
         env[var["name"]] = value.replace(HOST_KUBELET, str(kubelet_root))
@@ -146,13 +151,12 @@ def sidecar(api_url: str, tmp: Path) -> tuple[list[str], list[str], subprocess.P
         return [part.replace(listen, moved) for part in cmd]
 
     args = [*here(c["args"]), f"--kubeconfig={kubeconfig(tmp / 'kubeconfig', api_url)}"]
-    env = {"PATH": os.environ.get("PATH", "")}
-    proc = start("scheduler", args, env, tmp / "sidecar.log")
+    proc = start("scheduler", args, image_path(), tmp / "sidecar.log")
     return here(c["livenessProbe"]["exec"]["command"]), here(c["readinessProbe"]["exec"]["command"]), proc
 
 
 def test_sidecar_is_live_without_the_api_server_but_not_ready(tmp_path: Path) -> None:
-    env = {"PATH": os.environ.get("PATH", "")}
+    env = image_path()
     live, ready, proc = sidecar(f"http://127.0.0.1:{free_port()}", tmp_path)  # nobody listens there
     try:
         assert eventually(lambda: probe(live, env) == 0, timeout=30, interval=PROBE_POLL_S), (
@@ -165,7 +169,7 @@ def test_sidecar_is_live_without_the_api_server_but_not_ready(tmp_path: Path) ->
 
 
 def test_sidecar_is_ready_once_it_has_listed_the_cluster(tmp_path: Path) -> None:
-    env = {"PATH": os.environ.get("PATH", "")}
+    env = image_path()
     with fake_apiserver.running() as (api, server, _):
         api.put("nodes", fake_apiserver.node("gpu-a1", {"network.topology.nvidia.com/leaf": "leaf-a"}))
         live, ready, proc = sidecar(server.url, tmp_path)
