@@ -12,11 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gputopo.sim.baselines import best_combo, best_effort, kubelet_order
 from gputopo.sim.pairpoints import pair_points
 from gputopo.topofile import load_preset
 from gputopo.topology import Topology, make_topology
+from tests.strategies import topologies
 
 PRESETS = Path(__file__).resolve().parent.parent / "gputopo" / "presets"
 
@@ -147,3 +150,24 @@ def test_kubelet_order_is_random_but_reproducible() -> None:
     assert len(set(draws)) > 5                     # not index order
     assert draws == [kubelet_order(free, 2, random.Random(s)) for s in range(40)]
     assert kubelet_order(free, 9, random.Random(0)) == ()
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_baselines_answer_within_their_contract(data: st.DataObject) -> None:
+    """Whatever the layout: a set of the asked size drawn from the free GPUs holding the
+    required ones, or nothing; only best-effort may hold its padding placeholder."""
+    topo = data.draw(topologies(max_gpus=8))
+    free = sorted(data.draw(st.sets(st.integers(0, topo.n - 1), min_size=1)))
+    size = data.draw(st.integers(1, len(free)))
+    required = data.draw(st.lists(st.sampled_from(free), max_size=size, unique=True))
+    blind = pair_points(topo, nvswitch_visible=False)
+    got = best_effort(blind, free, size, required)
+    assert len(got) == size
+    real = [g for g in got if g is not None]
+    assert set(real) <= set(free) and set(required) <= set(real) and len(set(real)) == len(real)
+    if len(real) < size:
+        assert len(free) % size != 0 and size - len(real) == (-len(free)) % size
+    combo = best_combo(pair_points(topo, nvswitch_visible=True), free, size)
+    assert len(combo) == size and set(combo) <= set(free)
+    assert sorted(combo) == list(combo)
