@@ -434,3 +434,22 @@ def test_gang_example_rendezvous_names_resolve_through_its_headless_service() ->
     command = " ".join(container(spec, "trainer")["command"])
     assert f"--master-addr={job['metadata']['name']}-0.{svc['metadata']['name']}" in command
     assert "--nnodes=2" in command and "--nproc-per-node=8" in command
+
+
+def test_critical_priority_classes_are_covered_by_a_quota_in_their_namespace() -> None:
+    """Where critical classes are limited to quota-covered namespaces, an uncovered pod is refused."""
+    docs = render("")
+    covered = {
+        value
+        for quota in (d for d in docs if d["kind"] == "ResourceQuota")
+        for expr in quota["spec"]["scopeSelector"]["matchExpressions"]
+        if expr["scopeName"] == "PriorityClass" and expr["operator"] == "In"
+        for value in expr["values"]
+    }
+    used = {
+        d["spec"]["template"]["spec"]["priorityClassName"]
+        for d in docs
+        if d["kind"] in ("DaemonSet", "Deployment")
+    }
+    assert used == {"system-node-critical", "system-cluster-critical"}
+    assert used <= covered
