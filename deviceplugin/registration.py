@@ -52,6 +52,9 @@ class RegistrationInfo:
 FileId = tuple[int, int, int]  # (device, inode, ctime ns): a file replaced under the same name differs
 
 
+_UNSEEN: FileId = (-1, -1, -1)
+
+
 def file_id(path: str) -> FileId | None:
     try:
         st = os.stat(path)
@@ -80,6 +83,18 @@ def register_with_kubelet(config: PluginConfig, timeout: float = defaults.REGIST
         api_pb2_grpc.RegistrationStub(channel).Register(register_request(config), timeout=timeout)
 
 
+def _kubelet_change(before: FileId | None, now: FileId | None) -> str:
+    if now is None:
+        return (
+            "kubelet.sock absent: waiting for kubelet"
+            if before in (None, _UNSEEN)
+            else ("kubelet.sock removed (kubelet stopped): waiting for it to come back")
+        )
+    if before in (None, _UNSEEN):
+        return "kubelet.sock present: registering"
+    return "kubelet.sock recreated (kubelet restarted): registering again"
+
+
 class KubeletWatcher:
     """Keeps the plugin served and registered across kubelet restarts; `step()` is one poll."""
 
@@ -104,7 +119,7 @@ class KubeletWatcher:
         self._backoff_first, self._backoff_max = backoff
         self._delay = self._backoff_first
         self._next_attempt = 0.0
-        self._kubelet_id: FileId | None = None
+        self._kubelet_id: FileId | None = _UNSEEN  # so the first poll always logs what it finds
         self._info = RegistrationInfo()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -153,9 +168,7 @@ class KubeletWatcher:
                 "kubelet_socket_changed",
                 socket=self._config.kubelet_socket,
                 present=kid is not None,
-                reason="kubelet.sock appeared or was recreated: registering again"
-                if kid
-                else "kubelet.sock removed: waiting for kubelet",
+                reason=_kubelet_change(self._kubelet_id, kid),
             )
             self._kubelet_id = kid
             self._unregistered()

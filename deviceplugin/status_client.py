@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import Message
 
 from gputopo_proto.status.v1 import status_pb2, status_pb2_grpc
 
@@ -37,6 +38,24 @@ def fetch_status(socket_path: str, timeout: float = 3.0) -> dict[str, Any]:
                 f"{code.name}: {detail.splitlines()[0] if detail else 'no detail'}"
             ) from None
         raise StatusUnavailable(str(e)) from None
-    return json_format.MessageToDict(
-        reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    return _ordered(reply)
+
+
+def _ordered(message: Message) -> dict[str, Any]:
+    """MessageToDict, with keys in the .proto's field order so printed status reads the same way
+    every time (MessageToDict puts set fields before defaulted ones)."""
+    doc = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
+    out: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        if field.name not in doc:
+            continue
+        value = getattr(message, field.name)
+        if field.message_type is not None and field.is_repeated:
+            out[field.name] = [_ordered(v) for v in value]
+        elif field.message_type is not None:
+            out[field.name] = _ordered(value)
+        else:
+            out[field.name] = doc[field.name]
+    return out
