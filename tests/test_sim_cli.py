@@ -32,6 +32,9 @@ def sim(*args: str, module: tuple[str, ...] = ("gputopo.sim",)) -> subprocess.Co
         (["--plot", "/nonexistent/dir/out.png"], "does not exist"),
         (["--compute-s", "nan"], "--compute-s must be a positive number"),
         (["--mode", "fill"], "applies to pod lists"),
+        (["--seed", "-1"], "--seed must be a non-negative integer"),
+        (["--pods", "999999999"], "--pods must be at most"),
+        (["--trace", str(TRACES)], "cannot read trace"),
         (["--trace", str(TRACES / "helios_jobs_slice.csv"), "--limit", "0"], "--limit must be positive"),
     ],
 )

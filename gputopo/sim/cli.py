@@ -23,6 +23,9 @@ from gputopo.sim.state import SimCluster
 from gputopo.sim.traces import TraceError, read_trace
 from gputopo.sim.workload import GANG_POD_GPUS, Job, generate, timed_arrivals
 
+#: Largest generated workload; a mistyped --pods should not eat the machine's memory.
+MAX_PODS = 5_000_000
+
 
 class UsageError(Exception):
     """Bad input from the user: reported as one line, exit code 2."""
@@ -62,6 +65,10 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     out = out or sys.stdout
     err = err or sys.stderr
     policies = _policies(args.policies)
+    if args.seed < 0:
+        raise UsageError(f"--seed must be a non-negative integer, got {args.seed}")
+    if args.pods > MAX_PODS:
+        raise UsageError(f"--pods must be at most {MAX_PODS:,}, got {args.pods:,}")
     comm = _comm(args)
     if args.plot:
         _check_plot_path(args.plot)
