@@ -135,7 +135,9 @@ class KubeletWatcher:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=defaults.REGISTER_TIMEOUT_SECONDS + 2)
+            # A Register in flight may wait for kubelet up to its timeout; the thread is a daemon
+            # thread and touches nothing but its own state, so shutdown need not wait for it.
+            self._thread.join(timeout=1.0)
             self._thread = None
 
     def _run(self) -> None:
