@@ -15,7 +15,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from deviceplugin import defaults
 from deviceplugin.config import ConfigError, PluginConfig, load_config
@@ -62,6 +62,40 @@ def _nvml_backend(config: PluginConfig, stop: threading.Event) -> Backend | None
                 return None
 
 
+class NodePublication:
+    """The Node annotation publisher and its PodResources reader, started after the daemon."""
+
+    def __init__(self, publisher: Any, pods: Any) -> None:
+        self.publisher = publisher
+        self.pods = pods
+
+    def stop(self) -> None:
+        self.publisher.stop()
+        self.pods.close()
+
+
+def _publication(config: PluginConfig) -> NodePublication | None:
+    """`--publish`: false -> none; true -> must work (else InitError); auto -> when it can."""
+    if config.publish == "false":
+        return None
+    if not config.node_name:
+        jsonlog.event(log, "publish_disabled", reason="no node name (NODE_NAME / --node-name)")
+        return None
+    try:
+        from deviceplugin.podresources import PodResourcesClient
+        from deviceplugin.publisher import for_cluster
+
+        pods = PodResourcesClient(config.pod_resources_socket, config.resource_name)
+        publisher = for_cluster(config.node_name, pods.in_use, kubeconfig=config.kubeconfig)
+    except Exception as e:
+        reason = f"no API server configuration: {type(e).__name__}: {e}"
+        if config.publish == "true":
+            raise InitError(f"node publication: {reason}") from None
+        jsonlog.event(log, "publish_disabled", logging.WARNING, reason=reason)
+        return None
+    return NodePublication(publisher, pods)
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     try:
         config = load_config(
@@ -98,6 +132,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
     daemon = Daemon(config, backend)
     try:
+        publication = _publication(config)
+    except InitError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    if publication is not None:
+        daemon.add_listener(publication.publisher.update)
+        daemon.add_allocate_listener(publication.publisher.poke)
+    try:
         daemon.start()
     except TopologyError as e:
         print(f"{PROG}: error: topology: {e}", file=sys.stderr)
@@ -111,8 +153,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     # Everything built so far (allocator tables, stubs, modules) lives as long as the process:
     # keep it out of the collector's way so a full collection never lands inside an RPC.
     gc.freeze()
+    if publication is not None:
+        publication.publisher.start()
     while not stop.wait(0.5):
         pass
+    if publication is not None:
+        publication.stop()
     daemon.stop()
     return 0
 

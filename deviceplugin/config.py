@@ -22,6 +22,7 @@ from deviceplugin import defaults
 
 CONFIG_VERSION = "v1"
 STRATEGIES = ("envvar", "cdi")
+PUBLISH_MODES = ("auto", "true", "false")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # sun_path of a unix socket holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
@@ -49,6 +50,8 @@ class PluginConfig:
     log_level: str = "info"
     node_name: str | None = None
     pod_resources_socket: str = defaults.POD_RESOURCES_SOCKET
+    publish: str = "auto"
+    kubeconfig: str | None = None
 
     @property
     def socket_path(self) -> str:
@@ -284,6 +287,23 @@ OPTIONS: tuple[Option, ...] = (
         _text,
         "kubelet PodResources socket",
     ),
+    Option(
+        "publish",
+        "--publish",
+        "GPUTOPO_PUBLISH",
+        "publish",
+        _choice(PUBLISH_MODES),
+        "keep the Node's gputopo.io/topology annotation current: true, false, or auto "
+        "(when a node name is set and the API server can be reached)",
+    ),
+    Option(
+        "kubeconfig",
+        "--kubeconfig",
+        "GPUTOPO_KUBECONFIG",
+        "kubeconfig",
+        _optional_text,
+        "kubeconfig for node publication (default: in-cluster service account)",
+    ),
 )
 CONFIG_ENV = "GPUTOPO_CONFIG"
 
@@ -365,6 +385,8 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> PluginConfig
         raise ConfigError(
             f"socket path {config.socket_path} is longer than a unix socket allows ({MAX_SOCKET_PATH} bytes)"
         )
+    if config.publish == "true" and not config.node_name:
+        raise ConfigError("--publish=true needs a node name (--node-name or NODE_NAME)")
     if config.health_file and not config.topology:
         raise ConfigError("--health-file needs --topology (it drives the file backend)")
     return config

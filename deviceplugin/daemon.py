@@ -45,6 +45,7 @@ class Daemon:
         self._register = register
         self._health_tick_seconds = health_tick_seconds
         self._pending_listeners: list[Listener] = []
+        self._allocate_listeners: list[Callable[[], None]] = []
         self.store: SnapshotStore | None = None
         self.server: PluginServer | None = None
         self.watcher: KubeletWatcher | None = None
@@ -56,6 +57,20 @@ class Daemon:
             self._pending_listeners.append(listener)
         else:
             self.store.add_listener(listener)
+
+    def add_allocate_listener(self, listener: Callable[[], None]) -> None:
+        """Called after each successful Allocate (kubelet's in-use set just changed), e.g. the
+        publisher's `poke`. Runs on the RPC thread: it must only signal, never block."""
+        self._allocate_listeners.append(listener)
+
+    def _allocated(self) -> None:
+        for listener in self._allocate_listeners:
+            try:
+                listener()
+            except Exception as e:
+                jsonlog.event(
+                    log, "allocate_listener_failed", logging.ERROR, reason=f"{type(e).__name__}: {e}"
+                )
 
     def registration(self) -> RegistrationInfo:
         return self.watcher.info() if self.watcher is not None else RegistrationInfo()
@@ -91,7 +106,9 @@ class Daemon:
         self.metrics.serve(cfg.metrics_port)
         self.health = HealthLoop(self.backend, tracker, self.store, self.metrics, self._health_tick_seconds)
         self.health.export_gauges(self.store.current())
-        self.server = PluginServer(cfg, self.store, self.metrics, self.registration)
+        self.server = PluginServer(
+            cfg, self.store, self.metrics, self.registration, allocated=self._allocated
+        )
         self.server.start()
         self.health.start()
         self.watcher = KubeletWatcher(cfg, self.server, self.metrics, self._register, self._clock, self._wall)

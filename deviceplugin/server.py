@@ -43,7 +43,9 @@ class PluginServer:
         metrics: Metrics,
         registration: Callable[[], RegistrationInfo],
         max_workers: int = 16,
+        allocated: Callable[[], None] = lambda: None,
     ) -> None:
+        self._allocated = allocated
         self._config = config
         self._store = store
         self._metrics = metrics
@@ -70,7 +72,9 @@ class PluginServer:
             raise ServerError(f"cannot create kubelet folder {folder}: {e.strerror or e}") from None
         self._remove_stale()
         self._stopping = threading.Event()
-        service = DevicePluginService(self._store, self._config, self._metrics, self._stopping)
+        service = DevicePluginService(
+            self._store, self._config, self._metrics, self._stopping, allocated=self._allocated
+        )
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="plugin-rpc")
         )

@@ -53,8 +53,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         metrics: Metrics,
         stopping: threading.Event,
         timer: Callable[[], float] = time.perf_counter,
+        allocated: Callable[[], None] = lambda: None,
     ) -> None:
         self._store = store
+        self._allocated = allocated
         self._config = config
         self._metrics = metrics
         self._stopping = stopping
@@ -207,6 +209,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 unhealthy=[i for i in ids if not snap.healthy(i)],
                 reason="kubelet allocated these devices to a container",
             )
+        self._allocated()
         return out
 
     def PreStartContainer(

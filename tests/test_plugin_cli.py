@@ -74,6 +74,8 @@ BAD_FLAGS = {
     "health file without topology": ["--health-file", "/tmp/h.json"],
     "socket path too long": ["--kubelet-dir", "/tmp/" + "d" * 120],
     "missing config file": ["--config", "/nonexistent/plugin.yaml"],
+    "publish mode": ["--publish", "maybe"],
+    "publish without node name": ["--publish", "true"],
 }
 
 
