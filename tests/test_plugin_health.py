@@ -16,7 +16,7 @@ import pytest
 from deviceplugin.state import Snapshot
 from gputopo.topofile import load_preset
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from tests.kubelet_fake import fake_kubelet, plugin_channel, running_daemon, short_tmpdir
+from tests.kubelet_fake import eventually, fake_kubelet, plugin_channel, running_daemon, short_tmpdir
 
 TOPO = load_preset("dgx1-v100")
 UUIDS = [g.uuid for g in TOPO.gpus]
@@ -129,3 +129,37 @@ def test_xid_recovers_after_the_quiet_period(folder: Path) -> None:
         assert watch.next(timeout=5)[uuid] == "Healthy"
         assert time.monotonic() - t0 >= 0.3
         watch.stream.cancel()
+
+
+def test_rediscovered_links_rebuild_the_allocator(folder: Path) -> None:
+    """A health change re-probes links; a changed topology gets a new allocator and new answers."""
+    doc = load_preset("rtx8000-4").to_dict()
+    topo_file = folder / "node.json"
+    topo_file.write_text(json.dumps(doc))
+    health = folder / "health.json"
+    uuids = [g["uuid"] for g in doc["gpus"]]
+    with (
+        fake_kubelet(folder) as kubelet,
+        running_daemon(folder, str(topo_file), health_file=str(health)) as daemon,
+        plugin_channel(folder / "gputopo-gpu.sock") as stub,
+    ):
+        assert kubelet.wait(1, 10) is not None
+
+        def best_pair() -> list[str]:
+            req = api_pb2.PreferredAllocationRequest(
+                container_requests=[
+                    api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=uuids, allocation_size=2)
+                ]
+            )
+            return list(stub.GetPreferredAllocation(req, timeout=5).container_responses[0].deviceIDs)
+
+        assert best_pair() == [uuids[0], uuids[3]]  # the NV2 bridge 0-3
+        before = daemon.store.current().allocator
+        # the 0-3 bridge is lost and 1-2 gains links (as NVML would see it after a fault) ...
+        doc["links"][0][3] = doc["links"][3][0] = "SYS"
+        doc["links"][1][2] = doc["links"][2][1] = "NV4"
+        topo_file.write_text(json.dumps(doc))
+        # ... and a GPU turns unhealthy, which is what makes the plugin look again
+        write_health(health, {"0": "Unhealthy"})
+        assert eventually(lambda: daemon.store.current().allocator is not before)
+        assert best_pair() == [uuids[1], uuids[2]]
