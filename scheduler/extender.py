@@ -80,8 +80,10 @@ class Extender:
         self._assumed_version = 0
         self._views = ViewBuilder()
         self._warned: dict[str, str] = {}
-        self._scores_key: tuple | None = None
-        self._scores: dict[str, int] = {}
+        self._warned_for: object = None
+        self._fits: tuple[dict[str, NodeView], dict[int, tuple[frozenset[str], dict[str, str]]]] | None = None
+        # node scores per views object: (views, {(gpus, names): scores}); swapped whole
+        self._scores: tuple[dict[str, NodeView], dict[tuple, dict[str, int]]] | None = None
         self._memo = ChoiceMemo()
         self._index_key: int | None = None
         self._index: NetworkIndex | None = None
@@ -121,7 +123,9 @@ class Extender:
             self.reservations.by_node(),
             self.reservations.version,
         )
-        self._warn_unknown(snap)
+        if snap.nodes is not self._warned_for:
+            self._warned_for = snap.nodes
+            self._warn_unknown(snap)
         self.metrics.reservations.set(len(self.reservations))
         return snap, views
 
@@ -157,17 +161,27 @@ class Extender:
                 return self._filter_gang(pod, names, snap, views, now)
         return self._filter_single(pod, names, views)
 
+    def _fit(self, views: dict[str, NodeView], gpus: int) -> tuple[frozenset[str], dict[str, str]]:
+        """Nodes with room for `gpus`, and the reason for each other node, per views object:
+        a 5,000-node filter is then a set lookup per candidate, not a computation."""
+        cached = self._fits
+        if cached is None or cached[0] is not views:
+            cached = self._fits = (views, {})
+        hit = cached[1].get(gpus)
+        if hit is None:
+            fit = frozenset(n for n, v in views.items() if len(v.free) >= gpus)
+            why = {n: f"needs {gpus} GPUs, {len(v.free)} free" for n, v in views.items() if n not in fit}
+            hit = cached[1][gpus] = (fit, why)
+        return hit
+
     def _filter_single(self, pod: PodInfo, names: Sequence[str], views: dict[str, NodeView]) -> FilterResult:
-        ok: list[str] = []
-        failed: dict[str, str] = {}
-        for name in names:
-            v = views.get(name)
-            if v is None:
-                failed[name] = "node unknown to gputopo"
-            elif pod.gpus == 0 or len(v.free) >= pod.gpus:
-                ok.append(name)
-            else:
-                failed[name] = f"needs {pod.gpus} GPUs, {len(v.free)} free"
+        if pod.gpus == 0:
+            ok = [n for n in names if n in views]
+            failed = {n: "node unknown to gputopo" for n in names if n not in views}
+        else:
+            fit, why = self._fit(views, pod.gpus)
+            ok = [n for n in names if n in fit]
+            failed = {n: why.get(n, "node unknown to gputopo") for n in names if n not in fit}
         jsonlog.event(
             log, "filter", pod=pod.key, gpus=pod.gpus, candidates=len(names), fit=len(ok),
             reason="nodes with enough free GPUs (reservations counted as taken)",
@@ -282,25 +296,24 @@ class Extender:
             self.state.observe(pod)
             _snap, views = self._current(now)
             plan = self.plans.get(pod.gang.key) if pod.gang is not None else None
-            key = (pod.gpus, id(views), self._views_key(), tuple(names))
+            key = (pod.gpus, tuple(names))
         if plan is not None:
             planned = {p.pod: p.node for p in plan.placements}.get(pod.key)
             return [(n, 10 if n == planned else 0) for n in names]
         if pod.gpus == 0:
             return [(n, 0) for n in names]
-        if key == self._scores_key:
-            scores = self._scores
-        else:
+        cached = self._scores
+        if cached is None or cached[0] is not views or len(cached[1]) > 64:
+            cached = self._scores = (views, {})
+        scores = cached[1].get(key)
+        if scores is None:
             scores = node_scores(pod.gpus, [views[n] for n in names if n in views], memo=self._memo_now())
-            self._scores_key, self._scores = key, scores
+            cached[1][key] = scores
         jsonlog.event(
             log, "prioritize", level=logging.DEBUG, pod=pod.key, gpus=pod.gpus, nodes=len(names),
             reason="node objective of the best GPU set, then least disruption",
         )
         return [(n, int(scores.get(n, 0))) for n in names]
-
-    def _views_key(self) -> tuple:
-        return (self.state.snapshot().version, self._assumed_version, self.reservations.version)
 
     # -------------------------------------------------------------------------------- bind
 

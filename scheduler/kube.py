@@ -177,10 +177,13 @@ class KubeState:
         self._pods: dict[str, PodInfo] = {}
         self._min: dict[str, int] = {}
         self._observed: dict[str, tuple[PodInfo, float]] = {}
-        self._version = 1
+        self._version = 0
         self._snap: Snapshot | None = None
         self._snap_at = -math.inf
         self._stale: set[str] = set()
+        self._pod_gpus: dict[str, int] = {}
+        self._snap_parts: tuple[dict[str, NodeInfo], dict[str, PodInfo], dict[str, int]] | None = None
+        self._nodes_dirty = self._pods_dirty = self._groups_dirty = True
         self._stop = threading.Event()
         self._listed: set[str] = set()
         self._threads: list[threading.Thread] = []
@@ -229,9 +232,18 @@ class KubeState:
         with self._lock:
             self._listed.add(kind)
 
-    def _changed(self) -> None:
-        self._version += 1
+    def _changed(self, kind: str) -> None:
+        """Something of `kind` (nodes, pods, groups) changed: the next snapshot rebuilds that part."""
+        setattr(self, f"_{kind}_dirty", True)
         self._snap = None
+
+    def _count(self, pod: PodInfo | None, sign: int) -> None:
+        if pod is not None and pod.node and pod.active and pod.gpus:
+            left = self._pod_gpus.get(pod.node, 0) + sign * pod.gpus
+            if left:
+                self._pod_gpus[pod.node] = left
+            else:
+                self._pod_gpus.pop(pod.node, None)
 
     # ------------------------------------------------------------------ nodes
 
@@ -253,7 +265,7 @@ class KubeState:
         infos = [self._node_info(o) for o in items]
         with self._lock:
             self._nodes = {i.name: i for i in infos if i.name}
-            self._changed()
+            self._changed("nodes")
 
     def _apply_node(self, kind: str, obj: dict[str, Any]) -> None:
         info = self._node_info(obj)
@@ -262,7 +274,7 @@ class KubeState:
                 self._nodes.pop(info.name, None)
             else:
                 self._nodes[info.name] = info
-            self._changed()
+            self._changed("nodes")
 
     # ------------------------------------------------------------------ pods
 
@@ -280,19 +292,24 @@ class KubeState:
         pods = [p for p in (self._pod(o) for o in items) if p is not None]
         with self._lock:
             self._pods = {p.key: p for p in pods}
-            self._changed()
+            self._pod_gpus = {}
+            for p in pods:
+                self._count(p, +1)
+            self._changed("pods")
 
     def _apply_pod(self, kind: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
         pod = None if kind == "DELETED" else self._pod(obj)
         with self._lock:
+            self._count(self._pods.get(key), -1)
             if pod is None:
                 self._pods.pop(key, None)
                 self._observed.pop(key, None)
             else:
                 self._pods[key] = pod
-            self._changed()
+                self._count(pod, +1)
+            self._changed("pods")
 
     def observe(self, pod: PodInfo) -> None:
         with self._lock:
@@ -301,7 +318,7 @@ class KubeState:
             fresh = pod.key not in self._observed
             self._observed[pod.key] = (pod, self.clock())
             if fresh:
-                self._changed()
+                self._changed("pods")
 
     # ------------------------------------------------------------------ podgroups
 
@@ -316,7 +333,7 @@ class KubeState:
         groups = dict(self._group(o) for o in items)
         with self._lock:
             self._min = {k: v for k, v in groups.items() if v is not None}
-            self._changed()
+            self._changed("groups")
 
     def _apply_group(self, kind: str, obj: dict[str, Any]) -> None:
         key, value = self._group(obj)
@@ -325,7 +342,7 @@ class KubeState:
                 self._min.pop(key, None)
             else:
                 self._min[key] = value
-            self._changed()
+            self._changed("groups")
 
     # ------------------------------------------------------------------ snapshot
 
@@ -337,23 +354,37 @@ class KubeState:
             purged = [k for k, (_, at) in self._observed.items() if now - at > OBSERVED_TTL_S]
             for key in purged:
                 del self._observed[key]
-            nodes = dict(self._nodes)
-            stale: set[str] = set()
-            for name, info in self._nodes.items():
-                topo = info.topology
-                if topo is not None and now - topo.generated_at > self.max_age_s:
-                    age = now - topo.generated_at
-                    stale.add(name)
+            stale = {
+                name
+                for name, info in self._nodes.items()
+                if info.topology is not None and now - info.topology.generated_at > self.max_age_s
+            }
+            prev = self._snap_parts
+            if self._nodes_dirty or prev is None or stale != self._stale:
+                nodes = dict(self._nodes)
+                for name in stale:
+                    info = nodes[name]
+                    assert info.topology is not None
+                    age = now - info.topology.generated_at
                     nodes[name] = replace(
                         info, topology=None,
                         topology_problem=f"annotation stale: {age:.0f}s old (limit {self.max_age_s:.0f}s)",
                     )
-            pods = {k: p for k, (p, _) in self._observed.items()}
-            pods.update(self._pods)
-            if self._snap is not None and (purged or stale != self._stale):
+            else:
+                nodes = prev[0]
+            if self._pods_dirty or purged or prev is None:
+                pods = {k: p for k, (p, _) in self._observed.items()}
+                pods.update(self._pods)
+                pod_gpus = dict(self._pod_gpus)
+            else:
+                pods, pod_gpus = prev[1], prev[2]
+            changed = prev is None or nodes is not prev[0] or pods is not prev[1] or self._groups_dirty
+            if changed:
                 self._version += 1
+            self._nodes_dirty = self._pods_dirty = self._groups_dirty = False
             self._stale = stale
-            self._snap = Snapshot(nodes, pods, dict(self._min), self._version)
+            self._snap_parts = (nodes, pods, pod_gpus)
+            self._snap = Snapshot(nodes, pods, dict(self._min), self._version, pod_gpus)
             self._snap_at = now
             return self._snap
 

@@ -69,6 +69,7 @@ class Snapshot:
     pods: Mapping[str, PodInfo]
     min_members: Mapping[str, int]          # PodGroup objects: "ns/name" -> minMember
     version: int = 0                        # changes whenever anything above changes
+    pod_gpus: Mapping[str, int] = field(default_factory=dict)   # node -> GPUs its bound, active pods hold
 
 
 def _obj(value: Any, where: str) -> Mapping[str, Any]:

@@ -61,15 +61,32 @@ class FileState:
         self.levels = tuple(levels) if levels is not None else None
         self._version = 1
         self._snap: Snapshot | None = None
+        self._nodes_view: dict[str, NodeInfo] | None = None
+        self._gpus_view: dict[str, int] | None = None
 
-    def _changed(self) -> None:
+    def _changed(self, nodes: bool = False, gpus: bool = False) -> None:
         self._version += 1
         self._snap = None
+        if nodes:
+            self._nodes_view = None
+        if gpus:
+            self._gpus_view = None
 
     def snapshot(self) -> Snapshot:
         with self._lock:
             if self._snap is None:
-                self._snap = Snapshot(dict(self._nodes), dict(self._pods), dict(self._min), self._version)
+                # Unchanged parts keep their identity, so the extender's views can skip them.
+                if self._nodes_view is None:
+                    self._nodes_view = dict(self._nodes)
+                if self._gpus_view is None:
+                    gpus: dict[str, int] = {}
+                    for p in self._pods.values():
+                        if p.node and p.active:
+                            gpus[p.node] = gpus.get(p.node, 0) + p.gpus
+                    self._gpus_view = gpus
+                self._snap = Snapshot(
+                    self._nodes_view, dict(self._pods), self._min, self._version, self._gpus_view
+                )
             return self._snap
 
     def observe(self, pod: PodInfo) -> None:
@@ -104,7 +121,7 @@ class FileState:
             self._nodes[node] = info
             self._pods[pod.key] = replace(known, node=node)
             self._held[pod.key] = tuple(gpus)
-            self._changed()
+            self._changed(nodes=True, gpus=True)
 
     def held(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """Pods bound through this state: pod -> (node, GPU indices it was given)."""
@@ -115,13 +132,13 @@ class FileState:
     def remove_node(self, name: str) -> None:
         with self._lock:
             self._nodes.pop(name, None)
-            self._changed()
+            self._changed(nodes=True)
 
     def delete_pod(self, key: str) -> None:
         """A pod ends: its GPUs go back to its node."""
         with self._lock:
             pod = self._pods.pop(key, None)
-            self._changed()
+            self._changed(nodes=True, gpus=True)
             if pod is None or not pod.node:
                 return
             info = self._nodes.get(pod.node)
