@@ -335,6 +335,9 @@ def host_path_of(spec: dict[str, Any], c: dict[str, Any], container_path: str) -
 def test_plugin_accepts_its_args_and_env_and_learns_its_node_name() -> None:
     cfg, _, c = loaded_plugin_config()
     assert cfg.node_name == "gpu-node-7"
+    assert cfg.publish == "true", (
+        "the scheduler needs the annotation: fail loudly when it cannot be published"
+    )
     assert cfg.resource_name == sched_defaults.RESOURCE_NAME
     assert cfg.backend_kind == "nvml", "on a real node the plugin must read NVML, not a topology file"
     known = {opt.env for opt in plugin_config.OPTIONS} | {plugin_config.CONFIG_ENV}
@@ -378,9 +381,8 @@ def test_plugin_runs_on_gpu_nodes_only_and_survives_pressure() -> None:
     assert sc["capabilities"]["drop"] == ["ALL"] and sc["allowPrivilegeEscalation"] is False
 
 
-def test_plugin_rbac_is_get_and_patch_nodes_only() -> None:
+def test_plugin_rbac_is_patch_nodes_only() -> None:
     rules = rbac_rules(render(""), "gputopo-device-plugin")
-    assert allows(rules, "", "nodes", "patch") and allows(rules, "", "nodes", "get")
     granted = {
         (g, r, v)
         for rule in rules
@@ -388,7 +390,7 @@ def test_plugin_rbac_is_get_and_patch_nodes_only() -> None:
         for r in rule["resources"]
         for v in rule["verbs"]
     }
-    assert granted == {("", "nodes", "get"), ("", "nodes", "patch")}
+    assert granted == {("", "nodes", "patch")}, "the publisher's one call is a merge patch of its Node"
 
 
 # ------------------------------------------------------------------ examples

@@ -100,8 +100,14 @@ def test_liveness_follows_the_socket_and_readiness_follows_registration(
 
     assert probe(live, env) != 0, "nothing serves yet: liveness must fail"
     log = kubelet_dir.parent / "plugin.log"
-    # A preset in place of NVML, and no metrics port to collide on.
-    plugin_env = {**env, "GPUTOPO_TOPOLOGY": "dgx1-v100", "GPUTOPO_METRICS_PORT": "0"}
+    # A preset in place of NVML, no metrics port to collide on, and no API server to publish to
+    # (publication end to end: tests/test_plugin_publish.py).
+    plugin_env = {
+        **env,
+        "GPUTOPO_TOPOLOGY": "dgx1-v100",
+        "GPUTOPO_METRICS_PORT": "0",
+        "GPUTOPO_PUBLISH": "false",
+    }
     plugin = start("deviceplugin", c.get("args", []), plugin_env, log)
     try:
         assert eventually(plugin_socket.exists, timeout=20), log.read_text()
