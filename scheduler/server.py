@@ -201,7 +201,8 @@ class Server:
         jsonlog.event(log, "listening", url=self.url)
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        if self._thread is not None:
+        if self._thread is not None:   # shutdown() waits for serve_forever: only if it ran
+            self.httpd.shutdown()
             self._thread.join(timeout=5)
+            self._thread = None
+        self.httpd.server_close()

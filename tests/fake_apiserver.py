@@ -269,7 +269,7 @@ def running(api: FakeAPI | None = None) -> Iterator[tuple[FakeAPI, FakeServer, c
     """A fake API server on a random loopback port and an official ApiClient pointed at it."""
     api = api or FakeAPI()
     server = FakeServer(api)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     cfg = client.Configuration()
     cfg.host = server.url

@@ -1,0 +1,135 @@
+"""The sidecar in live mode end to end: fake API server <- official client <- KubeState <-
+Extender <- HTTP <- kube-scheduler-shaped requests; binds land as pods/binding."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+
+import pytest
+
+from gputopo.annotation import encode, make
+from gputopo.topofile import load_preset
+from scheduler.extender import Extender
+from scheduler.kube import KubeState
+from scheduler.server import Server
+from tests import fake_apiserver as fk
+from tests.test_scheduler_http import Client
+
+NOW = 1_800_000_000.0
+KEY = "gputopo.io/topology"
+LEAF = "network.topology.nvidia.com/leaf"
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.02)
+    raise AssertionError("condition not reached")
+
+
+def annotation(name: str, allocated: tuple[int, ...] = (), at: float = NOW) -> str:
+    return encode(make(name, load_preset("dgx-a100"), generated_at=at, plugin_version="0.1.0", allocated=allocated))
+
+
+@pytest.fixture
+def live():
+    with fk.running() as (api, _, api_client):
+        clock = [NOW]
+        state = KubeState(api_client, clock=lambda: clock[0], watch_timeout_s=5, backoff_s=(0.05, 0.2))
+        ext = Extender(state, clock=lambda: clock[0])
+        server = Server(ext, "127.0.0.1", 0)
+
+        def start() -> Client:
+            state.start()
+            wait_until(state.ready)
+            server.start()
+            return Client(server)
+
+        try:
+            yield api, state, ext, start, clock
+        finally:
+            server.stop()
+            state.stop()
+
+
+def args(pod: dict, names: list[str]) -> dict:
+    return {"Pod": pod, "Nodes": None, "NodeNames": names}
+
+
+def test_unknown_topology_is_neutral_and_binds_go_through_the_api(live, caplog) -> None:
+    api, state, _ext, start, _clock = live
+    api.put("nodes", fk.node("n1", {LEAF: "l1"}, annotations={KEY: annotation("n1", (0, 1))}))
+    api.put("nodes", fk.node("n2", {LEAF: "l1"}, annotations={KEY: "{corrupt"}))
+    api.put("nodes", fk.node("n3", {LEAF: "l1"}, annotations={KEY: annotation("n3", at=NOW - 86400)}))
+    api.put("nodes", fk.node("n4", {LEAF: "l1"}))
+    pod = fk.pod("ml", "p", 2)
+    api.put("pods", pod)
+    caplog.set_level(logging.WARNING, logger="gputopo.scheduler")
+    client = start()
+    names = ["n1", "n2", "n3", "n4"]
+    _, out = client.post("/filter", args(pod, names))
+    assert out["NodeNames"] == names
+    _, scores = client.post("/prioritize", args(pod, names))
+    scores = {h["Host"]: h["Score"] for h in scores}
+    assert scores["n1"] == 10
+    assert scores["n2"] == scores["n3"] == scores["n4"] == 5, "missing, stale or corrupt: neutral"
+    warned = {r.fields["node"]: r.fields["reason"] for r in caplog.records if r.getMessage() == "unknown_topology"}
+    assert "not JSON" in warned["n2"] and "stale" in warned["n3"] and "missing" in warned["n4"]
+    bind = {"PodName": "p", "PodNamespace": "ml", "PodUID": pod["metadata"]["uid"], "Node": "n1"}
+    assert client.post("/bind", bind) == (200, {"Error": ""})
+    assert api.bindings == [("ml/p", "n1")]
+    wait_until(lambda: state.snapshot().pods["ml/p"].node == "n1")
+    # the plugin has not re-published yet: the sidecar still counts the 2 GPUs it just gave away
+    _, out = client.post("/filter", args(fk.pod("ml", "q", 5), ["n1"]))
+    assert out["FailedNodes"] == {"n1": "needs 5 GPUs, 4 free"}
+
+
+def test_gang_through_the_api_and_replan_after_a_refused_binding(live) -> None:
+    api, state, ext, start, _clock = live
+    for i, leaf in enumerate(["l1", "l1", "l2", "l2"]):
+        api.put("nodes", fk.node(f"n{i}", {LEAF: leaf}, annotations={KEY: annotation(f"n{i}")}))
+    api.put("podgroups", {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+                          "metadata": {"namespace": "ml", "name": "g"}, "spec": {"minMember": 2}})
+    pods = [fk.pod("ml", f"g-{i}", 8, labels={"scheduling.x-k8s.io/pod-group": "g"}) for i in range(2)]
+    for p in pods:
+        api.put("pods", p)
+    client = start()
+    names = [f"n{i}" for i in range(4)]
+    _, out = client.post("/filter", args(pods[0], names))
+    first = out["NodeNames"][0]
+    api.inject("bind", 500)
+    _, res = client.post("/bind", {"PodName": "g-0", "PodNamespace": "ml", "PodUID": "", "Node": first})
+    assert "500" in res["Error"]
+    assert "ml/g" not in ext.plans and len(ext.reservations) == 0, "plan dropped, capacity released"
+    placed = {}
+    for p in pods:
+        _, out = client.post("/filter", args(p, names))
+        (node,) = out["NodeNames"]
+        name = p["metadata"]["name"]
+        assert client.post("/bind", {"PodName": name, "PodNamespace": "ml", "PodUID": "", "Node": node})[1] == {
+            "Error": ""
+        }
+        placed[name] = node
+    assert len({int(n[1:]) // 2 for n in placed.values()}) == 1, "both members in one leaf"
+    assert sorted(api.bindings) == sorted((f"ml/{k}", v) for k, v in placed.items())
+    assert json.loads(json.dumps(placed))  # plain data
+
+
+def test_readyz_waits_for_the_first_list(live) -> None:
+    api, state, ext, _start, _clock = live
+    server = Server(ext, "127.0.0.1", 0)
+    server.start()
+    try:
+        client = Client(server)
+        assert client.raw("GET", "/readyz")[0] == 503
+        api.put("nodes", fk.node("n1"))
+        state.start()
+        wait_until(state.ready)
+        assert client.raw("GET", "/readyz")[0] == 200
+    finally:
+        server.stop()
