@@ -1,0 +1,73 @@
+"""`python -m scheduler` as a process: flags, one-line errors with exit code 2, clean stop."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "scheduler", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--listen", "nowhere"], "expected HOST:PORT"),
+        (["--cluster", "/nonexistent/cluster.yaml"], "cannot read"),
+        (["--levels", "not a label!"], "not a valid node-label key"),
+        (["--reservation-ttl", "-3"], "must be positive"),
+        (["--bogus"], "unrecognized arguments"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
+    res = run(*args)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], res.stderr
+
+
+def test_bad_cluster_file_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "c.yaml"
+    bad.write_text("nodes:\n  - name: a\n    gpus: no-such-preset\n")
+    res = run("--cluster", str(bad))
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "nodes[0]" in res.stderr
+
+
+def test_serves_a_cluster_file_and_stops_on_sigterm(tmp_path: Path) -> None:
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("nodes:\n  - name: a1\n    gpus: dgx-a100\n    allocated: [0]\n")
+    proc = subprocess.Popen([sys.executable, "-m", "scheduler", "--cluster", str(cluster), "--listen", "127.0.0.1:0"],
+                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            doc = json.loads(line)
+            if doc["event"] == "listening":
+                url = doc["url"]
+                break
+        assert url
+        assert urllib.request.urlopen(url + "/healthz", timeout=10).status == 200
+        body = json.dumps({"Pod": {"metadata": {"name": "p", "namespace": "ml"},
+                                   "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "8"}}}]}},
+                           "Nodes": None, "NodeNames": ["a1"]}).encode()
+        req = urllib.request.Request(url + "/filter", data=body, headers={"Content-Type": "application/json"})
+        out = json.loads(urllib.request.urlopen(req, timeout=10).read())
+        assert out["FailedNodes"] == {"a1": "needs 8 GPUs, 7 free"}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
