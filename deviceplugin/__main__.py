@@ -108,6 +108,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     # Heavy imports (grpc, numpy) only once the flags are known good: bad flags fail fast.
     from deviceplugin.daemon import Daemon
     from deviceplugin.server import ServerError
+    from gputopo.allocator import AllocationError
     from gputopo.topology import TopologyError
 
     stop = threading.Event()
@@ -130,37 +131,42 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if backend is None:
         return 0
 
+    try:
+        publication = _publication(config)  # built (not started) first: a failure starts nothing
+    except InitError as e:
+        backend.close()
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
     daemon = Daemon(config, backend)
     try:
-        publication = _publication(config)
-    except InitError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 1
-    if publication is not None:
-        daemon.add_listener(publication.publisher.update)
-        daemon.add_allocate_listener(publication.publisher.poke)
-    try:
         daemon.start()
-    except TopologyError as e:
-        print(f"{PROG}: error: topology: {e}", file=sys.stderr)
-        return 2
+    except (TopologyError, AllocationError) as e:
+        # a topology we were handed is a bad value (2); one NVML found is the node's fact (1)
+        return _fail(f"topology: {e}", 2 if config.topology else 1, publication)
     except ServerError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 1
+        return _fail(str(e), 1, publication)
     except Exception as e:  # the backend failed its first probe: say why in one line, no traceback
-        print(f"{PROG}: error: cannot start: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+        return _fail(f"cannot start: {type(e).__name__}: {e}", 1, publication)
+    if publication is not None:
+        daemon.add_listener(publication.publisher.update)  # called at once with the current snapshot
+        daemon.add_allocate_listener(publication.publisher.poke)
+        publication.publisher.start()
     # Everything built so far (allocator tables, stubs, modules) lives as long as the process:
     # keep it out of the collector's way so a full collection never lands inside an RPC.
     gc.freeze()
-    if publication is not None:
-        publication.publisher.start()
     while not stop.wait(0.5):
         pass
     if publication is not None:
         publication.stop()
     daemon.stop()
     return 0
+
+
+def _fail(message: str, code: int, publication: NodePublication | None) -> int:
+    if publication is not None:
+        publication.pods.close()
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

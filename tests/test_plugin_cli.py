@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -219,3 +220,19 @@ def test_nvml_init_failure_keeps_retrying_when_asked(folder: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_topology_beyond_the_allocator_exits_2(folder: Path) -> None:
+    n = 17
+    codes = [["X" if i == j else "NV1" for j in range(n)] for i in range(n)]
+    big = folder / "big.json"
+    big.write_text(json.dumps({"name": "big", "gpus": [{"index": i} for i in range(n)], "links": codes}))
+    proc = plugin(
+        "--kubelet-dir", str(folder), "--topology", str(big), "--metrics-port", "0", "--publish", "false"
+    )
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    last = err.decode().splitlines()[-1]
+    assert last.startswith("deviceplugin: error: topology:") and "16" in last
+    assert "Traceback" not in err.decode()
+    assert not (folder / defaults.SOCKET_NAME).exists()
