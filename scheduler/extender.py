@@ -236,7 +236,8 @@ class Extender:
         back = self._backoff.get(gang)
         if back is not None and now < back.until:
             return _Wait(f"{back.reason} (retry in {back.until - now:.0f}s)")
-        pending = [m for m in members if not m.node and m.key not in self._assumed]
+        # Members without GPUs count towards minMember but need no placement.
+        pending = [m for m in members if not m.node and m.key not in self._assumed and m.gpus > 0]
         bound_nodes = {m.node for m in members if m.node} | {
             self._assumed[m.key].node for m in members if m.key in self._assumed
         }
@@ -359,6 +360,13 @@ class Extender:
             raise
         self.metrics.binds.labels(result="bound").inc()
         jsonlog.event(log, "bind", pod=key, node=node, gpus=list(gpus), gang=gang, result="bound")
+        if gang is not None:
+            with self._lock:
+                plan = self.plans.get(gang)
+                if plan is not None and not any(self.reservations.get(p.pod) for p in plan.placements):
+                    del self.plans[gang]
+                    jsonlog.event(log, "gang_bound", gang=gang, level=plan.level, domain=plan.domain,
+                                  members=len(plan.placements), reason="every planned member is bound")
 
     def _pick(self, view: NodeView | None, size: int, node: str) -> tuple[int, ...]:
         if view is None or size == 0:

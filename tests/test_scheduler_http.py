@@ -270,3 +270,15 @@ def test_parallel_single_pods_never_share_a_gpu(serve) -> None:
         assert g not in initially.get(node, set())
     assert held, "some pods were bound"
     assert all("free" in e or "GPUs" in e for e in errors)
+
+
+def test_gang_members_without_gpus_count_but_need_no_placement(serve) -> None:
+    state = cluster(podgroups=[{"namespace": "ml", "name": "g2", "minMember": 3}])
+    client, ext = serve(state)
+    launcher = fk.pod("ml", "launcher", 0, labels={"scheduling.x-k8s.io/pod-group": "g2"})
+    _, out = client.post("/filter", args(launcher, ALL))
+    assert out["NodeNames"] == ALL, "a GPU-less member goes anywhere"
+    client.post("/filter", args(gang_pod("w-0", 8, "g2"), ALL))
+    _, out = client.post("/filter", args(gang_pod("w-1", 8, "g2"), ALL))
+    assert out["NodeNames"] in (["a3"], ["a4"])
+    assert {p.pod for p in ext.plans["ml/g2"].placements} == {"ml/w-0", "ml/w-1"}
