@@ -121,6 +121,7 @@ class KubeletWatcher:
         self._next_attempt = 0.0
         self._kubelet_id: FileId | None = _UNSEEN  # so the first poll always logs what it finds
         self._info = RegistrationInfo()
+        self._serving_lost = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -141,11 +142,16 @@ class KubeletWatcher:
             self._thread = None
 
     def _run(self) -> None:
+        last_error = ""
         while not self._stop.is_set():
             try:
                 self.step()
+                last_error = ""
             except Exception as e:  # keep watching whatever happens; the next poll may succeed
-                jsonlog.event(log, "watch_failed", logging.ERROR, reason=f"{type(e).__name__}: {e}")
+                reason = f"{type(e).__name__}: {e}"
+                if reason != last_error:  # once per distinct failure, not every 150 ms
+                    jsonlog.event(log, "watch_failed", logging.ERROR, reason=reason + "; retrying")
+                    last_error = reason
             self._stop.wait(self._interval)
 
     def _unregistered(self) -> None:
@@ -154,14 +160,17 @@ class KubeletWatcher:
 
     def step(self) -> None:
         if not self._server.socket_intact():
-            jsonlog.event(
-                log,
-                "plugin_socket_lost",
-                socket=self._server.path,
-                reason="our socket was deleted or replaced (kubelet restart?): serving again",
-            )
-            self._server.restart()
-            self._unregistered()
+            if not self._serving_lost:  # log the loss once, however many polls it takes to recover
+                jsonlog.event(
+                    log,
+                    "plugin_socket_lost",
+                    socket=self._server.path,
+                    reason="our socket was deleted or replaced (kubelet restart?): serving again",
+                )
+            self._serving_lost = True
+            self._unregistered()  # kubelet cannot reach us now, whatever happens next
+            self._server.restart()  # raises while the path stays blocked; the next poll retries
+            self._serving_lost = False
             self._next_attempt = self._clock()
         kid = file_id(self._config.kubelet_socket)
         if kid != self._kubelet_id:

@@ -116,3 +116,19 @@ def test_stop_ends_streams_and_removes_socket(folder: Path) -> None:
         assert list(it) == []
         assert stream.code() == grpc.StatusCode.OK
         assert not sock.exists()
+
+
+def test_recovers_once_a_blocking_file_is_gone(folder: Path) -> None:
+    sock = folder / "gputopo-gpu.sock"
+    with fake_kubelet(folder) as kubelet, running_daemon(folder, "rtx8000-4") as daemon:
+        assert kubelet.wait(1, 10) is not None
+        kubelet.stop(delete_sockets=True)
+        sock.write_text("someone else's file")
+        kubelet.start()
+        time.sleep(0.8)
+        assert sock.read_text() == "someone else's file", "never delete what is not our socket"
+        assert len(kubelet.registrations) == 1 and not daemon.registration().registered
+        sock.unlink()
+        reg = kubelet.wait(2, 5)
+        assert reg is not None, kubelet.refusals
+        assert len(first_list(sock)) == 4
