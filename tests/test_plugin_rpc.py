@@ -9,6 +9,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from deviceplugin.status_client import StatusUnavailable, fetch_status
 from gputopo.topofile import load_preset
@@ -236,3 +238,49 @@ def test_cdi_strategy_names_cdi_devices() -> None:
             assert "NVIDIA_VISIBLE_DEVICES" not in c.envs
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+ID_POOL = [*UUIDS, "GPU-gone-1", "GPU-gone-2", ""]
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> tuple[list[str], list[str], int]:
+    """Mostly well-formed requests (unique offers, must drawn from them, size in range), with
+    every kind of defect mixed in: duplicates, foreign or empty IDs, sizes out of range."""
+    ids = st.sampled_from(ID_POOL)
+    available = draw(st.lists(ids, max_size=11, unique=draw(st.booleans()) or draw(st.booleans())))
+    pool = st.sampled_from(available) if available and draw(st.integers(0, 4)) else ids
+    must = draw(st.lists(pool, max_size=3, unique=draw(st.integers(0, 4)) > 0))
+    size = draw(
+        st.integers(-1, 12)
+        if not draw(st.integers(0, 3))
+        else st.integers(len(must), max(len(must), len(available)))
+    )
+    return available, must, size
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(request=requests())
+def test_any_request_gets_the_best_valid_answer_or_invalid_argument(stub, request) -> None:
+    available, must, size = request
+    known = [a for a in available if a in UUIDS]
+    valid = (
+        size > 0
+        and len(set(available)) == len(available)
+        and len(set(must)) == len(must)
+        and set(must) <= set(available)
+        and len(must) <= size <= len(available)
+        and all(m in UUIDS for m in must)
+        and size <= len(known)
+    )
+    event("valid" if valid else "invalid")
+    try:
+        got = prefer(stub, available, size, must)
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e.details()
+        assert not valid, e.details()
+        return
+    assert valid
+    free = tuple(sorted(UUIDS.index(a) for a in known))
+    expected = brute_force_choose(TOPO, free, size, tuple(sorted(UUIDS.index(m) for m in must)))
+    assert got == [UUIDS[i] for i in expected]
