@@ -81,6 +81,7 @@ class Extender:
         self._views = ViewBuilder()
         self._warned: dict[str, str] = {}
         self._warned_for: object = None
+        self._gang_index: tuple[object, dict[str, list[PodInfo]]] | None = None
         self._fits: tuple[dict[str, NodeView], dict[int, tuple[frozenset[str], dict[str, str]]]] | None = None
         # node scores per views object: (views, {(gpus, names): scores}); swapped whole
         self._scores: tuple[dict[str, NodeView], dict[tuple, dict[str, int]]] | None = None
@@ -207,10 +208,15 @@ class Extender:
         return out
 
     def _members(self, gang: str, snap: Snapshot) -> list[PodInfo]:
-        return sorted(
-            (p for p in snap.pods.values() if p.gang is not None and p.gang.key == gang and p.active),
-            key=lambda p: p.key,
-        )
+        """Active pods of a gang; the index is rebuilt once per pods mapping, not per call."""
+        cached = self._gang_index
+        if cached is None or cached[0] is not snap.pods:
+            index: dict[str, list[PodInfo]] = {}
+            for p in snap.pods.values():
+                if p.gang is not None and p.active:
+                    index.setdefault(p.gang.key, []).append(p)
+            cached = self._gang_index = (snap.pods, index)
+        return sorted(cached[1].get(gang, ()), key=lambda p: p.key)
 
     def _gang_decision(
         self, pod: PodInfo, snap: Snapshot, views: dict[str, NodeView], now: float
