@@ -27,6 +27,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
         (["--levels", "not a label!"], "not a valid node-label key"),
         (["--reservation-ttl", "-3"], "must be positive"),
         (["--bogus"], "unrecognized arguments"),
+        (["--kubeconfig", "/nonexistent/kubeconfig"], "cannot load Kubernetes configuration"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
