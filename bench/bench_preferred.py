@@ -12,6 +12,8 @@ must-include GPU; kubelet's random ID order is imitated by shuffling the offered
   minutes), so the baseline is brute force over key 1 (ring bandwidth) only, the part
   design.md §2 promises exact on 16 GPUs.
 * allocator: `gputopo.allocator.Allocator.choose`, the allocator built once (build time shown).
+* grpc floor: GetDevicePluginOptions on the same channel, a call that does no work: what the
+  Python gRPC transport alone costs on this machine.
 * grpc: `python -m deviceplugin` in its own process (file backend, info-level decision logs
   written to /dev/null, so their cost is included) answering GetPreferredAllocation from a
   client in this process over the plugin's socket, one container request per call as kubelet
@@ -162,6 +164,8 @@ def bench_preset(preset: str, count: int, seed: int) -> list[tuple]:
         # warm the channel and the plugin's code paths on other requests (the allocator caches answers)
         timed(call, make_requests(n, 20, random.Random(seed + 2)))
         grpc_t, grpc_a = timed(call, reqs)
+        # the transport alone: a call that does no work, on the same channel and process
+        floor_t, _ = timed(lambda r: plugin.stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=30), reqs)
     finally:
         plugin.close()
 
@@ -196,6 +200,10 @@ def bench_preset(preset: str, count: int, seed: int) -> list[tuple]:
                 verdict,
             )
         )
+    f50, f99 = pct(floor_t, 0.5), pct(floor_t, 0.99)
+    rows.append(
+        (preset, n, "grpc floor (GetDevicePluginOptions)", len(floor_t), f50, f99, "-", "-", "-", "-")
+    )
     return rows
 
 

@@ -76,7 +76,9 @@ class PluginServer:
             self._store, self._config, self._metrics, self._stopping, allocated=self._allocated
         )
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="plugin-rpc")
+            futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="plugin-rpc"),
+            # kubelet waits on every call during pod admission: favour latency over throughput
+            options=[("grpc.optimization_target", "latency")],
         )
         api_pb2_grpc.add_DevicePluginServicer_to_server(service, server)
         status_pb2_grpc.add_StatusServicer_to_server(
