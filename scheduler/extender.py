@@ -368,6 +368,8 @@ class Extender:
         jsonlog.event(log, "bind", pod=key, node=node, gpus=list(gpus), gang=gang, result="bound")
         if gang is not None:
             with self._lock:
+                # a member bound: the gang is progressing, so its other reservations get a new TTL
+                self.reservations.renew_gang(gang, self.clock() + self.ttl_s)
                 plan = self.plans.get(gang)
                 if plan is not None and not any(self.reservations.get(p.pod) for p in plan.placements):
                     del self.plans[gang]

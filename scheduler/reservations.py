@@ -9,7 +9,7 @@ passed in by the caller so tests decide when things expire.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,13 @@ class Reservations:
         if gone:
             self.version += 1
         return gone
+
+    def renew_gang(self, gang: str, expires_at: float) -> int:
+        """Push a gang's expiry out (it is making progress); returns how many were renewed."""
+        mine = [r for r in self._by_pod.values() if r.gang == gang]
+        for r in mine:
+            self._by_pod[r.pod] = replace(r, expires_at=expires_at)
+        return len(mine)
 
     def expired(self, now: float) -> set[str]:
         """Gangs with at least one reservation past its time."""

@@ -214,3 +214,24 @@ def test_gang_reservation_expires_and_capacity_returns(running) -> None:
     standin.schedule_one(g0, out)
     assert out.bound.keys() == {"ml/g-0", "ml/g-1"}
     assert len({n.split("-n")[0] for n in out.bound.values()}) == 1
+
+
+def test_binding_progress_renews_the_gang_reservations(running) -> None:
+    nodes = [{"name": f"n{i}", "labels": {HOSTNAME: f"n{i}", LEAF: "leaf-a", SPINE: "s"}, "gpus": "dgx-a100"}
+             for i in range(3)]
+    state = from_cluster(parse_cluster({"levels": list(LEVELS), "nodes": nodes,
+                                        "podgroups": [{"namespace": "ml", "name": "g", "minMember": 3}]}))
+    clock = [1000.0]
+    ext, standin = running(state, clock, ttl_s=30)
+    pods = [fk.pod("ml", f"g-{i}", 8, labels={GROUP: "g"}) for i in range(3)]
+    out = standin.run([], clock=clock)
+    for p in pods[:2]:
+        standin.schedule_one(p, out)
+    standin.schedule_one(pods[2], out)          # plans all three, binds g-2
+    plan = ext.plans["ml/g"]
+    for p in pods[:2]:
+        clock[0] += 20                           # each step inside the TTL, the sum beyond it
+        standin.schedule_one(p, out)
+        assert ext.plans.get("ml/g", plan) is plan, "the same plan, renewed by each bind"
+    assert len(out.bound) == 3 and "ml/g" not in ext.plans
+    assert ext.metrics.plans.labels(result="dropped")._value.get() == 0
