@@ -6,10 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gputopo import annotation
 from gputopo.annotation import AnnotationError, decode, encode, make
 from gputopo.topology import Topology, make_topology
+from tests.strategies import topologies
 
 PRESETS = Path(__file__).resolve().parent.parent / "gputopo" / "presets"
 NOW = 1_800_000_000.0
@@ -102,3 +105,19 @@ def test_corrupt_annotations_are_rejected_with_a_reason(mutate, message: str) ->
 def test_missing_or_garbage_text(text: str | None) -> None:
     with pytest.raises(AnnotationError):
         decode(text, now=NOW, max_age_s=600)
+
+
+@settings(max_examples=60, deadline=None)
+@given(topologies(max_gpus=16), st.data())
+def test_round_trip_property(topo: Topology, data: st.DataObject) -> None:
+    """Any valid topology, health and allocation survives encode/decode unchanged."""
+    idx = st.sets(st.integers(0, topo.n - 1))
+    unhealthy, allocated = data.draw(idx), data.draw(idx)
+    at = data.draw(st.floats(0, 2e9, allow_nan=False))
+    value = make("n", topo, generated_at=at, plugin_version="v", unhealthy=unhealthy, allocated=allocated)
+    text = encode(value)
+    back = decode(text, now=at, max_age_s=0)
+    assert (back.unhealthy, back.allocated, back.generated_at) == (frozenset(unhealthy), frozenset(allocated), at)
+    assert [(g.uuid, g.numa) for g in back.topology.gpus] == [(g.uuid, g.numa) for g in topo.gpus]
+    assert (back.topology.bandwidth_mbps == topo.bandwidth_mbps).all()
+    assert encode(back) == text
