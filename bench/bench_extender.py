@@ -43,10 +43,18 @@ GROUP = "scheduling.x-k8s.io/pod-group"
 
 def pod(name: str, gpus: int, labels: dict[str, str] | None = None) -> dict[str, Any]:
     return {
-        "apiVersion": "v1", "kind": "Pod",
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {"name": name, "namespace": "bench", "uid": f"uid-{name}", "labels": labels or {}},
-        "spec": {"containers": [{"name": "main", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
-                                 "resources": {"limits": {"nvidia.com/gpu": str(gpus), "cpu": "8"}}}]},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus), "cpu": "8"}},
+                }
+            ]
+        },
         "status": {"phase": "Pending"},
     }
 
@@ -54,22 +62,44 @@ def pod(name: str, gpus: int, labels: dict[str, str] | None = None) -> dict[str,
 def node_object(name: str, labels: dict[str, str]) -> dict[str, Any]:
     """A v1.Node about the size kube-scheduler sends (labels, conditions, addresses, images)."""
     return {
-        "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": "12345",
-                     "labels": {**labels, "kubernetes.io/os": "linux", "node.kubernetes.io/instance-type": "dgx"},
-                     "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "resourceVersion": "12345",
+            "labels": {**labels, "kubernetes.io/os": "linux", "node.kubernetes.io/instance-type": "dgx"},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+        },
         "spec": {"podCIDR": "10.0.0.0/24", "providerID": f"metal://{name}"},
         "status": {
             "capacity": {"cpu": "256", "memory": "2113407168Ki", "nvidia.com/gpu": "8", "pods": "110"},
             "allocatable": {"cpu": "255", "memory": "2100000000Ki", "nvidia.com/gpu": "8", "pods": "110"},
-            "conditions": [{"type": t, "status": "False", "reason": f"No{t}", "message": f"kubelet has no {t}",
-                            "lastHeartbeatTime": "2026-11-29T07:00:00Z", "lastTransitionTime": "2026-11-01T00:00:00Z"}
-                           for t in ("MemoryPressure", "DiskPressure", "PIDPressure")],
-            "addresses": [{"type": "InternalIP", "address": "10.1.2.3"}, {"type": "Hostname", "address": name}],
-            "nodeInfo": {"kubeletVersion": "v1.31.2", "containerRuntimeVersion": "containerd://1.7.22",
-                         "kernelVersion": "6.8.0-45-generic", "osImage": "Ubuntu 24.04.1 LTS",
-                         "architecture": "amd64", "operatingSystem": "linux"},
-            "images": [{"names": [f"nvcr.io/nvidia/pytorch@sha256:{i:064x}"], "sizeBytes": 9_000_000_000}
-                       for i in range(8)],
+            "conditions": [
+                {
+                    "type": t,
+                    "status": "False",
+                    "reason": f"No{t}",
+                    "message": f"kubelet has no {t}",
+                    "lastHeartbeatTime": "2026-11-29T07:00:00Z",
+                    "lastTransitionTime": "2026-11-01T00:00:00Z",
+                }
+                for t in ("MemoryPressure", "DiskPressure", "PIDPressure")
+            ],
+            "addresses": [
+                {"type": "InternalIP", "address": "10.1.2.3"},
+                {"type": "Hostname", "address": name},
+            ],
+            "nodeInfo": {
+                "kubeletVersion": "v1.31.2",
+                "containerRuntimeVersion": "containerd://1.7.22",
+                "kernelVersion": "6.8.0-45-generic",
+                "osImage": "Ubuntu 24.04.1 LTS",
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+            },
+            "images": [
+                {"names": [f"nvcr.io/nvidia/pytorch@sha256:{i:064x}"], "sizeBytes": 9_000_000_000}
+                for i in range(8)
+            ],
         },
     }
 
@@ -99,8 +129,12 @@ def bench_size(spines: int, requests: int, baseline_requests: int, seed: int) ->
     snap = generate_cluster(spines, 25, 20, MIX, seed, busy_fraction=0.3)
     names = [n.name for n in snap.nodes]
     labels = {n.name: dict(n.labels) for n in snap.nodes}
-    node_list = {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"},
-                 "items": [node_object(n, labels[n]) for n in names]}
+    node_list = {
+        "kind": "NodeList",
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": "1"},
+        "items": [node_object(n, labels[n]) for n in names],
+    }
     state = from_cluster(snap)
     ext = Extender(state, snap.levels, clock=time.time)
     server = Server(ext, "127.0.0.1", 0)
@@ -113,7 +147,7 @@ def bench_size(spines: int, requests: int, baseline_requests: int, seed: int) ->
     sizes = [rng.choice([1, 2, 4, 8]) for _ in range(requests)]
     out: dict[str, dict[str, tuple]] = {}
     try:
-        ext.filter(parse_pod(pod("warm", 1)), names)            # allocator tables, first views
+        ext.filter(parse_pod(pod("warm", 1)), names)  # allocator tables, first views
         for way in ("in-process", "http cache", "http full"):
             n = baseline_requests if way == "http full" else requests
             filt: list[float] = []
@@ -127,14 +161,25 @@ def bench_size(spines: int, requests: int, baseline_requests: int, seed: int) ->
                     t1 = time.perf_counter()
                     ext.prioritize(info, survivors)
                 elif way == "http cache":
-                    res = client.post("/filter", b'{"Pod":%s,"Nodes":null,"NodeNames":%s}' % (json.dumps(p).encode(), names_json))
+                    res = client.post(
+                        "/filter",
+                        b'{"Pod":%s,"Nodes":null,"NodeNames":%s}' % (json.dumps(p).encode(), names_json),
+                    )
                     t1 = time.perf_counter()
-                    client.post("/prioritize", json.dumps({"Pod": p, "Nodes": None,
-                                                           "NodeNames": res["NodeNames"]}).encode())
+                    client.post(
+                        "/prioritize",
+                        json.dumps({"Pod": p, "Nodes": None, "NodeNames": res["NodeNames"]}).encode(),
+                    )
                 else:
-                    res = client.post("/filter", b'{"Pod":%s,"Nodes":%s,"NodeNames":null}' % (json.dumps(p).encode(), list_json))
+                    res = client.post(
+                        "/filter",
+                        b'{"Pod":%s,"Nodes":%s,"NodeNames":null}' % (json.dumps(p).encode(), list_json),
+                    )
                     t1 = time.perf_counter()
-                    client.post("/prioritize", json.dumps({"Pod": p, "Nodes": res["Nodes"], "NodeNames": None}).encode())
+                    client.post(
+                        "/prioritize",
+                        json.dumps({"Pod": p, "Nodes": res["Nodes"], "NodeNames": None}).encode(),
+                    )
                 t2 = time.perf_counter()
                 filt.append((t1 - t0) * 1000)
                 both.append((t2 - t0) * 1000)
@@ -169,7 +214,11 @@ def bench_gangs(runs: int, seed: int) -> dict[str, tuple[float, float, str]]:
             if r:
                 samples.append(elapsed)
             plan = ext.plans.get(f"bench/{key}")
-            where = f"{plan.level.rpartition('/')[2]} {plan.domain}" if plan else next(iter(res.unresolvable.values()))
+            where = (
+                f"{plan.level.rpartition('/')[2]} {plan.domain}"
+                if plan
+                else next(iter(res.unresolvable.values()))
+            )
         results[f"{count}x8"] = (*pct(samples), where)
     return results
 
@@ -181,18 +230,22 @@ def main() -> None:
     ap.add_argument("--gang-runs", type=int, default=15)
     ap.add_argument("--seed", type=int, default=3)
     args = ap.parse_args()
-    logging.disable(logging.INFO)   # decision logs off: we time the decisions, not the log sink
+    logging.disable(logging.INFO)  # decision logs off: we time the decisions, not the log sink
     print("extender latency, ms (p50 / p99); speed-up = baseline / way at the same percentile")
-    print(f"{'nodes':>6} {'way':<11} {'filter p50':>10} {'p99':>8} {'f+prio p50':>10} {'p99':>8} "
-          f"{'speed-up p50':>12} {'p99':>6}")
+    print(
+        f"{'nodes':>6} {'way':<11} {'filter p50':>10} {'p99':>8} {'f+prio p50':>10} {'p99':>8} "
+        f"{'speed-up p50':>12} {'p99':>6}"
+    )
     for spines, label in ((2, "1000"), (10, "5000")):
         res = bench_size(spines, args.requests, args.baseline_requests, args.seed)
         base = res["http full"]["filter+prioritize"]
         for way, r in res.items():
             f50, f99 = r["filter"]
             b50, b99 = r["filter+prioritize"]
-            print(f"{label:>6} {way:<11} {f50:>10.2f} {f99:>8.2f} {b50:>10.2f} {b99:>8.2f} "
-                  f"{base[0] / b50:>11.1f}x {base[1] / b99:>5.1f}x")
+            print(
+                f"{label:>6} {way:<11} {f50:>10.2f} {f99:>8.2f} {b50:>10.2f} {b99:>8.2f} "
+                f"{base[0] / b50:>11.1f}x {base[1] / b99:>5.1f}x"
+            )
     print()
     print("gang planning through the extender, 5,000 nodes, ms")
     print(f"{'gang':<7} {'p50':>8} {'p99':>8}  placed in")

@@ -121,8 +121,13 @@ class Publisher:
             try:
                 delay = self.sync(self.monotonic())
             except Exception as e:  # never let a bug end the thread silently
-                jsonlog.event(log, "publish_failed", logging.ERROR, node=self.node_name,
-                              reason=f"{type(e).__name__}: {e}")
+                jsonlog.event(
+                    log,
+                    "publish_failed",
+                    logging.ERROR,
+                    node=self.node_name,
+                    reason=f"{type(e).__name__}: {e}",
+                )
                 delay = self.backoff_s[1]
             self._wake.wait(timeout=max(0.0, delay))
             self._wake.clear()
@@ -140,8 +145,14 @@ class Publisher:
         try:
             self._in_use = ids_to_uuids(self.in_use())
         except PodResourcesError as e:
-            jsonlog.event(log, "podresources_failed", logging.WARNING, node=self.node_name, reason=str(e),
-                          effect="keeping the last in-use set" if self._in_use is not None else "not publishing yet")
+            jsonlog.event(
+                log,
+                "podresources_failed",
+                logging.WARNING,
+                node=self.node_name,
+                reason=str(e),
+                effect="keeping the last in-use set" if self._in_use is not None else "not publishing yet",
+            )
             if self._in_use is None:
                 return self._fail(now)
         content = self._content(snap, self._in_use or frozenset())
@@ -149,25 +160,46 @@ class Publisher:
         if not changed and now - self._patched_at < self.heartbeat_s:
             return min(self.resync_s, self._patched_at + self.heartbeat_s - now)
         if now - self._patched_at < self.min_interval_s:
-            return self._patched_at + self.min_interval_s - now   # coalesce: the newest wins later
+            return self._patched_at + self.min_interval_s - now  # coalesce: the newest wins later
         _, unhealthy, allocated = content
-        text = encode(make(self.node_name, snap.topology, generated_at=self.wall(), plugin_version=self.plugin_version,
-                           unhealthy=unhealthy, allocated=allocated))
+        text = encode(
+            make(
+                self.node_name,
+                snap.topology,
+                generated_at=self.wall(),
+                plugin_version=self.plugin_version,
+                unhealthy=unhealthy,
+                allocated=allocated,
+            )
+        )
         body = {"metadata": {"annotations": {self.annotation_key: text}}}
         try:
             self.api.patch_node(self.node_name, body, _content_type="application/merge-patch+json")
         except Exception as e:
             status = getattr(e, "status", None)
-            jsonlog.event(log, "publish_failed", logging.WARNING, node=self.node_name, status=status,
-                          reason=f"{type(e).__name__}: {getattr(e, 'reason', None) or e}",
-                          retry_in_s=self._delay)
+            jsonlog.event(
+                log,
+                "publish_failed",
+                logging.WARNING,
+                node=self.node_name,
+                status=status,
+                reason=f"{type(e).__name__}: {getattr(e, 'reason', None) or e}",
+                retry_in_s=self._delay,
+            )
             return self._fail(now)
         self._published = content
         self._patched_at = now
         self._delay = self.backoff_s[0]
         self.patches += 1
-        jsonlog.event(log, "published", node=self.node_name, bytes=len(text), allocated=sorted(allocated),
-                      unhealthy=sorted(unhealthy), reason="content changed" if changed else "heartbeat")
+        jsonlog.event(
+            log,
+            "published",
+            node=self.node_name,
+            bytes=len(text),
+            allocated=sorted(allocated),
+            unhealthy=sorted(unhealthy),
+            reason="content changed" if changed else "heartbeat",
+        )
         return self.resync_s
 
     def _fail(self, now: float) -> float:
@@ -184,11 +216,25 @@ class Publisher:
         by_uuid = topo.index_by_uuid
         unknown = sorted(u for u in in_use if u not in by_uuid)
         if unknown:
-            jsonlog.event(log, "unknown_devices", logging.WARNING, node=self.node_name, ids=unknown[:8],
-                          reason="kubelet reports devices this plugin does not have; ignored")
+            jsonlog.event(
+                log,
+                "unknown_devices",
+                logging.WARNING,
+                node=self.node_name,
+                ids=unknown[:8],
+                reason="kubelet reports devices this plugin does not have; ignored",
+            )
         allocated = tuple(sorted(by_uuid[u] for u in in_use if u in by_uuid))
-        text = encode(make(self.node_name, topo, generated_at=0.0, plugin_version=self.plugin_version,
-                           unhealthy=unhealthy, allocated=allocated))
+        text = encode(
+            make(
+                self.node_name,
+                topo,
+                generated_at=0.0,
+                plugin_version=self.plugin_version,
+                unhealthy=unhealthy,
+                allocated=allocated,
+            )
+        )
         return (text, unhealthy, allocated)
 
 

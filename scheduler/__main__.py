@@ -51,15 +51,28 @@ def _positive(text: str) -> float:
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m scheduler", description="gputopo kube-scheduler extender")
-    p.add_argument("--listen", type=_listen, default=(defaults.DEFAULT_HOST, defaults.DEFAULT_PORT),
-                   metavar="HOST:PORT", help=f"default {defaults.DEFAULT_HOST}:{defaults.DEFAULT_PORT}")
-    p.add_argument("--cluster", metavar="FILE", help="serve a cluster snapshot file instead of the API server")
-    p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: in-cluster, then ~/.kube/config)")
-    p.add_argument("--levels", metavar="KEY,KEY,...",
-                   help="network levels, smallest domain first (default: the file's, else design.md §5)")
+    p.add_argument(
+        "--listen",
+        type=_listen,
+        default=(defaults.DEFAULT_HOST, defaults.DEFAULT_PORT),
+        metavar="HOST:PORT",
+        help=f"default {defaults.DEFAULT_HOST}:{defaults.DEFAULT_PORT}",
+    )
+    p.add_argument(
+        "--cluster", metavar="FILE", help="serve a cluster snapshot file instead of the API server"
+    )
+    p.add_argument(
+        "--kubeconfig", metavar="FILE", help="kubeconfig (default: in-cluster, then ~/.kube/config)"
+    )
+    p.add_argument(
+        "--levels",
+        metavar="KEY,KEY,...",
+        help="network levels, smallest domain first (default: the file's, else design.md §5)",
+    )
     p.add_argument("--reservation-ttl", type=_positive, default=defaults.RESERVATION_TTL_S, metavar="SECONDS")
-    p.add_argument("--annotation-max-age", type=_positive, default=defaults.ANNOTATION_MAX_AGE_S,
-                   metavar="SECONDS")
+    p.add_argument(
+        "--annotation-max-age", type=_positive, default=defaults.ANNOTATION_MAX_AGE_S, metavar="SECONDS"
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -96,7 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     levels: tuple[str, ...] | None = None
     if args.levels is not None:
         try:
-            levels = validate_levels([s.strip() for s in args.levels.split(",") if s.strip()], where="--levels")
+            levels = validate_levels(
+                [s.strip() for s in args.levels.split(",") if s.strip()], where="--levels"
+            )
         except LevelError as e:
             _fail(str(e))
     state: ClusterState

@@ -108,11 +108,7 @@ class Extender:
         for gang in self.reservations.expired(now):
             self._drop_plan(gang, "reservation expired before every member bound")
         snap = self.state.snapshot()
-        stale = [
-            k
-            for k, a in self._assumed.items()
-            if now - a.at > ASSUMED_TTL_S or _caught_up(snap, a)
-        ]
+        stale = [k for k, a in self._assumed.items() if now - a.at > ASSUMED_TTL_S or _caught_up(snap, a)]
         for k in stale:
             del self._assumed[k]
         if stale:
@@ -138,8 +134,12 @@ class Extender:
                 if self._warned.get(name) != info.topology_problem:
                     self._warned[name] = info.topology_problem
                     jsonlog.event(
-                        log, "unknown_topology", logging.WARNING, node=name,
-                        reason=info.topology_problem, effect="GPUs counted only, neutral score",
+                        log,
+                        "unknown_topology",
+                        logging.WARNING,
+                        node=name,
+                        reason=info.topology_problem,
+                        effect="GPUs counted only, neutral score",
                     )
             elif name in self._warned:
                 del self._warned[name]
@@ -184,7 +184,12 @@ class Extender:
             ok = [n for n in names if n in fit]
             failed = {n: why.get(n, "node unknown to gputopo") for n in names if n not in fit}
         jsonlog.event(
-            log, "filter", pod=pod.key, gpus=pod.gpus, candidates=len(names), fit=len(ok),
+            log,
+            "filter",
+            pod=pod.key,
+            gpus=pod.gpus,
+            candidates=len(names),
+            fit=len(ok),
             reason="nodes with enough free GPUs (reservations counted as taken)",
         )
         return FilterResult(ok, failed)
@@ -260,7 +265,9 @@ class Extender:
             delay = self.backoff_s[0] if back is None else min(back.delay * 2, self.backoff_s[1])
             self._backoff[gang] = _Backoff(now + delay, delay, f"gang {gang} does not fit: {result}")
             self.metrics.plans.labels(result="failed").inc()
-            jsonlog.event(log, "plan_failed", gang=gang, members=len(pending), reason=result, retry_in_s=delay)
+            jsonlog.event(
+                log, "plan_failed", gang=gang, members=len(pending), reason=result, retry_in_s=delay
+            )
             return _Wait(f"gang {gang} does not fit: {result}")
         self._backoff.pop(gang, None)
         self.plans[gang] = result
@@ -271,8 +278,13 @@ class Extender:
         )
         self.metrics.plans.labels(result="planned").inc()
         jsonlog.event(
-            log, "plan", gang=gang, level=result.level, domain=result.domain,
-            nodes=sorted({p.node for p in result.placements}), members=len(result.placements),
+            log,
+            "plan",
+            gang=gang,
+            level=result.level,
+            domain=result.domain,
+            nodes=sorted({p.node for p in result.placements}),
+            members=len(result.placements),
             reason=f"smallest level whose one domain holds all {len(result.placements)} pending members",
         )
         mine = next(p for p in result.placements if p.pod == pod.key)
@@ -317,7 +329,12 @@ class Extender:
             scores = node_scores(pod.gpus, [views[n] for n in names if n in views], memo=self._memo_now())
             cached[1][key] = scores
         jsonlog.event(
-            log, "prioritize", level=logging.DEBUG, pod=pod.key, gpus=pod.gpus, nodes=len(names),
+            log,
+            "prioritize",
+            level=logging.DEBUG,
+            pod=pod.key,
+            gpus=pod.gpus,
+            nodes=len(names),
             reason="node objective of the best GPU set, then least disruption",
         )
         return [(n, int(scores.get(n, 0))) for n in names]
@@ -373,8 +390,15 @@ class Extender:
                 plan = self.plans.get(gang)
                 if plan is not None and not any(self.reservations.get(p.pod) for p in plan.placements):
                     del self.plans[gang]
-                    jsonlog.event(log, "gang_bound", gang=gang, level=plan.level, domain=plan.domain,
-                                  members=len(plan.placements), reason="every planned member is bound")
+                    jsonlog.event(
+                        log,
+                        "gang_bound",
+                        gang=gang,
+                        level=plan.level,
+                        domain=plan.domain,
+                        members=len(plan.placements),
+                        reason="every planned member is bound",
+                    )
 
     def _pick(self, view: NodeView | None, size: int, node: str) -> tuple[int, ...]:
         if view is None or size == 0:

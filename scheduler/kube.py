@@ -102,19 +102,34 @@ class _Reflector:
                     need_list = True
                     continue
                 if e.status == 404 and self.absent_ok:
-                    jsonlog.event(log, "kind_absent", kind=self.kind, reason="CRD not installed; retrying later")
+                    jsonlog.event(
+                        log, "kind_absent", kind=self.kind, reason="CRD not installed; retrying later"
+                    )
                     self.on_listed()
                     need_list = True
                     self.stop.wait(self.backoff_s[1])
                     continue
-                jsonlog.event(log, "api_error", logging.WARNING, kind=self.kind, status=e.status,
-                              reason=str(e.reason), retry_in_s=delay)
+                jsonlog.event(
+                    log,
+                    "api_error",
+                    logging.WARNING,
+                    kind=self.kind,
+                    status=e.status,
+                    reason=str(e.reason),
+                    retry_in_s=delay,
+                )
                 self.stop.wait(delay)
                 delay = min(delay * 2, self.backoff_s[1])
             except Exception as e:  # broken connection, bad JSON: resume, never die
-                jsonlog.event(log, "watch_broken", logging.WARNING, kind=self.kind,
-                              reason=f"{type(e).__name__}: {e}", resume_from=self.resource_version,
-                              retry_in_s=delay)
+                jsonlog.event(
+                    log,
+                    "watch_broken",
+                    logging.WARNING,
+                    kind=self.kind,
+                    reason=f"{type(e).__name__}: {e}",
+                    resume_from=self.resource_version,
+                    retry_in_s=delay,
+                )
                 self.stop.wait(delay)
                 delay = min(delay * 2, self.backoff_s[1])
 
@@ -135,6 +150,7 @@ class _Reflector:
         kwargs: dict[str, Any] = {"timeout_seconds": self.watch_timeout_s, "allow_watch_bookmarks": True}
         if self.resource_version:
             kwargs["resource_version"] = self.resource_version
+
         # A wrapper without a docstring: the client then finds no model type and hands us plain
         # dicts (raw_object) instead of deserialising every object into models.
         def raw_list(**kw: Any) -> Any:
@@ -189,12 +205,34 @@ class KubeState:
         self._threads: list[threading.Thread] = []
         common = {"watch_timeout_s": watch_timeout_s, "backoff_s": backoff_s}
         self.reflectors = [
-            _Reflector("nodes", self.core.list_node, self._replace_nodes, self._apply_node, self._stop,
-                       on_listed=lambda: self._mark("nodes"), **common),
-            _Reflector("pods", self.core.list_pod_for_all_namespaces, self._replace_pods, self._apply_pod,
-                       self._stop, on_listed=lambda: self._mark("pods"), **common),
-            _Reflector("podgroups", self._list_podgroups, self._replace_groups, self._apply_group, self._stop,
-                       on_listed=lambda: self._mark("podgroups"), absent_ok=True, **common),
+            _Reflector(
+                "nodes",
+                self.core.list_node,
+                self._replace_nodes,
+                self._apply_node,
+                self._stop,
+                on_listed=lambda: self._mark("nodes"),
+                **common,
+            ),
+            _Reflector(
+                "pods",
+                self.core.list_pod_for_all_namespaces,
+                self._replace_pods,
+                self._apply_pod,
+                self._stop,
+                on_listed=lambda: self._mark("pods"),
+                **common,
+            ),
+            _Reflector(
+                "podgroups",
+                self._list_podgroups,
+                self._replace_groups,
+                self._apply_group,
+                self._stop,
+                on_listed=lambda: self._mark("podgroups"),
+                absent_ok=True,
+                **common,
+            ),
         ]
 
     def _list_podgroups(self, **kwargs: Any) -> Any:
@@ -283,8 +321,13 @@ class KubeState:
             pod = parse_pod(obj, self.resource)
         except BadInput as e:
             meta = obj.get("metadata") or {}
-            jsonlog.event(log, "pod_ignored", logging.WARNING, pod=f"{meta.get('namespace')}/{meta.get('name')}",
-                          reason=str(e))
+            jsonlog.event(
+                log,
+                "pod_ignored",
+                logging.WARNING,
+                pod=f"{meta.get('namespace')}/{meta.get('name')}",
+                reason=str(e),
+            )
             return None
         return pod if (pod.gpus > 0 or pod.gang is not None) and pod.active else None
 
@@ -367,7 +410,8 @@ class KubeState:
                     assert info.topology is not None
                     age = now - info.topology.generated_at
                     nodes[name] = replace(
-                        info, topology=None,
+                        info,
+                        topology=None,
                         topology_problem=f"annotation stale: {age:.0f}s old (limit {self.max_age_s:.0f}s)",
                     )
             else:
@@ -396,7 +440,9 @@ class KubeState:
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
         try:
-            _raw(self.core.create_namespaced_pod_binding(pod.name, pod.namespace, body, _preload_content=False))
+            _raw(
+                self.core.create_namespaced_pod_binding(pod.name, pod.namespace, body, _preload_content=False)
+            )
         except ApiException as e:
             if e.status == 409 and self._bound_to(pod, node):
                 return

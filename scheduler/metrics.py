@@ -11,16 +11,23 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.latency = Histogram(
-            "gputopo_extender_request_seconds", "Extender request latency by verb",
-            ["verb"], registry=self.registry, buckets=_BUCKETS,
+            "gputopo_extender_request_seconds",
+            "Extender request latency by verb",
+            ["verb"],
+            registry=self.registry,
+            buckets=_BUCKETS,
         )
         self.requests = Counter(
-            "gputopo_extender_requests", "Extender requests by verb and HTTP status",
-            ["verb", "code"], registry=self.registry,
+            "gputopo_extender_requests",
+            "Extender requests by verb and HTTP status",
+            ["verb", "code"],
+            registry=self.registry,
         )
         self.plans = Counter(
-            "gputopo_gang_plans", "Gang plans by result (planned, failed, dropped)",
-            ["result"], registry=self.registry,
+            "gputopo_gang_plans",
+            "Gang plans by result (planned, failed, dropped)",
+            ["result"],
+            registry=self.registry,
         )
         self.reservations = Gauge(
             "gputopo_reservations_active", "Gang member reservations currently held", registry=self.registry

@@ -23,8 +23,8 @@ class BadInput(ValueError):
 class GangRef:
     """A pod's gang: its key and what the pod's own labels/annotations say about it."""
 
-    key: str                       # "namespace/group"
-    min_member: int | None         # from the light label; None = read it from the PodGroup object
+    key: str  # "namespace/group"
+    min_member: int | None  # from the light label; None = read it from the PodGroup object
     required_level: str | None = None
     preferred_level: str | None = None
 
@@ -35,7 +35,7 @@ class PodInfo:
     name: str
     uid: str
     gpus: int
-    node: str = ""                 # spec.nodeName: bound already
+    node: str = ""  # spec.nodeName: bound already
     phase: str = "Pending"
     gang: GangRef | None = None
 
@@ -57,8 +57,8 @@ class NodeInfo:
     labels: Mapping[str, str] = field(default_factory=dict)
     gpu_capacity: int = 0
     topology: NodeTopology | None = None
-    topology_problem: str = ""     # why `topology` is None, for the warning log
-    pods_know_allocations: bool = True   # False in file mode: `topology.allocated` is the whole truth
+    topology_problem: str = ""  # why `topology` is None, for the warning log
+    pods_know_allocations: bool = True  # False in file mode: `topology.allocated` is the whole truth
 
 
 @dataclass(frozen=True)
@@ -67,9 +67,9 @@ class Snapshot:
 
     nodes: Mapping[str, NodeInfo]
     pods: Mapping[str, PodInfo]
-    min_members: Mapping[str, int]          # PodGroup objects: "ns/name" -> minMember
-    version: int = 0                        # changes whenever anything above changes
-    pod_gpus: Mapping[str, int] = field(default_factory=dict)   # node -> GPUs its bound, active pods hold
+    min_members: Mapping[str, int]  # PodGroup objects: "ns/name" -> minMember
+    version: int = 0  # changes whenever anything above changes
+    pod_gpus: Mapping[str, int] = field(default_factory=dict)  # node -> GPUs its bound, active pods hold
 
 
 def _obj(value: Any, where: str) -> Mapping[str, Any]:

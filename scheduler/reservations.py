@@ -14,11 +14,11 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True)
 class Reservation:
-    pod: str                  # "namespace/name" of the member
-    gang: str                 # "namespace/group"
+    pod: str  # "namespace/name" of the member
+    gang: str  # "namespace/group"
     node: str
-    gpus: tuple[int, ...]     # GPU indices held (empty when the node's topology is unknown)
-    count: int                # GPUs held
+    gpus: tuple[int, ...]  # GPU indices held (empty when the node's topology is unknown)
+    count: int  # GPUs held
     expires_at: float
 
 

@@ -82,7 +82,7 @@ VERBS: dict[str, tuple[str, Callable[[Extender, Any], tuple[int, Any]]]] = {
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True   # headers and body go out in two writes: no 40 ms delayed-ACK stall
+    disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
     server: ExtenderHTTPServer
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -104,7 +104,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, b"ok\n", "text/plain")
         elif path == defaults.READYZ_PATH:
             ready = self.server.extender.state.ready()
-            self._send(200 if ready else 503, b"ok\n" if ready else b"cluster state not loaded\n", "text/plain")
+            self._send(
+                200 if ready else 503, b"ok\n" if ready else b"cluster state not loaded\n", "text/plain"
+            )
         elif path == defaults.METRICS_PATH:
             self._send(200, generate_latest(self.server.extender.metrics.registry), CONTENT_TYPE_LATEST)
         else:
@@ -162,7 +164,7 @@ class _Handler(BaseHTTPRequestHandler):
 class ExtenderHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    request_queue_size = 256   # kube-scheduler calls in parallel; the default backlog of 5 resets them
+    request_queue_size = 256  # kube-scheduler calls in parallel; the default backlog of 5 resets them
 
     def __init__(self, address: tuple[str, int], extender: Extender, max_body: int) -> None:
         self.extender = extender
@@ -201,7 +203,7 @@ class Server:
         jsonlog.event(log, "listening", url=self.url)
 
     def stop(self) -> None:
-        if self._thread is not None:   # shutdown() waits for serve_forever: only if it ran
+        if self._thread is not None:  # shutdown() waits for serve_forever: only if it ran
             self.httpd.shutdown()
             self._thread.join(timeout=5)
             self._thread = None

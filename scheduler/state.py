@@ -145,7 +145,9 @@ class FileState:
             if info is not None and info.topology is not None:
                 held = self._held.pop(key, ())
                 topo = info.topology
-                self._nodes[pod.node] = replace(info, topology=replace(topo, allocated=topo.allocated - set(held)))
+                self._nodes[pod.node] = replace(
+                    info, topology=replace(topo, allocated=topo.allocated - set(held))
+                )
 
 
 def from_cluster(snapshot: ClusterSnapshot, resource: str = defaults.RESOURCE_NAME) -> FileState:
@@ -158,22 +160,27 @@ def from_cluster(snapshot: ClusterSnapshot, resource: str = defaults.RESOURCE_NA
         else:
             nodes.append(
                 NodeInfo(
-                    n.name, dict(n.labels), n.gpu_count - len(n.allocated), None,
+                    n.name,
+                    dict(n.labels),
+                    n.gpu_count - len(n.allocated),
+                    None,
                     "snapshot file gives only a GPU count",
                 )
             )
     pods = [
         parse_pod(
             {
-                "metadata": {"namespace": p.namespace, "name": p.name, "uid": p.uid,
-                             "labels": dict(p.labels), "annotations": dict(p.annotations)},
-                "spec": {"nodeName": p.node,
-                         "containers": [{"resources": {"limits": {resource: p.gpus}}}]},
+                "metadata": {
+                    "namespace": p.namespace,
+                    "name": p.name,
+                    "uid": p.uid,
+                    "labels": dict(p.labels),
+                    "annotations": dict(p.annotations),
+                },
+                "spec": {"nodeName": p.node, "containers": [{"resources": {"limits": {resource: p.gpus}}}]},
             },
             resource,
         )
         for p in snapshot.pods
     ]
-    return FileState(
-        nodes, pods, {g.key: g.min_member for g in snapshot.podgroups}, levels=snapshot.levels
-    )
+    return FileState(nodes, pods, {g.key: g.min_member for g in snapshot.podgroups}, levels=snapshot.levels)

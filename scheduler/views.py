@@ -111,8 +111,13 @@ class ViewBuilder:
         for name, info in snap.nodes.items():
             mine = assumed_by_node.get(name)
             held = reservations_by_node.get(name)
-            key = (info, pod_gpus.get(name, 0), tuple(mine) if mine else (), tuple(held) if held else (),
-                   bound if mine else frozenset())
+            key = (
+                info,
+                pod_gpus.get(name, 0),
+                tuple(mine) if mine else (),
+                tuple(held) if held else (),
+                bound if mine else frozenset(),
+            )
             old = old_inputs.get(name)
             if old is not None and old[0] is info and old[1:] == key[1:]:
                 views[name] = old_views[name]

@@ -38,10 +38,10 @@ class FakeAPI:
         self.rv = 100
         self.objects: dict[str, dict[str, dict[str, Any]]] = {"nodes": {}, "pods": {}, "podgroups": {}}
         self.history: list[tuple[int, str, str, dict[str, Any]]] = []
-        self.compacted = 0             # watches from a resourceVersion below this get 410
-        self.generation = 0            # bumped to break every open watch
+        self.compacted = 0  # watches from a resourceVersion below this get 410
+        self.generation = 0  # bumped to break every open watch
         self.podgroups_crd = podgroups_crd
-        self.fail: dict[str, list[int]] = {}   # endpoint -> status codes to answer next
+        self.fail: dict[str, list[int]] = {}  # endpoint -> status codes to answer next
         self.requests: list[tuple[str, str]] = []
         self.patches: list[tuple[str, dict[str, Any]]] = []
         self.bindings: list[tuple[str, str]] = []
@@ -55,7 +55,9 @@ class FakeAPI:
             self.rv += 1
             obj["metadata"]["resourceVersion"] = str(self.rv)
             self.objects[kind][key] = obj
-            self.history.append((self.rv, kind, event or ("MODIFIED" if existed else "ADDED"), copy.deepcopy(obj)))
+            self.history.append(
+                (self.rv, kind, event or ("MODIFIED" if existed else "ADDED"), copy.deepcopy(obj))
+            )
             self.cond.notify_all()
             return obj
 
@@ -94,7 +96,7 @@ class FakeAPI:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"   # watches stream chunked, as the real API server does
+    protocol_version = "HTTP/1.1"  # watches stream chunked, as the real API server does
     disable_nagle_algorithm = True
     server: FakeServer
 
@@ -110,8 +112,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _status(self, code: int, reason: str, message: str = "") -> None:
-        self._json(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
-                          "reason": reason, "message": message or reason})
+        self._json(
+            code,
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "status": "Failure",
+                "code": code,
+                "reason": reason,
+                "message": message or reason,
+            },
+        )
 
     def _kind(self, path: str) -> str | None:
         return {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods", PODGROUPS: "podgroups"}.get(path)
@@ -137,8 +148,15 @@ class _Handler(BaseHTTPRequestHandler):
             with api.cond:
                 items = [copy.deepcopy(o) for o in api.objects[kind].values()]
                 rv = api.rv
-            self._json(200, {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)},
-                             "items": items})
+            self._json(
+                200,
+                {
+                    "kind": "List",
+                    "apiVersion": "v1",
+                    "metadata": {"resourceVersion": str(rv)},
+                    "items": items,
+                },
+            )
             return
         m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", url.path)
         if m:
@@ -170,8 +188,17 @@ class _Handler(BaseHTTPRequestHandler):
     def _stream(self, kind: str, since: int, timeout: float) -> None:
         api = self.server.api
         if since and since < api.compacted:
-            self._chunk({"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired",
-                                                     "message": f"too old resource version: {since}"}})
+            self._chunk(
+                {
+                    "type": "ERROR",
+                    "object": {
+                        "kind": "Status",
+                        "code": 410,
+                        "reason": "Expired",
+                        "message": f"too old resource version: {since}",
+                    },
+                }
+            )
             return
         deadline = time.monotonic() + timeout
         with api.cond:
@@ -284,33 +311,59 @@ def running(api: FakeAPI | None = None) -> Iterator[tuple[FakeAPI, FakeServer, c
         api_client.close()
 
 
-def node(name: str, labels: dict[str, str] | None = None, gpus: int = 8,
-         annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def node(
+    name: str, labels: dict[str, str] | None = None, gpus: int = 8, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
     return {
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})},
-                     "annotations": dict(annotations or {})},
-        "status": {"allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "96"},
-                   "capacity": {"nvidia.com/gpu": str(gpus)}},
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, **(labels or {})},
+            "annotations": dict(annotations or {}),
+        },
+        "status": {
+            "allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "96"},
+            "capacity": {"nvidia.com/gpu": str(gpus)},
+        },
     }
 
 
-def pod(namespace: str, name: str, gpus: int = 1, *, labels: dict[str, str] | None = None,
-        annotations: dict[str, str] | None = None, node_name: str = "", uid: str = "") -> dict[str, Any]:
+def pod(
+    namespace: str,
+    name: str,
+    gpus: int = 1,
+    *,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    node_name: str = "",
+    uid: str = "",
+) -> dict[str, Any]:
     """A v1.Pod shaped as kube-scheduler and the API server send it."""
     return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "uid": uid or f"uid-{namespace}-{name}",
-                     "labels": dict(labels or {}), "annotations": dict(annotations or {}),
-                     "creationTimestamp": "2026-11-29T07:00:00Z"},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid or f"uid-{namespace}-{name}",
+            "labels": dict(labels or {}),
+            "annotations": dict(annotations or {}),
+            "creationTimestamp": "2026-11-29T07:00:00Z",
+        },
         "spec": {
             "schedulerName": "gputopo-scheduler",
             "nodeName": node_name or None,
-            "containers": [{
-                "name": "main", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
-                "resources": {"limits": {"nvidia.com/gpu": str(gpus), "cpu": "8", "memory": "64Gi"},
-                              "requests": {"nvidia.com/gpu": str(gpus), "cpu": "8", "memory": "64Gi"}},
-            }],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                    "resources": {
+                        "limits": {"nvidia.com/gpu": str(gpus), "cpu": "8", "memory": "64Gi"},
+                        "requests": {"nvidia.com/gpu": str(gpus), "cpu": "8", "memory": "64Gi"},
+                    },
+                }
+            ],
             "restartPolicy": "Never",
         },
         "status": {"phase": "Pending", "qosClass": "Guaranteed"},

@@ -19,8 +19,8 @@ from typing import Any
 
 @dataclass
 class Outcome:
-    bound: dict[str, str] = field(default_factory=dict)        # pod key -> node
-    pending: dict[str, str] = field(default_factory=dict)      # pod key -> last reason
+    bound: dict[str, str] = field(default_factory=dict)  # pod key -> node
+    pending: dict[str, str] = field(default_factory=dict)  # pod key -> last reason
     bind_errors: list[str] = field(default_factory=list)
     calls: int = 0
 
@@ -68,20 +68,26 @@ class StandIn:
         if status != 200 or res.get("Error"):
             out.pending[key] = f"filter error: {res.get('Error')}"
             return None
-        names = res["NodeNames"] if self.cache_mode else [i["metadata"]["name"] for i in res["Nodes"]["items"]]
+        names = (
+            res["NodeNames"] if self.cache_mode else [i["metadata"]["name"] for i in res["Nodes"]["items"]]
+        )
         if not names:
             reasons = {**res.get("FailedNodes", {}), **res.get("FailedAndUnresolvableNodes", {})}
             out.pending[key] = next(iter(sorted(set(reasons.values()))), "no nodes")
             return None
         if len(names) == 1:
-            best = names[0]      # a single feasible node skips scoring
+            best = names[0]  # a single feasible node skips scoring
         else:
             status, scores = self._post("/prioritize", self._args(pod, names))
             out.calls += 1
             ranked = sorted((-h["Score"], h["Host"]) for h in scores) if status == 200 else []
             best = ranked[0][1] if ranked else sorted(names)[0]
-        doc = {"PodName": pod["metadata"]["name"], "PodNamespace": pod["metadata"]["namespace"],
-               "PodUID": pod["metadata"].get("uid", ""), "Node": best}
+        doc = {
+            "PodName": pod["metadata"]["name"],
+            "PodNamespace": pod["metadata"]["namespace"],
+            "PodUID": pod["metadata"].get("uid", ""),
+            "Node": best,
+        }
         status, res = self._post("/bind", doc)
         out.calls += 1
         if status != 200 or res.get("Error"):

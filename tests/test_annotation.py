@@ -57,8 +57,15 @@ def test_sixteen_gpus_stay_far_below_the_limit() -> None:
 
     codes = [[code(i, j) for j in range(16)] for i in range(16)]
     topo = make_topology(codes, name="gpu16", numa=[i // 8 for i in range(16)])
-    text = encode(make("node-with-a-long-name-" + "x" * 40, topo, generated_at=NOW, plugin_version="0.1.0",
-                       allocated=range(15)))
+    text = encode(
+        make(
+            "node-with-a-long-name-" + "x" * 40,
+            topo,
+            generated_at=NOW,
+            plugin_version="0.1.0",
+            allocated=range(15),
+        )
+    )
     assert len(text.encode()) < annotation.ANNOTATION_LIMIT_BYTES // 32
     assert decode(text, now=NOW, max_age_s=1).allocated == frozenset(range(15))
 
@@ -117,7 +124,11 @@ def test_round_trip_property(topo: Topology, data: st.DataObject) -> None:
     value = make("n", topo, generated_at=at, plugin_version="v", unhealthy=unhealthy, allocated=allocated)
     text = encode(value)
     back = decode(text, now=at, max_age_s=0)
-    assert (back.unhealthy, back.allocated, back.generated_at) == (frozenset(unhealthy), frozenset(allocated), at)
+    assert (back.unhealthy, back.allocated, back.generated_at) == (
+        frozenset(unhealthy),
+        frozenset(allocated),
+        at,
+    )
     assert [(g.uuid, g.numa) for g in back.topology.gpus] == [(g.uuid, g.numa) for g in topo.gpus]
     assert (back.topology.bandwidth_mbps == topo.bandwidth_mbps).all()
     assert encode(back) == text

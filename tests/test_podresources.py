@@ -62,7 +62,11 @@ def kubelet() -> Iterator[tuple[FakeLister, str]]:
 def test_lists_our_devices_across_pods_and_containers(kubelet) -> None:
     lister, path = kubelet
     lister.pods = [
-        pod("a", {"nvidia.com/gpu": ["GPU-1", "GPU-2"]}, {"nvidia.com/gpu": ["GPU-3"], "example.com/nic": ["nic0"]}),
+        pod(
+            "a",
+            {"nvidia.com/gpu": ["GPU-1", "GPU-2"]},
+            {"nvidia.com/gpu": ["GPU-3"], "example.com/nic": ["nic0"]},
+        ),
         pod("b", {"example.com/fpga": ["f0"]}),
         pod("c", {"nvidia.com/gpu": ["GPU-7"]}),
     ]

@@ -48,8 +48,17 @@ def publisher(api: Any, in_use: list, **kw: Any) -> Publisher:
             raise value
         return frozenset(value)
 
-    return Publisher("node-a", api, read, min_interval_s=10, resync_s=30, heartbeat_s=300,
-                     backoff_s=(1, 8), wall=lambda: 1_900_000_000.0, **kw)
+    return Publisher(
+        "node-a",
+        api,
+        read,
+        min_interval_s=10,
+        resync_s=30,
+        heartbeat_s=300,
+        backoff_s=(1, 8),
+        wall=lambda: 1_900_000_000.0,
+        **kw,
+    )
 
 
 def test_publishes_topology_health_and_gpus_in_use() -> None:
@@ -104,8 +113,11 @@ def test_heartbeat_keeps_the_annotation_fresh() -> None:
 
 def test_api_errors_are_retried_with_back_off_never_raised() -> None:
     api = RecordingAPI()
-    api.errors = [ApiException(status=500, reason="boom"), ApiException(status=429, reason="slow down"),
-                  ConnectionError("reset")]
+    api.errors = [
+        ApiException(status=500, reason="boom"),
+        ApiException(status=429, reason="slow down"),
+        ConnectionError("reset"),
+    ]
     pub = publisher(api, [set()])
     pub.update(snapshot())
     assert pub.sync(0.0) == 1
@@ -143,8 +155,14 @@ def test_thread_patches_the_node_through_the_official_client_and_survives_errors
         api.put("nodes", fk.node("node-a"))
         api.inject("patch", 500)
         in_use = [{UUIDS[1]}]
-        pub = Publisher("node-a", client.CoreV1Api(api_client), lambda: frozenset(in_use[0]),
-                        min_interval_s=0.05, resync_s=0.05, backoff_s=(0.05, 0.2))
+        pub = Publisher(
+            "node-a",
+            client.CoreV1Api(api_client),
+            lambda: frozenset(in_use[0]),
+            min_interval_s=0.05,
+            resync_s=0.05,
+            backoff_s=(0.05, 0.2),
+        )
         pub.update(snapshot())
         pub.start()
         try:
@@ -157,8 +175,13 @@ def test_thread_patches_the_node_through_the_official_client_and_survives_errors
             # a plugin restart: a new publisher learns the GPUs in use from kubelet, not from memory
             pub.stop()
             in_use[0] = {UUIDS[1], UUIDS[6]}
-            pub = Publisher("node-a", client.CoreV1Api(api_client), lambda: frozenset(in_use[0]),
-                            min_interval_s=0.05, resync_s=0.05)
+            pub = Publisher(
+                "node-a",
+                client.CoreV1Api(api_client),
+                lambda: frozenset(in_use[0]),
+                min_interval_s=0.05,
+                resync_s=0.05,
+            )
             pub.update(snapshot())
             pub.start()
             deadline = time.monotonic() + 10

@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "scheduler", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "scheduler", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.parametrize(
@@ -48,8 +49,12 @@ def test_bad_cluster_file_exits_2(tmp_path: Path) -> None:
 def test_serves_a_cluster_file_and_stops_on_sigterm(tmp_path: Path) -> None:
     cluster = tmp_path / "c.yaml"
     cluster.write_text("nodes:\n  - name: a1\n    gpus: dgx-a100\n    allocated: [0]\n")
-    proc = subprocess.Popen([sys.executable, "-m", "scheduler", "--cluster", str(cluster), "--listen", "127.0.0.1:0"],
-                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scheduler", "--cluster", str(cluster), "--listen", "127.0.0.1:0"],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = None
         assert proc.stderr is not None
@@ -60,9 +65,16 @@ def test_serves_a_cluster_file_and_stops_on_sigterm(tmp_path: Path) -> None:
                 break
         assert url
         assert urllib.request.urlopen(url + "/healthz", timeout=10).status == 200
-        body = json.dumps({"Pod": {"metadata": {"name": "p", "namespace": "ml"},
-                                   "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "8"}}}]}},
-                           "Nodes": None, "NodeNames": ["a1"]}).encode()
+        body = json.dumps(
+            {
+                "Pod": {
+                    "metadata": {"name": "p", "namespace": "ml"},
+                    "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
+                },
+                "Nodes": None,
+                "NodeNames": ["a1"],
+            }
+        ).encode()
         req = urllib.request.Request(url + "/filter", data=body, headers={"Content-Type": "application/json"})
         out = json.loads(urllib.request.urlopen(req, timeout=10).read())
         assert out["FailedNodes"] == {"a1": "needs 8 GPUs, 7 free"}

@@ -23,7 +23,12 @@ SPINE = "network.topology.nvidia.com/spine"
 
 def cluster(**extra: Any) -> FileState:
     nodes = [
-        {"name": "a1", "labels": {LEAF: "leaf-1", SPINE: "s1"}, "gpus": "dgx-a100", "allocated": [0, 1, 2, 3, 4, 5]},
+        {
+            "name": "a1",
+            "labels": {LEAF: "leaf-1", SPINE: "s1"},
+            "gpus": "dgx-a100",
+            "allocated": [0, 1, 2, 3, 4, 5],
+        },
         {"name": "a2", "labels": {LEAF: "leaf-1", SPINE: "s1"}, "gpus": "dgx1-v100", "allocated": [0, 3]},
         {"name": "a3", "labels": {LEAF: "leaf-2", SPINE: "s1"}, "gpus": "dgx-a100"},
         {"name": "a4", "labels": {LEAF: "leaf-2", SPINE: "s1"}, "gpus": "dgx-a100"},
@@ -46,7 +51,9 @@ class Client:
             conn.close()
 
     def post(self, path: str, doc: Any) -> tuple[int, Any]:
-        status, _, body = self.raw("POST", path, json.dumps(doc).encode(), {"Content-Type": "application/json"})
+        status, _, body = self.raw(
+            "POST", path, json.dumps(doc).encode(), {"Content-Type": "application/json"}
+        )
         return status, json.loads(body)
 
 
@@ -73,8 +80,12 @@ def args(pod: dict, names: list[str]) -> dict:
 
 
 def node_list(names: list[str]) -> dict:
-    return {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "77"},
-            "items": [fk.node(n) for n in names]}
+    return {
+        "kind": "NodeList",
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": "77"},
+        "items": [fk.node(n) for n in names],
+    }
 
 
 ALL = ["a1", "a2", "a3", "a4", "a5"]
@@ -92,7 +103,9 @@ def test_filter_cache_mode_returns_node_names_and_reasons(serve) -> None:
 
 def test_filter_without_node_cache_returns_the_node_objects(serve) -> None:
     client, _ = serve(cluster())
-    status, out = client.post("/filter", {"Pod": fk.pod("ml", "p", 4), "Nodes": node_list(ALL), "NodeNames": None})
+    status, out = client.post(
+        "/filter", {"Pod": fk.pod("ml", "p", 4), "Nodes": node_list(ALL), "NodeNames": None}
+    )
     assert status == 200
     assert out["NodeNames"] is None
     assert [i["metadata"]["name"] for i in out["Nodes"]["items"]] == ["a2", "a3", "a4", "a5"]
@@ -111,7 +124,9 @@ def test_prioritize_prefers_the_node_that_gives_the_best_gpu_set(serve) -> None:
     assert scores["a5"] == 5, "unknown topology is neutral"
     assert scores["a3"] < 10
     # both modes score alike
-    status, again = client.post("/prioritize", {"Pod": fk.pod("ml", "p", 2), "Nodes": node_list(ALL), "NodeNames": None})
+    status, again = client.post(
+        "/prioritize", {"Pod": fk.pod("ml", "p", 2), "Nodes": node_list(ALL), "NodeNames": None}
+    )
     assert again == out
 
 
@@ -136,9 +151,15 @@ def test_bind_allocates_and_is_idempotent(serve) -> None:
         (b"{not json", "malformed JSON"),
         (b"[1, 2]", "must be a JSON object"),
         (json.dumps({"Nodes": None, "NodeNames": ["a1"]}).encode(), "Pod must be an object"),
-        (json.dumps({"Pod": fk.pod("ml", "p", 1), "Nodes": None, "NodeNames": None}).encode(), "NodeNames or Nodes"),
+        (
+            json.dumps({"Pod": fk.pod("ml", "p", 1), "Nodes": None, "NodeNames": None}).encode(),
+            "NodeNames or Nodes",
+        ),
         (json.dumps({"Pod": fk.pod("ml", "p", 1), "NodeNames": "a1"}).encode(), "NodeNames must be a list"),
-        (json.dumps({"Pod": fk.pod("ml", "p", 1), "Nodes": {"items": [{}]}}).encode(), "metadata must be an object"),
+        (
+            json.dumps({"Pod": fk.pod("ml", "p", 1), "Nodes": {"items": [{}]}}).encode(),
+            "metadata must be an object",
+        ),
         (json.dumps(args(fk.pod("ml", "p", 99999), ["a1"])).encode(), "out of range"),
         (json.dumps(args(fk.pod("ml", "p", -1), ["a1"])).encode(), "whole number"),
         (json.dumps(args({**fk.pod("ml", "p", 1), "metadata": {}}, ["a1"])).encode(), "name is required"),
@@ -159,7 +180,10 @@ def test_bad_filter_input_is_a_400_with_a_reason(serve, body: bytes, message: st
     ("doc", "message"),
     [
         ({"PodName": "ghost", "PodNamespace": "ml", "PodUID": "u", "Node": "a1"}, "unknown"),
-        ({"PodName": "p", "PodNamespace": "ml", "PodUID": "uid-ml-p", "Node": "nowhere"}, "node nowhere is unknown"),
+        (
+            {"PodName": "p", "PodNamespace": "ml", "PodUID": "uid-ml-p", "Node": "nowhere"},
+            "node nowhere is unknown",
+        ),
         ({"PodName": "p", "PodNamespace": "ml", "PodUID": "other", "Node": "a1"}, "has uid"),
         ({"PodNamespace": "ml", "Node": "a1"}, "required"),
         ({"PodName": 7, "Node": "a1"}, "must be a string"),
@@ -213,7 +237,9 @@ def test_gang_waits_for_members_then_steers_each_to_its_planned_node(serve) -> N
     prio = dict((h["Host"], h["Score"]) for h in client.post("/prioritize", args(gang_pod("w-1"), ALL))[1])
     assert prio[first] == 10 and sum(prio.values()) == 10
     for pod, node in (("w-1", first), ("w-0", other)):
-        _status, out = client.post("/bind", {"PodName": pod, "PodNamespace": "ml", "PodUID": f"uid-ml-{pod}", "Node": node})
+        _status, out = client.post(
+            "/bind", {"PodName": pod, "PodNamespace": "ml", "PodUID": f"uid-ml-{pod}", "Node": node}
+        )
         assert out == {"Error": ""}
     assert len(ext.reservations) == 0
     assert {k: v[0] for k, v in state.held().items()} == {"ml/w-1": first, "ml/w-0": other}
@@ -250,7 +276,9 @@ def test_parallel_single_pods_never_share_a_gpu(serve) -> None:
             return
         scores = client.post("/prioritize", args(pod, out["NodeNames"]))[1]
         best = max(scores, key=lambda h: (h["Score"], h["Host"]))["Host"]
-        _status, res = client.post("/bind", {"PodName": f"p{i}", "PodNamespace": "ml", "PodUID": "", "Node": best})
+        _status, res = client.post(
+            "/bind", {"PodName": f"p{i}", "PodNamespace": "ml", "PodUID": "", "Node": best}
+        )
         if res["Error"]:
             errors.append(res["Error"])
 

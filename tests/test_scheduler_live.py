@@ -32,7 +32,9 @@ def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 def annotation(name: str, allocated: tuple[int, ...] = (), at: float = NOW) -> str:
-    return encode(make(name, load_preset("dgx-a100"), generated_at=at, plugin_version="0.1.0", allocated=allocated))
+    return encode(
+        make(name, load_preset("dgx-a100"), generated_at=at, plugin_version="0.1.0", allocated=allocated)
+    )
 
 
 @pytest.fixture
@@ -77,7 +79,9 @@ def test_unknown_topology_is_neutral_and_binds_go_through_the_api(live, caplog) 
     scores = {h["Host"]: h["Score"] for h in scores}
     assert scores["n1"] == 10
     assert scores["n2"] == scores["n3"] == scores["n4"] == 5, "missing, stale or corrupt: neutral"
-    warned = {r.fields["node"]: r.fields["reason"] for r in caplog.records if r.getMessage() == "unknown_topology"}
+    warned = {
+        r.fields["node"]: r.fields["reason"] for r in caplog.records if r.getMessage() == "unknown_topology"
+    }
     assert "not JSON" in warned["n2"] and "stale" in warned["n3"] and "missing" in warned["n4"]
     bind = {"PodName": "p", "PodNamespace": "ml", "PodUID": pod["metadata"]["uid"], "Node": "n1"}
     assert client.post("/bind", bind) == (200, {"Error": ""})
@@ -92,8 +96,15 @@ def test_gang_through_the_api_and_replan_after_a_refused_binding(live) -> None:
     api, _state, ext, start, _clock = live
     for i, leaf in enumerate(["l1", "l1", "l2", "l2"]):
         api.put("nodes", fk.node(f"n{i}", {LEAF: leaf}, annotations={KEY: annotation(f"n{i}")}))
-    api.put("podgroups", {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
-                          "metadata": {"namespace": "ml", "name": "g"}, "spec": {"minMember": 2}})
+    api.put(
+        "podgroups",
+        {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": {"namespace": "ml", "name": "g"},
+            "spec": {"minMember": 2},
+        },
+    )
     pods = [fk.pod("ml", f"g-{i}", 8, labels={"scheduling.x-k8s.io/pod-group": "g"}) for i in range(2)]
     for p in pods:
         api.put("pods", p)
@@ -110,9 +121,9 @@ def test_gang_through_the_api_and_replan_after_a_refused_binding(live) -> None:
         _, out = client.post("/filter", args(p, names))
         (node,) = out["NodeNames"]
         name = p["metadata"]["name"]
-        assert client.post("/bind", {"PodName": name, "PodNamespace": "ml", "PodUID": "", "Node": node})[1] == {
-            "Error": ""
-        }
+        assert client.post("/bind", {"PodName": name, "PodNamespace": "ml", "PodUID": "", "Node": node})[
+            1
+        ] == {"Error": ""}
         placed[name] = node
     assert len({int(n[1:]) // 2 for n in placed.values()}) == 1, "both members in one leaf"
     assert sorted(api.bindings) == sorted((f"ml/{k}", v) for k, v in placed.items())

@@ -47,7 +47,9 @@ def level_of(nodes: set[str], labels: dict[str, dict[str, str]]) -> str:
     return CLUSTER
 
 
-def smallest_feasible(free: dict[str, int], labels: dict[str, dict[str, str]], size: int, count: int) -> str | None:
+def smallest_feasible(
+    free: dict[str, int], labels: dict[str, dict[str, str]], size: int, count: int
+) -> str | None:
     """Oracle for equal-size gangs: a domain holds the gang iff its nodes have room for `count`
     sets of `size` GPUs in total (each node holds floor(free / size) of them)."""
     for level in (*LEVELS, CLUSTER):
@@ -63,8 +65,14 @@ def smallest_feasible(free: dict[str, int], labels: dict[str, dict[str, str]], s
 def workload(seed: int) -> tuple[list[dict], dict[str, tuple[int, int]]]:
     """Gangs (equal-size members) interleaved with single pods, in a seeded random order."""
     rng = random.Random(seed)
-    gangs = {"ml/g-a": (2, 8), "ml/g-b": (4, 4), "ml/g-c": (3, 8), "ml/g-d": (6, 8), "ml/g-e": (2, 2),
-             "ml/g-f": (12, 8)}
+    gangs = {
+        "ml/g-a": (2, 8),
+        "ml/g-b": (4, 4),
+        "ml/g-c": (3, 8),
+        "ml/g-d": (6, 8),
+        "ml/g-e": (2, 2),
+        "ml/g-f": (12, 8),
+    }
     pods = []
     for key, (count, size) in gangs.items():
         name = key.split("/")[1]
@@ -74,10 +82,13 @@ def workload(seed: int) -> tuple[list[dict], dict[str, tuple[int, int]]]:
     return pods, gangs
 
 
-@pytest.mark.parametrize(("seed", "cache_mode"), [(1, True), (2, True), (3, True), (4, False), (5, True), (6, False)])
+@pytest.mark.parametrize(
+    ("seed", "cache_mode"), [(1, True), (2, True), (3, True), (4, False), (5, True), (6, False)]
+)
 def test_gangs_all_or_nothing_smallest_level_no_double_booking(running, seed: int, cache_mode: bool) -> None:
-    snap = generate_cluster(2, 2, 4, ["dgx-a100", "hgx-h100", "dgx1-v100"], seed, busy_fraction=0.5,
-                            levels=LEVELS)
+    snap = generate_cluster(
+        2, 2, 4, ["dgx-a100", "hgx-h100", "dgx1-v100"], seed, busy_fraction=0.5, levels=LEVELS
+    )
     pods, gangs = workload(seed)
     groups = [{"namespace": "ml", "name": k.split("/")[1], "minMember": c} for k, (c, _) in gangs.items()]
     snap = parse_cluster({**snap.to_dict(), "podgroups": groups})
@@ -154,11 +165,23 @@ class FlakyState(FileState):
 
 def two_leaves() -> FileState:
     nodes = [
-        {"name": f"{leaf}-n{i}", "labels": {HOSTNAME: f"{leaf}-n{i}", LEAF: leaf, SPINE: "s"}, "gpus": "dgx-a100"}
-        for leaf in ("leaf-a", "leaf-b") for i in range(2)
+        {
+            "name": f"{leaf}-n{i}",
+            "labels": {HOSTNAME: f"{leaf}-n{i}", LEAF: leaf, SPINE: "s"},
+            "gpus": "dgx-a100",
+        }
+        for leaf in ("leaf-a", "leaf-b")
+        for i in range(2)
     ]
-    return from_cluster(parse_cluster({"levels": list(LEVELS), "nodes": nodes,
-                                       "podgroups": [{"namespace": "ml", "name": "g", "minMember": 2}]}))
+    return from_cluster(
+        parse_cluster(
+            {
+                "levels": list(LEVELS),
+                "nodes": nodes,
+                "podgroups": [{"namespace": "ml", "name": "g", "minMember": 2}],
+            }
+        )
+    )
 
 
 @pytest.mark.parametrize("remove_node", [True, False])
@@ -185,11 +208,24 @@ def test_member_failing_after_others_bound_is_replanned_next_to_them(running) ->
     """Bound members cannot be moved: the rest is re-planned in the smallest domain around them."""
     nodes = [
         {"name": n, "labels": {HOSTNAME: n, LEAF: leaf, SPINE: "s"}, "gpus": "dgx-a100"}
-        for n, leaf in (("a-n0", "leaf-a"), ("a-n1", "leaf-a"), ("a-n2", "leaf-a"), ("b-n0", "leaf-b"),
-                        ("b-n1", "leaf-b"), ("b-n2", "leaf-b"))
+        for n, leaf in (
+            ("a-n0", "leaf-a"),
+            ("a-n1", "leaf-a"),
+            ("a-n2", "leaf-a"),
+            ("b-n0", "leaf-b"),
+            ("b-n1", "leaf-b"),
+            ("b-n2", "leaf-b"),
+        )
     ]
-    inner = from_cluster(parse_cluster({"levels": list(LEVELS), "nodes": nodes,
-                                        "podgroups": [{"namespace": "ml", "name": "g", "minMember": 2}]}))
+    inner = from_cluster(
+        parse_cluster(
+            {
+                "levels": list(LEVELS),
+                "nodes": nodes,
+                "podgroups": [{"namespace": "ml", "name": "g", "minMember": 2}],
+            }
+        )
+    )
     state = FlakyState(inner, 2, True)
     clock = [1000.0]
     _ext, standin = running(state, clock)
@@ -207,7 +243,7 @@ def test_gang_reservation_expires_and_capacity_returns(running) -> None:
     g0 = fk.pod("ml", "g-0", 8, labels={GROUP: "g"})
     g1 = fk.pod("ml", "g-1", 8, labels={GROUP: "g"})
     standin.schedule_one(g0, out := standin.run([], clock=clock))
-    standin.schedule_one(g1, out)   # plans both; g-1 binds at once
+    standin.schedule_one(g1, out)  # plans both; g-1 binds at once
     assert len(ext.reservations) == 1, "g-0 still holds its planned node"
     clock[0] += 31
     # g-0 never came back: its reservation lapsed; the next filter of a member re-plans
@@ -217,20 +253,29 @@ def test_gang_reservation_expires_and_capacity_returns(running) -> None:
 
 
 def test_binding_progress_renews_the_gang_reservations(running) -> None:
-    nodes = [{"name": f"n{i}", "labels": {HOSTNAME: f"n{i}", LEAF: "leaf-a", SPINE: "s"}, "gpus": "dgx-a100"}
-             for i in range(3)]
-    state = from_cluster(parse_cluster({"levels": list(LEVELS), "nodes": nodes,
-                                        "podgroups": [{"namespace": "ml", "name": "g", "minMember": 3}]}))
+    nodes = [
+        {"name": f"n{i}", "labels": {HOSTNAME: f"n{i}", LEAF: "leaf-a", SPINE: "s"}, "gpus": "dgx-a100"}
+        for i in range(3)
+    ]
+    state = from_cluster(
+        parse_cluster(
+            {
+                "levels": list(LEVELS),
+                "nodes": nodes,
+                "podgroups": [{"namespace": "ml", "name": "g", "minMember": 3}],
+            }
+        )
+    )
     clock = [1000.0]
     ext, standin = running(state, clock, ttl_s=30)
     pods = [fk.pod("ml", f"g-{i}", 8, labels={GROUP: "g"}) for i in range(3)]
     out = standin.run([], clock=clock)
     for p in pods[:2]:
         standin.schedule_one(p, out)
-    standin.schedule_one(pods[2], out)          # plans all three, binds g-2
+    standin.schedule_one(pods[2], out)  # plans all three, binds g-2
     plan = ext.plans["ml/g"]
     for p in pods[:2]:
-        clock[0] += 20                           # each step inside the TTL, the sum beyond it
+        clock[0] += 20  # each step inside the TTL, the sum beyond it
         standin.schedule_one(p, out)
         assert ext.plans.get("ml/g", plan) is plan, "the same plan, renewed by each bind"
     assert len(out.bound) == 3 and "ml/g" not in ext.plans
