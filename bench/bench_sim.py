@@ -28,8 +28,13 @@ def main() -> None:
     print(f"cluster: {len(cluster.nodes)} nodes / {cluster.capacity} GPUs, load {args.load}")
     print(f"{'pods':>8}  {'policy':<18}{'seconds':>9}{'pods/s':>10}{'vs ' + BASELINE:>22}")
     for size in (int(s) for s in args.sizes.split(",")):
-        jobs = generate(size, capacity_gpus=cluster.capacity, load=args.load,
-                        rng=np.random.default_rng(0), max_gpus=cluster.capacity)
+        jobs = generate(
+            size,
+            capacity_gpus=cluster.capacity,
+            load=args.load,
+            rng=np.random.default_rng(0),
+            max_gpus=cluster.capacity,
+        )
         pods = sum(len(j.pods) for j in jobs)
         pool = AllocatorPool()
         rates: dict[str, float] = {}
@@ -38,8 +43,10 @@ def main() -> None:
             simulate(cluster, jobs, name, RunConfig(), pool=pool)
             seconds = time.perf_counter() - started
             rates[name] = pods / seconds
-            print(f"{pods:>8,}  {name:<18}{seconds:>9.2f}{rates[name]:>10,.0f}"
-                  f"{rates[name] / rates[BASELINE]:>21.2f}x")
+            print(
+                f"{pods:>8,}  {name:<18}{seconds:>9.2f}{rates[name]:>10,.0f}"
+                f"{rates[name] / rates[BASELINE]:>21.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -101,12 +101,13 @@ def render_topo(topo: Topology) -> str:
     for i in range(n):
         numa = "-" if topo.gpus[i].numa is None else str(topo.gpus[i].numa)
         lines.append(
-            f"GPU{i}".ljust(7) + "".join(c.ljust(width) for c in cells[i]) + numa.ljust(6) + topo.gpus[i].model
+            f"GPU{i}".ljust(7)
+            + "".join(c.ljust(width) for c in cells[i])
+            + numa.ljust(6)
+            + topo.gpus[i].model
         )
     lines += ["", "Best ring bandwidth an empty node offers, by request size:"]
-    lines.append(
-        "  " + "  ".join(f"{k}: {alloc.best_ring_mbps(k) / 1000:g} GB/s" for k in range(2, n + 1))
-    )
+    lines.append("  " + "  ".join(f"{k}: {alloc.best_ring_mbps(k) / 1000:g} GB/s" for k in range(2, n + 1)))
     legend = ", ".join(f"{lvl} {gb:g}" for lvl, gb in topo.settings.pcie_gbps.items())
     lines += ["", f"Legend (GB/s): NV# = # x {topo.settings.nvlink_gbps_per_link:g}; {legend}"]
     return "\n".join(lines)
@@ -144,7 +145,9 @@ def render_prefer(topo: Topology, ranked: list[Choice], free: list[int], size: i
             f"{_leftover(c):<32}{c.pair_sum_mbps / 1000:g}"
         )
     lines.append("")
-    lines.append("Keys compare left to right: ring, then leftover groups (8, 4, 2), then pair sum, then lowest indices.")
+    lines.append(
+        "Keys compare left to right: ring, then leftover groups (8, 4, 2), then pair sum, then lowest indices."
+    )
     return "\n".join(lines)
 
 
@@ -173,11 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("topo", help="print the link and bandwidth matrix")
-    p.add_argument("--topology", help="preset name, topology JSON or `nvidia-smi topo -m` text (default: NVML)")
+    p.add_argument(
+        "--topology", help="preset name, topology JSON or `nvidia-smi topo -m` text (default: NVML)"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("prefer", help="what GetPreferredAllocation would pick, and why")
-    p.add_argument("--topology", help="preset name, topology JSON or `nvidia-smi topo -m` text (default: NVML)")
+    p.add_argument(
+        "--topology", help="preset name, topology JSON or `nvidia-smi topo -m` text (default: NVML)"
+    )
     p.add_argument("--size", type=int, required=True, help="GPUs requested")
     p.add_argument("--available", help="comma-separated GPU indices or UUIDs offered (default: all)")
     p.add_argument("--must", help="comma-separated GPU indices or UUIDs that must be included")

@@ -142,7 +142,9 @@ def test_pool_shares_allocators_between_equal_matrices() -> None:
 
     pool = AllocatorPool()
     a = load_preset("dgx1-v100")
-    b = Topology.from_dict(a.to_dict() | {"gpus": [g.to_dict() | {"uuid": f"GPU-x{g.index}"} for g in a.gpus]})
+    b = Topology.from_dict(
+        a.to_dict() | {"gpus": [g.to_dict() | {"uuid": f"GPU-x{g.index}"} for g in a.gpus]}
+    )
     assert pool.get(a) is pool.get(b)
     assert pool.get(load_preset("hgx-h100")) is not pool.get(a)
     assert len(pool) == 2

@@ -41,8 +41,16 @@ def dgx1() -> np.ndarray:
     doc = json.loads((PRESETS / "dgx1-v100.json").read_text())
     pix = {(0, 1), (2, 3), (4, 5), (6, 7)}
     doc["pcie"] = [
-        ["X" if i == j else "PIX" if (min(i, j), max(i, j)) in pix else "PHB" if (i < 4) == (j < 4) else "SYS"
-         for j in range(8)]
+        [
+            "X"
+            if i == j
+            else "PIX"
+            if (min(i, j), max(i, j)) in pix
+            else "PHB"
+            if (i < 4) == (j < 4)
+            else "SYS"
+            for j in range(8)
+        ]
         for i in range(8)
     ]
     return pair_points(Topology.from_dict(doc), nvswitch_visible=False)
@@ -63,9 +71,9 @@ def test_pair_points_match_the_published_dgx1_matrix(dgx1: np.ndarray) -> None:
         (list(range(8)), 2, [4], (4, 7)),
         (list(range(8)), 4, [4], (4, 5, 6, 7)),
         (list(range(8)), 4, [0, 2, 4, 6], (0, 2, 4, 6)),
-        ([0, 1, 2], 2, [5], ()),               # required not available
-        (list(range(8)), 2, [0, 1, 2], ()),    # more required than size
-        ([0, 1], 3, [0, 1, 2], ()),            # more required than available
+        ([0, 1, 2], 2, [5], ()),  # required not available
+        (list(range(8)), 2, [0, 1, 2], ()),  # more required than size
+        ([0, 1], 3, [0, 1, 2], ()),  # more required than available
     ],
 )
 def test_best_effort_reproduces_go_gpuallocator_expectations(
@@ -78,13 +86,15 @@ def test_best_effort_reproduces_go_gpuallocator_expectations(
 @pytest.mark.parametrize(
     ("size", "runs", "want"),
     [
-        (2, 4, [(0, 3), (1, 2), (4, 7), (5, 6)]),   # partition look-ahead beats greedy {2,3}
+        (2, 4, [(0, 3), (1, 2), (4, 7), (5, 6)]),  # partition look-ahead beats greedy {2,3}
         (4, 2, [(0, 1, 2, 3), (4, 5, 6, 7)]),
         (8, 1, [tuple(range(8))]),
-        (1, 8, [(i,) for i in range(8)]),           # size 1: always available[0]
+        (1, 8, [(i,) for i in range(8)]),  # size 1: always available[0]
     ],
 )
-def test_best_effort_sequential_runs(dgx1: np.ndarray, size: int, runs: int, want: list[tuple[int, ...]]) -> None:
+def test_best_effort_sequential_runs(
+    dgx1: np.ndarray, size: int, runs: int, want: list[tuple[int, ...]]
+) -> None:
     free = list(range(8))
     got = []
     for _ in range(runs):
@@ -123,8 +133,8 @@ def test_nvswitch_links_are_invisible_to_best_effort_but_not_to_hami() -> None:
 def test_pcie_level_under_nvlink_is_inferred_from_numa() -> None:
     topo = make_topology([["X", "NV2", "NV2"], ["NV2", "X", "SYS"], ["NV2", "SYS", "X"]], numa=[0, 0, 1])
     points = pair_points(topo, nvswitch_visible=False)
-    assert points[0, 1] == 200 + 30      # same NUMA: PHB
-    assert points[0, 2] == 200 + 10      # different NUMA: SYS
+    assert points[0, 1] == 200 + 30  # same NUMA: PHB
+    assert points[0, 2] == 200 + 10  # different NUMA: SYS
     assert points[1, 2] == 10
 
 
@@ -147,7 +157,7 @@ def test_kubelet_order_is_random_but_reproducible() -> None:
     free = list(range(8))
     draws = [kubelet_order(free, 2, random.Random(s)) for s in range(40)]
     assert all(len(d) == 2 and set(d) <= set(free) for d in draws)
-    assert len(set(draws)) > 5                     # not index order
+    assert len(set(draws)) > 5  # not index order
     assert draws == [kubelet_order(free, 2, random.Random(s)) for s in range(40)]
     assert kubelet_order(free, 9, random.Random(0)) == ()
 

@@ -52,7 +52,7 @@ def test_bad_trace_content_and_bad_cluster_file(tmp_path: Path) -> None:
     r = sim("--trace", str(bad))
     assert r.returncode == 2 and "bad.csv:2: column num_gpu" in r.stderr and "Traceback" not in r.stderr
     cl = tmp_path / "c.yaml"
-    cl.write_text("nodes:\n  - {name: a, gpus: 8}\n")   # GPU count only: no topology to simulate
+    cl.write_text("nodes:\n  - {name: a, gpus: 8}\n")  # GPU count only: no topology to simulate
     r = sim("--cluster", str(cl))
     assert r.returncode == 2 and "needs a topology" in r.stderr and "Traceback" not in r.stderr
 
@@ -70,7 +70,11 @@ def test_json_on_a_trace_slice_with_a_cluster_file(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert [x["policy"] for x in doc["results"]] == [
-        "gputopo", "kubelet-default", "best-effort-pairs", "best-combo", "gang-only"
+        "gputopo",
+        "kubelet-default",
+        "best-effort-pairs",
+        "best-combo",
+        "gang-only",
     ]
     assert doc["run"]["mode"] == "replay"
     assert doc["comm_model"]["compute_s"] == 0.2
@@ -82,20 +86,37 @@ def test_json_on_a_trace_slice_with_a_cluster_file(tmp_path: Path) -> None:
 
 def test_table_and_plot_through_the_gputopo_command(tmp_path: Path) -> None:
     png = tmp_path / "out.png"
-    r = sim("simulate", "--trace", str(TRACES / "openb_pod_list_multigpu50_slice.csv"), "--plot", str(png),
-            "--policies", "gputopo,kubelet-default", module=("gputopo",))
+    r = sim(
+        "simulate",
+        "--trace",
+        str(TRACES / "openb_pod_list_multigpu50_slice.csv"),
+        "--plot",
+        str(png),
+        "--policies",
+        "gputopo,kubelet-default",
+        module=("gputopo",),
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert any(line.startswith("mode: fill") for line in lines)
     header = next(line for line in lines if line.startswith("metric"))
     assert header.split() == ["metric", "gputopo", "kubelet-default"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert r.stderr == ""             # no progress bar when stderr is not a terminal
+    assert r.stderr == ""  # no progress bar when stderr is not a terminal
 
 
 def test_untimed_list_with_poisson_arrivals() -> None:
-    r = sim("--trace", str(TRACES / "openb_pod_list_multigpu50_slice.csv"), "--mode", "arrivals",
-            "--load", "0.9", "--json", "--policies", "gputopo,best-effort-pairs")
+    r = sim(
+        "--trace",
+        str(TRACES / "openb_pod_list_multigpu50_slice.csv"),
+        "--mode",
+        "arrivals",
+        "--load",
+        "0.9",
+        "--json",
+        "--policies",
+        "gputopo,best-effort-pairs",
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["run"]["mode"].startswith("arrivals")
@@ -107,4 +128,4 @@ def test_progress_bar_on_request_goes_to_stderr() -> None:
     r = sim("--pods", "600", "--progress", "--policies", "kubelet-default", "--json")
     assert r.returncode == 0, r.stderr
     assert "kubelet-default" in r.stderr and "100%" in r.stderr
-    assert json.loads(r.stdout)["results"][0]["pods"] >= 600    # stdout stays clean JSON
+    assert json.loads(r.stdout)["results"][0]["pods"] >= 600  # stdout stays clean JSON

@@ -41,8 +41,15 @@ def by_policy(results: list) -> dict:
 
 def test_network_aware_gang_stays_in_one_leaf_and_runs_faster() -> None:
     # name order interleaves the leaves, so a network-blind first fit splits the gang
-    c = cluster("hgx-h100", [("n1", "a", frozenset()), ("n2", "b", frozenset()),
-                             ("n3", "a", frozenset()), ("n4", "b", frozenset(range(4)))])
+    c = cluster(
+        "hgx-h100",
+        [
+            ("n1", "a", frozenset()),
+            ("n2", "b", frozenset()),
+            ("n3", "a", frozenset()),
+            ("n4", "b", frozenset(range(4))),
+        ],
+    )
     res = by_policy(compare(c, [job(0, (8, 8))], POLICIES, RunConfig()))
     assert res["gputopo"].gangs == 1 and res["gputopo"].gangs_one_leaf == 1.0
     for name in ("kubelet-default", "best-effort-pairs", "gang-only"):
@@ -71,8 +78,12 @@ def test_padded_group_fails_admission_and_the_job_waits() -> None:
 def test_fragmentation_at_first_failure_spread_vs_binpack() -> None:
     """Fill mode: two 1-GPU pods, then an 8-GPU pod, on two 8-GPU nodes."""
     c = cluster("rtx4090-8-allsys", [("n1", "a", frozenset()), ("n2", "a", frozenset())])
-    jobs = [job(0, (1,), 0, math.inf), job(1, (1,), 1, math.inf), job(2, (8,), 2, math.inf),
-            job(3, (8,), 3, math.inf)]
+    jobs = [
+        job(0, (1,), 0, math.inf),
+        job(1, (1,), 1, math.inf),
+        job(2, (8,), 2, math.inf),
+        job(3, (8,), 3, math.inf),
+    ]
     res = by_policy(compare(c, jobs, ("kubelet-default", "best-combo"), RunConfig(mode="fill")))
     spread, packed = res["kubelet-default"], res["best-combo"]
     # spreading puts one pod on each node: the 8-GPU pod fails with 14 GPUs free
@@ -105,7 +116,7 @@ def test_ring_metrics_against_the_empty_node_best() -> None:
     c2 = cluster("dgx1-v100", [("n1", "a", frozenset({0, 2, 3, 5, 7}))])
     r = simulate(c2, [job(0, (3,), 0, math.inf)], "gputopo", RunConfig(mode="fill"))
     assert r.best_ring_share == 0.0
-    assert r.ring_over_best == pytest.approx(6 / 25)   # SYS 6 GB/s vs an NV1 ring of 25 GB/s
+    assert r.ring_over_best == pytest.approx(6 / 25)  # SYS 6 GB/s vs an NV1 ring of 25 GB/s
 
 
 def test_same_arrivals_and_seed_give_the_same_answer() -> None:
@@ -142,9 +153,9 @@ def test_comm_model_step() -> None:
 @pytest.mark.parametrize(
     ("policy", "want"),
     [
-        ("gputopo", (2,)),            # least disruption: 2's NVLink partner 0 is busy
+        ("gputopo", (2,)),  # least disruption: 2's NVLink partner 0 is busy
         ("gang-only", (2,)),
-        ("best-combo", (2,)),         # HAMi: least connected to the other free cards
+        ("best-combo", (2,)),  # HAMi: least connected to the other free cards
         ("best-effort-pairs", (1,)),  # go-gpuallocator: available[0], breaking the 1-3 pair
     ],
 )

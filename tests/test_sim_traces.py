@@ -18,16 +18,16 @@ def test_helios_slice_gangs_sorting_and_cpu_only() -> None:
     t = read_trace(DATA / "helios_jobs_slice.csv")
     assert t.format == "jobs" and t.timed
     assert t.rows == 21
-    assert t.skipped_cpu_only == 4          # job ids 5, 6, 10, 11 have num_gpu 0
+    assert t.skipped_cpu_only == 4  # job ids 5, 6, 10, 11 have num_gpu 0
     assert len(t.jobs) == 17
     submits = [j.submit for j in t.jobs]
-    assert submits == sorted(submits)       # rows 4, 19, 37 come after 11 in the file
+    assert submits == sorted(submits)  # rows 4, 19, 37 come after 11 in the file
     by_submit = {j.submit: j for j in t.jobs}
     assert by_submit[10337.0].pods == (8, 8) and by_submit[10337.0].duration == 194.0
     assert by_submit[28105.0].pods == (8,) * 4
     assert by_submit[778296.0].pods == (8,) * 20
     assert by_submit[134998.0].pods == (8, 8, 8)
-    assert by_submit[1506293.0].pods == (2,)      # (2 GPUs, 2 nodes) fits one node: one pod
+    assert by_submit[1506293.0].pods == (2,)  # (2 GPUs, 2 nodes) fits one node: one pod
     assert by_submit[380.0].pods == (8,) and not by_submit[380.0].is_gang
 
 
@@ -35,7 +35,7 @@ def test_philly_slice_single_pod_when_it_fits_one_node() -> None:
     t = read_trace(DATA / "philly_jobs_slice.csv")
     assert t.format == "jobs" and len(t.jobs) == 24 and t.skipped_cpu_only == 0
     first_eight = next(j for j in t.jobs if j.submit == 395146.0)
-    assert first_eight.pods == (8,)               # Philly spread 8 GPUs over 4 nodes; we ask for one
+    assert first_eight.pods == (8,)  # Philly spread 8 GPUs over 4 nodes; we ask for one
     assert first_eight.duration == 14405.0
     assert sum(j.pods == (8, 8) for j in t.jobs) == 5
 
@@ -44,13 +44,16 @@ def test_alibaba_timed_slice() -> None:
     t = read_trace(DATA / "openb_pod_list_default_slice.csv")
     assert t.format == "alibaba-openb" and t.timed and t.rows == 26
     by_submit = {j.submit: j for j in t.jobs}
-    big = by_submit[9437497.0]                            # openb-pod-0017, scheduled at creation
+    big = by_submit[9437497.0]  # openb-pod-0017, scheduled at creation
     assert big.pods == (8,) and big.duration == 10769854 - 9437497
-    pending = by_submit[10001278.0]                       # openb-pod-0061 never scheduled
+    pending = by_submit[10001278.0]  # openb-pod-0061 never scheduled
     assert pending.pods == (1,) and pending.duration == 10001403 - 10001278
-    assert t.fractional_as_whole == sum(1 for line in _rows("openb_pod_list_default_slice.csv")
-                                        if line[3] == "1" and int(line[4]) < 1000)
-    assert t.skipped_cpu_only == sum(1 for line in _rows("openb_pod_list_default_slice.csv") if line[3] == "0")
+    assert t.fractional_as_whole == sum(
+        1 for line in _rows("openb_pod_list_default_slice.csv") if line[3] == "1" and int(line[4]) < 1000
+    )
+    assert t.skipped_cpu_only == sum(
+        1 for line in _rows("openb_pod_list_default_slice.csv") if line[3] == "0"
+    )
 
 
 def test_alibaba_multigpu_slice_is_untimed() -> None:
@@ -73,7 +76,10 @@ def _rows(name: str) -> list[list[str]]:
         ("job_id,submit_time,duration,num_gpu,num_nodes\n0,0,10,1.5,1\n", "must be an integer"),
         ("job_id,submit_time,duration,num_gpu,num_nodes\n0,-5,10,1,1\n", "non-negative"),
         ("job_id,submit_time,duration,num_gpu,num_nodes\n0,0,10,0,1\n", "no GPU jobs"),
-        ("name,num_gpu,gpu_milli,creation_time,deletion_time,scheduled_time\np,1,1000,10,5,10\n", "before the pod"),
+        (
+            "name,num_gpu,gpu_milli,creation_time,deletion_time,scheduled_time\np,1,1000,10,5,10\n",
+            "before the pod",
+        ),
         ("", "unknown trace format"),
     ],
 )
@@ -107,7 +113,7 @@ def test_generator_is_reproducible_and_meets_the_load() -> None:
     assert max(j.gpus for j in a) <= 64
     span = a[-1].submit - a[0].submit
     offered = sum(j.gpus * j.duration for j in a) / (span * 512)
-    assert 0.4 < offered < 0.6                      # Poisson noise around the target
+    assert 0.4 < offered < 0.6  # Poisson noise around the target
     sizes = [j.gpus for j in a]
     assert 0.5 < sizes.count(1) / len(sizes) < 0.65  # Helios: 55 % of GPU jobs use one GPU
 
@@ -115,10 +121,10 @@ def test_generator_is_reproducible_and_meets_the_load() -> None:
 def test_untimed_lists_get_alibaba_run_times_and_poisson_arrivals() -> None:
     jobs = [Job(id=i, submit=float(i), duration=math.inf, pods=((1, 2, 4, 8)[i % 4],)) for i in range(4000)]
     timed = timed_arrivals(jobs, capacity_gpus=512, load=0.8, rng=np.random.default_rng(1))
-    assert [j.pods for j in timed] == [j.pods for j in jobs]          # order and shapes kept
+    assert [j.pods for j in timed] == [j.pods for j in jobs]  # order and shapes kept
     assert all(math.isfinite(j.duration) and j.duration >= 1 for j in timed)
     ones = sorted(j.duration for j in timed if j.pods == (1,))
-    assert 450 < ones[len(ones) // 2] < 900                            # published median 655 s
+    assert 450 < ones[len(ones) // 2] < 900  # published median 655 s
     span = timed[-1].submit - timed[0].submit
     offered = sum(j.gpus * j.duration for j in timed) / (span * 512)
     assert 0.6 < offered < 1.0

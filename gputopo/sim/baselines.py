@@ -27,7 +27,9 @@ def kubelet_order(free: Sequence[int], size: int, rng: random.Random) -> tuple[i
     return tuple(sorted(rng.sample(list(free), size)))
 
 
-def best_effort(points: np.ndarray, available: Sequence[int], size: int, required: Sequence[int] = ()) -> Group:
+def best_effort(
+    points: np.ndarray, available: Sequence[int], size: int, required: Sequence[int] = ()
+) -> Group:
     """go-gpuallocator's best-effort policy; () when its guards refuse.
 
     It scores every partition of `available` (padded with placeholders up to a multiple of

@@ -33,26 +33,49 @@ class UsageError(Exception):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("workload")
-    g.add_argument("--trace", metavar="FILE",
-                   help="Alibaba openb pod list, or a Helios/Philly job CSV (default: embedded generator)")
+    g.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="Alibaba openb pod list, or a Helios/Philly job CSV (default: embedded generator)",
+    )
     g.add_argument("--pods", type=int, default=20000, help="pods the generator makes (default 20000)")
-    g.add_argument("--load", type=float, default=0.7,
-                   help="offered load of the generator and of --mode arrivals, share of cluster GPUs "
-                   "(default 0.7)")
-    g.add_argument("--limit", type=int, default=None, metavar="N", help="use only the first N jobs of --trace")
-    g.add_argument("--time-scale", type=float, default=1.0, metavar="F",
-                   help="multiply trace submit times by F (<1 packs arrivals tighter; default 1)")
-    g.add_argument("--mode", choices=("auto", "replay", "fill", "arrivals"), default="auto",
-                   help="replay: trace times; fill: FGD-style, no departures; arrivals: untimed list with "
-                   "Poisson arrivals at --load and Alibaba run times (auto: fill for untimed lists)")
+    g.add_argument(
+        "--load",
+        type=float,
+        default=0.7,
+        help="offered load of the generator and of --mode arrivals, share of cluster GPUs (default 0.7)",
+    )
+    g.add_argument(
+        "--limit", type=int, default=None, metavar="N", help="use only the first N jobs of --trace"
+    )
+    g.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="multiply trace submit times by F (<1 packs arrivals tighter; default 1)",
+    )
+    g.add_argument(
+        "--mode",
+        choices=("auto", "replay", "fill", "arrivals"),
+        default="auto",
+        help="replay: trace times; fill: FGD-style, no departures; arrivals: untimed list with "
+        "Poisson arrivals at --load and Alibaba run times (auto: fill for untimed lists)",
+    )
     g = parser.add_argument_group("cluster and policies")
-    g.add_argument("--cluster", metavar="FILE",
-                   help="cluster snapshot (design.md §4); default: 2 spines x 4 leaves x 8 mixed nodes")
-    g.add_argument("--policies", default=",".join(POLICIES),
-                   help=f"comma list (default: {','.join(POLICIES)})")
+    g.add_argument(
+        "--cluster",
+        metavar="FILE",
+        help="cluster snapshot (design.md §4); default: 2 spines x 4 leaves x 8 mixed nodes",
+    )
+    g.add_argument(
+        "--policies", default=",".join(POLICIES), help=f"comma list (default: {','.join(POLICIES)})"
+    )
     g.add_argument("--seed", type=int, default=0, help="seed of the generator, fill order and kubelet order")
     g = parser.add_argument_group("communication model")
-    g.add_argument("--allreduce-gb", type=float, default=1.0, help="all-reduce payload per step, GB (default 1)")
+    g.add_argument(
+        "--allreduce-gb", type=float, default=1.0, help="all-reduce payload per step, GB (default 1)"
+    )
     g.add_argument("--compute-s", type=float, default=0.2, help="compute time per step, s (default 0.2)")
     g = parser.add_argument_group("output")
     g.add_argument("--json", action="store_true", help="print a JSON document instead of the table")
@@ -149,9 +172,12 @@ def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job],
         if args.pods <= 0:
             raise UsageError(f"--pods must be positive, got {args.pods}")
         if args.mode in ("fill", "arrivals"):
-            raise UsageError(f"--mode {args.mode} applies to pod lists (--trace); the generator always replays")
-        jobs = generate(args.pods, capacity_gpus=cluster.capacity, load=load, rng=rng,
-                        max_gpus=_largest_job(cluster))
+            raise UsageError(
+                f"--mode {args.mode} applies to pod lists (--trace); the generator always replays"
+            )
+        jobs = generate(
+            args.pods, capacity_gpus=cluster.capacity, load=load, rng=rng, max_gpus=_largest_job(cluster)
+        )
         header["workload"] = f"generator (Helios sizes/durations), {args.pods:,} pods, load {load:g}"
         mode = "replay"
         header["mode"] = mode
@@ -169,8 +195,10 @@ def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job],
         label = mode
         if mode in ("fill", "arrivals"):
             order = rng.permutation(len(jobs))
-            jobs = [Job(id=jobs[k].id, submit=float(i), duration=math.inf, pods=jobs[k].pods)
-                    for i, k in enumerate(order)]
+            jobs = [
+                Job(id=jobs[k].id, submit=float(i), duration=math.inf, pods=jobs[k].pods)
+                for i, k in enumerate(order)
+            ]
         if mode == "arrivals":
             jobs = timed_arrivals(jobs, capacity_gpus=cluster.capacity, load=load, rng=rng)
             mode = "replay"
@@ -227,8 +255,10 @@ def _progress_factory(args: argparse.Namespace, err: TextIO, total: int) -> Call
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m gputopo.sim` until (and besides) the `gputopo simulate` dispatcher."""
-    parser = argparse.ArgumentParser(prog="gputopo simulate", description="replay a workload through gputopo "
-                                     "and the allocators people run today")
+    parser = argparse.ArgumentParser(
+        prog="gputopo simulate",
+        description="replay a workload through gputopo and the allocators people run today",
+    )
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

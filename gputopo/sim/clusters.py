@@ -18,7 +18,9 @@ from gputopo.topology import Topology
 DEFAULT_PRESETS: tuple[str, ...] = ("dgx1-v100", "hgx-h100", "pcie8-plx")
 
 
-def default_cluster(spines: int = 2, leaves_per_spine: int = 4, nodes_per_leaf: int = 8, seed: int = 0) -> SimCluster:
+def default_cluster(
+    spines: int = 2, leaves_per_spine: int = 4, nodes_per_leaf: int = 8, seed: int = 0
+) -> SimCluster:
     """spines x leaves x nodes, each node drawn from DGX-1 V100, HGX H100 and PCIe-only servers
     (gputopo.cluster.generate_cluster, equal weights, fixed seed)."""
     return from_snapshot(generate_cluster(spines, leaves_per_spine, nodes_per_leaf, DEFAULT_PRESETS, seed))
@@ -45,7 +47,9 @@ def from_snapshot(snapshot: ClusterSnapshot) -> SimCluster:
         if key not in index:
             index[key] = len(topologies)
             topologies.append(topo)
-        out.append(SimNode(name=node.name, topology=index[key], labels=dict(node.labels), allocated=node.allocated))
+        out.append(
+            SimNode(name=node.name, topology=index[key], labels=dict(node.labels), allocated=node.allocated)
+        )
     levels = tuple(snapshot.levels)
     if HOSTNAME not in levels:
         levels = (HOSTNAME, *levels)

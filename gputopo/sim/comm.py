@@ -22,8 +22,8 @@ from gputopo.network import ACCELERATOR, CORE, HOSTNAME, LEAF, SPINE, ZONE
 DEFAULT_LEVEL_GBPS: Mapping[str, float] = MappingProxyType(
     {
         ACCELERATOR: 450.0,  # multi-node NVLink domain (NVL72-style)
-        LEAF: 25.0,          # one 200 Gb/s NIC per GPU under the same leaf switch
-        SPINE: 12.5,         # through the spine, 2:1 oversubscribed
+        LEAF: 25.0,  # one 200 Gb/s NIC per GPU under the same leaf switch
+        SPINE: 12.5,  # through the spine, 2:1 oversubscribed
         CORE: 6.25,
         ZONE: 3.125,
     }
@@ -34,10 +34,10 @@ DEFAULT_LEVEL_GBPS: Mapping[str, float] = MappingProxyType(
 class CommModel:
     """Step-time model; see the module docstring. Bandwidths in GB/s, one direction."""
 
-    allreduce_bytes: float = 1e9      # fp16 gradients of a 500 M-parameter model
-    compute_s: float = 0.2            # compute per step
+    allreduce_bytes: float = 1e9  # fp16 gradients of a 500 M-parameter model
+    compute_s: float = 0.2  # compute per step
     level_gbps: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_LEVEL_GBPS))
-    cluster_gbps: float = 3.125       # members with no common domain at any level
+    cluster_gbps: float = 3.125  # members with no common domain at any level
 
     def network_gbps(self, level: str | None) -> float:
         """Inter-node hop bandwidth when the smallest common level is `level` (None = none)."""

@@ -38,7 +38,7 @@ Place = Callable[[ClusterState, Job], "list[Slot] | Failure"]
 
 @dataclass(frozen=True)
 class RunConfig:
-    mode: str = "replay"                 # "replay" or "fill"
+    mode: str = "replay"  # "replay" or "fill"
     seed: int = 0
     comm: CommModel = field(default_factory=CommModel)
 
@@ -67,11 +67,13 @@ def simulate(
     else:
         never = _replay(state, jobs, policy.place, rec, progress)
     if progress is not None:
-        progress(sum(len(j.pods) for j in jobs))   # the end, whatever never started
+        progress(sum(len(j.pods) for j in jobs))  # the end, whatever never started
     return rec.summary(policy_name, len(jobs), never, clock() - started, timed=config.mode == "replay")
 
 
-def _fill(state: ClusterState, jobs: Sequence[Job], place: Place, rec: Recorder, progress: Progress | None) -> int:
+def _fill(
+    state: ClusterState, jobs: Sequence[Job], place: Place, rec: Recorder, progress: Progress | None
+) -> int:
     for k, job in enumerate(jobs):
         got = place(state, job) if state.could_fit(job.pods) else Failure("not enough free GPUs")
         if isinstance(got, Failure):
@@ -91,7 +93,7 @@ def _replay(
 ) -> int:
     departures: list[tuple[float, int, list[tuple[int, tuple[int, ...]]]]] = []
     queues: dict[tuple[int, ...], deque[int]] = {}
-    blocked: set[tuple[int, ...]] = set()   # shapes that failed since capacity was last freed
+    blocked: set[tuple[int, ...]] = set()  # shapes that failed since capacity was last freed
     nxt = 0
     handled = 0
     seq = 0
@@ -101,7 +103,7 @@ def _replay(
             departures[0][0] if departures else math.inf,
         )
         if departures and departures[0][0] <= now:
-            blocked.clear()   # only freed GPUs can unblock a shape: placements only take
+            blocked.clear()  # only freed GPUs can unblock a shape: placements only take
         while departures and departures[0][0] <= now:
             _, _, slots = heapq.heappop(departures)
             for node, gpus in slots:
@@ -147,7 +149,9 @@ def compare(
     """Every policy on the same jobs and seed; adds throughput relative to kubelet-default."""
     pool = AllocatorPool()
     results = [
-        simulate(cluster, jobs, name, config, pool=pool, progress=None if progress is None else progress(name))
+        simulate(
+            cluster, jobs, name, config, pool=pool, progress=None if progress is None else progress(name)
+        )
         for name in policies
     ]
     base = next((r for r in results if r.policy == BASELINE), None)

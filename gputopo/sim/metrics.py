@@ -32,19 +32,19 @@ class Summary:
     rejected: int
     never_started: int
     multi_gpu_pods: int
-    best_ring_share: float | None          # share of multi-GPU pods at the empty-node best ring
-    ring_over_best: float | None           # mean ring / best ring over multi-GPU pods
+    best_ring_share: float | None  # share of multi-GPU pods at the empty-node best ring
+    ring_over_best: float | None  # mean ring / best ring over multi-GPU pods
     gangs: int
     gangs_one_leaf: float | None
     gangs_one_spine: float | None
-    free_at_first_failure: int | None      # free GPUs at the first failure with enough free (FGD)
+    free_at_first_failure: int | None  # free GPUs at the first failure with enough free (FGD)
     first_failure_time: float | None
-    fragmented_jobs: float                 # share of jobs that failed at least once with enough GPUs free
+    fragmented_jobs: float  # share of jobs that failed at least once with enough GPUs free
     queue_delay_mean: float | None
     queue_delay_p95: float | None
-    job_time_ratio: float | None           # GPU-weighted mean of actual/ideal job time, multi-GPU jobs
-    efficiency: float | None               # GPU-weighted ideal/actual time, multi-GPU jobs
-    throughput_vs_baseline: float | None   # efficiency / baseline efficiency
+    job_time_ratio: float | None  # GPU-weighted mean of actual/ideal job time, multi-GPU jobs
+    efficiency: float | None  # GPU-weighted ideal/actual time, multi-GPU jobs
+    throughput_vs_baseline: float | None  # efficiency / baseline efficiency
     admission_failures: int
     pods: int
     seconds: float

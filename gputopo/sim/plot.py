@@ -46,8 +46,13 @@ def write_plot(results: Sequence[Summary], path: str | Path, title: str) -> None
         bars = ax.bar(range(len(names)), heights, color=colors)
         for bar, v in zip(bars, values, strict=True):
             text = "n/a" if v is None else (f"{v * scale:.1f}" if scale != 1.0 else f"{v:.3g}")
-            ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=8)
+            ax.annotate(
+                text,
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
         ax.set_title(label, fontsize=9)
     fig.suptitle(title, fontsize=10)

@@ -119,7 +119,9 @@ class Policy:
         assert self._gpus is not None, "a baseline policy needs an in-node GPU choice"
         gpus = self._gpus(state.topo[node], state.mask[node], size)
         if not gpus or any(g is None for g in gpus):
-            return Failure(f"device plugin gave no usable set of {size} on {self.cluster.nodes[node].name}", True)
+            return Failure(
+                f"device plugin gave no usable set of {size} on {self.cluster.nodes[node].name}", True
+            )
         return node, tuple(sorted(g for g in gpus if g is not None))
 
     # ------------------------------------------------------------------ jobs
@@ -146,11 +148,14 @@ class Policy:
 
     def _plan(self, state: ClusterState, job: Job) -> list[Slot] | Failure:
         views = [self._view(i, state.mask[i]) for i in range(len(self.cluster.nodes))]
-        spec = GangSpec(key=f"sim/job-{job.id}", members=tuple(
-            Member(pod=f"sim/job-{job.id}-{k}", gpus=g) for k, g in enumerate(job.pods)
-        ))
+        spec = GangSpec(
+            key=f"sim/job-{job.id}",
+            members=tuple(Member(pod=f"sim/job-{job.id}-{k}", gpus=g) for k, g in enumerate(job.pods)),
+        )
         if self._net is None:
-            self._net = NetworkIndex.build(((n.name, n.labels) for n in self.cluster.nodes), self.cluster.levels)
+            self._net = NetworkIndex.build(
+                ((n.name, n.labels) for n in self.cluster.nodes), self.cluster.levels
+            )
         plan = plan_gang(spec, views, self.cluster.levels, index=self._net, memo=self._memo)
         if not isinstance(plan, GangPlan):
             return Failure(plan.reason)
@@ -179,7 +184,9 @@ def build_policy(name: str, cluster: SimCluster, pool: AllocatorPool, rng: rando
     allocators = [pool.get(t) for t in topos]
     cache: dict[tuple[int, int, int], tuple[int | None, ...]] = {}
 
-    def cached(fn: Callable[[int, int, int], tuple[int | None, ...]]) -> Callable[[int, int, int], tuple[int | None, ...]]:
+    def cached(
+        fn: Callable[[int, int, int], tuple[int | None, ...]],
+    ) -> Callable[[int, int, int], tuple[int | None, ...]]:
         def wrapper(tid: int, mask: int, size: int) -> tuple[int | None, ...]:
             key = (tid, mask, size)
             hit = cache.get(key)
@@ -190,20 +197,31 @@ def build_policy(name: str, cluster: SimCluster, pool: AllocatorPool, rng: rando
         return wrapper
 
     if name == "kubelet-default":
+
         def kubelet(tid: int, mask: int, size: int) -> tuple[int | None, ...]:
             return kubelet_order(_mask_list(mask, topos[tid].n), size, rng)
 
         return Policy(name, cluster, allocators, rank="least", gpus=kubelet)
     if name == "best-effort-pairs":
         blind = [pair_points(t, nvswitch_visible=False) for t in topos]
-        return Policy(name, cluster, allocators, rank="least", gpus=cached(
-            lambda tid, mask, size: best_effort(blind[tid], _mask_list(mask, topos[tid].n), size)
-        ))
+        return Policy(
+            name,
+            cluster,
+            allocators,
+            rank="least",
+            gpus=cached(
+                lambda tid, mask, size: best_effort(blind[tid], _mask_list(mask, topos[tid].n), size)
+            ),
+        )
     if name == "best-combo":
         seen = [pair_points(t, nvswitch_visible=True) for t in topos]
-        return Policy(name, cluster, allocators, rank="most", gpus=cached(
-            lambda tid, mask, size: best_combo(seen[tid], _mask_list(mask, topos[tid].n), size)
-        ))
+        return Policy(
+            name,
+            cluster,
+            allocators,
+            rank="most",
+            gpus=cached(lambda tid, mask, size: best_combo(seen[tid], _mask_list(mask, topos[tid].n), size)),
+        )
     if name in ("gputopo", "gang-only"):
         # node and GPUs both come from gang.place_pod / plan_gang, i.e. from the Allocator
         return Policy(name, cluster, allocators, rank="gputopo", planner=name == "gputopo")

@@ -62,10 +62,14 @@ def render_table(results: Sequence[Summary], header: Mapping[str, Any]) -> str:
     lines.append("")
     width = max(len(label) for label, _ in ROWS) + 2
     cols = [max(len(r.policy), *(len(fmt(r)) for _, fmt in ROWS)) + 2 for r in results]
-    lines.append("metric".ljust(width) + "".join(r.policy.rjust(w) for r, w in zip(results, cols, strict=True)))
+    lines.append(
+        "metric".ljust(width) + "".join(r.policy.rjust(w) for r, w in zip(results, cols, strict=True))
+    )
     lines.append("-" * (width + sum(cols)))
     for label, fmt in ROWS:
-        lines.append(label.ljust(width) + "".join(fmt(r).rjust(w) for r, w in zip(results, cols, strict=True)))
+        lines.append(
+            label.ljust(width) + "".join(fmt(r).rjust(w) for r, w in zip(results, cols, strict=True))
+        )
     return "\n".join(lines)
 
 

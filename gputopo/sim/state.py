@@ -74,9 +74,11 @@ class ClusterState:
         self.cluster = cluster
         self.size = [cluster.topologies[n.topology].n for n in cluster.nodes]
         self.topo = [n.topology for n in cluster.nodes]
-        self.mask = [((1 << s) - 1) & ~_mask_of(n.allocated) for s, n in zip(self.size, cluster.nodes, strict=True)]
+        self.mask = [
+            ((1 << s) - 1) & ~_mask_of(n.allocated) for s, n in zip(self.size, cluster.nodes, strict=True)
+        ]
         self.classes: dict[tuple[int, int], set[int]] = {}
-        self.hist = [0] * (max(self.size) + 1)        # hist[f] = nodes with f free GPUs
+        self.hist = [0] * (max(self.size) + 1)  # hist[f] = nodes with f free GPUs
         self.free_total = 0
         for i, m in enumerate(self.mask):
             self._enter(i, m)

@@ -36,7 +36,7 @@ class TraceError(ValueError):
 class Trace:
     """Jobs of a trace in submission order, and what reading them skipped or approximated."""
 
-    format: str                         # "alibaba-openb", "alibaba-openb-untimed" or "jobs"
+    format: str  # "alibaba-openb", "alibaba-openb-untimed" or "jobs"
     jobs: tuple[Job, ...]
     timed: bool
     rows: int
@@ -116,10 +116,14 @@ def _read_alibaba(p: Path, reader: csv.DictReader, *, timed: bool) -> Trace:
             start = created if scheduled is None else scheduled
             if deleted < start:
                 raise TraceError(f"{p}:{line}: deletion_time is before the pod started")
-            jobs.append(Job(id=len(jobs), submit=created, duration=max(1.0, deleted - start), pods=(num_gpu,)))
+            jobs.append(
+                Job(id=len(jobs), submit=created, duration=max(1.0, deleted - start), pods=(num_gpu,))
+            )
         else:
             jobs.append(Job(id=len(jobs), submit=float(len(jobs)), duration=math.inf, pods=(num_gpu,)))
-    return _finish("alibaba-openb" if timed else "alibaba-openb-untimed", jobs, timed, rows, cpu_only, fractional)
+    return _finish(
+        "alibaba-openb" if timed else "alibaba-openb-untimed", jobs, timed, rows, cpu_only, fractional
+    )
 
 
 def _read_jobs(p: Path, reader: csv.DictReader) -> Trace:

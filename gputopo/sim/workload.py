@@ -21,22 +21,56 @@ GANG_POD_GPUS = 8
 
 #: GPU-job sizes of the Helios excerpt (traces/helios-excerpt-15k/README.md, "num_gpu, all jobs").
 HELIOS_SIZE_COUNTS: tuple[tuple[int, int], ...] = (
-    (1, 5939), (2, 544), (3, 14), (4, 647), (5, 2), (6, 9), (7, 19), (8, 2382), (16, 579),
-    (24, 112), (32, 246), (40, 59), (48, 104), (56, 24), (64, 4), (72, 11), (80, 42), (88, 7),
-    (96, 3), (104, 1), (112, 4), (120, 2), (128, 12), (136, 5), (144, 9), (152, 3), (160, 13),
+    (1, 5939),
+    (2, 544),
+    (3, 14),
+    (4, 647),
+    (5, 2),
+    (6, 9),
+    (7, 19),
+    (8, 2382),
+    (16, 579),
+    (24, 112),
+    (32, 246),
+    (40, 59),
+    (48, 104),
+    (56, 24),
+    (64, 4),
+    (72, 11),
+    (80, 42),
+    (88, 7),
+    (96, 3),
+    (104, 1),
+    (112, 4),
+    (120, 2),
+    (128, 12),
+    (136, 5),
+    (144, 9),
+    (152, 3),
+    (160, 13),
 )
 #: Duration (median s, p90 s) by job size from the same README; sizes not listed use "all".
-HELIOS_DURATION: Mapping[str, tuple[float, float]] = MappingProxyType({
-    "1": (405.0, 11376.0), "8": (162.0, 34858.0), "16": (518.0, 70238.0),
-    "32+": (251.0, 122892.0), "all": (277.0, 18376.0),
-})
+HELIOS_DURATION: Mapping[str, tuple[float, float]] = MappingProxyType(
+    {
+        "1": (405.0, 11376.0),
+        "8": (162.0, 34858.0),
+        "16": (518.0, 70238.0),
+        "32+": (251.0, 122892.0),
+        "all": (277.0, 18376.0),
+    }
+)
 #: Longest job of the excerpt; the log-normal tail is cut there.
 HELIOS_MAX_DURATION = 1_964_673.0
 #: Pod run time (median s, p90 s) by GPU count of the Alibaba openb default list
 #: (traces/alibaba-gpu-v2023/README.md, "Timing"), for the lists that carry no times.
-ALIBABA_RUNTIME: Mapping[int, tuple[float, float]] = MappingProxyType({
-    1: (655.0, 7240.0), 2: (2267.0, 27368.0), 4: (542.0, 23925.0), 8: (553.0, 101998.0),
-})
+ALIBABA_RUNTIME: Mapping[int, tuple[float, float]] = MappingProxyType(
+    {
+        1: (655.0, 7240.0),
+        2: (2267.0, 27368.0),
+        4: (542.0, 23925.0),
+        8: (553.0, 101998.0),
+    }
+)
 ALIBABA_MAX_RUNTIME = 12_537_496.0
 _Z90 = 1.2815515655446004  # standard normal 90th percentile
 
@@ -46,8 +80,8 @@ class Job:
     """One unit of work: `pods` lists the GPUs of each pod (one entry = a single pod)."""
 
     id: int
-    submit: float          # seconds
-    duration: float        # seconds at an ideal placement; math.inf = never leaves (fill mode)
+    submit: float  # seconds
+    duration: float  # seconds at an ideal placement; math.inf = never leaves (fill mode)
     pods: tuple[int, ...]
 
     @property
@@ -120,7 +154,10 @@ def _lognormal(median: float, p90: float, cap: float, rng: np.random.Generator) 
 
 
 def _poisson(
-    shapes: list[tuple[int, ...]], durations: list[float], capacity_gpus: int, load: float,
+    shapes: list[tuple[int, ...]],
+    durations: list[float],
+    capacity_gpus: int,
+    load: float,
     rng: np.random.Generator,
 ) -> list[Job]:
     """Poisson arrivals whose offered load (GPU-seconds per second / capacity) is `load`."""
@@ -149,4 +186,7 @@ def timed_arrivals(
         nearest = min(listed, key=lambda k: (abs(k - job.gpus), k))
         durations.append(_lognormal(*ALIBABA_RUNTIME[nearest], ALIBABA_MAX_RUNTIME, rng))
     timed = _poisson([j.pods for j in jobs], durations, capacity_gpus, load, rng)
-    return [Job(id=j.id, submit=t.submit, duration=t.duration, pods=j.pods) for j, t in zip(jobs, timed, strict=True)]
+    return [
+        Job(id=j.id, submit=t.submit, duration=t.duration, pods=j.pods)
+        for j, t in zip(jobs, timed, strict=True)
+    ]
