@@ -36,7 +36,7 @@ def _file_backend(config: PluginConfig) -> Backend:
     from deviceplugin.filebackend import FileBackend
 
     assert config.topology is not None
-    return FileBackend(config.topology, config.health_file)
+    return FileBackend(config.topology, config.health_file, settings=config.bandwidth)
 
 
 def _nvml_backend(config: PluginConfig, stop: threading.Event) -> Backend | None:
@@ -46,7 +46,11 @@ def _nvml_backend(config: PluginConfig, stop: threading.Event) -> Backend | None
         try:
             from deviceplugin.nvml import NvmlBackend
 
-            backend = NvmlBackend()
+            overrides = config.bandwidth
+            backend = NvmlBackend(
+                nvlink_gbps_per_link=overrides.nvlink_gbps_per_link if overrides else None,
+                pcie_gbps=overrides.pcie_gbps if overrides else None,
+            )
             backend.discover()  # a node whose GPUs cannot be probed is not initialised either
             return backend
         except Exception as e:

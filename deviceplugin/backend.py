@@ -7,10 +7,11 @@ tests, CI and simulation). Everything above this seam runs the same code for bot
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from gputopo.links import BandwidthSettings
 from gputopo.topology import Topology
 
 
@@ -23,6 +24,24 @@ class HealthEvent:
     reason: str
     xid: int | None = None
     healthy: bool | None = None
+
+
+@dataclass(frozen=True)
+class BandwidthOverrides:
+    """Per-node bandwidth figures from the operator (design.md §1: both are configurable per
+    node), applied over what the topology file or NVML says; None keeps that value."""
+
+    nvlink_gbps_per_link: float | None = None
+    pcie_gbps: Mapping[str, float] | None = None
+
+    def apply(self, topology: Topology) -> Topology:
+        base = topology.settings
+        return topology.with_settings(
+            BandwidthSettings(
+                nvlink_gbps_per_link=self.nvlink_gbps_per_link or base.nvlink_gbps_per_link,
+                pcie_gbps={**base.pcie_gbps, **(self.pcie_gbps or {})},
+            )
+        )
 
 
 class Backend(Protocol):

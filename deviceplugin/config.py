@@ -19,6 +19,8 @@ from typing import Any, NoReturn
 import yaml
 
 from deviceplugin import defaults
+from deviceplugin.backend import BandwidthOverrides
+from gputopo.links import PCIE_LEVELS
 
 CONFIG_VERSION = "v1"
 STRATEGIES = ("envvar", "cdi")
@@ -52,6 +54,8 @@ class PluginConfig:
     pod_resources_socket: str = defaults.POD_RESOURCES_SOCKET
     publish: str = "auto"
     kubeconfig: str | None = None
+    nvlink_gbps_per_link: float | None = None
+    pcie_gbps: tuple[tuple[str, float], ...] | None = None
 
     @property
     def socket_path(self) -> str:
@@ -60,6 +64,12 @@ class PluginConfig:
     @property
     def kubelet_socket(self) -> str:
         return os.path.join(self.kubelet_dir, defaults.KUBELET_SOCKET_NAME)
+
+    @property
+    def bandwidth(self) -> BandwidthOverrides | None:
+        if self.nvlink_gbps_per_link is None and self.pcie_gbps is None:
+            return None
+        return BandwidthOverrides(self.nvlink_gbps_per_link, dict(self.pcie_gbps or ()))
 
     @property
     def backend_kind(self) -> str:
@@ -164,6 +174,50 @@ def _socket_name(value: Any) -> str:
             f"must be a plain file name other than {defaults.KUBELET_SOCKET_NAME}, got {value!r}"
         )
     return text
+
+
+def _gbps(value: Any) -> float | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"must be a positive number of GB/s, got {value!r}")
+    try:
+        gbps = float(str(value).strip())
+    except ValueError:
+        raise ValueError(f"must be a positive number of GB/s, got {value!r}") from None
+    if not 0 < gbps < float("inf"):
+        raise ValueError(f"must be a positive number of GB/s, got {value!r}")
+    return gbps
+
+
+def _pcie_gbps(value: Any) -> tuple[tuple[str, float], ...] | None:
+    """`PIX=24,PXB=20` (flag/env) or a mapping (YAML) of PCIe level -> GB/s."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, Mapping):
+        items = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, str):
+        items = []
+        for part in (p.strip() for p in value.split(",") if p.strip()):
+            level, sep, number = part.partition("=")
+            if not sep:
+                raise ValueError(f"must look like PIX=24,SYS=6, got {value!r}")
+            items.append((level.strip(), number.strip()))
+    else:
+        raise ValueError(f"must look like PIX=24,SYS=6, got {value!r}")
+    out: dict[str, float] = {}
+    for level, number in items:
+        name = level.upper()
+        if name not in PCIE_LEVELS:
+            raise ValueError(f"unknown PCIe level {level!r} (one of {', '.join(PCIE_LEVELS)})")
+        try:
+            gbps = _gbps(number)
+        except ValueError as e:
+            raise ValueError(f"{level}: {e}") from None
+        if gbps is None:
+            raise ValueError(f"{level} needs a number of GB/s")
+        out[name] = gbps
+    return tuple(sorted(out.items()))
 
 
 def _log_level(value: Any) -> str:
@@ -303,6 +357,22 @@ OPTIONS: tuple[Option, ...] = (
         "kubeconfig",
         _optional_text,
         "kubeconfig for node publication (default: in-cluster service account)",
+    ),
+    Option(
+        "nvlink_gbps_per_link",
+        "--nvlink-gbps-per-link",
+        "GPUTOPO_NVLINK_GBPS_PER_LINK",
+        "nvlinkGbpsPerLink",
+        _gbps,
+        "one NVLink's GB/s, one direction (default: from NVML's NVLink version, else 25)",
+    ),
+    Option(
+        "pcie_gbps",
+        "--pcie-gbps",
+        "GPUTOPO_PCIE_GBPS",
+        "pcieGbps",
+        _pcie_gbps,
+        "PCIe GB/s per level, e.g. PIX=24,PXB=20,PHB=16,NODE=12,SYS=6 (default: those)",
     ),
 )
 CONFIG_ENV = "GPUTOPO_CONFIG"

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from deviceplugin.backend import HealthEvent
+from deviceplugin.backend import BandwidthOverrides, HealthEvent
 from gputopo import jsonlog
 from gputopo.topofile import load_topology
 from gputopo.topology import Topology
@@ -51,20 +51,29 @@ class FileBackend:
     """Backend Protocol over files; see the module docstring for the formats."""
 
     def __init__(
-        self, topology_source: str, health_file: str | None = None, poll_interval: float = 0.2
+        self,
+        topology_source: str,
+        health_file: str | None = None,
+        poll_interval: float = 0.2,
+        settings: BandwidthOverrides | None = None,
     ) -> None:
         if not poll_interval > 0:
             raise ValueError(f"poll_interval must be > 0, got {poll_interval!r}")
         self.topology_source = topology_source
         self.health_file = health_file
         self.poll_interval = poll_interval
+        self.settings = settings
         self._closed = threading.Event()
         # Fail at start, not at the first re-probe, when the source is wrong.
-        self._topology = load_topology(topology_source)
+        self._topology = self._load()
+
+    def _load(self) -> Topology:
+        topology = load_topology(self.topology_source)
+        return self.settings.apply(topology) if self.settings else topology
 
     def discover(self) -> Topology:
         """Re-read the topology source; raises TopologyError (the daemon keeps the old one)."""
-        self._topology = load_topology(self.topology_source)
+        self._topology = self._load()
         jsonlog.event(
             log,
             "discover",
