@@ -1,4 +1,5 @@
-"""Gang planning time on a 5,000-node fat tree: 16 x 8 and 128 x 8 GPU gangs (and a mixed one).
+"""Gang planning time on a 5,000-node fat tree: 16 x 8 and 128 x 8 GPU gangs, a mixed one, and
+a 400 x 8 one that no spine can hold (so the nodes are chosen across spines and leaves).
 
 The cluster is generated (10 spines x 25 leaves x 20 nodes of DGX A100 / HGX H100 / DGX-1,
 30 % of the nodes partly or fully busy); each run plans on one of a few differently busy
@@ -23,6 +24,7 @@ import numpy as np
 from gputopo.allocator import AllocatorPool
 from gputopo.cluster import ClusterSnapshot, generate_cluster
 from gputopo.gang import GangPlan, GangSpec, Member, NodeView, NoPlan, plan_gang
+from gputopo.network import LEAF, SPINE, NetworkIndex
 
 MIX = {"dgx-a100": 2.0, "hgx-h100": 1.0, "dgx1-v100": 1.0}
 TARGET_MS = {"128x8": 100.0}
@@ -33,7 +35,7 @@ def gangs() -> dict[str, GangSpec]:
         return GangSpec("ml/bench", tuple(Member(f"ml/w{i}", gpus) for i in range(count)))
 
     mixed = GangSpec("ml/mixed", (Member("ml/launcher", 2), *(Member(f"ml/w{i}", 8) for i in range(31))))
-    return {"16x8": equal(16, 8), "128x8": equal(128, 8), "1x2+31x8": mixed}
+    return {"16x8": equal(16, 8), "128x8": equal(128, 8), "1x2+31x8": mixed, "400x8": equal(400, 8)}
 
 
 Plan = Callable[[tuple[NodeView, ...]], GangPlan | NoPlan]
@@ -50,6 +52,14 @@ def timed(fn: Plan, views: list[tuple[NodeView, ...]], runs: int) -> tuple[np.nd
         fn(v)
         samples.append((time.perf_counter() - started) * 1000)
     return np.array(samples), first
+
+
+def spread(plan: GangPlan, index: NetworkIndex) -> str:
+    """How many spines and leaves the plan's nodes touch (the planner's tie-break (3b))."""
+    nodes = {p.node for p in plan.placements}
+    spines = {index.domain(n, SPINE) for n in nodes}
+    leaves = {index.domain(n, LEAF) for n in nodes}
+    return f"{len(spines)} spine{'s' if len(spines) > 1 else ''} / {len(leaves)} lea{'ves' if len(leaves) > 1 else 'f'}"
 
 
 def main() -> None:
@@ -85,7 +95,7 @@ def main() -> None:
             if way == "naive":
                 p50_naive = p50
             where = (
-                f"{out.level.rpartition('/')[2]}={out.domain}, {out.nodes_used} nodes"
+                f"{out.level.rpartition('/')[2]}={out.domain}, {out.nodes_used} nodes, {spread(out, index)}"
                 if isinstance(out, GangPlan)
                 else f"no plan: {out.reason}"
             )

@@ -25,13 +25,14 @@ calls on the same allocators; everything else lives for one call.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from gputopo.allocator import Allocator, Choice
-from gputopo.network import CLUSTER, NetworkIndex, short_name, validate_levels
+from gputopo.network import CLUSTER, HOSTNAME, LevelIndex, NetworkIndex, short_name, validate_levels
 
 #: A member's GPU set as the gang compares it across nodes: (ring MB/s, pair-sum MB/s).
 Quality = tuple[int, ...]
@@ -92,6 +93,9 @@ class GangPlan:
     nodes_used: int = 0  # objective (2)
     worst: Quality = UNKNOWN_QUALITY  # objective (3): the worst member's (ring, pair sum)
     domain_free: int = 0  # objective (4): free GPUs of the domain before the plan
+    # tie-break (3b): domains touched at each grouping level inside `level`, largest level first
+    # (e.g. (spines, leaves) for a plan at the cluster level); () at the smallest levels
+    spans: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -175,12 +179,14 @@ class _Candidate:
     domain: int
     nodes_used: int
     worst: Quality
+    spans: tuple[int, ...]  # (3b): domains touched per lower level, largest level first
     domain_free: int
     assignment: tuple[tuple[int, int, Choice | None], ...]  # (member index, node position, choice)
 
     def rank(self) -> tuple:
-        """Sort key: smaller is better — (2) fewest nodes, (3) best worst, (4) fullest, (5) name."""
-        return (self.nodes_used, _Desc(self.worst), self.domain_free, self.domain)
+        """Sort key: smaller is better — (2) fewest nodes, (3) best worst, (3b) fewest
+        sub-domains, (4) fullest, (5) name."""
+        return (self.nodes_used, _Desc(self.worst), self.spans, self.domain_free, self.domain)
 
 
 @dataclass(frozen=True)
@@ -320,7 +326,8 @@ def _plan_level(pb: _Problem, level: str, prune: bool) -> GangPlan | _Miss:
     if not tied:
         top = int(np.lexsort((np.arange(lx.count), -dfree, -slots, ~ok))[0])
         return _Miss(level, lx.names[top], int(dfree[top]), int(slots[top]), bool(ok[top]))
-    cands = [_evaluate(pb, d, k, packing, lx.members[d], int(dfree[d])) for d, k, packing in tied]
+    lower = _lower_levels(pb.index, level)
+    cands = [_evaluate(pb, d, k, packing, lx.members[d], int(dfree[d]), lower) for d, k, packing in tied]
     best = min(cands, key=_Candidate.rank)
     placements = [Placement("", "", ())] * len(pb.sizes)
     for i, pos, choice in best.assignment:
@@ -336,6 +343,7 @@ def _plan_level(pb: _Problem, level: str, prune: bool) -> GangPlan | _Miss:
         nodes_used=best.nodes_used,
         worst=best.worst,
         domain_free=best.domain_free,
+        spans=best.spans,
     )
 
 
@@ -469,20 +477,29 @@ def _pack_first_fit(
 
 
 def _evaluate(
-    pb: _Problem, d: int, k: int, packing: list[tuple[int, list[int]]], positions: np.ndarray, dfree: int
+    pb: _Problem,
+    d: int,
+    k: int,
+    packing: list[tuple[int, list[int]]],
+    positions: np.ndarray,
+    dfree: int,
+    lower: Sequence[LevelIndex],
 ) -> _Candidate:
     if pb.homogeneous:
-        return _evaluate_equal(pb, d, k, positions, dfree)
+        return _evaluate_equal(pb, d, k, positions, dfree, lower)
     # Mixed sizes: keep the first-fit-decreasing packing; biggest members choose first.
     assignment: list[tuple[int, int, Choice | None]] = []
     for pos, members in packing:
         for i, choice in zip(members, pb.choices(pos, [pb.sizes[i] for i in members]), strict=True):
             assignment.append((i, pos, choice))
     worst = min(member_quality(c) for _, _, c in assignment)
-    return _Candidate(d, len(packing), worst, dfree, tuple(assignment))
+    spans = _spans(lower, [pos for pos, _ in packing])
+    return _Candidate(d, len(packing), worst, spans, dfree, tuple(assignment))
 
 
-def _evaluate_equal(pb: _Problem, d: int, k: int, positions: np.ndarray, dfree: int) -> _Candidate:
+def _evaluate_equal(
+    pb: _Problem, d: int, k: int, positions: np.ndarray, dfree: int, lower: Sequence[LevelIndex]
+) -> _Candidate:
     """The k nodes of the domain that maximise the worst member's set (equal sizes).
 
     Each node's members choose one after the other, so its i-th member's set is known and
@@ -536,30 +553,131 @@ def _evaluate_equal(pb: _Problem, d: int, k: int, positions: np.ndarray, dfree: 
         else:
             hi = mid - 1
     t = thresholds[lo]
-    # Nodes by (most members offered, fewest free GPUs, name): kinds sharing the first two
-    # merge their name-ordered positions.
-    ranks: dict[tuple[int, int], list[tuple[list[int], list[Choice | None], int]]] = {}
-    for (_, free), (floor, choices, ps) in kinds.items():
-        cnt = offer(floor, t)
-        ranks.setdefault((-cnt, len(free)), []).append((ps, choices, cnt))
+    # Every node that offers a member at t: its position, members offered, free GPUs and kind.
+    table = [(ps, offer(floor, t), len(free), choices) for (_, free), (floor, choices, ps) in kinds.items()]
+    table = [row for row in table if row[1] > 0]
+    if lower:
+        lens = [len(ps) for ps, _, _, _ in table]
+        pos = np.fromiter(itertools.chain.from_iterable(ps for ps, _, _, _ in table), np.int64, sum(lens))
+        weight = np.repeat(np.array([cnt for _, cnt, _, _ in table], dtype=np.int64), lens)
+        nfree = np.repeat(np.array([f for _, _, f, _ in table], dtype=np.int64), lens)
+        kind = np.repeat(np.arange(len(table), dtype=np.int64), lens)
+        chosen = _select_nodes(pos, weight, nfree, kind, k, n, lower)
+    else:  # nothing to keep together: the k first by the node order (small domains: plain Python)
+        top = heapq.nsmallest(k, ((-cnt, f, p, row) for row, (ps, cnt, f, _) in enumerate(table) for p in ps))
+        chosen = [(p, row) for _, _, p, row in top]
     assignment: list[tuple[int, int, Choice | None]] = []
-    used = 0
-    for key in sorted(ranks):
-        groups = ranks[key]
-        by_pos = {p: (choices, cnt) for ps, choices, cnt in groups for p in ps} if len(groups) > 1 else None
-        merged = heapq.merge(*(ps for ps, _, _ in groups)) if by_pos else groups[0][0]
-        for p in merged:
-            if used == k:
-                break
-            choices, cnt = by_pos[p] if by_pos else groups[0][1:]
-            for c in choices[: min(cnt, n - len(assignment))]:
-                assignment.append((len(assignment), p, c))
-            used += 1
-        if used == k:
-            break
+    for p, row in chosen:
+        _, cnt, _, choices = table[row]
+        for c in choices[: min(cnt, n - len(assignment))]:
+            assignment.append((len(assignment), p, c))
     assert len(assignment) == n, "k nodes were proven to hold every member"
     worst = min(member_quality(c) for _, _, c in assignment)
-    return _Candidate(d, k, worst, dfree, tuple(assignment))
+    spans = _spans(lower, [p for p, _ in chosen])
+    return _Candidate(d, k, worst, spans, dfree, tuple(assignment))
+
+
+# --------------------------------------------------------------------------- fewest sub-domains
+
+
+def _lower_levels(index: NetworkIndex, level: str) -> list[LevelIndex]:
+    """The network levels strictly inside `level`'s domains, largest first, that group nodes:
+    not the hostname level, nor one nobody labels (their domains are the nodes themselves,
+    whose count is objective (2))."""
+    levels = index.levels if level == CLUSTER else index.levels[: index.levels.index(level)]
+    lower = (index.level(lv) for lv in reversed(levels) if lv != HOSTNAME)
+    return [lx for lx in lower if lx.count < len(index.nodes)]
+
+
+def _spans(lower: Sequence[LevelIndex], positions: Sequence[int]) -> tuple[int, ...]:
+    """Tie-break (3b): how many domains of each lower level (largest first) the nodes touch."""
+    at = np.asarray(positions, dtype=np.int64)
+    return tuple(len(np.unique(lx.domain_id[at])) for lx in lower)
+
+
+def _select_nodes(
+    pos: np.ndarray,
+    weight: np.ndarray,
+    free: np.ndarray,
+    kind: np.ndarray,
+    k: int,
+    n: int,
+    lower: Sequence[LevelIndex],
+) -> list[tuple[int, int]]:
+    """k nodes whose offered members (`weight`) sum to at least n, spanning few sub-domains:
+    (position, kind) pairs, ordered by (most members offered, fewest free GPUs, name).
+
+    Level by level, largest first, the candidates shrink to the sub-domains `_fewest_groups`
+    keeps (a level whose domains are single candidates, or one domain, has nothing to keep
+    together and is skipped); then the top k of what is left are taken by the node order,
+    which is also the order members are assigned in. Every node with weight > 0 reaches the
+    plan's threshold, so (3) holds whichever k are taken; feasibility is kept at every step."""
+    for lx in lower:
+        uniq, group = np.unique(lx.domain_id[pos], return_inverse=True)
+        if len(uniq) in (1, len(pos)):
+            continue
+        group = group.reshape(-1)
+        keep = np.isin(group, _fewest_groups(group, len(uniq), weight, free, k, n))
+        pos, weight, free, kind = pos[keep], weight[keep], free[keep], kind[keep]
+    top = np.lexsort((pos, free, -weight))[:k]
+    return list(zip(pos[top].tolist(), kind[top].tolist(), strict=True))
+
+
+def _top_sum(hist: list[int], k: int) -> int:
+    """Members the k best nodes hold, from a histogram of nodes per members offered."""
+    total, left = 0, k
+    for w in range(len(hist) - 1, 0, -1):
+        take = min(hist[w], left)
+        total += take * w
+        left -= take
+        if left == 0:
+            break
+    return total
+
+
+def _fewest_groups(
+    group: np.ndarray, count: int, weight: np.ndarray, free: np.ndarray, k: int, n: int
+) -> list[int]:
+    """Sub-domains (indices into 0..count-1) whose nodes still hold the gang on k nodes.
+
+    Best fit, as Kueue's BestFit and Slurm's tree plugin do it. A sub-domain's capacity is
+    what its k best nodes hold. The largest sub-domains are taken first (ties: fewer free
+    GPUs, then name) until the k best nodes of those taken hold all n members; the last one
+    is then swapped for the tightest sub-domain not yet taken that also completes the gang
+    (smallest capacity, then fewest free GPUs, then name), so big empty sub-domains stay
+    whole. Last, each taken sub-domain (largest first) is dropped if the rest still hold
+    the gang. When every node offers the same number of members, capacities add up and the
+    largest-first prefix is the fewest sub-domains possible; otherwise the union's k best
+    nodes can hold less than the sum of the parts and the count is a heuristic, though no
+    sub-domain of the answer can be left out."""
+    order = np.lexsort((group, -weight))  # by sub-domain, heaviest node first
+    sg = group[order]
+    starts = np.searchsorted(sg, np.arange(count))
+    rank = np.arange(len(sg)) - starts[sg]
+    cap = np.bincount(sg, weights=np.where(rank < k, weight[order], 0), minlength=count).astype(np.int64)
+    gfree = np.bincount(group, weights=free, minlength=count).astype(np.int64)
+    width = int(weight.max()) + 1
+    hist = np.bincount(group * width + weight, minlength=count * width).reshape(count, width)
+    ids = np.arange(count)
+
+    def holds(groups: list[int]) -> bool:
+        return _top_sum(hist[groups].sum(axis=0).tolist(), k) >= n
+
+    taken: list[int] = []
+    for g in np.lexsort((ids, gfree, -cap)).tolist():
+        if not holds([*taken, g]):
+            taken.append(g)
+            continue
+        last = next(
+            h for h in np.lexsort((ids, gfree, cap)).tolist() if h not in taken and holds([*taken, h])
+        )
+        taken.append(last)
+        for h in list(taken):
+            rest = [x for x in taken if x != h]
+            if holds(rest):
+                taken = rest
+        return taken
+    raise AssertionError("the candidates were proven to hold the gang")  # pragma: no cover
 
 
 def _describe(sizes: Sequence[int]) -> str:
