@@ -4,8 +4,16 @@ The gang objective, compared in order:
   (1) the smallest level whose one domain holds every member;
   (2) fewest nodes;
   (3) the best worst-member GPU set, as the node allocator chooses it;
+  (3b) fewest sub-domains: among plans equal on (1)-(3), the one whose nodes touch the fewest
+       domains of each grouping level inside the chosen one, largest level first (a plan at
+       the cluster level: fewest spines, then fewest leaves inside those, ...);
   (4) best fit: the domain left with the fewest free GPUs, so large empty domains stay whole;
   (5) name order.
+
+(3b) is this planner's addition to design.md §5. Without it, a gang that falls back to a
+spine or to the whole cluster took its k nodes in node order and scattered over many leaves
+and spines, fragmenting every one of them for the next gang; Slurm's tree plugin and Volcano
+allocate inside the chosen domain over its sub-domains instead, and so does this.
 
 How a plan is found (docs/gang.md has the long form, with where it is exact):
   * per level, numpy sums free GPUs and member slots (`free // size`) over every domain at
@@ -15,6 +23,13 @@ How a plan is found (docs/gang.md has the long form, with where it is exact):
   * (3) only runs on the domains that tie on (1) and (2); the k nodes of a domain are picked
     by the largest threshold T such that k nodes can take all members with every member's
     set at least T (exact for equal sizes under per-node sequential allocation);
+  * (3b): every node that offers a member at T keeps (3), so the k nodes are chosen level by
+    level, largest first, over the sub-domains (best fit as Kueue's BestFit: largest
+    sub-domains first, the last one the tightest that completes the gang, none left that
+    could be dropped). Fewest possible at the first level below the chosen one, and at each
+    further level inside the sub-domains kept, when every usable node offers the same number
+    of members (whole-node members always do); otherwise a heuristic. Mixed sizes keep their
+    packing's nodes and use (3b) only to rank domains;
   * GPU sets always come from `Allocator.choose` (one objective, one allocator); members that
     share a node get their sets one after the other from what the earlier ones left free.
 
@@ -505,7 +520,9 @@ def _evaluate_equal(
     Each node's members choose one after the other, so its i-th member's set is known and
     `floor[i]` (the worst of the first i+1) only falls. For a threshold T a node offers the
     members whose floor reaches T; the best plan is the largest T at which the k roomiest
-    nodes still take everyone. Ties among nodes: fewer free GPUs (best fit), then name.
+    nodes still take everyone. Any k nodes whose offers at T add up to n keep (1)-(3), so
+    `_select_nodes` picks them for (3b); with no level to keep together, the order is most
+    members offered, fewer free GPUs (best fit), then name.
     Nodes with the same allocator and free set are worked out once."""
     g, n = pb.sizes[0], len(pb.sizes)
     # kind (allocator, free set) -> (floor, choices, positions in name order)
@@ -660,22 +677,26 @@ def _fewest_groups(
     hist = np.bincount(group * width + weight, minlength=count * width).reshape(count, width)
     ids = np.arange(count)
 
-    def holds(groups: list[int]) -> bool:
-        return _top_sum(hist[groups].sum(axis=0).tolist(), k) >= n
+    rows = hist.tolist()
+
+    def holds(base: list[int], sign: int, g: int) -> bool:  # base +/- sub-domain g
+        return _top_sum([a + sign * b for a, b in zip(base, rows[g], strict=True)], k) >= n
 
     taken: list[int] = []
+    acc = [0] * width
     for g in np.lexsort((ids, gfree, -cap)).tolist():
-        if not holds([*taken, g]):
+        if not holds(acc, 1, g):
             taken.append(g)
+            acc = [a + b for a, b in zip(acc, rows[g], strict=True)]
             continue
-        last = next(
-            h for h in np.lexsort((ids, gfree, cap)).tolist() if h not in taken and holds([*taken, h])
-        )
+        out = set(taken)
+        last = next(h for h in np.lexsort((ids, gfree, cap)).tolist() if h not in out and holds(acc, 1, h))
         taken.append(last)
+        acc = [a + b for a, b in zip(acc, rows[last], strict=True)]
         for h in list(taken):
-            rest = [x for x in taken if x != h]
-            if holds(rest):
-                taken = rest
+            if holds(acc, -1, h):
+                taken.remove(h)
+                acc = [a - b for a, b in zip(acc, rows[h], strict=True)]
         return taken
     raise AssertionError("the candidates were proven to hold the gang")  # pragma: no cover
 
