@@ -658,10 +658,11 @@ def _fewest_groups(
     """Sub-domains (indices into 0..count-1) whose nodes still hold the gang on k nodes.
 
     Best fit, as Kueue's BestFit and Slurm's tree plugin do it. A sub-domain's capacity is
-    what its k best nodes hold. The largest sub-domains are taken first (ties: fewer free
-    GPUs, then name) until the k best nodes of those taken hold all n members; the last one
-    is then swapped for the tightest sub-domain not yet taken that also completes the gang
-    (smallest capacity, then fewest free GPUs, then name), so big empty sub-domains stay
+    what its k best nodes hold; its free GPUs are those of its usable nodes. The largest
+    sub-domains are taken first (ties: fewer free GPUs, then name) until the k best nodes
+    of those taken hold all n members; the last one is then swapped for the tightest
+    sub-domain not yet taken that also completes the gang (smallest capacity, then fewest
+    free GPUs, then name), so big empty sub-domains stay
     whole. Last, each taken sub-domain (largest first) is dropped if the rest still hold
     the gang. When every node offers the same number of members, capacities add up and the
     largest-first prefix is the fewest sub-domains possible; otherwise the union's k best
@@ -676,7 +677,6 @@ def _fewest_groups(
     width = int(weight.max()) + 1
     hist = np.bincount(group * width + weight, minlength=count * width).reshape(count, width)
     ids = np.arange(count)
-
     rows = hist.tolist()
 
     def holds(base: list[int], sign: int, g: int) -> bool:  # base +/- sub-domain g
