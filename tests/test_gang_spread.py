@@ -181,8 +181,9 @@ def below(level: str, nodes: list[NodeView]) -> tuple[str, ...]:
 
 def ties(spec: GangSpec, nodes: list[NodeView], out: GangPlan) -> list[tuple[int, ...]]:
     """Every assignment that ties with the plan on (1) to (3), as node indices per member
-    (members are of one size, so one assignment per multiset of nodes is enough)."""
-    found = []
+    (members are of one size, so one assignment per multiset of nodes is enough); none with
+    the plan's level and node count may have a better worst member."""
+    found, best = [], out.worst
     sizes = [m.gpus for m in spec.members]
     for a in combinations_with_replacement(range(len(nodes)), len(sizes)):
         if len(set(a)) != out.nodes_used or len({domain(nodes[j], out.level) for j in a}) != 1:
@@ -191,8 +192,11 @@ def ties(spec: GangSpec, nodes: list[NodeView], out: GangPlan) -> list[tuple[int
             sum(g for g, k in zip(sizes, a, strict=True) if k == j) > len(v.free) for j, v in enumerate(nodes)
         ):
             continue
-        if worst_member(spec, nodes, a) == out.worst:
+        worst = worst_member(spec, nodes, a)
+        best = max(best, worst)
+        if worst == out.worst:
             found.append(a)
+    assert best == out.worst, "(3) is the best worst member"
     return found
 
 
