@@ -169,3 +169,23 @@ def test_unknown_policy_is_refused() -> None:
     c = cluster("hgx-h100", [("n1", "a", frozenset())])
     with pytest.raises(ValueError, match="unknown policy"):
         build_policy("fifo", c, AllocatorPool(), random.Random(0))
+
+
+def test_ideal_is_the_clusters_best_server_not_the_one_landed_on() -> None:
+    # One PCIe box (best pair PIX 24 GB/s) and one HGX H100 (NV18 450 GB/s); the H100 is busy,
+    # so the 2-GPU job must land on the PCIe box. It reaches that node's best ring, but the
+    # job-time estimate still measures it against the H100 pair: landing on slower hardware
+    # costs time, whatever the policy.
+    c = SimCluster(
+        topologies=(load_preset("pcie8-plx"), load_preset("hgx-h100")),
+        nodes=(
+            SimNode("p1", 0, {HOSTNAME: "p1", LEAF: "a", SPINE: "s"}, frozenset()),
+            SimNode("h1", 1, {HOSTNAME: "h1", LEAF: "a", SPINE: "s"}, frozenset(range(8))),
+        ),
+        levels=DEFAULT_LEVELS,
+    )
+    r = simulate(c, [job(0, (2,), 0, 100.0)], "gputopo", RunConfig())
+    assert r.best_ring_share == 1.0  # the node's own best pair
+    comm = CommModel()
+    want = comm.step_s(2, 24.0) / comm.step_s(2, 450.0)
+    assert want > 1.1 and r.job_time_ratio == pytest.approx(want)

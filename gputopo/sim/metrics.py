@@ -87,6 +87,18 @@ class Recorder:
             hit = self._best[key] = self.allocators[tid].best_ring_mbps(size)
         return hit
 
+    def cluster_best(self, size: int) -> int:
+        """The best ring any empty node of the cluster offers for `size` GPUs: the ideal a
+        placement is measured against. It does not depend on where the job landed, so a
+        policy that puts a ring-bound job on a slower server type pays for it."""
+        key = (-1, size)
+        hit = self._best.get(key)
+        if hit is None:
+            hit = self._best[key] = max(
+                (self.best(tid, size) for tid, a in enumerate(self.allocators) if a.n >= size), default=0
+            )
+        return hit
+
     def failure(self, job: Job, now: float, free_total: int, admission: bool) -> None:
         """A job could not be placed. Only a failure with enough free GPUs in total counts for
         fragmentation: a 160-GPU gang failing on a busy cluster says nothing about packing."""
@@ -113,7 +125,7 @@ class Recorder:
             self.best_hits += ring >= best
             self.ratio_sum += ring / best if best else 1.0
             ring_gbps = min(ring_gbps, ring / 1000)
-            ideal_gbps = min(ideal_gbps, best / 1000)
+            ideal_gbps = min(ideal_gbps, self.cluster_best(len(gpus)) / 1000)
         if job.is_gang:
             self.gangs += 1
             self.gang_leaf += self._same(nodes, LEAF)
