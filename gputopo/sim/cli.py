@@ -42,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--load",
         type=float,
-        default=0.7,
-        help="offered load of the generator and of --mode arrivals, share of cluster GPUs (default 0.7)",
+        default=0.5,
+        help="offered load of the generator and of --mode arrivals, share of cluster GPUs at ideal placement (default 0.5)",
     )
     g.add_argument(
         "--limit", type=int, default=None, metavar="N", help="use only the first N jobs of --trace"
