@@ -155,6 +155,7 @@ def render_prefer(topo: Topology, ranked: list[Choice], free: list[int], size: i
 
 
 def render_status(doc: dict[str, Any]) -> str:
+    """Plugin status for a person: settings, registration, then one aligned row per GPU."""
     lines = [f"{k}: {v}" for k, v in doc.items() if not isinstance(v, (list, dict))]
     for key, value in doc.items():
         if isinstance(value, dict):
@@ -162,9 +163,15 @@ def render_status(doc: dict[str, Any]) -> str:
             lines += [f"  {k}: {v}" for k, v in value.items()]
     devices = doc.get("devices") or []
     if devices:
-        lines.append("devices:")
+        lines += ["devices:", f"  {'GPU':<5}{'health':<12}{'NUMA':<6}{'UUID':<42}model"]
         for d in devices:
-            lines.append("  " + "  ".join(f"{k}={v}" for k, v in d.items()))
+            health = "Healthy" if d.get("healthy") else "Unhealthy"
+            if d.get("health_reason"):
+                health += f" ({d['health_reason']})"
+            numa = "-" if d.get("numa") is None or d.get("numa", -1) < 0 else str(d["numa"])
+            lines.append(
+                f"  {d.get('index', '?')!s:<5}{health:<12}{numa:<6}{d.get('uuid', ''):<42}{d.get('model', '')}"
+            )
     return "\n".join(lines)
 
 

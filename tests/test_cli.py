@@ -82,3 +82,41 @@ def test_status_without_plugin_is_a_clear_failure(tmp_path) -> None:
     out = gputopo("status", "--socket", str(tmp_path / "none.sock"), "--timeout", "0.5")
     assert out.returncode == 1
     assert "not reachable" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_status_reads_the_running_plugin(tmp_path) -> None:
+    """`gputopo status` against a real plugin process (no kubelet: it serves, not registered)."""
+    import os
+    import time
+
+    folder = tmp_path / "dp"
+    folder.mkdir()
+    plugin = subprocess.Popen(
+        [sys.executable, "-m", "deviceplugin", "--kubelet-dir", str(folder), "--topology", "rtx8000-4",
+         "--metrics-port", "0", "--publish", "false"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not any(p.name.endswith(".sock") for p in folder.iterdir()):
+            assert time.monotonic() < deadline, "plugin never served its socket"
+            time.sleep(0.1)
+        out = gputopo("status", "--kubelet-dir", str(folder), "--json")
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(out.stdout)
+        assert [d["index"] for d in doc["devices"]] == [0, 1, 2, 3]
+        assert all(d["healthy"] for d in doc["devices"])
+        assert doc["registration"]["registered"] is False
+        text = gputopo("status", "--kubelet-dir", str(folder))
+        assert text.returncode == 0 and "registered: False" in text.stdout
+        rows = [line.split() for line in text.stdout.splitlines() if line.startswith("  ") and "GPU-" in line]
+        assert [r[:2] for r in rows] == [
+            ["0", "Healthy"],
+            ["1", "Healthy"],
+            ["2", "Healthy"],
+            ["3", "Healthy"],
+        ]
+    finally:
+        plugin.terminate()
+        plugin.wait(timeout=10)
+    assert not os.path.exists(folder / "gputopo-gpu.sock")
