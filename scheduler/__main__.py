@@ -17,6 +17,8 @@ import time
 from collections.abc import Sequence
 from typing import NoReturn
 
+from prometheus_client import start_http_server
+
 from gputopo import jsonlog
 from gputopo.cluster import ClusterError, load_cluster
 from gputopo.network import LevelError, validate_levels
@@ -57,6 +59,13 @@ def parser() -> argparse.ArgumentParser:
         default=(defaults.DEFAULT_HOST, defaults.DEFAULT_PORT),
         metavar="HOST:PORT",
         help=f"default {defaults.DEFAULT_HOST}:{defaults.DEFAULT_PORT}",
+    )
+    p.add_argument(
+        "--metrics-listen",
+        type=_listen,
+        metavar="HOST:PORT",
+        help="also serve Prometheus /metrics here, e.g. 0.0.0.0:9403 so Prometheus can scrape it "
+        "(the extender port stays on loopback); default: only on --listen",
     )
     p.add_argument(
         "--cluster", metavar="FILE", help="serve a cluster snapshot file instead of the API server"
@@ -132,6 +141,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         sys.stderr.write(f"python -m scheduler: error: cannot listen on {host}:{port}: {e.strerror or e}\n")
         return 1
+    if args.metrics_listen is not None:
+        mhost, mport = args.metrics_listen
+        try:
+            start_http_server(mport, addr=mhost, registry=extender.metrics.registry)
+        except OSError as e:
+            server.stop()
+            sys.stderr.write(
+                f"python -m scheduler: error: cannot listen on {mhost}:{mport}: {e.strerror or e}\n"
+            )
+            return 1
+        jsonlog.event(logging.getLogger("gputopo.scheduler"), "metrics_listening", address=f"{mhost}:{mport}")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

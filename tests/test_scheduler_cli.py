@@ -84,3 +84,49 @@ def test_serves_a_cluster_file_and_stops_on_sigterm(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_metrics_listen_serves_prometheus_beside_the_loopback_extender(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a free port for the metrics listener
+        s.bind(("127.0.0.1", 0))
+        mport = s.getsockname()[1]
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("nodes:\n  - name: a1\n    gpus: dgx-a100\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scheduler", "--cluster", str(cluster), "--listen", "127.0.0.1:0",
+         "--metrics-listen", f"127.0.0.1:{mport}"],
+        cwd=ROOT, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        events = set()
+        for line in proc.stderr:
+            events.add(json.loads(line)["event"])
+            if {"listening", "metrics_listening"} <= events:
+                break
+        text = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10).read().decode()
+        assert "gputopo_extender_request_seconds" in text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_metrics_listen_port_taken_exits_1(tmp_path: Path) -> None:
+    import socket
+
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("nodes:\n  - name: a1\n    gpus: dgx-a100\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        out = run(
+            "--cluster", str(cluster), "--listen", "127.0.0.1:0", "--metrics-listen", f"127.0.0.1:{port}"
+        )
+    assert out.returncode == 1
+    assert out.stderr.strip().endswith("Address already in use") or "cannot listen" in out.stderr
