@@ -148,3 +148,18 @@ def test_pool_shares_allocators_between_equal_matrices() -> None:
     assert pool.get(a) is pool.get(b)
     assert pool.get(load_preset("hgx-h100")) is not pool.get(a)
     assert len(pool) == 2
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_full_objective_matches_oracle_beyond_8_gpus(data: st.DataObject) -> None:
+    """The tables are exact for every key above 8 GPUs too: many free GPUs and small requests,
+    so that the leftover set holds several 4-GPU groups (count4 > 1 matters)."""
+    topo = data.draw(topologies(min_gpus=10, max_gpus=12))
+    alloc, oracle = Allocator(topo), Oracle(topo)
+    free = tuple(sorted(data.draw(st.sets(st.integers(0, topo.n - 1), min_size=9, max_size=topo.n))))
+    size = data.draw(st.integers(1, 3))
+    must = tuple(data.draw(st.permutations(free))[: data.draw(st.integers(0, 1))])
+    got = alloc.choose(free, size, must)
+    want = oracle.choose(free, size, must)
+    assert got.indices == want and got.key() == oracle.key(want, free)
