@@ -130,7 +130,7 @@ class FileBackend:
         try:
             with open(self.health_file, encoding="utf-8") as f:
                 data = json.load(f)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (OSError, ValueError, RecursionError) as e:  # ValueError: bad UTF-8 or JSON
             jsonlog.event(
                 log,
                 "health_file_invalid",
@@ -184,7 +184,9 @@ def parse_health_entry(topology: Topology, key: str, value: Any) -> HealthEvent:
 def _resolve_gpu(topology: Topology, key: str) -> str:
     if key in topology.index_by_uuid:
         return key
-    if key.isdigit() and int(key) < topology.n:
+    # isdecimal, not isdigit ("²" is a digit int() refuses), and short enough for int() (it
+    # refuses over 4300 digits): a bad key must be a bad entry, never the end of watching
+    if key.isdecimal() and len(key) <= 9 and int(key) < topology.n:
         return topology.gpus[int(key)].uuid
     raise HealthFileError(
         f"unknown GPU {key!r}: not a UUID or index (0..{topology.n - 1}) of {topology.name}"

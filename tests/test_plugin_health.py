@@ -163,3 +163,32 @@ def test_rediscovered_links_rebuild_the_allocator(folder: Path) -> None:
         write_health(health, {"0": "Unhealthy"})
         assert eventually(lambda: daemon.store.current().allocator is not before)
         assert best_pair() == [uuids[1], uuids[2]]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        '{"\u00b2": "Unhealthy"}',  # str.isdigit() is true for a superscript two, int() refuses it
+        '{"%s": "Unhealthy"}' % ("9" * 5000),  # past int()'s 4300-digit limit: ValueError
+        "[" * 100_000,  # nesting deep enough for json to raise RecursionError, not JSONDecodeError
+    ],
+    ids=["superscript-index", "huge-index", "deep-nesting"],
+)
+def test_a_bad_health_file_never_ends_health_watching(folder: Path, bad: str) -> None:
+    """Whatever an operator writes, the next good health file is still acted on."""
+    health = folder / "health.json"
+    with (
+        fake_kubelet(folder) as kubelet,
+        running_daemon(folder, "dgx1-v100", health_file=str(health)),
+        grpc.insecure_channel(f"unix://{folder / 'gputopo-gpu.sock'}") as channel,
+    ):
+        assert kubelet.wait(1, 10) is not None
+        watch = Watch(channel)
+        assert set(watch.next().values()) == {"Healthy"}
+        tmp = health.with_suffix(".tmp")
+        tmp.write_text(bad)
+        tmp.replace(health)
+        time.sleep(0.3)  # several polls of the bad file
+        write_health(health, {"4": "Unhealthy"})
+        assert watch.until(lambda lst: lst[UUIDS[4]] == "Unhealthy")[UUIDS[4]] == "Unhealthy"
+        watch.stream.cancel()
