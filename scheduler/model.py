@@ -91,13 +91,19 @@ def parse_quantity(value: Any, where: str) -> int:
     """A whole-GPU quantity ("2", 2); fractions, units and absurd counts are refused."""
     if isinstance(value, bool):
         raise BadInput(f"{where} must be a whole number")
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and _digits(value.strip()):
         value = int(value.strip())
     if not isinstance(value, int):
         raise BadInput(f"{where} must be a whole number of GPUs, got {value!r}")
     if not 0 <= value <= defaults.MAX_GPUS_PER_POD:
         raise BadInput(f"{where} = {value} is out of range 0..{defaults.MAX_GPUS_PER_POD}")
     return value
+
+
+def _digits(text: str) -> bool:
+    """Plain ASCII digits of a sane length: `str.isdigit` also accepts "²" and 5,000-digit
+    strings, which `int` then refuses with a ValueError."""
+    return 0 < len(text) <= 18 and text.isascii() and text.isdigit()
 
 
 def _container_gpus(containers: Any, where: str, resource: str) -> list[int]:
@@ -160,7 +166,7 @@ def _gang(namespace: str, labels: Mapping[str, str], annotations: Mapping[str, s
     group = labels.get(defaults.LIGHT_GROUP_LABEL)
     if group:
         raw = labels.get(defaults.LIGHT_MIN_LABEL, "")
-        if not raw.isdigit() or not 1 <= int(raw) <= 100_000:
+        if not _digits(raw) or not 1 <= int(raw) <= 100_000:
             raise BadInput(f"label {defaults.LIGHT_MIN_LABEL} must be a positive integer, got {raw!r}")
         return GangRef(f"{namespace}/{group}", int(raw), required, preferred)
     return None

@@ -145,6 +145,20 @@ def test_bind_allocates_and_is_idempotent(serve) -> None:
     assert out["NodeNames"] == [] and out["FailedNodes"] == {"a1": "needs 1 GPUs, 0 free"}
 
 
+def gpu_pod(quantity: str) -> dict:
+    pod = fk.pod("ml", "p", 1)
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = quantity
+    return pod
+
+
+def light_gang_pod(min_available: str) -> dict:
+    labels = {
+        "pod-group.scheduling.sigs.k8s.io/name": "g",
+        "pod-group.scheduling.sigs.k8s.io/min-available": min_available,
+    }
+    return fk.pod("ml", "p", 1, labels=labels)
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
@@ -165,6 +179,11 @@ def test_bind_allocates_and_is_idempotent(serve) -> None:
         (json.dumps(args({**fk.pod("ml", "p", 1), "metadata": {}}, ["a1"])).encode(), "name is required"),
         (b"\xff\xfe", "malformed JSON"),
         (b"[" * 100_000 + b"]" * 100_000, "malformed JSON"),
+        # str.isdigit() accepts these, int() does not: they once escaped as a 500
+        (json.dumps(args(gpu_pod("\u00b2"), ["a1"])).encode(), "whole number"),
+        (json.dumps(args(gpu_pod("9" * 5000), ["a1"])).encode(), "whole number"),
+        (json.dumps(args(light_gang_pod("\u00b2"), ["a1"])).encode(), "positive integer"),
+        (json.dumps(args(light_gang_pod("9" * 5000), ["a1"])).encode(), "positive integer"),
     ],
 )
 def test_bad_filter_input_is_a_400_with_a_reason(serve, body: bytes, message: str) -> None:
