@@ -82,6 +82,8 @@ class PluginConfig:
 def _text(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError("must be a non-empty string")
+    if "\0" in value:  # only YAML can carry one; every path and name would fail later, less clearly
+        raise ValueError("must not contain a NUL character")
     return value.strip()
 
 
@@ -414,6 +416,10 @@ def read_config_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: {e.strerror or e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path}: not UTF-8 text: {e.reason} at byte {e.start}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path}: not valid YAML: nested too deeply") from None
     if not isinstance(doc, Mapping):
         raise ConfigError(f"config file {path}: must be a YAML mapping")
     version = doc.get("version")

@@ -236,3 +236,25 @@ def test_topology_beyond_the_allocator_exits_2(folder: Path) -> None:
     assert last.startswith("deviceplugin: error: topology:") and "16" in last
     assert "Traceback" not in err.decode()
     assert not (folder / defaults.SOCKET_NAME).exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (b"version: v1\nlogLevel: \xff\xfe\n", "not UTF-8"),
+        (b"version: v1\nlogLevel: " + b"[" * 5000 + b"\n", "nested too deeply"),
+        (b'version: v1\nkubeletDir: "/tmp/a\\0b"\n', "NUL"),
+    ],
+    ids=["not-utf8", "deep-nesting", "nul-in-path"],
+)
+def test_unreadable_config_file_exits_2_with_one_line(folder: Path, content: bytes, fragment: str) -> None:
+    path = folder / "c.yaml"
+    path.write_bytes(content)
+    proc = plugin("--config", str(path), "--topology", "rtx8000-4", "--metrics-port", "0")
+    _, err = proc.communicate(timeout=20)
+    text = err.decode(errors="replace")
+    assert proc.returncode == 2, text
+    assert "Traceback" not in text
+    lines = text.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("deviceplugin: error: config file "), lines
+    assert fragment in lines[0]
