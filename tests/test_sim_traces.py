@@ -128,3 +128,33 @@ def test_untimed_lists_get_alibaba_run_times_and_poisson_arrivals() -> None:
     span = timed[-1].submit - timed[0].submit
     offered = sum(j.gpus * j.duration for j in timed) / (span * 512)
     assert 0.6 < offered < 1.0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # more cells than header columns: csv puts the rest under a None key (was an AttributeError)
+        ("job_id,submit_time,duration,num_gpu,num_nodes\n0,0,10,2,1,9,9\n", ":2: 7 cells, the header has 5"),
+        # a GPU count no cluster holds: gang of 125 billion pods (was a MemoryError)
+        ("job_id,submit_time,duration,num_gpu,num_nodes\n0,0,10,1000000000000,1\n", "at most 1,000,000"),
+        ("name,num_gpu,gpu_milli\np,1000000000000,1000\n", "at most 1,000,000"),
+        # which num_gpu is meant? csv.DictReader would silently keep the last one
+        ("job_id,submit_time,duration,num_gpu,num_nodes,num_gpu\n0,0,10,2,1,3\n", "num_gpu appears twice"),
+    ],
+)
+def test_malformed_rows_and_sizes_are_trace_errors(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    with pytest.raises(TraceError, match=message):
+        read_trace(path)
+
+
+def test_a_byte_order_mark_and_crlf_lines_read_like_plain_utf8(tmp_path: Path) -> None:
+    """Spreadsheets save CSV with a BOM and CRLF; the BOM used to hide the first column's name."""
+    plain = tmp_path / "plain.csv"
+    plain.write_text("name,num_gpu,gpu_milli\np0,2,1000\np1,1,500\n")
+    excel = tmp_path / "excel.csv"
+    excel.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes().replace(b"\n", b"\r\n"))
+    a, b = read_trace(plain), read_trace(excel)
+    assert b.format == "alibaba-openb-untimed"
+    assert b.jobs == a.jobs and b.fractional_as_whole == a.fractional_as_whole == 1

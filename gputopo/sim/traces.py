@@ -26,6 +26,9 @@ from gputopo.sim.workload import Job, pods_for
 _ALIBABA = ("name", "num_gpu", "gpu_milli")
 _ALIBABA_TIMES = ("creation_time", "deletion_time", "scheduled_time")
 _JOBS = ("submit_time", "duration", "num_gpu", "num_nodes")
+#: Largest job a trace row may ask for. No cluster this simulates comes close; the cap keeps a
+#: stray digit from becoming a gang of billions of pods (and a MemoryError).
+MAX_JOB_GPUS = 1_000_000
 
 
 class TraceError(ValueError):
@@ -49,9 +52,14 @@ def read_trace(path: str | Path) -> Trace:
     """Read any supported trace; TraceError for a missing file, unknown header or bad row."""
     p = Path(path)
     try:
-        with p.open(newline="", encoding="utf-8") as fh:
+        # utf-8-sig: spreadsheets start CSV files with a byte order mark that would otherwise
+        # become part of the first column's name.
+        with p.open(newline="", encoding="utf-8-sig") as fh:
             reader = csv.DictReader(fh)
             header = [h.strip() for h in (reader.fieldnames or [])]
+            twice = sorted({h for h in header if h and header.count(h) > 1})
+            if twice:
+                raise TraceError(f"{p}: column {twice[0]} appears twice in the header")
             if all(c in header for c in _ALIBABA):
                 return _read_alibaba(p, reader, timed=all(c in header for c in _ALIBABA_TIMES))
             if all(c in header for c in _JOBS):
@@ -70,6 +78,11 @@ def read_trace(path: str | Path) -> Trace:
 
 def _rows(p: Path, reader: csv.DictReader) -> Iterator[tuple[int, dict[str, str]]]:
     for row in reader:
+        if None in row:  # csv.DictReader files the cells past the header under None
+            cells = len(reader.fieldnames or ()) + len(row[None])
+            raise TraceError(
+                f"{p}:{reader.line_num}: {cells} cells, the header has {len(reader.fieldnames or ())}"
+            )
         yield reader.line_num, {(k or "").strip(): (v or "").strip() for k, v in row.items()}
 
 
@@ -96,12 +109,21 @@ def _int(p: Path, line: int, row: Mapping[str, str], key: str) -> int:
     return int(value)
 
 
+def _gpus(p: Path, line: int, row: Mapping[str, str]) -> int:
+    num_gpu = _int(p, line, row, "num_gpu")
+    if num_gpu > MAX_JOB_GPUS:
+        raise TraceError(
+            f"{p}:{line}: column num_gpu must be at most {MAX_JOB_GPUS:,}, got {row['num_gpu']!r}"
+        )
+    return num_gpu
+
+
 def _read_alibaba(p: Path, reader: csv.DictReader, *, timed: bool) -> Trace:
     jobs: list[Job] = []
     rows = cpu_only = fractional = 0
     for line, row in _rows(p, reader):
         rows += 1
-        num_gpu = _int(p, line, row, "num_gpu")
+        num_gpu = _gpus(p, line, row)
         milli = _int(p, line, row, "gpu_milli")
         if num_gpu == 0:
             cpu_only += 1
@@ -133,7 +155,7 @@ def _read_jobs(p: Path, reader: csv.DictReader) -> Trace:
         rows += 1
         submit = _num(p, line, row, "submit_time")
         duration = _num(p, line, row, "duration")
-        num_gpu = _int(p, line, row, "num_gpu")
+        num_gpu = _gpus(p, line, row)
         _int(p, line, row, "num_nodes")
         assert submit is not None and duration is not None
         shape = pods_for(num_gpu)
