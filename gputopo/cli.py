@@ -30,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _load(source: str | None) -> Topology:
     """A topology from a preset/file, or from NVML when no --topology is given."""
-    if source:
+    if source is not None:
         from gputopo.topofile import load_topology
 
         try:
@@ -59,7 +59,7 @@ def _ids(text: str | None, topo: Topology, what: str) -> list[int] | None:
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        if part.isdigit():
+        if part.isascii() and part.isdigit():  # "²".isdigit() is true, int("²") fails
             idx = int(part)
             if idx >= topo.n:
                 raise UsageError(f"--{what}: GPU index {idx} is not in 0..{topo.n - 1}")

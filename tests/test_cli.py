@@ -60,6 +60,9 @@ def test_prefer_accepts_uuids_and_must() -> None:
         ("prefer", "--topology", "no-such-preset", "--size", "1"),
         ("prefer", "--size", "two"),
         ("topo", "--topology", "/nonexistent/file.json"),
+        # str.isdigit() is true for these, int() is not (was a ValueError traceback)
+        ("prefer", "--topology", "dgx1-v100", "--size", "1", "--available", "\u00b2"),
+        ("prefer", "--topology", "dgx1-v100", "--size", "1", "--must", "\u2460"),
         ("frobnicate",),
     ],
 )
@@ -69,6 +72,12 @@ def test_bad_input_is_one_line_exit_2(args: tuple[str, ...]) -> None:
     assert out.stdout == ""
     assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith("gputopo: error:")
     assert "Traceback" not in out.stderr
+
+
+def test_empty_topology_is_an_error_not_nvml() -> None:
+    """`--topology "$UNSET_VAR"` must not quietly read this machine's GPUs instead."""
+    out = gputopo("topo", "--topology", "")
+    assert out.returncode == 2 and "empty topology source" in out.stderr and "NVML" not in out.stderr
 
 
 def test_bad_topology_file_is_exit_2(tmp_path) -> None:
