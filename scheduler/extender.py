@@ -77,6 +77,8 @@ class Extender:
         self.plans: dict[str, GangPlan] = {}
         self._backoff: dict[str, _Backoff] = {}
         self._assumed: dict[str, Assumed] = {}
+        self._binding: set[str] = set()  # pods whose API call of a bind is in flight
+        self._swept: object = None  # the snapshot version reservations were last checked against
         self._assumed_version = 0
         self._views = ViewBuilder()
         self._warned: dict[str, str] = {}
@@ -108,6 +110,8 @@ class Extender:
         for gang in self.reservations.expired(now):
             self._drop_plan(gang, "reservation expired before every member bound")
         snap = self.state.snapshot()
+        if len(self.reservations) and snap.version != self._swept:
+            self._sweep(snap)
         stale = [k for k, a in self._assumed.items() if now - a.at > ASSUMED_TTL_S or _caught_up(snap, a)]
         for k in stale:
             del self._assumed[k]
@@ -143,6 +147,20 @@ class Extender:
                     )
             elif name in self._warned:
                 del self._warned[name]
+
+    def _sweep(self, snap: Snapshot) -> None:
+        """A reserved member that was deleted or finished, or a planned node that went away,
+        breaks its gang's plan now: holding the capacity until the TTL would starve others."""
+        self._swept = snap.version
+        broken: dict[str, str] = {}
+        for r in self.reservations:
+            pod = snap.pods.get(r.pod)
+            if pod is None or not pod.active:
+                broken.setdefault(r.gang, f"planned member {r.pod} was deleted or finished")
+            elif r.node not in snap.nodes:
+                broken.setdefault(r.gang, f"planned node {r.node} went away")
+        for gang, reason in broken.items():
+            self._drop_plan(gang, reason)
 
     def _drop_plan(self, gang: str, reason: str) -> None:
         plan = self.plans.pop(gang, None)
@@ -228,6 +246,10 @@ class Extender:
     ) -> _Wait | _Planned:
         assert pod.gang is not None
         gang = pod.gang.key
+        assumed = self._assumed.get(pod.key)
+        if assumed is not None:
+            # asked again while (or just after) its bind went out: where it is going, plan kept
+            return _Planned(assumed.node)
         plan = self.plans.get(gang)
         if plan is not None:
             mine = next((p for p in plan.placements if p.pod == pod.key), None)
@@ -353,11 +375,14 @@ class Extender:
                 raise BadInput(f"pod {key} has uid {pod.uid}, not {uid}")
             if node not in snap.nodes:
                 raise BadInput(f"node {node} is unknown")
-            if pod.node:
-                if pod.node == node:
+            if key in self._binding:
+                raise BindError(f"a bind of {key} is already in progress")
+            bound_to = pod.node or (self._assumed[key].node if key in self._assumed else "")
+            if bound_to:
+                if bound_to == node:
                     jsonlog.event(log, "bind", pod=key, node=node, result="already bound")
                     return
-                raise BindError(f"pod {key} is already bound to {pod.node}")
+                raise BindError(f"pod {key} is already bound to {bound_to}")
             r = self.reservations.get(key)
             gang = pod.gang.key if pod.gang is not None else None
             if r is not None and r.node != node:
@@ -370,10 +395,12 @@ class Extender:
             self.reservations.release_pod(key)
             self._assumed[key] = Assumed(key, node, gpus, pod.gpus, now)
             self._assumed_version += 1
+            self._binding.add(key)
         try:
             self.state.bind(pod, node, gpus)
         except BindError as e:
             with self._lock:
+                self._binding.discard(key)
                 if self._assumed.pop(key, None) is not None:
                     self._assumed_version += 1
                 if gang is not None:
@@ -381,6 +408,12 @@ class Extender:
             self.metrics.binds.labels(result="failed").inc()
             jsonlog.event(log, "bind", logging.WARNING, pod=key, node=node, result="failed", reason=str(e))
             raise
+        except BaseException:
+            with self._lock:
+                self._binding.discard(key)
+            raise
+        with self._lock:
+            self._binding.discard(key)
         self.metrics.binds.labels(result="bound").inc()
         jsonlog.event(log, "bind", pod=key, node=node, gpus=list(gpus), gang=gang, result="bound")
         if gang is not None:

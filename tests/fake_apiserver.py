@@ -45,6 +45,7 @@ class FakeAPI:
         self.requests: list[tuple[str, str]] = []
         self.patches: list[tuple[str, dict[str, Any]]] = []
         self.bindings: list[tuple[str, str]] = []
+        self.bind_gate: threading.Event | None = None  # when set, bindings wait for it (slow API server)
 
     # -- store --------------------------------------------------------------
     def put(self, kind: str, obj: dict[str, Any], event: str | None = None) -> dict[str, Any]:
@@ -232,6 +233,9 @@ class _Handler(BaseHTTPRequestHandler):
         key = f"{m.group(1)}/{m.group(2)}"
         node = (body.get("target") or {}).get("name")
         api.requests.append(("bind", key))
+        gate = api.bind_gate
+        if gate is not None:
+            gate.wait(timeout=30)
         fault = api.take_fault("bind")
         if fault:
             self._status(fault, "Injected", f"injected failure binding {key}")

@@ -4,6 +4,7 @@ Extender <- HTTP <- kube-scheduler-shaped requests; binds land as pods/binding."
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -142,3 +143,76 @@ def test_readyz_waits_for_the_first_list(live) -> None:
         assert client.raw("GET", "/readyz")[0] == 200
     finally:
         server.stop()
+
+
+def two_leaves_and_a_gang(api, members: int, min_member: int) -> list[dict]:
+    for i, leaf in enumerate(["l1", "l1", "l2", "l2"]):
+        api.put("nodes", fk.node(f"n{i}", {LEAF: leaf}, annotations={KEY: annotation(f"n{i}")}))
+    api.put(
+        "podgroups",
+        {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": {"namespace": "ml", "name": "g"},
+            "spec": {"minMember": min_member},
+        },
+    )
+    pods = [fk.pod("ml", f"g-{i}", 8, labels={"scheduling.x-k8s.io/pod-group": "g"}) for i in range(members)]
+    for p in pods:
+        api.put("pods", p)
+    return pods
+
+
+def bind_body(name: str, node: str) -> dict:
+    return {"PodName": name, "PodNamespace": "ml", "PodUID": f"uid-ml-{name}", "Node": node}
+
+
+def test_a_member_asked_about_again_while_its_binding_is_in_flight_keeps_the_plan(live) -> None:
+    """kube-scheduler gives up on a slow bind after httpTimeout and filters the pod again (and
+    may bind it again): the plan and the other members' reservations must survive that."""
+    api, _state, ext, start, _clock = live
+    pods = two_leaves_and_a_gang(api, 2, 2)
+    client = start()
+    names = [f"n{i}" for i in range(4)]
+    planned = {}
+    for p in pods:
+        _, out = client.post("/filter", args(p, names))
+        planned[p["metadata"]["name"]] = out["NodeNames"][0]
+    plan = ext.plans["ml/g"]
+    api.bind_gate = threading.Event()
+    slow: dict[str, tuple[int, dict]] = {}
+    t = threading.Thread(target=lambda: slow.update(b=client.post("/bind", bind_body("g-1", planned["g-1"]))))
+    t.start()
+    try:
+        wait_until(lambda: ("bind", "ml/g-1") in api.requests)
+        _, out = client.post("/filter", args(pods[1], names))
+        assert out["NodeNames"] == [planned["g-1"]], "steered to where its binding is going"
+        status, again = client.post("/bind", bind_body("g-1", planned["g-1"]))
+        assert status == 200 and "in progress" in again["Error"]
+        assert ext.plans.get("ml/g") is plan and ext.reservations.get("ml/g-0") is not None
+    finally:
+        api.bind_gate.set()
+        t.join()
+    assert slow["b"] == (200, {"Error": ""})
+    assert client.post("/bind", bind_body("g-1", planned["g-1"])) == (200, {"Error": ""}), "idempotent"
+    _, out = client.post("/filter", args(pods[0], names))
+    assert out["NodeNames"] == [planned["g-0"]]
+    assert client.post("/bind", bind_body("g-0", planned["g-0"])) == (200, {"Error": ""})
+    assert sorted(api.bindings) == [("ml/g-0", planned["g-0"]), ("ml/g-1", planned["g-1"])]
+    assert ext.metrics.plans.labels(result="dropped")._value.get() == 0
+
+
+def test_a_reserved_member_deleted_gives_the_gangs_capacity_back_at_once(live) -> None:
+    api, state, ext, start, _clock = live
+    pods = two_leaves_and_a_gang(api, 2, 2)
+    client = start()
+    names = [f"n{i}" for i in range(4)]
+    _, out = client.post("/filter", args(pods[0], names))
+    assert len(ext.reservations) == 2
+    api.delete("pods", "ml/g-1")
+    wait_until(lambda: "ml/g-1" not in state.snapshot().pods)
+    _, out = client.post("/filter", args(fk.pod("ml", "solo", 8), names))
+    assert out["NodeNames"] == names, "no GPU held for a pod that no longer exists"
+    assert len(ext.reservations) == 0 and "ml/g" not in ext.plans
+    _, out = client.post("/filter", args(pods[0], names))
+    assert "waiting for members 1/2" in out["FailedAndUnresolvableNodes"]["n0"]
