@@ -189,3 +189,15 @@ def test_ideal_is_the_clusters_best_server_not_the_one_landed_on() -> None:
     comm = CommModel()
     want = comm.step_s(2, 24.0) / comm.step_s(2, 450.0)
     assert want > 1.1 and r.job_time_ratio == pytest.approx(want)
+
+
+def test_a_gang_that_fits_one_big_node_is_measured_against_that_node() -> None:
+    """Two 8-GPU pods fit one 16-GPU DGX-2: that is the ideal, so no policy can beat it (the
+    ideal used to assume one node per pod, and gputopo's one-node answer came out at 0.77x)."""
+    c = cluster("dgx2-v100", [("n1", "a", frozenset()), ("n2", "a", frozenset())])
+    res = by_policy(compare(c, [job(0, (8, 8), 0, 100)], ("gputopo", "kubelet-default"), RunConfig()))
+    assert res["gputopo"].job_time_ratio == pytest.approx(1.0)
+    # least-allocated spreads the pods over both nodes: the ring crosses the leaf (25 GB/s)
+    # instead of staying on NV6 NVSwitch links (150 GB/s); 16 GPUs, 1 GB, 0.2 s compute
+    step = CommModel().step_s
+    assert res["kubelet-default"].job_time_ratio == pytest.approx(step(16, 25.0) / step(16, 150.0))

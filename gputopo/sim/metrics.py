@@ -71,6 +71,9 @@ class Recorder:
         self.ideal_gpu_s = self.actual_gpu_s = 0.0
         self.placed = self.rejected = self.admission_failures = self.pods = 0
         self._ideal_level = _ideal_levels(cluster)
+        # Fewest nodes a gang could use: pods share a node when it is big enough (a DGX-2
+        # holds two 8-GPU pods), so the ideal must not assume one node per pod.
+        self._largest_node = max(t.n for t in cluster.topologies)
         self._fragmented: set[int] = set()
 
     def ring(self, tid: int, gpus: tuple[int, ...]) -> int:
@@ -132,7 +135,8 @@ class Recorder:
             self.gang_spine += self._same(nodes, SPINE)
             level = self.cluster.common_level(nodes) if len(set(nodes)) > 1 else HOSTNAME
             ring_gbps = min(ring_gbps, self.comm.network_gbps(level))
-            ideal_gbps = min(ideal_gbps, self.comm.network_gbps(self._ideal_level(len(slots))))
+            fewest_nodes = min(len(slots), -(-job.gpus // self._largest_node))
+            ideal_gbps = min(ideal_gbps, self.comm.network_gbps(self._ideal_level(fewest_nodes)))
         if job.gpus < 2:
             return 1.0
         stretch = self.comm.step_s(job.gpus, ring_gbps) / self.comm.step_s(job.gpus, ideal_gbps)
