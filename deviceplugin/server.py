@@ -73,7 +73,13 @@ class PluginServer:
         self._remove_stale()
         self._stopping = threading.Event()
         service = DevicePluginService(
-            self._store, self._config, self._metrics, self._stopping, allocated=self._allocated
+            self._store,
+            self._config,
+            self._metrics,
+            self._stopping,
+            allocated=self._allocated,
+            # half the threads at most for streams: the other half always answers unary RPCs
+            max_streams=max(1, self._max_workers // 2),
         )
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="plugin-rpc"),

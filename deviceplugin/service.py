@@ -54,8 +54,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         stopping: threading.Event,
         timer: Callable[[], float] = time.perf_counter,
         allocated: Callable[[], None] = lambda: None,
+        max_streams: int = 8,
     ) -> None:
         self._store = store
+        self._max_streams = max_streams
         self._allocated = allocated
         self._config = config
         self._metrics = metrics
@@ -77,8 +79,16 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         return plugin_options()
 
     def ListAndWatch(self, request: api_pb2.Empty, context: grpc.ServicerContext) -> Iterator[Any]:
+        # Every open stream holds a server thread until it ends; without a cap, a client opening
+        # many would leave none for Allocate, which kubelet calls without a deadline.
         with self._lock:
-            self._watchers += 1
+            full = self._watchers >= self._max_streams
+            if not full:
+                self._watchers += 1
+        if full:
+            problem = f"already {self._max_streams} ListAndWatch streams open; close one first"
+            jsonlog.event(log, "list_and_watch_refused", logging.WARNING, reason=problem)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, problem)
         try:
             snap = self._store.current()
             last = device_list(snap)

@@ -284,3 +284,49 @@ def test_any_request_gets_the_best_valid_answer_or_invalid_argument(stub, reques
     free = tuple(sorted(UUIDS.index(a) for a in known))
     expected = brute_force_choose(TOPO, free, size, tuple(sorted(UUIDS.index(m) for m in must)))
     assert got == [UUIDS[i] for i in expected]
+
+
+def test_many_list_and_watch_streams_cannot_starve_allocate() -> None:
+    """Each stream holds a server thread; a client opening many must not leave none for Allocate
+    (kubelet calls Allocate without a deadline, so a starved Allocate hangs pod admission)."""
+    folder = short_tmpdir()
+    try:
+        with (
+            fake_kubelet(folder) as kubelet,
+            running_daemon(folder, PRESET),
+            plugin_channel(folder / "gputopo-gpu.sock") as stub,
+        ):
+            assert kubelet.wait(1) is not None
+            streams = [stub.ListAndWatch(api_pb2.Empty(), timeout=30) for _ in range(20)]
+            codes = []
+            for s in streams:
+                try:
+                    next(s)
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as e:
+                    codes.append(e.code())
+            assert codes.count(grpc.StatusCode.OK) >= 2, "kubelet may hold an old and a new stream"
+            refused = [s for s, c in zip(streams, codes, strict=True) if c != grpc.StatusCode.OK]
+            assert refused and all(s.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for s in refused)
+            assert "ListAndWatch streams" in refused[0].details()
+            req = api_pb2.AllocateRequest(
+                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[UUIDS[0]])]
+            )
+            assert (
+                stub.Allocate(req, timeout=3).container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"]
+                == UUIDS[0]
+            )
+            assert len(prefer(stub, UUIDS, 2)) == 2
+            for s in streams:
+                s.cancel()
+
+            # streams that ended free their slots (within a poll): a new one is served again
+            def served() -> bool:
+                try:
+                    return next(stub.ListAndWatch(api_pb2.Empty(), timeout=5)) is not None
+                except grpc.RpcError:
+                    return False
+
+            assert eventually(served)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
