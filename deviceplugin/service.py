@@ -131,6 +131,9 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     ) -> Any:
         snap = self._store.current()
         out = api_pb2.PreferredAllocationResponse()
+        # Every container is answered before anything is counted or logged as chosen: a bad
+        # container_requests[n] rejects the whole RPC, so the ones before it were not chosen.
+        decided: list[tuple[list[str], list[str], int, PreferredAnswer, float]] = []
         for n, creq in enumerate(request.container_requests):
             available = list(creq.available_deviceIDs)
             must = list(creq.must_include_deviceIDs)
@@ -169,6 +172,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 )
                 context.abort(code, problem)
             assert answer is not None
+            decided.append((available, must, size, answer, elapsed))
+        for available, must, size, answer, elapsed in decided:
             self._metrics.preferred_seconds.observe(elapsed)
             self._preferred_ok.inc()
             out.container_responses.add(deviceIDs=answer.device_ids)
@@ -194,9 +199,16 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     def Allocate(self, request: api_pb2.AllocateRequest, context: grpc.ServicerContext) -> Any:
         snap = self._store.current()
         out = api_pb2.AllocateResponse()
+        # Validate every container first: a rejected RPC allocates nothing, so nothing is counted.
+        checked: list[tuple[str, ...]] = []
+        owner: dict[str, int] = {}  # a GPU goes to one container, never to two of one request
         for n, creq in enumerate(request.container_requests):
             try:
                 ids = allocate_ids(snap, list(creq.devices_ids))
+                if shared := [i for i in ids if i in owner]:
+                    raise RequestError(f"{shared[0]} is also in container_requests[{owner[shared[0]]}]")
+                owner.update(dict.fromkeys(ids, n))
+                checked.append(ids)
             except RequestError as e:
                 self._allocate_invalid.inc()
                 problem = f"container_requests[{n}]: {e}"
@@ -204,6 +216,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                     log, "allocate_rejected", logging.WARNING, devices=list(creq.devices_ids), reason=problem
                 )
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        for ids in checked:
             resp = out.container_responses.add()
             if self._config.device_list_strategy == "cdi":
                 for uuid in ids:

@@ -330,3 +330,52 @@ def test_many_list_and_watch_streams_cannot_starve_allocate() -> None:
             assert eventually(served)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_rejected_multi_container_request_counts_nothing_as_ok(daemon, stub) -> None:
+    """kubelet reads a rejected RPC as 'nothing allocated': the metrics must say the same,
+    even when the bad container request comes after a good one."""
+    reg = daemon.metrics.registry
+
+    def value(name: str, labels: dict[str, str] | None = None) -> float:
+        return reg.get_sample_value(name, labels or {}) or 0.0
+
+    def ok(rpc: str) -> float:
+        return value("gputopo_allocations_total", {"rpc": rpc, "result": "ok"})
+
+    before = (
+        ok("Allocate"),
+        ok("GetPreferredAllocation"),
+        value("gputopo_preferred_allocation_seconds_count"),
+    )
+    alloc = api_pb2.AllocateRequest(
+        container_requests=[
+            api_pb2.ContainerAllocateRequest(devices_ids=[UUIDS[0]]),
+            api_pb2.ContainerAllocateRequest(devices_ids=["GPU-nope"]),
+        ]
+    )
+    err = rpc_error(lambda: stub.Allocate(alloc, timeout=5))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "container_requests[1]" in err.details()
+    shared = api_pb2.AllocateRequest(
+        container_requests=[
+            api_pb2.ContainerAllocateRequest(devices_ids=[UUIDS[0], UUIDS[1]]),
+            api_pb2.ContainerAllocateRequest(devices_ids=[UUIDS[2], UUIDS[1]]),
+        ]
+    )
+    err = rpc_error(lambda: stub.Allocate(shared, timeout=5))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"container_requests[1]: {UUIDS[1]} is also in container_requests[0]" in err.details()
+    pref = api_pb2.PreferredAllocationRequest(
+        container_requests=[
+            api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=UUIDS, allocation_size=2),
+            api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=UUIDS, allocation_size=0),
+        ]
+    )
+    err = rpc_error(lambda: stub.GetPreferredAllocation(pref, timeout=5))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "container_requests[1]" in err.details()
+    after = (
+        ok("Allocate"),
+        ok("GetPreferredAllocation"),
+        value("gputopo_preferred_allocation_seconds_count"),
+    )
+    assert after == before
