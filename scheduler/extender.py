@@ -388,7 +388,8 @@ class Extender:
             if r is not None and r.node != node:
                 self._drop_plan(r.gang, f"{key} asked to bind on {node}, planned on {r.node}")
                 raise BindError(f"gang {r.gang} planned {key} on {r.node}, not {node}; replanning")
-            if r is None and gang is not None and gang in self.plans and pod.gpus > 0:
+            if r is None and gang is not None and pod.gpus > 0:
+                # all or nothing: without a reservation the rest of the gang may no longer fit
                 self._drop_plan(gang, f"{key} lost its reservation before binding")
                 raise BindError(f"pod {key} has no reservation in gang {gang}'s plan; replanning")
             gpus = r.gpus if r is not None else self._pick(views.get(node), pod.gpus, node)

@@ -329,3 +329,32 @@ def test_gang_members_without_gpus_count_but_need_no_placement(serve) -> None:
     _, out = client.post("/filter", args(gang_pod("w-1", 8, "g2"), ALL))
     assert out["NodeNames"] in (["a3"], ["a4"])
     assert {p.pod for p in ext.plans["ml/g2"].placements} == {"ml/w-0", "ml/w-1"}
+
+
+def test_a_member_whose_plan_lapsed_is_not_bound_alone(serve) -> None:
+    """All or nothing: a member kube-scheduler binds after its gang's reservation expired (and
+    its capacity went to someone else) must not be bound by itself, stranded in a leaf the rest
+    of its gang can no longer fit in."""
+    clock = [1000.0]
+    state = cluster(podgroups=[{"namespace": "ml", "name": "g1", "minMember": 2}])
+    client, ext = serve(state, clock)
+    pods = [gang_pod(f"w-{i}") for i in range(2)]
+    for p in pods:
+        p["metadata"]["annotations"]["gputopo.io/required-topology"] = LEAF
+    planned = {}
+    for p in pods + pods:
+        _, out = client.post("/filter", args(p, ALL))
+        planned[p["metadata"]["name"]] = out["NodeNames"]
+    assert sorted(n for (n,) in planned.values()) == ["a3", "a4"]
+    clock[0] += defaults.RESERVATION_TTL_S + 1
+    (other,), (late,) = planned["w-1"], planned["w-0"]
+    _, out = client.post("/filter", args(fk.pod("ml", "solo", 1), [other]))
+    assert out["NodeNames"] == [other], "the lapsed reservation no longer holds w-1's node"
+    solo = {"PodName": "solo", "PodNamespace": "ml", "PodUID": "", "Node": other}
+    assert client.post("/bind", solo) == (200, {"Error": ""})
+    status, out = client.post("/bind", {"PodName": "w-0", "PodNamespace": "ml", "PodUID": "", "Node": late})
+    assert status == 200 and "no reservation" in out["Error"]
+    assert set(state.held()) == {"ml/solo"}, "no member of the gang holds a GPU"
+    assert len(ext.reservations) == 0
+    _, out = client.post("/filter", args(pods[0], ALL))
+    assert "does not fit" in out["FailedAndUnresolvableNodes"]["a1"]
