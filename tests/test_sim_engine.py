@@ -201,3 +201,16 @@ def test_a_gang_that_fits_one_big_node_is_measured_against_that_node() -> None:
     # instead of staying on NV6 NVSwitch links (150 GB/s); 16 GPUs, 1 GB, 0.2 s compute
     step = CommModel().step_s
     assert res["kubelet-default"].job_time_ratio == pytest.approx(step(16, 25.0) / step(16, 150.0))
+
+
+def test_a_pod_larger_than_any_node_is_not_fragmentation() -> None:
+    """A 9-GPU pod (an Alibaba row, say) fits no 8-GPU node however the GPUs are packed:
+    rejecting it on an empty cluster must not count as the first fragmentation failure."""
+    c = cluster("hgx-h100", [("n1", "a", frozenset()), ("n2", "a", frozenset())])
+    jobs = [job(0, (9,), 0, math.inf), job(1, (1,), 1, math.inf), job(2, (8,), 2, math.inf)]
+    for r in compare(c, jobs, POLICIES, RunConfig(mode="fill")):
+        assert r.rejected == 1 and r.placed == 2, r.policy
+        assert r.free_at_first_failure is None and r.fragmented_jobs == 0.0, r.policy
+    replay = simulate(c, [job(0, (9,), 0, 10), job(1, (8,), 1, 10)], "gputopo", RunConfig())
+    assert replay.never_started == 1 and replay.placed == 1
+    assert replay.free_at_first_failure is None and replay.fragmented_jobs == 0.0

@@ -104,10 +104,11 @@ class Recorder:
 
     def failure(self, job: Job, now: float, free_total: int, admission: bool) -> None:
         """A job could not be placed. Only a failure with enough free GPUs in total counts for
-        fragmentation: a 160-GPU gang failing on a busy cluster says nothing about packing."""
+        fragmentation: a 160-GPU gang failing on a busy cluster says nothing about packing,
+        and neither does a pod larger than every node."""
         if admission:
             self.admission_failures += 1
-        if job.gpus <= free_total:
+        if job.gpus <= free_total and max(job.pods) <= self._largest_node:
             self._fragmented.add(job.id)
             if self.first_failure is None:
                 self.first_failure = (now, free_total)
