@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -274,12 +275,14 @@ def _status(args: argparse.Namespace) -> int:
     from deviceplugin import defaults
     from deviceplugin.status_client import StatusUnavailable, fetch_status
 
-    if args.timeout <= 0:
-        raise UsageError("--timeout must be positive")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     socket = args.socket or os.path.join(
         args.kubelet_dir or os.environ.get("GPUTOPO_KUBELET_DIR", defaults.KUBELET_DIR),
         os.environ.get("GPUTOPO_SOCKET_NAME", defaults.SOCKET_NAME),
     )
+    # gRPC reads `unix://dp/x.sock` as host "dp": a relative path must become absolute first.
+    socket = os.path.abspath(socket)
     try:
         doc = fetch_status(socket, timeout=args.timeout)
     except StatusUnavailable as e:

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 
-def gputopo(*args: str) -> subprocess.CompletedProcess[str]:
+def gputopo(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gputopo", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "gputopo", *args], capture_output=True, text=True, timeout=60, cwd=cwd
     )
 
 
@@ -60,6 +60,9 @@ def test_prefer_accepts_uuids_and_must() -> None:
         ("prefer", "--topology", "no-such-preset", "--size", "1"),
         ("prefer", "--size", "two"),
         ("topo", "--topology", "/nonexistent/file.json"),
+        # NaN passed the `<= 0` check and gave up at once ("no answer within nans", exit 1)
+        ("status", "--socket", "/nonexistent/p.sock", "--timeout", "nan"),
+        ("status", "--socket", "/nonexistent/p.sock", "--timeout", "inf"),
         # str.isdigit() is true for these, int() is not (was a ValueError traceback)
         ("prefer", "--topology", "dgx1-v100", "--size", "1", "--available", "\u00b2"),
         ("prefer", "--topology", "dgx1-v100", "--size", "1", "--must", "\u2460"),
@@ -116,6 +119,10 @@ def test_status_reads_the_running_plugin(tmp_path) -> None:
         assert [d["index"] for d in doc["devices"]] == [0, 1, 2, 3]
         assert all(d["healthy"] for d in doc["devices"])
         assert doc["registration"]["registered"] is False
+        # a relative path is relative to the working directory (gRPC read `unix://dp/...`
+        # as a host name and failed with C-core log lines on stderr)
+        rel = gputopo("status", "--kubelet-dir", "dp", "--json", cwd=str(tmp_path))
+        assert rel.returncode == 0 and rel.stderr == "" and json.loads(rel.stdout) == doc
         text = gputopo("status", "--kubelet-dir", str(folder))
         assert text.returncode == 0 and "registered: False" in text.stdout
         rows = [line.split() for line in text.stdout.splitlines() if line.startswith("  ") and "GPU-" in line]
