@@ -315,18 +315,29 @@ class Extender:
     def _plan(
         self, spec: GangSpec, views: dict[str, NodeView], bound_nodes: set[str], snap: Snapshot
     ) -> GangPlan | str:
-        """Plan the pending members; members already bound pin the search to their domain first."""
+        """Plan the pending members; members already bound pin the search to their domain first.
+        With a required level, the rest of the gang may only join the bound members' domain of
+        that level: planning them anywhere else would split the gang across domains."""
         index = self._network(snap)
-        if bound_nodes:
+        candidates = list(views.values())
+        known = [n for n in bound_nodes if n in snap.nodes]
+        required = spec.required_level
+        if known and required is not None:
+            domains = {snap.nodes[n].labels.get(required, n) for n in known}
+            if len(domains) > 1:
+                return f"members already bound span {len(domains)} domains of required level {required}"
+            (where,) = domains
+            candidates = [v for v in candidates if v.labels.get(required, v.name) == where]
+        if known:
             for level in self.levels:
-                values = {snap.nodes[n].labels.get(level, n) for n in bound_nodes if n in snap.nodes}
+                values = {snap.nodes[n].labels.get(level, n) for n in known}
                 if len(values) == 1:
                     (value,) = values
-                    near = [v for v in views.values() if v.labels.get(level, v.name) == value]
+                    near = [v for v in candidates if v.labels.get(level, v.name) == value]
                     plan = plan_gang(spec, near, self.levels, index=index, memo=self._memo_now())
                     if isinstance(plan, GangPlan):
                         return plan
-        plan = plan_gang(spec, list(views.values()), self.levels, index=index, memo=self._memo_now())
+        plan = plan_gang(spec, candidates, self.levels, index=index, memo=self._memo_now())
         return plan if isinstance(plan, GangPlan) else plan.reason
 
     # -------------------------------------------------------------------------- prioritize

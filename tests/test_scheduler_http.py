@@ -358,3 +358,32 @@ def test_a_member_whose_plan_lapsed_is_not_bound_alone(serve) -> None:
     assert len(ext.reservations) == 0
     _, out = client.post("/filter", args(pods[0], ALL))
     assert "does not fit" in out["FailedAndUnresolvableNodes"]["a1"]
+
+
+def test_a_replan_around_bound_members_keeps_the_required_domain(serve) -> None:
+    """Members already bound pin a re-plan: with required-topology the rest must join their
+    domain of that level or wait, never complete the gang in another domain."""
+    state = cluster(podgroups=[{"namespace": "ml", "name": "g1", "minMember": 2}])
+    client, ext = serve(state)
+    pods = [gang_pod(f"w-{i}") for i in range(2)]
+    for p in pods:
+        p["metadata"]["annotations"]["gputopo.io/required-topology"] = LEAF
+    planned = {}
+    for p in pods + pods:
+        _, out = client.post("/filter", args(p, ALL))
+        if out["NodeNames"]:
+            planned[p["metadata"]["name"]] = out["NodeNames"][0]
+    assert sorted(planned.values()) == ["a3", "a4"], "leaf-2 is the one leaf that holds both"
+    bind = {"PodName": "w-1", "PodNamespace": "ml", "PodUID": "", "Node": planned["w-1"]}
+    assert client.post("/bind", bind) == (200, {"Error": ""})
+    # w-0 is sent elsewhere (kube-scheduler's own filters, say): the plan is dropped ...
+    _, out = client.post("/bind", {"PodName": "w-0", "PodNamespace": "ml", "PodUID": "", "Node": "a5"})
+    assert "replanning" in out["Error"]
+    # ... and a single pod takes one GPU of w-0's node before w-0 comes back
+    solo = {"PodName": "solo", "PodNamespace": "ml", "PodUID": "", "Node": planned["w-0"]}
+    client.post("/filter", args(fk.pod("ml", "solo", 1), ALL))
+    assert client.post("/bind", solo) == (200, {"Error": ""})
+    _, out = client.post("/filter", args(pods[0], ALL))
+    assert out["NodeNames"] == [], "a5 (leaf-3) has room but is outside w-1's leaf"
+    assert "does not fit" in out["FailedAndUnresolvableNodes"]["a5"]
+    assert "ml/g1" not in ext.plans and len(ext.reservations) == 0
