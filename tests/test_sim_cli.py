@@ -36,6 +36,13 @@ def sim(*args: str, module: tuple[str, ...] = ("gputopo.sim",)) -> subprocess.Co
         (["--pods", "999999999"], "--pods must be at most"),
         (["--trace", str(TRACES)], "cannot read trace"),
         (["--trace", str(TRACES / "helios_jobs_slice.csv"), "--limit", "0"], "--limit must be positive"),
+        # --time-scale only rescales a replayed trace's times; elsewhere it was silently ignored
+        (["--time-scale", "0.5"], "--time-scale applies to replaying"),
+        (["--trace", str(TRACES / "openb_pod_list_multigpu50_slice.csv"), "--time-scale", "2"], "not fill"),
+        (
+            ["--trace", str(TRACES / "helios_jobs_slice.csv"), "--mode", "arrivals", "--time-scale", "2"],
+            "not arrivals",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args: list[str], message: str) -> None:

@@ -169,6 +169,10 @@ def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job],
     scale = _positive(args.time_scale, "--time-scale")
     load = _positive(args.load, "--load")
     if args.trace is None:
+        if scale != 1.0:
+            raise UsageError(
+                "--time-scale applies to replaying a timed --trace, not to the generator (use --load)"
+            )
         if args.pods <= 0:
             raise UsageError(f"--pods must be positive, got {args.pods}")
         if args.mode in ("fill", "arrivals"):
@@ -193,6 +197,10 @@ def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job],
         if mode == "replay" and not trace.timed:
             raise UsageError(f"--trace {args.trace}: has no times; use --mode fill or --mode arrivals")
         label = mode
+        if scale != 1.0 and mode != "replay":
+            raise UsageError(
+                f"--time-scale applies to --mode replay, not {mode} (arrival times are not the trace's)"
+            )
         if mode in ("fill", "arrivals"):
             order = rng.permutation(len(jobs))
             jobs = [
