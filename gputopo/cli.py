@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from gputopo.allocator import DISRUPTION_SIZES, AllocationError, Allocator, Choice
+from gputopo.allocator import DISRUPTION_SIZES, MAX_GPUS, AllocationError, Allocator, Choice
 from gputopo.topology import Topology, TopologyError
 
 
@@ -30,7 +30,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _load(source: str | None) -> Topology:
-    """A topology from a preset/file, or from NVML when no --topology is given."""
+    """A topology the allocator can take, from a preset/file, or from NVML when no --topology."""
+    topo = _read_topology(source)
+    if topo.n > MAX_GPUS:  # a valid file, but every subcommand needs the allocator
+        where = "--topology " + source if source is not None else "NVML"
+        raise UsageError(f"{where}: {topo.n} GPUs; nodes of more than {MAX_GPUS} GPUs are not supported")
+    return topo
+
+
+def _read_topology(source: str | None) -> Topology:
     if source is not None:
         from gputopo.topofile import load_topology
 

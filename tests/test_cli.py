@@ -83,6 +83,19 @@ def test_empty_topology_is_an_error_not_nvml() -> None:
     assert out.returncode == 2 and "empty topology source" in out.stderr and "NVML" not in out.stderr
 
 
+@pytest.mark.parametrize("command", [("topo",), ("topo", "--json"), ("prefer", "--size", "2")])
+def test_a_node_too_large_for_the_allocator_is_exit_2(tmp_path, command: tuple[str, ...]) -> None:
+    """17 GPUs is a valid topology file but more than the allocator takes (was a traceback)."""
+    n = 17
+    big = tmp_path / "big.json"
+    codes = [["X" if i == j else "NV1" for j in range(n)] for i in range(n)]
+    big.write_text(json.dumps({"gpus": [{"index": i} for i in range(n)], "links": codes}))
+    out = gputopo(*command, "--topology", str(big))
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    assert out.stderr.startswith("gputopo: error: --topology") and "more than 16 GPUs" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
 def test_bad_topology_file_is_exit_2(tmp_path) -> None:
     bad = tmp_path / "t.json"
     bad.write_text(json.dumps({"gpus": [{"index": 0}, {"index": 1}], "links": [["X", "NV1"], ["SYS", "X"]]}))
