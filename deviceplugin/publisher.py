@@ -63,6 +63,7 @@ class Publisher:
         resync_s: float = 30.0,
         heartbeat_s: float = 300.0,
         backoff_s: tuple[float, float] = (1.0, 60.0),
+        settle_s: float = 1.0,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -77,6 +78,7 @@ class Publisher:
         self.resync_s = resync_s
         self.heartbeat_s = heartbeat_s
         self.backoff_s = backoff_s
+        self.settle_s = settle_s
         self.monotonic = monotonic
         self.wall = wall
         self._lock = threading.Lock()
@@ -86,6 +88,8 @@ class Publisher:
         self._patched_at = -float("inf")
         self._retry_at = -float("inf")
         self._delay = backoff_s[0]
+        self._poked = False
+        self._recheck_at: float | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -101,7 +105,11 @@ class Publisher:
         self._wake.set()
 
     def poke(self) -> None:
-        """Something may have changed in PodResources (an Allocate happened): look again."""
+        """Something may have changed in PodResources (an Allocate happened): look again now,
+        and once more `settle_s` later, because kubelet records the devices only after
+        Allocate has returned."""
+        with self._lock:
+            self._poked = True
         self._wake.set()
 
     def start(self) -> None:
@@ -136,6 +144,18 @@ class Publisher:
 
     def sync(self, now: float) -> float:
         """Publish if needed and allowed at `now`; returns seconds until it wants to run again."""
+        with self._lock:
+            poked, self._poked = self._poked, False
+        if poked:
+            self._recheck_at = now + self.settle_s
+        elif self._recheck_at is not None and now >= self._recheck_at:
+            self._recheck_at = None  # this is the second look
+        delay = self._sync(now)
+        if self._recheck_at is not None:
+            delay = min(delay, self._recheck_at - now)
+        return delay
+
+    def _sync(self, now: float) -> float:
         with self._lock:
             snap = self._snapshot
         if snap is None:

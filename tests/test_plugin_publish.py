@@ -71,7 +71,9 @@ def annotation(api: fk.FakeAPI, node: str) -> str | None:
         return (api.objects["nodes"][node]["metadata"].get("annotations") or {}).get(ANNOTATION)
 
 
-def test_publishes_the_node_annotation_and_follows_allocations(folder: Path) -> None:
+@pytest.mark.parametrize("recorded", ["before Allocate", "after Allocate returns"])
+def test_publishes_the_node_annotation_and_follows_allocations(folder: Path, recorded: str) -> None:
+    """Real kubelet records the devices (what PodResources serves) only after Allocate returns."""
     pods = PodResources()
     pr_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     pr_grpc.add_PodResourcesListerServicer_to_server(pods, pr_server)
@@ -95,7 +97,8 @@ def test_publishes_the_node_annotation_and_follows_allocations(folder: Path) -> 
                 assert first.node == "node-a" and first.topology.n == 4 and first.allocated == frozenset()
 
                 # kubelet allocates GPU 2 to a container: PodResources says so, Allocate pokes the publisher
-                pods.in_use = [UUIDS[2]]
+                if recorded == "before Allocate":
+                    pods.in_use = [UUIDS[2]]
                 with plugin_channel(folder / "gputopo-gpu.sock") as stub:
                     stub.Allocate(
                         api_pb2.AllocateRequest(
@@ -103,6 +106,9 @@ def test_publishes_the_node_annotation_and_follows_allocations(folder: Path) -> 
                         ),
                         timeout=5,
                     )
+                if recorded == "after Allocate returns":
+                    time.sleep(0.3)  # the poke's first look has happened by now
+                    pods.in_use = [UUIDS[2]]
 
                 def allocated() -> frozenset[int]:
                     return decode(annotation(api, "node-a"), now=time.time(), max_age_s=3600).allocated

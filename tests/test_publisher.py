@@ -192,3 +192,23 @@ def test_thread_patches_the_node_through_the_official_client_and_survives_errors
             assert set(api.objects["nodes"]["node-a"]["metadata"]["annotations"]) == {KEY}
         finally:
             pub.stop()
+
+
+def test_a_poke_looks_again_once_kubelet_has_recorded_the_allocation() -> None:
+    """kubelet records a container's devices (what PodResources serves) only after Allocate has
+    returned, so the look a poke triggers at once is usually too early: the publisher must look
+    again shortly after, not leave the new allocation unpublished until the 30 s resync."""
+    api = RecordingAPI()
+    in_use: list = [set()]
+    pub = publisher(api, in_use)
+    pub.update(snapshot())
+    pub.sync(0.0)
+    assert api.last().allocated == set()
+    pub.poke()  # inside Allocate: kubelet has not recorded GPU 3 yet
+    delay = pub.sync(20.0)
+    assert len(api.bodies) == 1
+    assert delay <= 2.0, "a poke must bring a second look within seconds"
+    in_use[0] = {UUIDS[3]}  # Allocate returned; kubelet recorded it
+    pub.sync(20.0 + delay)
+    assert len(api.bodies) == 2 and api.last().allocated == {3}
+    assert pub.sync(21.0 + delay) > 2.0, "after the second look, back to the resync period"
