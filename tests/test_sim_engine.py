@@ -214,3 +214,17 @@ def test_a_pod_larger_than_any_node_is_not_fragmentation() -> None:
     replay = simulate(c, [job(0, (9,), 0, 10), job(1, (8,), 1, 10)], "gputopo", RunConfig())
     assert replay.never_started == 1 and replay.placed == 1
     assert replay.free_at_first_failure is None and replay.fragmented_jobs == 0.0
+
+
+def test_an_empty_label_value_is_no_shared_domain() -> None:
+    """`leaf: ""` is a valid label, and the planner (network.domain_of) reads it as no leaf;
+    the simulator's metrics read it as one leaf named "" and credited gangs with it."""
+    c = SimCluster(
+        topologies=(load_preset("hgx-h100"),),
+        nodes=tuple(SimNode(n, 0, {HOSTNAME: n, LEAF: "", SPINE: "s"}) for n in ("n1", "n2")),
+        levels=DEFAULT_LEVELS,
+    )
+    assert c.domain(0, LEAF) != c.domain(1, LEAF) and c.common_level([0, 1]) == SPINE
+    r = simulate(c, [job(0, (8, 8), 0, 100)], "gputopo", RunConfig())
+    assert r.gangs == 1 and r.gangs_one_leaf == 0.0 and r.gangs_one_spine == 1.0
+    assert r.job_time_ratio == pytest.approx(1.0)  # no leaf holds two nodes: spine is the ideal

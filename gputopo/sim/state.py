@@ -47,12 +47,13 @@ class SimCluster:
                 raise ValueError(f"node {node.name}: allocated GPU out of range 0..{n - 1}")
 
     def domain(self, node: int, level: str) -> str:
-        """The node's domain at `level`; a node without the label is its own domain."""
+        """The node's domain at `level`; a node without the label (or with an empty value, as
+        gputopo.network reads it for the planner) is its own domain."""
         spec = self.nodes[node]
         if level == HOSTNAME:
             return spec.name
         value = spec.labels.get(level)
-        return f"{level}={value}" if value is not None else f"node:{spec.name}"
+        return f"{level}={value}" if value else f"node:{spec.name}"
 
     def common_level(self, nodes: Sequence[int]) -> str | None:
         """The smallest level whose one domain holds every node; None if no level does."""
