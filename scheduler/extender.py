@@ -396,13 +396,14 @@ class Extender:
                 raise BindError(f"pod {key} is already bound to {bound_to}")
             r = self.reservations.get(key)
             gang = pod.gang.key if pod.gang is not None else None
+            # A bind that does not match the plan comes from a filter answer older than the plan
+            # (a re-plan happened meanwhile): refuse it and keep the plan, whose capacity would
+            # otherwise go to other gangs while members of this one are already bound.
             if r is not None and r.node != node:
-                self._drop_plan(r.gang, f"{key} asked to bind on {node}, planned on {r.node}")
-                raise BindError(f"gang {r.gang} planned {key} on {r.node}, not {node}; replanning")
+                raise BindError(f"gang {r.gang} planned {key} on {r.node}, not {node}; filter it again")
             if r is None and gang is not None and pod.gpus > 0:
                 # all or nothing: without a reservation the rest of the gang may no longer fit
-                self._drop_plan(gang, f"{key} lost its reservation before binding")
-                raise BindError(f"pod {key} has no reservation in gang {gang}'s plan; replanning")
+                raise BindError(f"pod {key} has no reservation in gang {gang}'s plan; filter it again")
             gpus = r.gpus if r is not None else self._pick(views.get(node), pod.gpus, node)
             self.reservations.release_pod(key)
             self._assumed[key] = Assumed(key, node, gpus, pod.gpus, now)

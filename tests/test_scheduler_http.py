@@ -354,6 +354,7 @@ def test_a_member_whose_plan_lapsed_is_not_bound_alone(serve) -> None:
     assert client.post("/bind", solo) == (200, {"Error": ""})
     status, out = client.post("/bind", {"PodName": "w-0", "PodNamespace": "ml", "PodUID": "", "Node": late})
     assert status == 200 and "no reservation" in out["Error"]
+    assert "ml/g1" not in ext.plans
     assert set(state.held()) == {"ml/solo"}, "no member of the gang holds a GPU"
     assert len(ext.reservations) == 0
     _, out = client.post("/filter", args(pods[0], ALL))
@@ -363,8 +364,9 @@ def test_a_member_whose_plan_lapsed_is_not_bound_alone(serve) -> None:
 def test_a_replan_around_bound_members_keeps_the_required_domain(serve) -> None:
     """Members already bound pin a re-plan: with required-topology the rest must join their
     domain of that level or wait, never complete the gang in another domain."""
+    clock = [1000.0]
     state = cluster(podgroups=[{"namespace": "ml", "name": "g1", "minMember": 2}])
-    client, ext = serve(state)
+    client, ext = serve(state, clock)
     pods = [gang_pod(f"w-{i}") for i in range(2)]
     for p in pods:
         p["metadata"]["annotations"]["gputopo.io/required-topology"] = LEAF
@@ -376,9 +378,9 @@ def test_a_replan_around_bound_members_keeps_the_required_domain(serve) -> None:
     assert sorted(planned.values()) == ["a3", "a4"], "leaf-2 is the one leaf that holds both"
     bind = {"PodName": "w-1", "PodNamespace": "ml", "PodUID": "", "Node": planned["w-1"]}
     assert client.post("/bind", bind) == (200, {"Error": ""})
-    # w-0 is sent elsewhere (kube-scheduler's own filters, say): the plan is dropped ...
-    _, out = client.post("/bind", {"PodName": "w-0", "PodNamespace": "ml", "PodUID": "", "Node": "a5"})
-    assert "replanning" in out["Error"]
+    # w-0 does not come back in time (kube-scheduler's own filters refuse its node, say): the
+    # plan lapses ...
+    clock[0] += defaults.RESERVATION_TTL_S + 1
     # ... and a single pod takes one GPU of w-0's node before w-0 comes back
     solo = {"PodName": "solo", "PodNamespace": "ml", "PodUID": "", "Node": planned["w-0"]}
     client.post("/filter", args(fk.pod("ml", "solo", 1), ALL))
@@ -387,3 +389,28 @@ def test_a_replan_around_bound_members_keeps_the_required_domain(serve) -> None:
     assert out["NodeNames"] == [], "a5 (leaf-3) has room but is outside w-1's leaf"
     assert "does not fit" in out["FailedAndUnresolvableNodes"]["a5"]
     assert "ml/g1" not in ext.plans and len(ext.reservations) == 0
+
+
+def test_a_bind_that_does_not_match_the_plan_is_refused_and_the_plan_kept(serve) -> None:
+    """A bind for another node comes from a filter answer older than the current plan; dropping
+    the plan then would hand its capacity to other pods while members are already bound."""
+    state = cluster(podgroups=[{"namespace": "ml", "name": "g1", "minMember": 3}])
+    client, ext = serve(state)
+    pods = [gang_pod(f"w-{i}", 4) for i in range(3)]
+    planned = {}
+    for p in pods + pods:
+        _, out = client.post("/filter", args(p, ALL))
+        if out["NodeNames"]:
+            planned[p["metadata"]["name"]] = out["NodeNames"][0]
+    plan = ext.plans["ml/g1"]
+    bind = {"PodName": "w-0", "PodNamespace": "ml", "PodUID": "", "Node": planned["w-0"]}
+    assert client.post("/bind", bind) == (200, {"Error": ""})
+    wrong = next(n for n in ALL if n != planned["w-1"])
+    _, out = client.post("/bind", {**bind, "PodName": "w-1", "Node": wrong})
+    assert f"planned ml/w-1 on {planned['w-1']}" in out["Error"]
+    assert ext.plans.get("ml/g1") is plan and len(ext.reservations) == 2, "plan and capacity kept"
+    _, out = client.post("/filter", args(fk.pod("ml", "solo", 8), ALL))
+    assert planned["w-1"] not in out["NodeNames"] and planned["w-2"] not in out["NodeNames"]
+    for name in ("w-1", "w-2"):
+        assert client.post("/bind", {**bind, "PodName": name, "Node": planned[name]}) == (200, {"Error": ""})
+    assert {k: v[0] for k, v in state.held().items()} == {f"ml/{k}": v for k, v in planned.items()}
