@@ -95,7 +95,17 @@ class HealthLoop:
                 )
             health = self._tracker.state()
             reasons = {u: r for u in health if (r := self._tracker.reason(u))}
-            snap = self._store.update(topology, health, reasons)
+            try:
+                snap = self._store.update(topology, health, reasons)
+            except Exception as e:  # the allocator refuses the new layout: the health change still counts
+                jsonlog.event(
+                    log,
+                    "rediscover_rejected",
+                    logging.WARNING,
+                    topology=topology.name,
+                    reason=f"{type(e).__name__}: {e}; keeping the previous topology",
+                )
+                snap = self._store.update(previous.topology, health, reasons)
             for gpu in snap.gpus:
                 before, after = previous.healthy(gpu.uuid), snap.healthy(gpu.uuid)
                 if before != after:

@@ -192,3 +192,34 @@ def test_a_bad_health_file_never_ends_health_watching(folder: Path, bad: str) ->
         write_health(health, {"4": "Unhealthy"})
         assert watch.until(lambda lst: lst[UUIDS[4]] == "Unhealthy")[UUIDS[4]] == "Unhealthy"
         watch.stream.cancel()
+
+
+def test_rediscovered_topology_the_allocator_refuses_keeps_the_previous_one(folder: Path) -> None:
+    """A re-probe that finds a layout the allocator cannot take (here 17 GPUs) must not swallow
+    the health change that caused it, nor stop the health loop: the old topology stays."""
+    doc = load_preset("rtx8000-4").to_dict()
+    topo_file = folder / "node.json"
+    topo_file.write_text(json.dumps(doc))
+    health = folder / "health.json"
+    uuids = [g["uuid"] for g in doc["gpus"]]
+    with (
+        fake_kubelet(folder) as kubelet,
+        running_daemon(
+            folder, str(topo_file), health_file=str(health), health_recovery_seconds=0.5
+        ) as daemon,
+        grpc.insecure_channel(f"unix://{folder / 'gputopo-gpu.sock'}") as channel,
+    ):
+        assert kubelet.wait(1, 10) is not None
+        before = daemon.store.current()
+        watch = Watch(channel)
+        watch.next()
+        n = 17
+        big = {"name": "big", "gpus": [{"index": i} for i in range(n)]}
+        big["links"] = [["X" if i == j else "NV1" for j in range(n)] for i in range(n)]
+        topo_file.write_text(json.dumps(big))
+        write_health(health, {"1": {"xid": 48}})
+        assert watch.until(lambda lst: lst.get(uuids[1]) == "Unhealthy")[uuids[1]] == "Unhealthy"
+        assert watch.until(lambda lst: lst.get(uuids[1]) == "Healthy", timeout=5)[uuids[1]] == "Healthy"
+        snap = daemon.store.current()
+        assert snap.topology == before.topology and snap.allocator is before.allocator
+        watch.stream.cancel()
