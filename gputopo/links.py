@@ -64,6 +64,11 @@ def parse_code(code: str) -> Link:
     raise LinkError(f"unknown link code {code!r} (expected NV#, PIX, PXB, PHB, NODE or SYS)")
 
 
+#: Largest GB/s a link may be given (a petabyte per second). Bandwidths become integer MB/s
+#: and then int64 sums; infinity or 1e300 would overflow them deep inside the allocator.
+MAX_GBPS = 1_000_000.0
+
+
 @dataclass(frozen=True, slots=True)
 class BandwidthSettings:
     """Per-node bandwidth figures; NVLink speed differs by generation, PCIe by generation/width."""
@@ -72,15 +77,19 @@ class BandwidthSettings:
     pcie_gbps: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_PCIE_GBPS))
 
     def __post_init__(self) -> None:
-        if not (self.nvlink_gbps_per_link > 0):
-            raise LinkError(f"nvlink_gbps_per_link must be > 0, got {self.nvlink_gbps_per_link!r}")
+        if not (0 < self.nvlink_gbps_per_link <= MAX_GBPS):
+            raise LinkError(
+                f"nvlink_gbps_per_link must be > 0 and at most {MAX_GBPS:g}, got {self.nvlink_gbps_per_link!r}"
+            )
         merged = dict(DEFAULT_PCIE_GBPS)
         for key, value in dict(self.pcie_gbps).items():
             level = _ALIASES.get(str(key).upper(), str(key).upper())
             if level not in PCIE_LEVELS:
                 raise LinkError(f"unknown PCIe level {key!r} in pcie_gbps")
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-                raise LinkError(f"pcie_gbps[{key!r}] must be a positive number, got {value!r}")
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= MAX_GBPS:
+                raise LinkError(
+                    f"pcie_gbps[{key!r}] must be a positive number of at most {MAX_GBPS:g}, got {value!r}"
+                )
             merged[level] = float(value)
         object.__setattr__(self, "pcie_gbps", MappingProxyType(merged))
 

@@ -178,6 +178,9 @@ def test_json_text_dict_and_bytes_agree() -> None:
         assert t.name == "two" and t.gbps(0, 1) == 200.0
 
 
+_PAIR = '{"gpus": [{"index": 0}, {"index": 1}], "links": [["X", "NV1"], ["NV1", "X"]]'
+
+
 @pytest.mark.parametrize(
     ("src", "message"),
     [
@@ -185,6 +188,10 @@ def test_json_text_dict_and_bytes_agree() -> None:
         ("[1, 2]", "must be a JSON object"),
         ('{"gpus": [{"index": 0}, {"index": 1}], "links": [["X", "NV1"], ["PIX", "X"]]}', "asymmetric"),
         ('{"gpus": [{"index": 0}], "links": [["X", "X"]]}', "1 entries|links\\[0\\] must have"),
+        # JSON reads 1e400 as infinity, and 1e300 overflows integer MB/s: both were tracebacks
+        (_PAIR + ', "nvlink_gbps_per_link": 1e400}', "nvlink_gbps_per_link must be"),
+        (_PAIR + ', "nvlink_gbps_per_link": 1e300}', "nvlink_gbps_per_link must be"),
+        (_PAIR + ', "pcie_gbps": {"SYS": 1e400}}', "pcie_gbps\\['SYS'\\] must be"),
     ],
 )
 def test_bad_json_raises_with_name(src: str, message: str) -> None:
