@@ -87,6 +87,11 @@ def _text(value: Any) -> str:
     return value.strip()
 
 
+def _socket_path(value: Any) -> str:
+    """Absolute: gRPC reads `unix://a/b` as host `a`, so a relative path could never be served."""
+    return os.path.abspath(_text(value))
+
+
 def _optional_text(value: Any) -> str | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
@@ -243,7 +248,7 @@ OPTIONS: tuple[Option, ...] = (
         "--kubelet-dir",
         "GPUTOPO_KUBELET_DIR",
         "kubeletDir",
-        _text,
+        _socket_path,
         "kubelet device-plugin folder holding kubelet.sock and the plugin's socket",
     ),
     Option(
@@ -340,7 +345,7 @@ OPTIONS: tuple[Option, ...] = (
         "--pod-resources-socket",
         "GPUTOPO_POD_RESOURCES_SOCKET",
         "podResourcesSocket",
-        _text,
+        _socket_path,
         "kubelet PodResources socket",
     ),
     Option(

@@ -258,3 +258,25 @@ def test_unreadable_config_file_exits_2_with_one_line(folder: Path, content: byt
     lines = text.splitlines()
     assert len(lines) == 1 and lines[0].startswith("deviceplugin: error: config file "), lines
     assert fragment in lines[0]
+
+
+def test_relative_kubelet_dir_is_served_and_registered(folder: Path) -> None:
+    """`--kubelet-dir some/dir` is relative to the working directory, like every other path."""
+    sock = folder / defaults.SOCKET_NAME
+    with fake_kubelet(folder) as kubelet:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deviceplugin", "--kubelet-dir", folder.name, "--topology", "rtx8000-4",
+             "--metrics-port", "0"],
+            cwd=folder.parent, env=CLEAN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            assert kubelet.wait(1, 20) is not None, kubelet.refusals
+            assert fetch_status(str(sock), 2)["kubelet_dir"] == str(folder)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(10) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            _, err = proc.communicate()
+        assert "Traceback" not in err.decode()
+    assert not sock.exists()
