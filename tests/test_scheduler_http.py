@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import random
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -414,3 +416,66 @@ def test_a_bind_that_does_not_match_the_plan_is_refused_and_the_plan_kept(serve)
     for name in ("w-1", "w-2"):
         assert client.post("/bind", {**bind, "PodName": name, "Node": planned[name]}) == (200, {"Error": ""})
     assert {k: v[0] for k, v in state.held().items()} == {f"ml/{k}": v for k, v in planned.items()}
+
+
+@pytest.mark.parametrize("seed", [3, 7])
+def test_competing_gangs_in_parallel_are_all_or_nothing_and_never_share_a_gpu(seed: int) -> None:
+    """Four gangs of 3 x 8 GPUs that each require one leaf, on two leaves of four nodes: their
+    members filter and bind from parallel clients, and one bind in seven names a node from an
+    outdated answer (as kube-scheduler does when a re-plan overtook its cycle)."""
+    rnd = random.Random(seed)
+    nodes = [{"name": f"n{i}", "labels": {LEAF: f"l{i // 4}"}, "gpus": "dgx-a100"} for i in range(8)]
+    groups = [{"namespace": "ml", "name": f"g{k}", "minMember": 3} for k in range(4)]
+    state = from_cluster(parse_cluster({"nodes": nodes, "podgroups": groups}))
+    ext = Extender(state, defaults.DEFAULT_LEVELS, clock=time.monotonic, backoff_s=(0.01, 0.05))
+    server = Server(ext, "127.0.0.1", 0)
+    server.start()
+    client = Client(server)
+    names = [n["name"] for n in nodes]
+    stale = [rnd.random() < 1 / 7 for _ in range(2000)]
+
+    def member(k: int, i: int) -> None:
+        name = f"g{k}-{i}"
+        pod = fk.pod(
+            "ml",
+            name,
+            8,
+            labels={"scheduling.x-k8s.io/pod-group": f"g{k}"},
+            annotations={"gputopo.io/required-topology": LEAF},
+        )
+        for attempt in range(150):
+            _, out = client.post("/filter", args(pod, names))
+            if out["NodeNames"]:
+                node = out["NodeNames"][0]
+                if stale[(k * 3 + i) * 150 % 2000 + attempt % 13]:
+                    node = names[(names.index(node) + 1 + attempt) % len(names)]
+                bind = {"PodName": name, "PodNamespace": "ml", "PodUID": "", "Node": node}
+                if client.post("/bind", bind)[1] == {"Error": ""}:
+                    return
+            time.sleep(0.005)
+
+    threads = [threading.Thread(target=member, args=(k, i)) for k in range(4) for i in range(3)]
+    rnd.shuffle(threads)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        server.stop()
+    held = state.held()
+    seen: set[tuple[str, int]] = set()
+    for node, gpus in held.values():
+        assert len(gpus) == 8
+        for g in gpus:
+            assert (node, g) not in seen, f"GPU {g} of {node} given twice"
+            seen.add((node, g))
+    per_gang: dict[str, set[str]] = {}
+    for pod, (node, _) in held.items():
+        per_gang.setdefault(pod.split("/")[1].split("-")[0], set()).add(node)
+    assert len(per_gang) == 2, "one gang per leaf"
+    for gang, where in per_gang.items():
+        members = [p for p in held if p.startswith(f"ml/{gang}-")]
+        assert len(members) == 3, f"{gang} is partly placed: {members}"
+        assert len({int(n[1:]) // 4 for n in where}) == 1, f"{gang} spans leaves"
+    assert len(ext.reservations) == 0
