@@ -30,6 +30,7 @@ def sim(*args: str, module: tuple[str, ...] = ("gputopo.sim",)) -> subprocess.Co
         (["--trace", str(TRACES / "openb_pod_list_multigpu50_slice.csv"), "--mode", "replay"], "no times"),
         (["--cluster", "/nonexistent/cluster.yaml"], "--cluster"),
         (["--plot", "/nonexistent/dir/out.png"], "does not exist"),
+        (["--plot", ""], "--plot: give a PNG file name"),
         (["--compute-s", "nan"], "--compute-s must be a positive number"),
         (["--mode", "fill"], "applies to pod lists"),
         (["--seed", "-1"], "--seed must be a non-negative integer"),
@@ -136,3 +137,15 @@ def test_progress_bar_on_request_goes_to_stderr() -> None:
     assert r.returncode == 0, r.stderr
     assert "kubelet-default" in r.stderr and "100%" in r.stderr
     assert json.loads(r.stdout)["results"][0]["pods"] >= 600  # stdout stays clean JSON
+
+
+def test_an_unwritable_plot_path_is_one_line_not_a_traceback() -> None:
+    """/proc exists, so the up-front check passes; saving the PNG fails after the run."""
+    r = sim(
+        "--trace", str(TRACES / "helios_jobs_slice.csv"), "--policies", "gputopo", "--plot", "/proc/x.png"
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert (
+        r.stderr.strip()
+        == "gputopo simulate: error: --plot /proc/x.png: cannot write: No such file or directory"
+    )

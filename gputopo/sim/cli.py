@@ -93,7 +93,7 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     if args.pods > MAX_PODS:
         raise UsageError(f"--pods must be at most {MAX_PODS:,}, got {args.pods:,}")
     comm = _comm(args)
-    if args.plot:
+    if args.plot is not None:  # `--plot ""` is a mistake to report, not "no plot"
         _check_plot_path(args.plot)
     cluster = _cluster(args.cluster)
     jobs, header, mode = _workload(args, cluster)
@@ -104,8 +104,11 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
         out.write(json.dumps(document(results, header, comm), indent=1) + "\n")
     else:
         out.write(render_table(results, header) + "\n")
-    if args.plot:
-        write_plot(results, args.plot, f"{header['workload']} on {header['cluster']}")
+    if args.plot is not None:
+        try:
+            write_plot(results, args.plot, f"{header['workload']} on {header['cluster']}")
+        except OSError as e:  # the folder exists (checked up front) but does not take the file
+            raise UsageError(f"--plot {args.plot}: cannot write: {e.strerror or e}") from None
         if not args.json:
             out.write(f"plot written to {args.plot}\n")
     return 0
@@ -141,6 +144,8 @@ def _check_plot_path(path: str) -> None:
     except PlotUnavailable as e:
         raise UsageError(str(e)) from None
     target = Path(path)
+    if not path.strip():
+        raise UsageError("--plot: give a PNG file name")
     if target.is_dir():
         raise UsageError(f"--plot {path}: is a directory")
     if not target.parent.exists():
