@@ -236,7 +236,9 @@ def _nic_legend(lines: Sequence[str]) -> dict[str, str]:
 
 
 def parse_topology(text: str, *, name: str = "topology") -> Topology:
-    """JSON or `topo -m` text, told apart by the first non-blank character."""
+    """JSON or `topo -m` text, told apart by the first non-blank character (after any byte
+    order mark a Windows editor left, which is not whitespace to str.strip)."""
+    text = text.removeprefix("\ufeff")
     if text.lstrip().startswith("{"):
         return parse_topology_json(text, name=name)
     return parse_topo_text(text, name=name)

@@ -204,6 +204,19 @@ def test_parse_topology_sniffs_format() -> None:
     assert parse_topology("  \n" + json.dumps(load_preset("rtx8000-4").to_dict())).n == 4
 
 
+def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:
+    """Files saved by Windows editors start with a BOM; it hid the `{` and the GPU0 header."""
+    bom = "\ufeff"
+    as_json = json.dumps(load_preset("rtx8000-4").to_dict())
+    as_text = format_topo_text(load_preset("rtx8000-4"))
+    for name, text in (("j.json", as_json), ("t.txt", as_text), ("crlf.txt", as_text.replace("\n", "\r\n"))):
+        path = tmp_path / name
+        path.write_bytes((bom + text).encode())
+        got, want = load_topology(str(path)), parse_topology(text, name=path.stem)
+        assert codes(got) == codes(want) == codes(load_preset("rtx8000-4"))
+        assert parse_topology(bom + text, name=path.stem).to_dict() == want.to_dict()
+
+
 # --- presets and load_topology ---
 
 
