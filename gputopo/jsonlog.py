@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
 from typing import Any
@@ -30,7 +31,21 @@ class JsonFormatter(logging.Formatter):
                 doc[f"{key}_" if key in doc else key] = value  # never overwrite ts/level/event
         if record.exc_info and record.exc_info[0] is not None:
             doc["error"] = f"{record.exc_info[0].__name__}: {record.exc_info[1]}"
-        return json.dumps(doc, default=str, separators=(",", ":"))
+        try:
+            return json.dumps(doc, default=str, separators=(",", ":"), allow_nan=False)
+        except ValueError:  # NaN/Infinity are not JSON; jq and log shippers drop such lines
+            return json.dumps(_finite(doc), default=str, separators=(",", ":"))
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every non-finite float spelled as a string ("nan", "inf", "-inf")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def setup(level: str = "info", stream: Any = None) -> None:
