@@ -22,6 +22,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from gputopo import jsonlog
+from gputopo.allocator import MAX_GPUS
 from gputopo.annotation import AnnotationError, decode
 from scheduler import defaults
 from scheduler.model import BadInput, NodeInfo, PodInfo, Snapshot, node_gpu_capacity, parse_pod
@@ -295,6 +296,10 @@ class KubeState:
             topo = decode(text, now=self.clock(), max_age_s=math.inf)
             if topo.node != name:
                 raise AnnotationError(f"annotation is for node {topo.node}")
+            if topo.topology.n > MAX_GPUS:  # the node allocator refuses it: count, don't crash
+                raise AnnotationError(
+                    f"{topo.topology.n} GPUs, more than the {MAX_GPUS} the allocator handles"
+                )
             return NodeInfo(name, labels, capacity, topo)
         except AnnotationError as e:
             return NodeInfo(name, labels, capacity, None, str(e))

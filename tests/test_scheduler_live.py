@@ -12,6 +12,7 @@ import pytest
 
 from gputopo.annotation import encode, make
 from gputopo.topofile import load_preset
+from gputopo.topology import Topology
 from scheduler.extender import Extender
 from scheduler.kube import KubeState
 from scheduler.server import Server
@@ -216,3 +217,34 @@ def test_a_reserved_member_deleted_gives_the_gangs_capacity_back_at_once(live) -
     assert len(ext.reservations) == 0 and "ml/g" not in ext.plans
     _, out = client.post("/filter", args(pods[0], names))
     assert "waiting for members 1/2" in out["FailedAndUnresolvableNodes"]["n0"]
+
+
+def test_a_node_publishing_more_gpus_than_the_allocator_handles_is_neutral_not_fatal(live, caplog) -> None:
+    """One node's annotation must not take the sidecar down: a 20-GPU node (the node allocator
+    is exact up to 16) is counted by its GPUs only, like an unknown topology."""
+    api, _state, _ext, start, _clock = live
+    n = 20
+    big = Topology.from_dict(
+        {
+            "name": "big",
+            "gpus": [{"index": i, "uuid": f"GPU-{i}", "model": "x", "numa": 0} for i in range(n)],
+            "links": [["X" if i == j else "SYS" for j in range(n)] for i in range(n)],
+        }
+    )
+    text = encode(make("n1", big, generated_at=NOW, plugin_version="0.1.0"))
+    api.put("nodes", fk.node("n1", {LEAF: "l1"}, gpus=n, annotations={KEY: text}))
+    api.put("nodes", fk.node("n2", {LEAF: "l1"}, annotations={KEY: annotation("n2")}))
+    caplog.set_level(logging.WARNING, logger="gputopo.scheduler")
+    client = start()
+    pod = fk.pod("ml", "p", 12)
+    api.put("pods", pod)
+    status, out = client.post("/filter", args(pod, ["n1", "n2"]))
+    assert status == 200 and out["NodeNames"] == ["n1"]
+    status, scores = client.post("/prioritize", args(pod, ["n1", "n2"]))
+    assert status == 200 and {h["Host"]: h["Score"] for h in scores}["n1"] == 5
+    warned = {
+        r.fields["node"]: r.fields["reason"] for r in caplog.records if r.getMessage() == "unknown_topology"
+    }
+    assert "16" in warned["n1"]
+    bind = {"PodName": "p", "PodNamespace": "ml", "PodUID": pod["metadata"]["uid"], "Node": "n1"}
+    assert client.post("/bind", bind) == (200, {"Error": ""})
