@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -128,7 +129,11 @@ class FileBackend:
     def _read_events(self) -> list[HealthEvent]:
         assert self.health_file is not None
         try:
-            with open(self.health_file, encoding="utf-8") as f:
+            # O_NONBLOCK: opening a FIFO would otherwise wait for a writer, and watching with it
+            fd = os.open(self.health_file, os.O_RDONLY | os.O_NONBLOCK)
+            with open(fd, encoding="utf-8") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(f"{self.health_file} is not a regular file")
                 data = json.load(f)
         except (OSError, ValueError, RecursionError) as e:  # ValueError: bad UTF-8 or JSON
             jsonlog.event(

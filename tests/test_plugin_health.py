@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import queue
 import shutil
 import threading
@@ -222,4 +223,22 @@ def test_rediscovered_topology_the_allocator_refuses_keeps_the_previous_one(fold
         assert watch.until(lambda lst: lst.get(uuids[1]) == "Healthy", timeout=5)[uuids[1]] == "Healthy"
         snap = daemon.store.current()
         assert snap.topology == before.topology and snap.allocator is before.allocator
+        watch.stream.cancel()
+
+
+def test_a_health_path_that_is_not_a_regular_file_never_blocks_watching(folder: Path) -> None:
+    """Opening a FIFO blocks until someone writes to it: the watcher must not try."""
+    health = folder / "health.json"
+    os.mkfifo(health)
+    with (
+        fake_kubelet(folder) as kubelet,
+        running_daemon(folder, "dgx1-v100", health_file=str(health)),
+        grpc.insecure_channel(f"unix://{folder / 'gputopo-gpu.sock'}") as channel,
+    ):
+        assert kubelet.wait(1, 10) is not None
+        watch = Watch(channel)
+        assert set(watch.next().values()) == {"Healthy"}
+        time.sleep(0.3)  # several polls of the FIFO
+        write_health(health, {"2": "Unhealthy"})
+        assert watch.until(lambda lst: lst[UUIDS[2]] == "Unhealthy")[UUIDS[2]] == "Unhealthy"
         watch.stream.cancel()
