@@ -149,3 +149,25 @@ def test_an_unwritable_plot_path_is_one_line_not_a_traceback() -> None:
         r.stderr.strip()
         == "gputopo simulate: error: --plot /proc/x.png: cannot write: No such file or directory"
     )
+
+
+def test_the_generator_sizes_jobs_and_load_by_the_free_gpus_of_a_cluster_file(tmp_path: Path) -> None:
+    """GPUs a snapshot lists as allocated stay taken for the whole run: the generator used to
+    count them, drawing 8- and 16-GPU jobs for nodes with 7 free (a third never started) and
+    offering its load against GPUs nobody could use."""
+    cl = tmp_path / "c.yaml"
+    cl.write_text(
+        "nodes:\n  - {name: a, gpus: hgx-h100, allocated: [0]}\n  - {name: b, gpus: hgx-h100, allocated: [0]}\n"
+    )
+    r = sim("--cluster", str(cl), "--pods", "300", "--policies", "gputopo", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert "14 free" in doc["run"]["cluster"]
+    res = doc["results"][0]
+    assert res["never_started"] == 0 and res["placed"] == res["jobs"]
+    full = tmp_path / "full.yaml"
+    full.write_text("nodes:\n  - {name: a, gpus: hgx-h100, allocated: [0, 1, 2, 3, 4, 5, 6, 7]}\n")
+    for args in ((), ("--trace", str(TRACES / "helios_jobs_slice.csv"))):
+        r = sim("--cluster", str(full), *args)
+        assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+        assert "every GPU of the cluster is allocated" in r.stderr

@@ -96,6 +96,8 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     if args.plot is not None:  # `--plot ""` is a mistake to report, not "no plot"
         _check_plot_path(args.plot)
     cluster = _cluster(args.cluster)
+    if not _usable(cluster):
+        raise UsageError(f"--cluster {args.cluster}: every GPU of the cluster is allocated; nothing can run")
     jobs, header, mode = _workload(args, cluster)
     config = RunConfig(mode=mode, seed=args.seed, comm=comm)
     total_pods = sum(len(j.pods) for j in jobs)
@@ -185,7 +187,7 @@ def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job],
                 f"--mode {args.mode} applies to pod lists (--trace); the generator always replays"
             )
         jobs = generate(
-            args.pods, capacity_gpus=cluster.capacity, load=load, rng=rng, max_gpus=_largest_job(cluster)
+            args.pods, capacity_gpus=_usable(cluster), load=load, rng=rng, max_gpus=_largest_job(cluster)
         )
         header["workload"] = f"generator (Helios sizes/durations), {args.pods:,} pods, load {load:g}"
         mode = "replay"
@@ -213,7 +215,7 @@ def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job],
                 for i, k in enumerate(order)
             ]
         if mode == "arrivals":
-            jobs = timed_arrivals(jobs, capacity_gpus=cluster.capacity, load=load, rng=rng)
+            jobs = timed_arrivals(jobs, capacity_gpus=_usable(cluster), load=load, rng=rng)
             mode = "replay"
             label = f"arrivals (shuffled, Poisson at load {load:g}, Alibaba default-list run times)"
         elif mode == "replay" and scale != 1.0:
@@ -228,9 +230,18 @@ def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job],
     return jobs, header, mode
 
 
+def _free(cluster: SimCluster) -> list[int]:
+    """GPUs per node the run can use: a snapshot's allocated GPUs stay taken throughout."""
+    return [cluster.topologies[n.topology].n - len(n.allocated) for n in cluster.nodes]
+
+
+def _usable(cluster: SimCluster) -> int:
+    return sum(_free(cluster))
+
+
 def _largest_job(cluster: SimCluster) -> int:
     """The biggest job the cluster can ever run: as many 8-GPU gang pods as fit, or one node."""
-    sizes = [cluster.topologies[n.topology].n for n in cluster.nodes]
+    sizes = _free(cluster)
     slots = sum(s // GANG_POD_GPUS for s in sizes)
     return GANG_POD_GPUS * slots if slots else max(sizes)
 
@@ -241,7 +252,9 @@ def _describe(cluster: SimCluster) -> str:
         name = cluster.topologies[node.topology].name
         counts[name] = counts.get(name, 0) + 1
     kinds = ", ".join(f"{v} x {k}" for k, v in counts.items())
-    return f"{len(cluster.nodes)} nodes / {cluster.capacity} GPUs ({kinds})"
+    usable = _usable(cluster)
+    free = f", {usable} free" if usable != cluster.capacity else ""
+    return f"{len(cluster.nodes)} nodes / {cluster.capacity} GPUs{free} ({kinds})"
 
 
 def _progress_factory(args: argparse.Namespace, err: TextIO, total: int) -> Callable[[str], Progress] | None:
