@@ -138,19 +138,26 @@ class _Handler(BaseHTTPRequestHandler):
             metrics.latency.labels(verb=name).observe(time.perf_counter() - start)
             metrics.requests.labels(verb=name, code=str(code)).inc()
 
+    def _length(self) -> int | None:
+        """Content-Length as a number; None when absent or not plain ASCII digits of a sane
+        length (`str.isdigit` also accepts "²", which `int` refuses)."""
+        length = (self.headers.get("Content-Length") or "").strip()
+        if not (0 < len(length) <= 18 and length.isascii() and length.isdigit()):
+            return None
+        return int(length)
+
     def _drain(self) -> None:
-        length = self.headers.get("Content-Length")
-        if length and length.isdigit() and int(length) <= self.server.max_body:
-            self.rfile.read(int(length))
+        length = self._length()
+        if length is not None and length <= self.server.max_body:
+            self.rfile.read(length)
         else:
             self.close_connection = True
 
     def _read_json(self) -> Any:
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
+        size = self._length()
+        if size is None:
             self.close_connection = True
-            raise BadInput("Content-Length is required")
-        size = int(length)
+            raise BadInput("Content-Length is required (a number of bytes)")
         if size > self.server.max_body:
             self.close_connection = True
             raise BadInput(f"request body of {size} bytes exceeds {self.server.max_body}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -479,3 +480,24 @@ def test_competing_gangs_in_parallel_are_all_or_nothing_and_never_share_a_gpu(se
         assert len(members) == 3, f"{gang} is partly placed: {members}"
         assert len({int(n[1:]) // 4 for n in where}) == 1, f"{gang} spans leaves"
     assert len(ext.reservations) == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "length", "status"),
+    [
+        ("/filter", b"\xb2", 400),  # "²": str.isdigit() says yes, int() says no
+        ("/bind", b"9" * 5000, 400),  # beyond int()'s 4,300-digit limit
+        ("/filter", b"-5", 400),
+        ("/nope", b"\xb2", 404),
+    ],
+)
+def test_a_content_length_that_is_not_a_number_is_a_clear_answer(serve, path, length, status) -> None:
+    client, _ = serve(cluster())
+    with socket.create_connection((client.host, client.port), timeout=5) as conn:
+        head = b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: " + length
+        conn.sendall(head + b"\r\n\r\n{}")
+        reply = http.client.HTTPResponse(conn)
+        reply.begin()
+        body = json.loads(reply.read())
+    assert reply.status == status and body["Error"]
+    assert client.raw("GET", "/healthz")[0] == 200
