@@ -162,9 +162,11 @@ class Publisher:
             return self.resync_s
         if now < self._retry_at:
             return self._retry_at - now
+        confirmed = True  # kubelet told us the GPUs in use just now
         try:
             self._in_use = ids_to_uuids(self.in_use())
         except PodResourcesError as e:
+            confirmed = False
             jsonlog.event(
                 log,
                 "podresources_failed",
@@ -179,6 +181,10 @@ class Publisher:
         changed = content != self._published
         if not changed and now - self._patched_at < self.heartbeat_s:
             return min(self.resync_s, self._patched_at + self.heartbeat_s - now)
+        if not changed and not confirmed:
+            # A heartbeat vouches that the in-use set is current; unconfirmed, let the
+            # annotation age so the sidecar stops trusting it.
+            return self.resync_s
         if now - self._patched_at < self.min_interval_s:
             return self._patched_at + self.min_interval_s - now  # coalesce: the newest wins later
         _, unhealthy, allocated = content

@@ -212,3 +212,22 @@ def test_a_poke_looks_again_once_kubelet_has_recorded_the_allocation() -> None:
     pub.sync(20.0 + delay)
     assert len(api.bodies) == 2 and api.last().allocated == {3}
     assert pub.sync(21.0 + delay) > 2.0, "after the second look, back to the resync period"
+
+
+def test_no_heartbeat_while_podresources_is_down() -> None:
+    """A heartbeat says 'this is current'. While kubelet's PodResources cannot be read, the GPUs
+    in use are not known to be current, so the annotation must be left to go stale (the sidecar
+    then falls back to counting) instead of re-stamping the last known set as fresh."""
+    api = RecordingAPI()
+    in_use: list = [{UUIDS[1]}]
+    pub = publisher(api, in_use)
+    pub.update(snapshot())
+    pub.sync(0.0)
+    assert len(api.bodies) == 1
+    in_use[0] = PodResourcesError("kubelet down")
+    for t in (300.0, 600.0, 1200.0):
+        pub.sync(t)
+    assert len(api.bodies) == 1, "no heartbeat on an in-use set kubelet could not confirm"
+    in_use[0] = {UUIDS[1]}
+    pub.sync(1201.0)
+    assert len(api.bodies) == 2 and api.last().allocated == {1}, "heartbeat again once confirmed"
