@@ -138,8 +138,18 @@ def parse_pod(raw: Any, resource: str = defaults.RESOURCE_NAME) -> PodInfo:
     labels = _str_map(meta.get("labels"), "Pod.metadata.labels")
     annotations = _str_map(meta.get("annotations"), "Pod.metadata.annotations")
     main = sum(_container_gpus(spec.get("containers"), "Pod.spec.containers", resource))
-    init = max(_container_gpus(spec.get("initContainers"), "Pod.spec.initContainers", resource), default=0)
-    gpus = max(main, init)
+    inits = spec.get("initContainers")
+    init_gpus = _container_gpus(inits, "Pod.spec.initContainers", resource)
+    # As Kubernetes counts: an init container runs alone (beside the sidecars started before it);
+    # a sidecar (restartPolicy: Always) keeps running beside everything after it, the app included.
+    sidecars = peak = 0
+    for c, g in zip(inits or [], init_gpus, strict=True):
+        if c.get("restartPolicy") == "Always":
+            sidecars += g
+            peak = max(peak, sidecars)
+        else:
+            peak = max(peak, sidecars + g)
+    gpus = max(main + sidecars, peak)
     if gpus > defaults.MAX_GPUS_PER_POD:
         raise BadInput(f"Pod asks for {gpus} GPUs, more than {defaults.MAX_GPUS_PER_POD}")
     node = spec.get("nodeName") or ""

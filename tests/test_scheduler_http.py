@@ -501,3 +501,23 @@ def test_a_content_length_that_is_not_a_number_is_a_clear_answer(serve, path, le
         body = json.loads(reply.read())
     assert reply.status == status and body["Error"]
     assert client.raw("GET", "/healthz")[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("init", "needs"),
+    [
+        ([{"gpus": "4"}], 4),  # an init container runs alone: the larger of it and the app
+        ([{"gpus": "1", "restartPolicy": "Always"}], 3),  # a sidecar runs beside the app: summed
+        ([{"gpus": "1", "restartPolicy": "Always"}, {"gpus": "3"}], 4),  # init after a sidecar
+    ],
+)
+def test_init_and_sidecar_containers_count_as_kubernetes_counts_them(serve, init, needs) -> None:
+    client, _ = serve(cluster())
+    pod = fk.pod("ml", "p", 2)
+    pod["spec"]["initContainers"] = [
+        {"name": f"i{k}", "resources": {"limits": {"nvidia.com/gpu": c["gpus"]}}}
+        | ({"restartPolicy": c["restartPolicy"]} if "restartPolicy" in c else {})
+        for k, c in enumerate(init)
+    ]
+    _, out = client.post("/filter", args(pod, ["a1"]))
+    assert out["FailedNodes"] == {"a1": f"needs {needs} GPUs, 2 free"}
