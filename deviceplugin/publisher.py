@@ -64,6 +64,7 @@ class Publisher:
         heartbeat_s: float = 300.0,
         backoff_s: tuple[float, float] = (1.0, 60.0),
         settle_s: float = 1.0,
+        request_timeout_s: float = 10.0,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -79,6 +80,7 @@ class Publisher:
         self.heartbeat_s = heartbeat_s
         self.backoff_s = backoff_s
         self.settle_s = settle_s
+        self.request_timeout_s = request_timeout_s
         self.monotonic = monotonic
         self.wall = wall
         self._lock = threading.Lock()
@@ -200,7 +202,13 @@ class Publisher:
         )
         body = {"metadata": {"annotations": {self.annotation_key: text}}}
         try:
-            self.api.patch_node(self.node_name, body, _content_type="application/merge-patch+json")
+            self.api.patch_node(
+                self.node_name,
+                body,
+                _content_type="application/merge-patch+json",
+                # the client's default is to wait forever: one silent API server would freeze us
+                _request_timeout=self.request_timeout_s,
+            )
         except Exception as e:
             status = getattr(e, "status", None)
             jsonlog.event(

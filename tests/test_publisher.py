@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from typing import Any
 
@@ -231,3 +233,27 @@ def test_no_heartbeat_while_podresources_is_down() -> None:
     in_use[0] = {UUIDS[1]}
     pub.sync(1201.0)
     assert len(api.bodies) == 2 and api.last().allocated == {1}, "heartbeat again once confirmed"
+
+
+def test_an_api_server_that_never_answers_costs_one_timeout_not_the_publisher() -> None:
+    """The official client waits forever by default; a black-holed API server must not freeze
+    publication (and the plugin's shutdown) for good."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # connections are accepted by the kernel and never answered
+    try:
+        cfg = client.Configuration()
+        cfg.host = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        pub = Publisher(
+            "node-a",
+            client.CoreV1Api(client.ApiClient(cfg)),
+            lambda: frozenset(),
+            request_timeout_s=0.5,
+        )
+        pub.update(snapshot())
+        done = threading.Event()
+        threading.Thread(target=lambda: (pub.sync(0.0), done.set()), daemon=True).start()
+        assert done.wait(5), "patch_node is still waiting on a silent API server"
+        assert pub.failures == 1 and pub.patches == 0
+    finally:
+        listener.close()
