@@ -50,8 +50,14 @@ def _duplicates(ids: Sequence[str]) -> list[str]:
     return dups
 
 
+def _clip(device_id: str, width: int = 64) -> str:
+    """Real IDs are at most 63 characters; anything longer is cut so the reason still fits the
+    client's 8 KiB limit on gRPC trailers (past it the client sees RESOURCE_EXHAUSTED instead)."""
+    return device_id if len(device_id) <= width else f"{device_id[:width]}... ({len(device_id)} chars)"
+
+
 def _short(ids: Sequence[str], limit: int = 4) -> str:
-    shown = ", ".join(ids[:limit])
+    shown = ", ".join(_clip(i) for i in ids[:limit])
     return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
 
 

@@ -379,3 +379,16 @@ def test_a_rejected_multi_container_request_counts_nothing_as_ok(daemon, stub) -
         value("gputopo_preferred_allocation_seconds_count"),
     )
     assert after == before
+
+
+def test_a_huge_device_id_gets_a_short_invalid_argument(stub) -> None:
+    """The reason travels in gRPC trailers (8 KiB by default on the client): quoting a 10,000-char
+    ID whole turned INVALID_ARGUMENT into an unreadable RESOURCE_EXHAUSTED 'Stream removed'."""
+    huge = "GPU-" + "f" * 10_000
+    alloc = api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[huge])])
+    err = rpc_error(lambda: stub.Allocate(alloc, timeout=5))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+    assert "unknown device IDs GPU-fff" in err.details() and len(err.details()) < 300
+    err = rpc_error(lambda: prefer(stub, UUIDS, 2, must=[huge]))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+    assert "not among available_deviceIDs" in err.details() and len(err.details()) < 300
