@@ -406,7 +406,7 @@ class Extender:
                 raise BindError(f"pod {key} has no reservation in gang {gang}'s plan; filter it again")
             gpus = r.gpus if r is not None else self._pick(views.get(node), pod.gpus, node)
             self.reservations.release_pod(key)
-            self._assumed[key] = Assumed(key, node, gpus, pod.gpus, now)
+            self._assumed[key] = Assumed(key, node, gpus, pod.gpus, now, pod.uid)
             self._assumed_version += 1
             self._binding.add(key)
         try:
@@ -463,6 +463,8 @@ def _caught_up(snap: Snapshot, a: Assumed) -> bool:
     """An assumed bind is no longer needed once the watch shows the pod bound and the node's
     annotation was written after the bind (or the node has no annotation to wait for)."""
     pod = snap.pods.get(a.pod)
+    if pod is not None and a.uid and pod.uid and pod.uid != a.uid:
+        return True  # deleted and recreated under the same name: the old bind is history
     if pod is None or not pod.node:
         return pod is None
     info = snap.nodes.get(a.node)

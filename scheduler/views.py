@@ -27,6 +27,7 @@ class Assumed:
     gpus: tuple[int, ...]
     count: int
     at: float
+    uid: str = ""  # the pod's UID: a pod recreated under the same name is another pod
 
 
 def _take(alloc: Allocator | None, free: set[int], count: int) -> set[int]:

@@ -521,3 +521,23 @@ def test_init_and_sidecar_containers_count_as_kubernetes_counts_them(serve, init
     ]
     _, out = client.post("/filter", args(pod, ["a1"]))
     assert out["FailedNodes"] == {"a1": f"needs {needs} GPUs, 2 free"}
+
+
+def test_a_pod_recreated_under_the_same_name_is_a_new_pod(serve) -> None:
+    """Jobs recreate failed workers under the same name: what the sidecar remembers of the old
+    pod's bind (until the node's annotation catches up) must not answer for the new one."""
+    state = cluster(podgroups=[{"namespace": "ml", "name": "g1", "minMember": 1}])
+    client, _ = serve(state)
+    old = gang_pod("w-0")
+    _, out = client.post("/filter", args(old, ALL))
+    (first,) = out["NodeNames"]
+    bind = {"PodName": "w-0", "PodNamespace": "ml", "PodUID": old["metadata"]["uid"], "Node": first}
+    assert client.post("/bind", bind) == (200, {"Error": ""})
+    state.delete_pod("ml/w-0")
+    new = gang_pod("w-0")
+    new["metadata"]["uid"] = "uid-second"
+    _, out = client.post("/filter", args(new, ALL))
+    assert len(out["NodeNames"]) == 1, out["FailedAndUnresolvableNodes"]
+    (second,) = out["NodeNames"]
+    assert client.post("/bind", {**bind, "PodUID": "uid-second", "Node": second}) == (200, {"Error": ""})
+    assert state.held()["ml/w-0"][0] == second, "the new pod was really bound"
