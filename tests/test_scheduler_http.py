@@ -541,3 +541,15 @@ def test_a_pod_recreated_under_the_same_name_is_a_new_pod(serve) -> None:
     (second,) = out["NodeNames"]
     assert client.post("/bind", {**bind, "PodUID": "uid-second", "Node": second}) == (200, {"Error": ""})
     assert state.held()["ml/w-0"][0] == second, "the new pod was really bound"
+
+
+def test_a_planned_node_that_goes_away_releases_the_whole_plan_at_once(serve) -> None:
+    state = cluster(podgroups=[{"namespace": "ml", "name": "g1", "minMember": 2}])
+    client, ext = serve(state)
+    for name in ("w-0", "w-1"):
+        client.post("/filter", args(gang_pod(name), ALL))
+    assert len(ext.reservations) == 2
+    state.remove_node("a4")
+    _, out = client.post("/filter", args(fk.pod("ml", "solo", 8), ["a3"]))
+    assert out["NodeNames"] == ["a3"], "a3 is no longer held for a gang that cannot use it as planned"
+    assert len(ext.reservations) == 0 and "ml/g1" not in ext.plans
