@@ -122,7 +122,7 @@ class Daemon:
         if self.store is not None:
             self.store.close()
         if self.server is not None:
-            self.server.stop()
+            self.server.close()
         self.metrics.stop()
         self.backend.close()
         jsonlog.event(log, "stopped", socket=self.config.socket_path, reason="shutdown requested")

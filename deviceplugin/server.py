@@ -55,6 +55,10 @@ class PluginServer:
         self._service: DevicePluginService | None = None
         self._stopping = threading.Event()
         self._socket_id: FileId | None = None
+        # start/stop/restart come from the folder watcher and from shutdown at once: one at a
+        # time, and nothing starts again after close()
+        self._lifecycle = threading.RLock()
+        self._closed = False
         self.generation = 0
 
     @property
@@ -65,6 +69,12 @@ class PluginServer:
         return self._service.watchers if self._service is not None else 0
 
     def start(self) -> None:
+        with self._lifecycle:
+            if self._closed:
+                raise ServerError(f"server on {self.path} was stopped for good; not serving again")
+            self._start()
+
+    def _start(self) -> None:
         folder = self._config.kubelet_dir
         try:
             os.makedirs(folder, exist_ok=True)
@@ -134,6 +144,16 @@ class PluginServer:
 
     def stop(self, grace: float = 1.0) -> None:
         """End streams, stop serving, remove our socket (only if it is still ours)."""
+        with self._lifecycle:
+            self._stop(grace)
+
+    def close(self, grace: float = 1.0) -> None:
+        """The final stop: a restart racing it (the folder watcher) can no longer serve."""
+        with self._lifecycle:
+            self._closed = True
+            self._stop(grace)
+
+    def _stop(self, grace: float) -> None:
         self._stopping.set()
         server, self._server = self._server, None
         if server is not None:
@@ -146,5 +166,6 @@ class PluginServer:
         self._socket_id = None
 
     def restart(self) -> None:
-        self.stop(grace=0.5)
-        self.start()
+        with self._lifecycle:
+            self.stop(grace=0.5)
+            self.start()

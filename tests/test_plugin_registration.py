@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,3 +133,31 @@ def test_recovers_once_a_blocking_file_is_gone(folder: Path) -> None:
         reg = kubelet.wait(2, 5)
         assert reg is not None, kubelet.refusals
         assert len(first_list(sock)) == 4
+
+
+def test_a_restart_racing_shutdown_never_serves_again(folder: Path) -> None:
+    """The folder watcher may be re-serving (kubelet just deleted our socket) when shutdown stops
+    the server; a restart that lands after the final stop must not leave a socket behind."""
+    sock = folder / "gputopo-gpu.sock"
+    done = threading.Event()
+    with fake_kubelet(folder) as kubelet:
+        with running_daemon(folder, "rtx8000-4") as daemon:
+            assert kubelet.wait(1, 10) is not None
+            server = daemon.server
+
+            def keep_restarting() -> None:  # what KubeletWatcher.step does when the socket is gone
+                while not done.is_set():
+                    try:
+                        server.restart()
+                    except ServerError:
+                        pass
+
+            racer = threading.Thread(target=keep_restarting, daemon=True)
+            racer.start()
+            time.sleep(0.2)
+        time.sleep(0.3)  # the daemon has stopped; the racer keeps trying
+        done.set()
+        racer.join(5)
+        assert not sock.exists(), "a server was started after the final stop"
+        with pytest.raises(ServerError, match="stopped"):
+            server.start()
