@@ -248,3 +248,37 @@ def test_a_node_publishing_more_gpus_than_the_allocator_handles_is_neutral_not_f
     assert "16" in warned["n1"]
     bind = {"PodName": "p", "PodNamespace": "ml", "PodUID": pod["metadata"]["uid"], "Node": "n1"}
     assert client.post("/bind", bind) == (200, {"Error": ""})
+
+
+def test_a_reservation_expiring_while_a_member_is_mid_bind(live) -> None:
+    """The gang's plan lapses while one member's binding is in flight: that member's GPUs stay
+    taken (no one else is offered them), nothing of the lapsed plan leaks, and the rest of the
+    gang is planned again around it."""
+    api, _state, ext, start, clock = live
+    pods = two_leaves_and_a_gang(api, 2, 2)
+    client = start()
+    names = [f"n{i}" for i in range(4)]
+    planned = {}
+    for p in pods:
+        _, out = client.post("/filter", args(p, names))
+        planned[p["metadata"]["name"]] = out["NodeNames"][0]
+    api.bind_gate = threading.Event()
+    done: dict[str, tuple[int, dict]] = {}
+    t = threading.Thread(target=lambda: done.update(b=client.post("/bind", bind_body("g-1", planned["g-1"]))))
+    t.start()
+    try:
+        wait_until(lambda: ("bind", "ml/g-1") in api.requests)
+        clock[0] += ext.ttl_s + 1
+        _, out = client.post("/filter", args(fk.pod("ml", "solo", 8), names))
+        assert planned["g-1"] not in out["NodeNames"], "the in-flight member's GPUs stay taken"
+        assert planned["g-0"] in out["NodeNames"], "the lapsed reservation of g-0 is released"
+        assert len(ext.reservations) == 0 and "ml/g" not in ext.plans
+    finally:
+        api.bind_gate.set()
+        t.join()
+    assert done["b"] == (200, {"Error": ""})
+    _, out = client.post("/filter", args(pods[0], names))
+    (node,) = out["NodeNames"]
+    assert int(node[1:]) // 2 == int(planned["g-1"][1:]) // 2, "re-planned in the bound member's leaf"
+    assert client.post("/bind", bind_body("g-0", node)) == (200, {"Error": ""})
+    assert len(ext.reservations) == 0
