@@ -182,6 +182,7 @@ class KubeState:
         max_age_s: float = defaults.ANNOTATION_MAX_AGE_S,
         watch_timeout_s: int = 300,
         backoff_s: tuple[float, float] = (0.5, 30.0),
+        bind_timeout_s: float = 30.0,
     ) -> None:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
@@ -189,6 +190,8 @@ class KubeState:
         self.resource = resource
         self.annotation_key = annotation_key
         self.max_age_s = max_age_s
+        # A binding call that hangs would hold the pod "in progress" for ever: bound it.
+        self.bind_timeout_s = bind_timeout_s
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeInfo] = {}
         self._pods: dict[str, PodInfo] = {}
@@ -446,7 +449,13 @@ class KubeState:
         )
         try:
             _raw(
-                self.core.create_namespaced_pod_binding(pod.name, pod.namespace, body, _preload_content=False)
+                self.core.create_namespaced_pod_binding(
+                    pod.name,
+                    pod.namespace,
+                    body,
+                    _preload_content=False,
+                    _request_timeout=self.bind_timeout_s,
+                )
             )
         except ApiException as e:
             if e.status == 409 and self._bound_to(pod, node):
@@ -457,7 +466,11 @@ class KubeState:
 
     def _bound_to(self, pod: PodInfo, node: str) -> bool:
         try:
-            raw = _raw(self.core.read_namespaced_pod(pod.name, pod.namespace, _preload_content=False))
+            raw = _raw(
+                self.core.read_namespaced_pod(
+                    pod.name, pod.namespace, _preload_content=False, _request_timeout=self.bind_timeout_s
+                )
+            )
         except Exception:
             return False
         return (raw.get("spec") or {}).get("nodeName") == node

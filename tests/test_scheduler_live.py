@@ -282,3 +282,36 @@ def test_a_reservation_expiring_while_a_member_is_mid_bind(live) -> None:
     assert int(node[1:]) // 2 == int(planned["g-1"][1:]) // 2, "re-planned in the bound member's leaf"
     assert client.post("/bind", bind_body("g-0", node)) == (200, {"Error": ""})
     assert len(ext.reservations) == 0
+
+
+def test_a_binding_call_that_hangs_is_bounded_and_the_pod_can_be_bound_again() -> None:
+    """An API server that never answers a binding must not leave the pod 'in progress' for
+    ever: the call times out, kube-scheduler's retry goes through (409 there: success)."""
+    with fk.running() as (api, _, api_client):
+        clock = [NOW]
+        state = KubeState(
+            api_client, clock=lambda: clock[0], watch_timeout_s=5, backoff_s=(0.05, 0.2), bind_timeout_s=0.5
+        )
+        ext = Extender(state, clock=lambda: clock[0])
+        server = Server(ext, "127.0.0.1", 0)
+        api.put("nodes", fk.node("n1", {LEAF: "l1"}, annotations={KEY: annotation("n1")}))
+        pod = fk.pod("ml", "p", 2)
+        api.put("pods", pod)
+        state.start()
+        try:
+            wait_until(state.ready)
+            server.start()
+            client = Client(server)
+            client.post("/filter", args(pod, ["n1"]))
+            api.bind_gate = threading.Event()
+            bind = {"PodName": "p", "PodNamespace": "ml", "PodUID": pod["metadata"]["uid"], "Node": "n1"}
+            status, out = client.post("/bind", bind)
+            assert status == 200 and "binding failed" in out["Error"]
+            api.bind_gate.set()  # the API server finishes the first binding after all
+            wait_until(lambda: api.bindings == [("ml/p", "n1")])
+            assert client.post("/bind", bind) == (200, {"Error": ""})
+        finally:
+            if api.bind_gate is not None:
+                api.bind_gate.set()
+            server.stop()
+            state.stop()
