@@ -23,6 +23,7 @@ def sim(*args: str, module: tuple[str, ...] = ("gputopo.sim",)) -> subprocess.Co
     ("args", "message"),
     [
         (["--pods", "0"], "--pods must be positive"),
+        (["--pods", "two"], "argument --pods: invalid int value"),  # was usage + message
         (["--policies", "gputopo,fifo"], "unknown policy 'fifo'"),
         (["--policies", "gputopo,gputopo"], "listed twice"),
         (["--load", "-1"], "--load must be a positive number"),

@@ -10,7 +10,7 @@ import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 import numpy as np
 
@@ -279,16 +279,22 @@ def _progress_factory(args: argparse.Namespace, err: TextIO, total: int) -> Call
     return factory
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one line (not usage + message), like `gputopo`."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m gputopo.sim` until (and besides) the `gputopo simulate` dispatcher."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gputopo simulate",
         description="replay a workload through gputopo and the allocators people run today",
     )
     add_arguments(parser)
-    args = parser.parse_args(argv)
     try:
-        return run(args)
+        return run(parser.parse_args(argv))
     except UsageError as e:
         print(f"gputopo simulate: error: {e}", file=sys.stderr)
         return 2
