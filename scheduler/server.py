@@ -88,6 +88,20 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug(format, *args)
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """What http.server itself refuses (malformed request line, unknown method, headers too
+        long) gets the same JSON shape as everything else, not its HTML page."""
+        reason = message or self.responses.get(code, ("error",))[0]
+        jsonlog.event(log, "bad_request", logging.WARNING, code=code, reason=reason)
+        body = orjson.dumps({"Error": reason})
+        self.send_response(code, message)
+        self.send_header("Connection", "close")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
     def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
         self.send_response(code)
         self.send_header("Content-Type", ctype)

@@ -553,3 +553,22 @@ def test_a_planned_node_that_goes_away_releases_the_whole_plan_at_once(serve) ->
     _, out = client.post("/filter", args(fk.pod("ml", "solo", 8), ["a3"]))
     assert out["NodeNames"] == ["a3"], "a3 is no longer held for a gang that cannot use it as planned"
     assert len(ext.reservations) == 0 and "ml/g1" not in ext.plans
+
+
+@pytest.mark.parametrize(
+    ("request_line", "status"),
+    [
+        (b"PUT /filter HTTP/1.1", 501),  # methods the extender does not serve
+        (b"DELETE /bind HTTP/1.1", 501),
+        (b"POST /filter HTTP/1.1\r\nX: " + b"x" * 70_000, 431),  # a header line over http.server's limit
+    ],
+)
+def test_what_http_server_itself_refuses_is_json_too(serve, request_line: bytes, status: int) -> None:
+    client, _ = serve(cluster())
+    with socket.create_connection((client.host, client.port), timeout=5) as conn:
+        conn.sendall(request_line + b"\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        reply = http.client.HTTPResponse(conn)
+        reply.begin()
+        body = reply.read()
+    assert reply.status == status and reply.getheader("Content-Type") == "application/json"
+    assert json.loads(body)["Error"]
