@@ -392,3 +392,27 @@ def test_a_huge_device_id_gets_a_short_invalid_argument(stub) -> None:
     err = rpc_error(lambda: prefer(stub, UUIDS, 2, must=[huge]))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
     assert "not among available_deviceIDs" in err.details() and len(err.details()) < 300
+
+
+@pytest.mark.parametrize(
+    ("method", "raw"),
+    [
+        ("/v1beta1.DevicePlugin/Allocate", b"\x0a\x03\x0a\x01\xff"),  # devices_ids = b"\xff": not UTF-8
+        ("/v1beta1.DevicePlugin/GetPreferredAllocation", b"\x0a\x03\x0a\x01\xff"),
+        ("/v1beta1.DevicePlugin/ListAndWatch", b"\xff\xff\xff"),  # not protobuf at all
+        ("/gputopo.status.v1.Status/GetStatus", b"\xff\xff\xff"),
+    ],
+)
+def test_undecodable_requests_are_invalid_argument(folder: Path, stub, method: str, raw: bytes) -> None:
+    """Protobuf refuses a string field that is not UTF-8; gRPC's own answer to that is INTERNAL
+    'Exception deserializing request!' with a traceback in our log."""
+    with grpc.insecure_channel(f"unix://{folder / 'gputopo-gpu.sock'}") as channel:
+        call = (
+            channel.unary_stream(method) if method.endswith("ListAndWatch") else channel.unary_unary(method)
+        )
+        err = rpc_error(
+            lambda: list(call(raw, timeout=5)) if method.endswith("ListAndWatch") else call(raw, timeout=5)
+        )
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+    assert "not a valid" in err.details()
+    assert len(prefer(stub, UUIDS, 2)) == 2
