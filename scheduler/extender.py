@@ -418,6 +418,7 @@ class Extender:
                     self._assumed_version += 1
                 if gang is not None:
                     self._drop_plan(gang, f"bind of {key} on {node} failed: {e}")
+                    self._replan_partial(pod, gang)
             self.metrics.binds.labels(result="failed").inc()
             jsonlog.event(log, "bind", logging.WARNING, pod=key, node=node, result="failed", reason=str(e))
             raise
@@ -445,6 +446,16 @@ class Extender:
                         members=len(plan.placements),
                         reason="every planned member is bound",
                     )
+
+    def _replan_partial(self, pod: PodInfo, gang: str) -> None:
+        """A gang with members already bound re-plans the rest at once (caller holds the lock):
+        released at the next member filter, its capacity could go to another pod in between and
+        strand the bound members where the rest no longer fits."""
+        now = self.clock()
+        snap, views = self._current(now)
+        members = self._members(gang, snap)
+        if pod.gpus > 0 and any(m.node or m.key in self._assumed for m in members):
+            self._gang_decision(pod, snap, views, now)
 
     def _pick(self, view: NodeView | None, size: int, node: str) -> tuple[int, ...]:
         if view is None or size == 0:

@@ -16,8 +16,9 @@ import pytest
 from gputopo.cluster import parse_cluster
 from scheduler import defaults
 from scheduler.extender import Extender
+from scheduler.model import PodInfo
 from scheduler.server import Server
-from scheduler.state import FileState, from_cluster
+from scheduler.state import BindError, FileState, from_cluster
 from tests import fake_apiserver as fk
 
 LEAF = "network.topology.nvidia.com/leaf"
@@ -572,3 +573,45 @@ def test_what_http_server_itself_refuses_is_json_too(serve, request_line: bytes,
         body = reply.read()
     assert reply.status == status and reply.getheader("Content-Type") == "application/json"
     assert json.loads(body)["Error"]
+
+
+class _FailOnce(FileState):
+    """A snapshot-file cluster whose first bind of `pod` is refused (an API server hiccup)."""
+
+    fail: str = ""
+
+    def bind(self, pod: PodInfo, node: str, gpus: tuple[int, ...]) -> None:
+        if pod.key == self.fail:
+            self.fail = ""
+            raise BindError(f"injected: binding {pod.key} refused")
+        super().bind(pod, node, gpus)
+
+
+def test_a_member_failing_after_others_bound_keeps_the_gangs_capacity(serve) -> None:
+    """A refused bind after another member bound must not hand the gang's capacity to others:
+    w-0 is bound in leaf-2, so the rest of the gang can only go there (required), and a single
+    pod asking in between must not take the last 8 free GPUs of that leaf."""
+    state = cluster(podgroups=[{"namespace": "ml", "name": "g1", "minMember": 2}])
+    state.__class__ = _FailOnce
+    client, ext = serve(state)
+    pods = [gang_pod(f"w-{i}") for i in range(2)]
+    for p in pods:
+        p["metadata"]["annotations"]["gputopo.io/required-topology"] = LEAF
+    planned = {}
+    for p in pods + pods:
+        _, out = client.post("/filter", args(p, ALL))
+        if out["NodeNames"]:
+            planned[p["metadata"]["name"]] = out["NodeNames"][0]
+    bind = {"PodName": "w-0", "PodNamespace": "ml", "PodUID": "", "Node": planned["w-0"]}
+    assert client.post("/bind", bind) == (200, {"Error": ""})
+    state.fail = "ml/w-1"
+    _, out = client.post("/bind", {**bind, "PodName": "w-1", "Node": planned["w-1"]})
+    assert "injected" in out["Error"]
+    _, out = client.post("/filter", args(fk.pod("ml", "solo", 8), ALL))
+    assert planned["w-1"] not in out["NodeNames"], "the failed member's place is held for it"
+    solo = {"PodName": "solo", "PodNamespace": "ml", "PodUID": "", "Node": out["NodeNames"][0]}
+    assert client.post("/bind", solo) == (200, {"Error": ""})
+    _, out = client.post("/filter", args(pods[1], ALL))
+    assert out["NodeNames"] == [planned["w-1"]]
+    assert client.post("/bind", {**bind, "PodName": "w-1", "Node": planned["w-1"]}) == (200, {"Error": ""})
+    assert len(ext.reservations) == 0
