@@ -20,6 +20,7 @@ from deviceplugin.registration import KubeletWatcher, RegistrationInfo
 from deviceplugin.server import PluginServer
 from deviceplugin.state import Listener, SnapshotStore, make_snapshot
 from gputopo import jsonlog
+from gputopo.topology import TopologyError
 
 log = logging.getLogger("deviceplugin.daemon")
 
@@ -87,7 +88,10 @@ class Daemon:
         cfg = self.config
         topology = self.backend.discover()
         recovery = cfg.health_recovery_seconds or None
-        tracker = HealthTracker([g.uuid for g in topology.gpus], cfg.ignored_xids, recovery, self._clock)
+        try:
+            tracker = HealthTracker([g.uuid for g in topology.gpus], cfg.ignored_xids, recovery, self._clock)
+        except ValueError as e:  # a GPU named like the tracker's all-GPUs marker: the topology is bad
+            raise TopologyError(f"{topology.name}: {e}") from None
         self.store = SnapshotStore(make_snapshot(1, topology, tracker.state()))
         for listener in self._pending_listeners:
             self.store.add_listener(listener)

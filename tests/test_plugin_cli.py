@@ -16,6 +16,7 @@ import pytest
 from deviceplugin import defaults
 from deviceplugin.config import ConfigError, PluginConfig, load_config
 from deviceplugin.status_client import fetch_status
+from gputopo.topofile import load_preset
 from tests.kubelet_fake import eventually, fake_kubelet, short_tmpdir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -280,3 +281,17 @@ def test_relative_kubelet_dir_is_served_and_registered(folder: Path) -> None:
             _, err = proc.communicate()
         assert "Traceback" not in err.decode()
     assert not sock.exists()
+
+
+def test_topology_with_a_reserved_uuid_exits_2(folder: Path) -> None:
+    """'*' means 'every GPU' in health events; a topology file naming a GPU so is a bad value."""
+    doc = load_preset("rtx8000-4").to_dict()
+    doc["gpus"][1]["uuid"] = "*"
+    bad = folder / "topo.json"
+    bad.write_text(json.dumps(doc))
+    proc = plugin("--kubelet-dir", str(folder), "--topology", str(bad), "--metrics-port", "0")
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2, err.decode()
+    last = err.decode().splitlines()[-1]
+    assert last.startswith("deviceplugin: error: topology:") and "reserved" in last
+    assert not (folder / defaults.SOCKET_NAME).exists()
