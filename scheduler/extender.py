@@ -387,7 +387,7 @@ class Extender:
             if node not in snap.nodes:
                 raise BadInput(f"node {node} is unknown")
             if key in self._binding:
-                raise BindError(f"a bind of {key} is already in progress")
+                raise self._refused(key, node, f"a bind of {key} is already in progress")
             bound_to = pod.node or (self._assumed[key].node if key in self._assumed else "")
             if bound_to:
                 if bound_to == node:
@@ -400,10 +400,14 @@ class Extender:
             # (a re-plan happened meanwhile): refuse it and keep the plan, whose capacity would
             # otherwise go to other gangs while members of this one are already bound.
             if r is not None and r.node != node:
-                raise BindError(f"gang {r.gang} planned {key} on {r.node}, not {node}; filter it again")
+                raise self._refused(
+                    key, node, f"gang {r.gang} planned {key} on {r.node}, not {node}; filter it again"
+                )
             if r is None and gang is not None and pod.gpus > 0:
                 # all or nothing: without a reservation the rest of the gang may no longer fit
-                raise BindError(f"pod {key} has no reservation in gang {gang}'s plan; filter it again")
+                raise self._refused(
+                    key, node, f"pod {key} has no reservation in gang {gang}'s plan; filter it again"
+                )
             gpus = r.gpus if r is not None else self._pick(views.get(node), pod.gpus, node)
             self.reservations.release_pod(key)
             self._assumed[key] = Assumed(key, node, gpus, pod.gpus, now, pod.uid)
@@ -446,6 +450,12 @@ class Extender:
                         members=len(plan.placements),
                         reason="every planned member is bound",
                     )
+
+    def _refused(self, key: str, node: str, reason: str) -> BindError:
+        """A bind refused before any API call, logged and counted like a failed one."""
+        self.metrics.binds.labels(result="failed").inc()
+        jsonlog.event(log, "bind", logging.WARNING, pod=key, node=node, result="refused", reason=reason)
+        return BindError(reason)
 
     def _replan_partial(self, pod: PodInfo, gang: str) -> None:
         """A gang with members already bound re-plans the rest at once (caller holds the lock):

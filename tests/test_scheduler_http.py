@@ -413,6 +413,7 @@ def test_a_bind_that_does_not_match_the_plan_is_refused_and_the_plan_kept(serve)
     _, out = client.post("/bind", {**bind, "PodName": "w-1", "Node": wrong})
     assert f"planned ml/w-1 on {planned['w-1']}" in out["Error"]
     assert ext.plans.get("ml/g1") is plan and len(ext.reservations) == 2, "plan and capacity kept"
+    assert ext.metrics.binds.labels(result="failed")._value.get() == 1, "the refusal is counted"
     _, out = client.post("/filter", args(fk.pod("ml", "solo", 8), ALL))
     assert planned["w-1"] not in out["NodeNames"] and planned["w-2"] not in out["NodeNames"]
     for name in ("w-1", "w-2"):
