@@ -45,7 +45,8 @@ def _read_topology(source: str | None) -> Topology:
         try:
             return load_topology(source)
         except (TopologyError, OSError) as e:
-            raise UsageError(f"--topology {source}: {e}") from None
+            text = str(e)  # the loader's message usually names the file already
+            raise UsageError(text if source in text else f"--topology {source}: {text}") from None
     try:
         from deviceplugin.nvml import NvmlBackend, NvmlUnavailable
     except ImportError as e:  # pragma: no cover - the plugin package ships with the CLI
@@ -116,7 +117,8 @@ def render_topo(topo: Topology) -> str:
             + topo.gpus[i].model
         )
     lines += ["", "Best ring bandwidth an empty node offers, by request size:"]
-    lines.append("  " + "  ".join(f"{k}: {alloc.best_ring_mbps(k) / 1000:g} GB/s" for k in range(2, n + 1)))
+    rings = "  ".join(f"{k}: {alloc.best_ring_mbps(k) / 1000:g} GB/s" for k in range(2, n + 1))
+    lines.append("  " + (rings or "none: a single GPU has no ring"))
     legend = ", ".join(f"{lvl} {gb:g}" for lvl, gb in topo.settings.pcie_gbps.items())
     lines += ["", f"Legend (GB/s): NV# = # x {topo.settings.nvlink_gbps_per_link:g}; {legend}"]
     return "\n".join(lines)
@@ -135,6 +137,12 @@ def _leftover(choice: Choice) -> str:
     return " ".join(parts) or "-"
 
 
+def _ring_text(choice: Choice) -> str:
+    if len(choice.indices) == 1:
+        return "n/a (one GPU: no ring, so least disruption decides)"
+    return f"{choice.ring_mbps / 1000:g} GB/s (weakest hop of the best NCCL ring)"
+
+
 def render_prefer(topo: Topology, ranked: list[Choice], free: list[int], size: int, must: list[int]) -> str:
     chosen = ranked[0]
     uuids = [topo.gpus[i].uuid for i in chosen.indices]
@@ -142,7 +150,7 @@ def render_prefer(topo: Topology, ranked: list[Choice], free: list[int], size: i
         f"request: {size} GPU(s) from {len(free)} available"
         + (f", must include {','.join(map(str, must))}" if must else ""),
         f"chosen:  GPUs {','.join(map(str, chosen.indices))}  ({' '.join(uuids)})",
-        f"why:     ring {chosen.ring_mbps / 1000:g} GB/s (weakest hop of the best NCCL ring); "
+        f"why:     ring {_ring_text(chosen)}; "
         f"leaves {_leftover(chosen)} (group size: best ring GB/s x disjoint groups); "
         f"pair sum {chosen.pair_sum_mbps / 1000:g} GB/s",
         "",

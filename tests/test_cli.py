@@ -149,3 +149,19 @@ def test_status_reads_the_running_plugin(tmp_path) -> None:
         plugin.terminate()
         plugin.wait(timeout=10)
     assert not os.path.exists(folder / "gputopo-gpu.sock")
+
+
+def test_single_gpu_node_says_there_is_no_ring(tmp_path) -> None:
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps({"name": "one", "gpus": [{"index": 0}], "links": [["X"]]}))
+    out = gputopo("topo", "--topology", str(one))
+    assert out.returncode == 0 and "a single GPU has no ring" in out.stdout
+    out = gputopo("prefer", "--topology", str(one), "--size", "1")
+    assert out.returncode == 0 and "one GPU: no ring" in out.stdout
+
+
+def test_topology_error_names_the_file_once(tmp_path) -> None:
+    bad = tmp_path / "g.json"
+    bad.write_text('{"gpus": 5}')
+    out = gputopo("topo", "--topology", str(bad))
+    assert out.returncode == 2 and out.stderr.count(str(bad)) == 1
