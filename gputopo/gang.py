@@ -33,6 +33,8 @@ How a plan is found (docs/gang.md has the long form, with where it is exact):
   * GPU sets always come from `Allocator.choose` (one objective, one allocator); members that
     share a node get their sets one after the other from what the earlier ones left free.
 
+This module owns the plan and its objective; fewest nodes (2) is `gputopo.packing`, fewest
+sub-domains (3b) is `gputopo.spread`, and a pod outside any gang is `gputopo.placement`'s.
 Pure: no I/O, no clock, no globals. A `ChoiceMemo` owned by the caller may be shared across
 calls on the same allocators; everything else lives for one call.
 """
@@ -41,40 +43,34 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from gputopo.allocator import Allocator, Choice
-from gputopo.network import CLUSTER, HOSTNAME, LevelIndex, NetworkIndex, short_name, validate_levels
+from gputopo.network import CLUSTER, LevelIndex, NetworkIndex, short_name, validate_levels
+from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Placement, Quality, member_quality
+from gputopo.packing import NO_K, min_nodes, pack
+from gputopo.spread import count_spans, lower_levels, select_nodes
 
-#: A member's GPU set as the gang compares it across nodes: (ring MB/s, pair-sum MB/s).
-Quality = tuple[int, ...]
-#: Quality of a set on a node of unknown topology: below every measured set.
-UNKNOWN_QUALITY: Quality = ()
-#: Score of a node of unknown topology in `node_scores`: the middle of 0..10.
-NEUTRAL_SCORE = 5
-MAX_SCORE = 10
+# The names callers import from here (the node view, the memo and the placement are shared
+# with single-pod placement, gputopo.placement, and live in gputopo.nodeview).
+__all__ = [
+    "UNKNOWN_QUALITY",
+    "ChoiceMemo",
+    "GangPlan",
+    "GangSpec",
+    "Member",
+    "NoPlan",
+    "NodeView",
+    "Placement",
+    "Quality",
+    "member_quality",
+    "plan_gang",
+]
 
-_NO_K = np.iinfo(np.int64).max
 _Kind = tuple[Allocator | None, frozenset[int]]
-
-
-@dataclass(frozen=True)
-class NodeView:
-    """What the planner knows of one node at one instant."""
-
-    name: str
-    labels: Mapping[str, str]
-    gpu_count: int
-    free: frozenset[int]  # free GPU indices (healthy, not allocated, not reserved)
-    allocator: Allocator | None = None  # None = topology unknown: GPUs are interchangeable, neutral score
-
-    def __post_init__(self) -> None:
-        # Free sets are dictionary keys of the planner's memo: a plain set would not hash.
-        if type(self.free) is not frozenset:
-            object.__setattr__(self, "free", frozenset(self.free))
 
 
 @dataclass(frozen=True)
@@ -89,14 +85,6 @@ class GangSpec:
     members: tuple[Member, ...]  # the members to place now (pending ones)
     required_level: str | None = None  # gputopo.io/required-topology (a level's label key)
     preferred_level: str | None = None  # gputopo.io/preferred-topology
-
-
-@dataclass(frozen=True)
-class Placement:
-    pod: str
-    node: str
-    gpus: tuple[int, ...]  # GPU indices the node allocator would give (empty if unknown topology)
-    choice: Choice | None = None
 
 
 @dataclass(frozen=True)
@@ -117,37 +105,6 @@ class GangPlan:
 class NoPlan:
     gang: str
     reason: str  # readable: why nothing fits
-
-
-class ChoiceMemo:
-    """Allocator answers per (allocator, free set, size).
-
-    Owned by the caller, never global: one per planning call by default, or one per cluster
-    snapshot when the caller wants repeated plans (filter retries, the simulator) to be cheap."""
-
-    def __init__(self) -> None:
-        self._answers: dict[tuple[Allocator, frozenset[int], int], Choice] = {}
-
-    def choose(self, allocator: Allocator, free: frozenset[int], size: int) -> Choice:
-        key = (allocator, free, size)
-        hit = self._answers.get(key)
-        if hit is None:
-            hit = self._answers[key] = allocator.choose(sorted(free), size)
-        return hit
-
-    def __len__(self) -> int:
-        return len(self._answers)
-
-
-def member_quality(choice: Choice | None) -> Quality:
-    """How good a member's set is, comparable across nodes: ring bandwidth, then pair sum.
-
-    The node objective's other keys do not carry across nodes: least disruption describes
-    the node's leftovers (its tuple changes shape with the number of free GPUs), and the
-    index tie-break means nothing between two machines. Leftovers are (4)'s business."""
-    if choice is None:
-        return UNKNOWN_QUALITY
-    return (choice.ring_mbps, choice.pair_sum_mbps)
 
 
 # --------------------------------------------------------------------------- gang planning
@@ -315,14 +272,14 @@ def _plan_level(pb: _Problem, level: str, prune: bool) -> GangPlan | _Miss:
     if prune:
         domains = np.flatnonzero(ok)
         if pb.homogeneous:
-            bound = _min_nodes(lx.domain_id, lx.count, pb.free // pb.sizes[0], len(pb.sizes))
+            bound = min_nodes(lx.domain_id, lx.count, pb.free // pb.sizes[0], len(pb.sizes))
         else:
-            bound = _min_nodes(lx.domain_id, lx.count, pb.free, pb.total)
+            bound = min_nodes(lx.domain_id, lx.count, pb.free, pb.total)
         domains = domains[np.argsort(bound[domains], kind="stable")]
     else:
         domains = np.arange(lx.count)
         bound = np.zeros(lx.count, dtype=np.int64)
-    best_k = _NO_K
+    best_k = NO_K
     tied: list[tuple[int, int, list[tuple[int, list[int]]]]] = []  # (domain, k, packing)
     for d in domains.tolist():
         if bound[d] > best_k:
@@ -330,7 +287,7 @@ def _plan_level(pb: _Problem, level: str, prune: bool) -> GangPlan | _Miss:
         if prune and pb.homogeneous:
             k, packing = int(bound[d]), []  # exact already; _evaluate_equal picks the nodes
         else:
-            found = _pack(pb, lx.members[d])
+            found = pack(pb.free, pb.sizes, lx.members[d])
             if found is None:
                 continue
             k, packing = len(found), found
@@ -341,7 +298,7 @@ def _plan_level(pb: _Problem, level: str, prune: bool) -> GangPlan | _Miss:
     if not tied:
         top = int(np.lexsort((np.arange(lx.count), -dfree, -slots, ~ok))[0])
         return _Miss(level, lx.names[top], int(dfree[top]), int(slots[top]), bool(ok[top]))
-    lower = _lower_levels(pb.index, level)
+    lower = lower_levels(pb.index, level)
     cands = [_evaluate(pb, d, k, packing, lx.members[d], int(dfree[d]), lower) for d, k, packing in tied]
     best = min(cands, key=_Candidate.rank)
     placements = [Placement("", "", ())] * len(pb.sizes)
@@ -362,135 +319,6 @@ def _plan_level(pb: _Problem, level: str, prune: bool) -> GangPlan | _Miss:
     )
 
 
-def _min_nodes(domain_id: np.ndarray, count: int, amount: np.ndarray, need: int) -> np.ndarray:
-    """Per domain, the fewest nodes whose `amount`s sum to `need` (largest first); _NO_K if none.
-
-    One lexsort over all nodes instead of a Python loop per domain."""
-    order = np.lexsort((-amount, domain_id))
-    sid, samt = domain_id[order], amount[order]
-    cs = np.cumsum(samt)
-    starts = np.searchsorted(sid, np.arange(count))
-    before = np.concatenate(([0], cs))[starts]
-    within = cs - before[sid]
-    rank = np.arange(len(sid)) - starts[sid] + 1
-    hit = np.flatnonzero(within >= need)
-    out = np.full(count, _NO_K, dtype=np.int64)
-    first_dom, first = np.unique(sid[hit], return_index=True)
-    out[first_dom] = rank[hit][first]
-    return out
-
-
-def _pack(pb: _Problem, positions: np.ndarray) -> list[tuple[int, list[int]]] | None:
-    """Fewest nodes of the domain that take every member: (position, member indices) pairs,
-    each node's members in the order they choose their GPUs (biggest first, then spec order).
-
-    Nodes with the most room fill first, ties in name order. Equal sizes: exact. Mixed sizes:
-    exact up to 64 members and 20,000 search steps per domain, else first-fit decreasing (a
-    heuristic that can use a node more than needed, or miss a packing of a nearly full domain)."""
-    room = sorted(
-        ((int(pb.free[p]), int(p)) for p in positions.tolist() if pb.free[p] > 0), key=lambda t: (-t[0], t[1])
-    )
-    order = sorted(range(len(pb.sizes)), key=lambda i: (-pb.sizes[i], i))
-    if pb.homogeneous:
-        g, done = pb.sizes[0], 0
-        out: list[tuple[int, list[int]]] = []
-        for f, p in room:
-            if done == len(order) or f < g:
-                break
-            take = min(f // g, len(order) - done)
-            out.append((p, order[done : done + take]))
-            done += take
-        return out if done == len(order) else None
-    if len(order) <= _EXACT_MIXED_MEMBERS:
-        try:
-            return _pack_mixed_exact(pb, room, order)
-        except _BudgetSpent:
-            pass
-    return _pack_first_fit(pb, room, order)
-
-
-class _BudgetSpent(Exception):
-    """The exact mixed-size search ran out of steps; first-fit decreasing answers instead."""
-
-
-#: Mixed-size gangs up to this many members get an exact (budgeted) packing search.
-_EXACT_MIXED_MEMBERS = 64
-#: Search steps per domain before falling back to first-fit decreasing.
-_EXACT_MIXED_STEPS = 20_000
-
-
-def _pack_mixed_exact(
-    pb: _Problem, room: list[tuple[int, int]], order: list[int]
-) -> list[tuple[int, list[int]]] | None:
-    """Fewest nodes for mixed sizes, exactly, or _BudgetSpent when the step budget runs out.
-
-    If k nodes can hold the gang, the k roomiest can (give each used node's load to a roomier
-    one), so for k = the lower bound upwards this only asks "do the members fit in the top k?":
-    a depth-first search, biggest member first, that never tries two nodes with the same room
-    left for the same member."""
-    total = sum(pb.sizes)
-    smallest = min(pb.sizes)
-    steps = [_EXACT_MIXED_STEPS]
-    acc = 0
-    for k, (f, _) in enumerate(room, start=1):
-        acc += f
-        if f < smallest:
-            break
-        if acc < total:
-            continue
-        left = [f for f, _ in room[:k]]
-        bins: list[list[int]] = [[] for _ in range(k)]
-        if _fit(pb.sizes, order, 0, left, bins, steps):
-            return [(room[b][1], bins[b]) for b in range(k) if bins[b]]
-    return None
-
-
-def _fit(
-    sizes: list[int], order: list[int], j: int, left: list[int], bins: list[list[int]], steps: list[int]
-) -> bool:
-    if j == len(order):
-        return True
-    steps[0] -= 1
-    if steps[0] < 0:
-        raise _BudgetSpent
-    i = order[j]
-    g = sizes[i]
-    tried: set[int] = set()
-    for b, room in enumerate(left):
-        if room < g or room in tried:
-            continue
-        tried.add(room)
-        left[b] -= g
-        bins[b].append(i)
-        if _fit(sizes, order, j + 1, left, bins, steps):
-            return True
-        left[b] += g
-        bins[b].pop()
-    return False
-
-
-def _pack_first_fit(
-    pb: _Problem, room: list[tuple[int, int]], order: list[int]
-) -> list[tuple[int, list[int]]] | None:
-    """First-fit decreasing onto the roomiest nodes: fast, possibly a node more than needed."""
-    opened: list[tuple[int, list[int], list[int]]] = []  # (position, [free left], members)
-    nxt = 0
-    for i in order:
-        g = pb.sizes[i]
-        for _, left, members in opened:
-            if left[0] >= g:
-                left[0] -= g
-                members.append(i)
-                break
-        else:
-            if nxt >= len(room) or room[nxt][0] < g:
-                return None
-            f, p = room[nxt]
-            nxt += 1
-            opened.append((p, [f - g], [i]))
-    return [(p, members) for p, _, members in opened]
-
-
 def _evaluate(
     pb: _Problem,
     d: int,
@@ -508,7 +336,7 @@ def _evaluate(
         for i, choice in zip(members, pb.choices(pos, [pb.sizes[i] for i in members]), strict=True):
             assignment.append((i, pos, choice))
     worst = min(member_quality(c) for _, _, c in assignment)
-    spans = _spans(lower, [pos for pos, _ in packing])
+    spans = count_spans(lower, [pos for pos, _ in packing])
     return _Candidate(d, len(packing), worst, spans, dfree, tuple(assignment))
 
 
@@ -521,7 +349,7 @@ def _evaluate_equal(
     `floor[i]` (the worst of the first i+1) only falls. For a threshold T a node offers the
     members whose floor reaches T; the best plan is the largest T at which the k roomiest
     nodes still take everyone. Any k nodes whose offers at T add up to n keep (1)-(3), so
-    `_select_nodes` picks them for (3b); with no level to keep together, the order is most
+    `select_nodes` picks them for (3b); with no level to keep together, the order is most
     members offered, fewer free GPUs (best fit), then name.
     Nodes with the same allocator and free set are worked out once."""
     g, n = pb.sizes[0], len(pb.sizes)
@@ -579,7 +407,7 @@ def _evaluate_equal(
         weight = np.repeat(np.array([cnt for _, cnt, _, _ in table], dtype=np.int64), lens)
         nfree = np.repeat(np.array([f for _, _, f, _ in table], dtype=np.int64), lens)
         kind = np.repeat(np.arange(len(table), dtype=np.int64), lens)
-        chosen = _select_nodes(pos, weight, nfree, kind, k, n, lower)
+        chosen = select_nodes(pos, weight, nfree, kind, k, n, lower)
     else:  # nothing to keep together: the k first by the node order (small domains: plain Python)
         top = heapq.nsmallest(k, ((-cnt, f, p, row) for row, (ps, cnt, f, _) in enumerate(table) for p in ps))
         chosen = [(p, row) for _, _, p, row in top]
@@ -590,115 +418,8 @@ def _evaluate_equal(
             assignment.append((len(assignment), p, c))
     assert len(assignment) == n, "k nodes were proven to hold every member"
     worst = min(member_quality(c) for _, _, c in assignment)
-    spans = _spans(lower, [p for p, _ in chosen])
+    spans = count_spans(lower, [p for p, _ in chosen])
     return _Candidate(d, k, worst, spans, dfree, tuple(assignment))
-
-
-# --------------------------------------------------------------------------- fewest sub-domains
-
-
-def _lower_levels(index: NetworkIndex, level: str) -> list[LevelIndex]:
-    """The network levels strictly inside `level`'s domains, largest first, that group nodes:
-    not the hostname level, nor one nobody labels (their domains are the nodes themselves,
-    whose count is objective (2))."""
-    levels = index.levels if level == CLUSTER else index.levels[: index.levels.index(level)]
-    lower = (index.level(lv) for lv in reversed(levels) if lv != HOSTNAME)
-    return [lx for lx in lower if lx.count < len(index.nodes)]
-
-
-def _spans(lower: Sequence[LevelIndex], positions: Sequence[int]) -> tuple[int, ...]:
-    """Tie-break (3b): how many domains of each lower level (largest first) the nodes touch."""
-    at = np.asarray(positions, dtype=np.int64)
-    return tuple(len(np.unique(lx.domain_id[at])) for lx in lower)
-
-
-def _select_nodes(
-    pos: np.ndarray,
-    weight: np.ndarray,
-    free: np.ndarray,
-    kind: np.ndarray,
-    k: int,
-    n: int,
-    lower: Sequence[LevelIndex],
-) -> list[tuple[int, int]]:
-    """k nodes whose offered members (`weight`) sum to at least n, spanning few sub-domains:
-    (position, kind) pairs, ordered by (most members offered, fewest free GPUs, name).
-
-    Level by level, largest first, the candidates shrink to the sub-domains `_fewest_groups`
-    keeps (a level whose domains are single candidates, or one domain, has nothing to keep
-    together and is skipped); then the top k of what is left are taken by the node order,
-    which is also the order members are assigned in. Every node with weight > 0 reaches the
-    plan's threshold, so (3) holds whichever k are taken; feasibility is kept at every step."""
-    for lx in lower:
-        uniq, group = np.unique(lx.domain_id[pos], return_inverse=True)
-        if len(uniq) in (1, len(pos)):
-            continue
-        group = group.reshape(-1)
-        keep = np.isin(group, _fewest_groups(group, len(uniq), weight, free, k, n))
-        pos, weight, free, kind = pos[keep], weight[keep], free[keep], kind[keep]
-    top = np.lexsort((pos, free, -weight))[:k]
-    return list(zip(pos[top].tolist(), kind[top].tolist(), strict=True))
-
-
-def _top_sum(hist: list[int], k: int) -> int:
-    """Members the k best nodes hold, from a histogram of nodes per members offered."""
-    total, left = 0, k
-    for w in range(len(hist) - 1, 0, -1):
-        take = min(hist[w], left)
-        total += take * w
-        left -= take
-        if left == 0:
-            break
-    return total
-
-
-def _fewest_groups(
-    group: np.ndarray, count: int, weight: np.ndarray, free: np.ndarray, k: int, n: int
-) -> list[int]:
-    """Sub-domains (indices into 0..count-1) whose nodes still hold the gang on k nodes.
-
-    Best fit, as Kueue's BestFit and Slurm's tree plugin do it. A sub-domain's capacity is
-    what its k best nodes hold; its free GPUs are those of its usable nodes. The largest
-    sub-domains are taken first (ties: fewer free GPUs, then name) until the k best nodes
-    of those taken hold all n members; the last one is then swapped for the tightest
-    sub-domain not yet taken that also completes the gang (smallest capacity, then fewest
-    free GPUs, then name), so big empty sub-domains stay
-    whole. Last, each taken sub-domain (largest first) is dropped if the rest still hold
-    the gang. When every node offers the same number of members, capacities add up and the
-    largest-first prefix is the fewest sub-domains possible; otherwise the union's k best
-    nodes can hold less than the sum of the parts and the count is a heuristic, though no
-    sub-domain of the answer can be left out."""
-    order = np.lexsort((group, -weight))  # by sub-domain, heaviest node first
-    sg = group[order]
-    starts = np.searchsorted(sg, np.arange(count))
-    rank = np.arange(len(sg)) - starts[sg]
-    cap = np.bincount(sg, weights=np.where(rank < k, weight[order], 0), minlength=count).astype(np.int64)
-    gfree = np.bincount(group, weights=free, minlength=count).astype(np.int64)
-    width = int(weight.max()) + 1
-    hist = np.bincount(group * width + weight, minlength=count * width).reshape(count, width)
-    ids = np.arange(count)
-    rows = hist.tolist()
-
-    def holds(base: list[int], sign: int, g: int) -> bool:  # base +/- sub-domain g
-        return _top_sum([a + sign * b for a, b in zip(base, rows[g], strict=True)], k) >= n
-
-    taken: list[int] = []
-    acc = [0] * width
-    for g in np.lexsort((ids, gfree, -cap)).tolist():
-        if not holds(acc, 1, g):
-            taken.append(g)
-            acc = [a + b for a, b in zip(acc, rows[g], strict=True)]
-            continue
-        out = set(taken)
-        last = next(h for h in np.lexsort((ids, gfree, cap)).tolist() if h not in out and holds(acc, 1, h))
-        taken.append(last)
-        acc = [a + b for a, b in zip(acc, rows[last], strict=True)]
-        for h in list(taken):
-            if holds(acc, -1, h):
-                taken.remove(h)
-                acc = [a - b for a, b in zip(acc, rows[h], strict=True)]
-        return taken
-    raise AssertionError("the candidates were proven to hold the gang")  # pragma: no cover
 
 
 def _describe(sizes: Sequence[int]) -> str:
@@ -731,71 +452,3 @@ def _reason(pb: _Problem, miss: _Miss) -> str:
         f"no {short_name(miss.level)} domain can hold gang {pb.spec.key} ({what}); "
         f"best {miss.level}={miss.domain} has {miss.free} free GPUs, {room}{tail}"
     )
-
-
-# --------------------------------------------------------------------------- single pods
-
-
-def _single_key(free: frozenset[int], choice: Choice, gpus: int) -> tuple:
-    """Order of nodes for one pod, larger first: ring of its set, then best fit (fewest GPUs
-    left free: the emptier nodes stay whole for big jobs), then the node objective's least
-    disruption (same leftover count, so the tuples compare like for like), then pair sum."""
-    return (choice.ring_mbps, -(len(free) - gpus), choice.disruption, choice.pair_sum_mbps)
-
-
-def node_scores(gpus: int, nodes: Sequence[NodeView], *, memo: ChoiceMemo | None = None) -> dict[str, int]:
-    """Prioritize for a single pod: each node scored 0..10 by the best GPU set it can give
-    (node objective), then by least disruption of what stays free. Nodes that cannot fit get 0.
-
-    Scores are ranks, scaled over the nodes given: the best distinct key gets 10, the worst
-    fitting one 1, the rest evenly between; unknown-topology nodes that fit get 5 (neutral)."""
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
-        raise ValueError(f"a pod must ask for at least 1 GPU to be scored, got {gpus!r}")
-    memo = memo if memo is not None else ChoiceMemo()
-    scores: dict[str, int] = {}
-    # Nodes of one server type with the same free GPUs share a key: work per kind, not per node.
-    kinds: dict[tuple[Allocator, frozenset[int]], list[str]] = {}
-    for v in nodes:
-        if len(v.free) < gpus:
-            scores[v.name] = 0
-        elif v.allocator is None:
-            scores[v.name] = NEUTRAL_SCORE
-        else:
-            kinds.setdefault((v.allocator, v.free), []).append(v.name)
-    keyed = {(a, free): _single_key(free, memo.choose(a, free, gpus), gpus) for a, free in kinds}
-    distinct = sorted(set(keyed.values()), reverse=True)
-    span = len(distinct) - 1
-    rank = {key: r for r, key in enumerate(distinct)}
-    for kind, names in kinds.items():
-        r = rank[keyed[kind]]
-        score = MAX_SCORE if span == 0 else 1 + round((MAX_SCORE - 1) * (span - r) / span)
-        for name in names:
-            scores[name] = score
-    return scores
-
-
-def place_pod(
-    pod: str, gpus: int, nodes: Iterable[NodeView], *, memo: ChoiceMemo | None = None
-) -> Placement | None:
-    """The single best node and GPU set for one pod, or None when no node has room.
-
-    Nodes of known topology come first, ordered as in `node_scores` but without its rounding;
-    then unknown-topology nodes by best fit. Ties: name order."""
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
-        raise ValueError(f"a pod must ask for at least 1 GPU to be placed, got {gpus!r}")
-    memo = memo if memo is not None else ChoiceMemo()
-    best: tuple | None = None
-    best_place: Placement | None = None
-    for v in nodes:
-        if len(v.free) < gpus:
-            continue
-        if v.allocator is None:
-            key: tuple = (0, -len(v.free))
-            place = Placement(pod, v.name, ())
-        else:
-            choice = memo.choose(v.allocator, v.free, gpus)
-            key = (1, _single_key(v.free, choice, gpus))
-            place = Placement(pod, v.name, choice.indices, choice)
-        if best is None or key > best or (key == best and v.name < best_place.node):  # type: ignore[union-attr]
-            best, best_place = key, place
-    return best_place

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 from gputopo import jsonlog
 from gputopo.allocator import AllocationError
-from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, node_scores, plan_gang
+from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, plan_gang
 from gputopo.network import NetworkIndex
+from gputopo.placement import node_scores
 from scheduler import defaults
 from scheduler.metrics import Metrics
 from scheduler.model import BadInput, PodInfo, Snapshot

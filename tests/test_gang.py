@@ -10,18 +10,16 @@ import pytest
 from gputopo.allocator import Allocator
 from gputopo.cluster import generate_cluster
 from gputopo.gang import (
-    NEUTRAL_SCORE,
     ChoiceMemo,
     GangPlan,
     GangSpec,
     Member,
     NodeView,
     NoPlan,
-    node_scores,
-    place_pod,
     plan_gang,
 )
 from gputopo.network import CLUSTER, DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE, NetworkIndex
+from gputopo.placement import NEUTRAL_SCORE, node_scores, place_pod
 from gputopo.topofile import load_preset
 
 LEVELS = (HOSTNAME, LEAF, SPINE)

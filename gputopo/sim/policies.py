@@ -25,8 +25,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gputopo.allocator import Allocator, AllocatorPool
-from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, place_pod, plan_gang
+from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, plan_gang
 from gputopo.network import NetworkIndex
+from gputopo.placement import place_pod
 from gputopo.sim.baselines import best_combo, best_effort, kubelet_order
 from gputopo.sim.pairpoints import pair_points
 from gputopo.sim.state import ClusterState, SimCluster

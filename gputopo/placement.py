@@ -1,0 +1,83 @@
+"""Single-pod placement: which node (and GPU set) is best for one pod that is not in a gang.
+
+The sidecar's prioritize verb scores nodes with `node_scores`; the simulator places with
+`place_pod`, the same order without the rounding to 0..10. Both rank a node by the best GPU set
+its allocator would give (design.md §2), then by best fit, so the emptier nodes stay whole for
+the gangs (`gputopo.gang`). Pure: no I/O, no clock, no globals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from gputopo.allocator import Allocator, Choice
+from gputopo.nodeview import ChoiceMemo, NodeView, Placement
+
+#: Score of a node of unknown topology in `node_scores`: the middle of 0..10.
+NEUTRAL_SCORE = 5
+MAX_SCORE = 10
+
+
+def _single_key(free: frozenset[int], choice: Choice, gpus: int) -> tuple:
+    """Order of nodes for one pod, larger first: ring of its set, then best fit (fewest GPUs
+    left free: the emptier nodes stay whole for big jobs), then the node objective's least
+    disruption (same leftover count, so the tuples compare like for like), then pair sum."""
+    return (choice.ring_mbps, -(len(free) - gpus), choice.disruption, choice.pair_sum_mbps)
+
+
+def node_scores(gpus: int, nodes: Sequence[NodeView], *, memo: ChoiceMemo | None = None) -> dict[str, int]:
+    """Prioritize for a single pod: each node scored 0..10 by the best GPU set it can give
+    (node objective), then by least disruption of what stays free. Nodes that cannot fit get 0.
+
+    Scores are ranks, scaled over the nodes given: the best distinct key gets 10, the worst
+    fitting one 1, the rest evenly between; unknown-topology nodes that fit get 5 (neutral)."""
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        raise ValueError(f"a pod must ask for at least 1 GPU to be scored, got {gpus!r}")
+    memo = memo if memo is not None else ChoiceMemo()
+    scores: dict[str, int] = {}
+    # Nodes of one server type with the same free GPUs share a key: work per kind, not per node.
+    kinds: dict[tuple[Allocator, frozenset[int]], list[str]] = {}
+    for v in nodes:
+        if len(v.free) < gpus:
+            scores[v.name] = 0
+        elif v.allocator is None:
+            scores[v.name] = NEUTRAL_SCORE
+        else:
+            kinds.setdefault((v.allocator, v.free), []).append(v.name)
+    keyed = {(a, free): _single_key(free, memo.choose(a, free, gpus), gpus) for a, free in kinds}
+    distinct = sorted(set(keyed.values()), reverse=True)
+    span = len(distinct) - 1
+    rank = {key: r for r, key in enumerate(distinct)}
+    for kind, names in kinds.items():
+        r = rank[keyed[kind]]
+        score = MAX_SCORE if span == 0 else 1 + round((MAX_SCORE - 1) * (span - r) / span)
+        for name in names:
+            scores[name] = score
+    return scores
+
+
+def place_pod(
+    pod: str, gpus: int, nodes: Iterable[NodeView], *, memo: ChoiceMemo | None = None
+) -> Placement | None:
+    """The single best node and GPU set for one pod, or None when no node has room.
+
+    Nodes of known topology come first, ordered as in `node_scores` but without its rounding;
+    then unknown-topology nodes by best fit. Ties: name order."""
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        raise ValueError(f"a pod must ask for at least 1 GPU to be placed, got {gpus!r}")
+    memo = memo if memo is not None else ChoiceMemo()
+    best: tuple | None = None
+    best_place: Placement | None = None
+    for v in nodes:
+        if len(v.free) < gpus:
+            continue
+        if v.allocator is None:
+            key: tuple = (0, -len(v.free))
+            place = Placement(pod, v.name, ())
+        else:
+            choice = memo.choose(v.allocator, v.free, gpus)
+            key = (1, _single_key(v.free, choice, gpus))
+            place = Placement(pod, v.name, choice.indices, choice)
+        if best is None or key > best or (key == best and v.name < best_place.node):  # type: ignore[union-attr]
+            best, best_place = key, place
+    return best_place

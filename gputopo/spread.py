@@ -1,0 +1,120 @@
+"""Gang tie-break (3b), fewest sub-domains: among plans equal on objectives (1)-(3), the nodes
+that touch the fewest domains of each grouping level inside the chosen domain.
+
+Used by `gputopo.gang`: `lower_levels` names the levels that group nodes inside a domain,
+`count_spans` measures a plan, `select_nodes` picks k nodes that keep the gang together (best
+fit over the sub-domains, as Kueue's BestFit and Slurm's tree plugin). Pure: no I/O, no clock,
+no globals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from gputopo.network import CLUSTER, HOSTNAME, LevelIndex, NetworkIndex
+
+
+def lower_levels(index: NetworkIndex, level: str) -> list[LevelIndex]:
+    """The network levels strictly inside `level`'s domains, largest first, that group nodes:
+    not the hostname level, nor one nobody labels (their domains are the nodes themselves,
+    whose count is objective (2))."""
+    levels = index.levels if level == CLUSTER else index.levels[: index.levels.index(level)]
+    lower = (index.level(lv) for lv in reversed(levels) if lv != HOSTNAME)
+    return [lx for lx in lower if lx.count < len(index.nodes)]
+
+
+def count_spans(lower: Sequence[LevelIndex], positions: Sequence[int]) -> tuple[int, ...]:
+    """Tie-break (3b): how many domains of each lower level (largest first) the nodes touch."""
+    at = np.asarray(positions, dtype=np.int64)
+    return tuple(len(np.unique(lx.domain_id[at])) for lx in lower)
+
+
+def select_nodes(
+    pos: np.ndarray,
+    weight: np.ndarray,
+    free: np.ndarray,
+    kind: np.ndarray,
+    k: int,
+    n: int,
+    lower: Sequence[LevelIndex],
+) -> list[tuple[int, int]]:
+    """k nodes whose offered members (`weight`) sum to at least n, spanning few sub-domains:
+    (position, kind) pairs, ordered by (most members offered, fewest free GPUs, name).
+
+    Level by level, largest first, the candidates shrink to the sub-domains `_fewest_groups`
+    keeps (a level whose domains are single candidates, or one domain, has nothing to keep
+    together and is skipped); then the top k of what is left are taken by the node order,
+    which is also the order members are assigned in. Every node with weight > 0 reaches the
+    plan's threshold, so (3) holds whichever k are taken; feasibility is kept at every step."""
+    for lx in lower:
+        uniq, group = np.unique(lx.domain_id[pos], return_inverse=True)
+        if len(uniq) in (1, len(pos)):
+            continue
+        group = group.reshape(-1)
+        keep = np.isin(group, _fewest_groups(group, len(uniq), weight, free, k, n))
+        pos, weight, free, kind = pos[keep], weight[keep], free[keep], kind[keep]
+    top = np.lexsort((pos, free, -weight))[:k]
+    return list(zip(pos[top].tolist(), kind[top].tolist(), strict=True))
+
+
+def _top_sum(hist: list[int], k: int) -> int:
+    """Members the k best nodes hold, from a histogram of nodes per members offered."""
+    total, left = 0, k
+    for w in range(len(hist) - 1, 0, -1):
+        take = min(hist[w], left)
+        total += take * w
+        left -= take
+        if left == 0:
+            break
+    return total
+
+
+def _fewest_groups(
+    group: np.ndarray, count: int, weight: np.ndarray, free: np.ndarray, k: int, n: int
+) -> list[int]:
+    """Sub-domains (indices into 0..count-1) whose nodes still hold the gang on k nodes.
+
+    Best fit, as Kueue's BestFit and Slurm's tree plugin do it. A sub-domain's capacity is
+    what its k best nodes hold; its free GPUs are those of its usable nodes. The largest
+    sub-domains are taken first (ties: fewer free GPUs, then name) until the k best nodes
+    of those taken hold all n members; the last one is then swapped for the tightest
+    sub-domain not yet taken that also completes the gang (smallest capacity, then fewest
+    free GPUs, then name), so big empty sub-domains stay
+    whole. Last, each taken sub-domain (largest first) is dropped if the rest still hold
+    the gang. When every node offers the same number of members, capacities add up and the
+    largest-first prefix is the fewest sub-domains possible; otherwise the union's k best
+    nodes can hold less than the sum of the parts and the count is a heuristic, though no
+    sub-domain of the answer can be left out."""
+    order = np.lexsort((group, -weight))  # by sub-domain, heaviest node first
+    sg = group[order]
+    starts = np.searchsorted(sg, np.arange(count))
+    rank = np.arange(len(sg)) - starts[sg]
+    cap = np.bincount(sg, weights=np.where(rank < k, weight[order], 0), minlength=count).astype(np.int64)
+    gfree = np.bincount(group, weights=free, minlength=count).astype(np.int64)
+    width = int(weight.max()) + 1
+    hist = np.bincount(group * width + weight, minlength=count * width).reshape(count, width)
+    ids = np.arange(count)
+    rows = hist.tolist()
+
+    def holds(base: list[int], sign: int, g: int) -> bool:  # base +/- sub-domain g
+        return _top_sum([a + sign * b for a, b in zip(base, rows[g], strict=True)], k) >= n
+
+    taken: list[int] = []
+    acc = [0] * width
+    for g in np.lexsort((ids, gfree, -cap)).tolist():
+        if not holds(acc, 1, g):
+            taken.append(g)
+            acc = [a + b for a, b in zip(acc, rows[g], strict=True)]
+            continue
+        out = set(taken)
+        last = next(h for h in np.lexsort((ids, gfree, cap)).tolist() if h not in out and holds(acc, 1, h))
+        taken.append(last)
+        acc = [a + b for a, b in zip(acc, rows[last], strict=True)]
+        for h in list(taken):
+            if holds(acc, -1, h):
+                taken.remove(h)
+                acc = [a - b for a, b in zip(acc, rows[h], strict=True)]
+        return taken
+    raise AssertionError("the candidates were proven to hold the gang")  # pragma: no cover
