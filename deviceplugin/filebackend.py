@@ -35,6 +35,7 @@ from typing import Any
 
 from deviceplugin.backend import BandwidthOverrides, HealthEvent
 from gputopo import jsonlog
+from gputopo.numerals import ascii_uint
 from gputopo.topofile import load_topology
 from gputopo.topology import Topology
 
@@ -189,10 +190,11 @@ def parse_health_entry(topology: Topology, key: str, value: Any) -> HealthEvent:
 def _resolve_gpu(topology: Topology, key: str) -> str:
     if key in topology.index_by_uuid:
         return key
-    # isdecimal, not isdigit ("²" is a digit int() refuses), and short enough for int() (it
-    # refuses over 4300 digits): a bad key must be a bad entry, never the end of watching
-    if key.isdecimal() and len(key) <= 9 and int(key) < topology.n:
-        return topology.gpus[int(key)].uuid
+    # plain ASCII digits, short enough for int(): a bad key must be a bad entry, never the end
+    # of watching ("²" is a digit int() refuses, "٣" one it reads as 3)
+    index = ascii_uint(key, max_digits=9)
+    if index is not None and index < topology.n:
+        return topology.gpus[index].uuid
     raise HealthFileError(
         f"unknown GPU {key!r}: not a UUID or index (0..{topology.n - 1}) of {topology.name}"
     )

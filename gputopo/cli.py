@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from gputopo.allocator import DISRUPTION_SIZES, MAX_GPUS, AllocationError, Allocator, Choice
+from gputopo.numerals import ascii_uint
 from gputopo.topology import Topology, TopologyError
 
 
@@ -69,8 +70,8 @@ def _ids(text: str | None, topo: Topology, what: str) -> list[int] | None:
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        if part.isascii() and part.isdigit():  # "²".isdigit() is true, int("²") fails
-            idx = int(part)
+        idx = ascii_uint(part)  # not isdigit(): "²" is a digit that int() refuses
+        if idx is not None:
             if idx >= topo.n:
                 raise UsageError(f"--{what}: GPU index {idx} is not in 0..{topo.n - 1}")
         elif part in topo.index_by_uuid:

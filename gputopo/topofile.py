@@ -34,6 +34,7 @@ from importlib import resources
 from typing import Any
 
 from gputopo.links import Link, LinkError, parse_code
+from gputopo.numerals import ascii_uint
 from gputopo.topology import GPU, Topology, TopologyError
 
 #: Header columns after the device columns, longest first so multi-word names win.
@@ -228,7 +229,7 @@ def _numa_nodes(extras: Sequence[Mapping[str, str]]) -> list[int | None]:
 
 def _single_int(value: str) -> int | None:
     """A NUMA affinity such as `0`; ranges, lists and N/A mean "not one node" and give None."""
-    return int(value) if value.isdigit() else None
+    return ascii_uint(value)  # not isdigit(): a NUMA cell of "²" was a ValueError traceback
 
 
 def _nic_legend(lines: Sequence[str]) -> dict[str, str]:

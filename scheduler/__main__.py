@@ -22,6 +22,7 @@ from prometheus_client import start_http_server
 from gputopo import jsonlog
 from gputopo.cluster import ClusterError, load_cluster
 from gputopo.network import LevelError, validate_levels
+from gputopo.numerals import ascii_uint
 from scheduler import defaults
 from scheduler.extender import Extender
 from scheduler.server import Server
@@ -36,9 +37,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    number = ascii_uint(port, max_digits=5)
+    if not sep or number is None or not 0 <= number <= 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return (host.strip("[]") or defaults.DEFAULT_HOST), int(port)
+    return (host.strip("[]") or defaults.DEFAULT_HOST), number
 
 
 def _positive(text: str) -> float:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gputopo.annotation import NodeTopology
+from gputopo.numerals import ascii_uint
 from scheduler import defaults
 
 
@@ -103,7 +104,7 @@ def parse_quantity(value: Any, where: str) -> int:
 def _digits(text: str) -> bool:
     """Plain ASCII digits of a sane length: `str.isdigit` also accepts "²" and 5,000-digit
     strings, which `int` then refuses with a ValueError."""
-    return 0 < len(text) <= 18 and text.isascii() and text.isdigit()
+    return ascii_uint(text) is not None
 
 
 def _container_gpus(containers: Any, where: str, resource: str) -> list[int]:

@@ -19,6 +19,7 @@ import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gputopo import jsonlog
+from gputopo.numerals import ascii_uint
 from scheduler import defaults
 from scheduler.extender import Extender
 from scheduler.model import BadInput, parse_node_names, parse_pod
@@ -156,9 +157,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Content-Length as a number; None when absent or not plain ASCII digits of a sane
         length (`str.isdigit` also accepts "²", which `int` refuses)."""
         length = (self.headers.get("Content-Length") or "").strip()
-        if not (0 < len(length) <= 18 and length.isascii() and length.isdigit()):
-            return None
-        return int(length)
+        return ascii_uint(length)
 
     def _drain(self) -> None:
         length = self._length()
