@@ -280,14 +280,8 @@ def for_cluster(
 ) -> Publisher:
     """A Publisher talking to the API server with the official client: in-cluster config
     (the plugin's ServiceAccount), or a kubeconfig when given or when not in a cluster."""
-    from kubernetes import client, config
+    from kubernetes import client
 
-    cfg = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-    else:
-        try:
-            config.load_incluster_config(client_configuration=cfg)
-        except config.ConfigException:
-            config.load_kube_config(client_configuration=cfg)
-    return Publisher(node_name, client.CoreV1Api(client.ApiClient(cfg)), in_use, **kwargs)
+    from gputopo_kube import api_client
+
+    return Publisher(node_name, client.CoreV1Api(api_client(kubeconfig)), in_use, **kwargs)

@@ -1,6 +1,10 @@
 """`gputopo`, the node-level debug CLI: the link matrix, what the plugin would pick and why,
 and the running plugin's status. Every subcommand works without a GPU through `--topology`.
 
+Commands that need the node itself (`status`, and the NVML probe behind `topo`/`prefer`
+without --topology) come from the device-plugin package through entry points
+(`gputopo.commands`): this module imports no daemon, gRPC or NVML code.
+
 Exit codes: 0 success, 1 runtime failure (e.g. the plugin is not reachable), 2 bad input
 (one line on stderr, never a traceback).
 """
@@ -9,18 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from gputopo.allocator import DISRUPTION_SIZES, MAX_GPUS, AllocationError, Allocator, Choice
+from gputopo.commands import Missing, UsageError, local_topology, plugin_commands
 from gputopo.numerals import ascii_uint
 from gputopo.topology import Topology, TopologyError
-
-
-class UsageError(Exception):
-    """Bad input from the user: reported as one line, exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,18 +48,7 @@ def _read_topology(source: str | None) -> Topology:
         except (TopologyError, OSError) as e:
             text = str(e)  # the loader's message usually names the file already
             raise UsageError(text if source in text else f"--topology {source}: {text}") from None
-    try:
-        from deviceplugin.nvml import NvmlBackend, NvmlUnavailable
-    except ImportError as e:  # pragma: no cover - the plugin package ships with the CLI
-        raise UsageError(f"no --topology given and NVML support is missing ({e})") from None
-    try:
-        backend = NvmlBackend()
-        try:
-            return backend.discover()
-        finally:
-            backend.close()
-    except NvmlUnavailable as e:
-        raise UsageError(f"no --topology given and NVML is unavailable: {e}") from None
+    return local_topology()  # NVML, through the plugin package's entry point
 
 
 def _ids(text: str | None, topo: Topology, what: str) -> list[int] | None:
@@ -169,30 +158,6 @@ def render_prefer(topo: Topology, ranked: list[Choice], free: list[int], size: i
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------- status
-
-
-def render_status(doc: dict[str, Any]) -> str:
-    """Plugin status for a person: settings, registration, then one aligned row per GPU."""
-    lines = [f"{k}: {v}" for k, v in doc.items() if not isinstance(v, (list, dict))]
-    for key, value in doc.items():
-        if isinstance(value, dict):
-            lines.append(f"{key}:")
-            lines += [f"  {k}: {v}" for k, v in value.items()]
-    devices = doc.get("devices") or []
-    if devices:
-        lines += ["devices:", f"  {'GPU':<5}{'health':<12}{'NUMA':<6}{'UUID':<42}model"]
-        for d in devices:
-            health = "Healthy" if d.get("healthy") else "Unhealthy"
-            if d.get("health_reason"):
-                health += f" ({d['health_reason']})"
-            numa = "-" if d.get("numa") is None or d.get("numa", -1) < 0 else str(d["numa"])
-            lines.append(
-                f"  {d.get('index', '?')!s:<5}{health:<12}{numa:<6}{d.get('uuid', ''):<42}{d.get('model', '')}"
-            )
-    return "\n".join(lines)
-
-
 # ---------------------------------------------------------------------------- main
 
 
@@ -216,12 +181,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=5, help="alternatives to show (default 5)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = sub.add_parser("status", help="ask the running device plugin over its socket")
-    p.add_argument("--socket", help="plugin socket path (default: the kubelet dir's gputopo socket)")
-    p.add_argument("--kubelet-dir", help="kubelet device-plugin folder")
-    p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait (default 3)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-
     p = sub.add_parser("presets", help="list the built-in server topologies")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -232,10 +191,17 @@ def build_parser() -> argparse.ArgumentParser:
     if sim_cli is not None:
         p = sub.add_parser("simulate", help="replay a workload through gputopo and today's policies")
         sim_cli.add_arguments(p)
+    for name, command in plugin_commands(set(sub.choices)).items():
+        p = sub.add_parser(name, help=command.help)
+        command.add_arguments(p)
+        p.set_defaults(plugin_command=command)
     return parser
 
 
 def _run(args: argparse.Namespace) -> int:
+    plugin = getattr(args, "plugin_command", None)
+    if plugin is not None:
+        return int(plugin.run(args))
     if args.command == "topo":
         topo = _load(args.topology)
         print(json.dumps(topo_document(topo), indent=1) if args.json else render_topo(topo))
@@ -264,8 +230,6 @@ def _run(args: argparse.Namespace) -> int:
         else:
             print(render_prefer(topo, ranked, free, args.size, must))
         return 0
-    if args.command == "status":
-        return _status(args)
     if args.command == "presets":
         from gputopo.topofile import list_presets, load_preset
 
@@ -286,32 +250,12 @@ def _run(args: argparse.Namespace) -> int:
     raise UsageError(f"unknown command {args.command!r}")  # pragma: no cover - argparse guards it
 
 
-def _status(args: argparse.Namespace) -> int:
-    import os
-
-    from deviceplugin import defaults
-    from deviceplugin.status_client import StatusUnavailable, fetch_status
-
-    if not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    socket = args.socket or os.path.join(
-        args.kubelet_dir or os.environ.get("GPUTOPO_KUBELET_DIR", defaults.KUBELET_DIR),
-        os.environ.get("GPUTOPO_SOCKET_NAME", defaults.SOCKET_NAME),
-    )
-    # gRPC reads `unix://dp/x.sock` as host "dp": a relative path must become absolute first.
-    socket = os.path.abspath(socket)
-    try:
-        doc = fetch_status(socket, timeout=args.timeout)
-    except StatusUnavailable as e:
-        print(f"gputopo: plugin not reachable at {socket}: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps(doc, indent=1) if args.json else render_status(doc))
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra and not isinstance(getattr(args, "plugin_command", None), Missing):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
         return _run(args)
     except UsageError as e:
         print(f"gputopo: error: {e}", file=sys.stderr)

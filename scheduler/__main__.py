@@ -94,22 +94,14 @@ def _fail(message: str) -> NoReturn:
 
 
 def _live_state(kubeconfig: str | None, max_age: float) -> ClusterState:
-    from kubernetes import client, config
-
+    from gputopo_kube import KubeConfigError, api_client
     from scheduler.kube import KubeState
 
-    cfg = client.Configuration()
     try:
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        else:
-            try:
-                config.load_incluster_config(client_configuration=cfg)
-            except config.ConfigException:
-                config.load_kube_config(client_configuration=cfg)
-    except (config.ConfigException, OSError, ValueError, TypeError) as e:
+        client = api_client(kubeconfig)
+    except KubeConfigError as e:
         _fail(f"cannot load Kubernetes configuration: {e}")
-    state = KubeState(client.ApiClient(cfg), clock=time.time, max_age_s=max_age)
+    state = KubeState(client, clock=time.time, max_age_s=max_age)
     state.start()
     return state
 
