@@ -1,12 +1,12 @@
 # gputopo: two commands on a fresh machine —
 #   make run    installs into .venv and runs the simulator on the embedded default cluster
-#   make test   installs into .venv and runs lint + the whole test suite
+#   make test   installs into .venv and runs lint, the import contracts, mypy and the whole test suite
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run demo test lint proto bench clean
+.PHONY: install run demo test lint imports types proto bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,10 +25,22 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check gputopo deviceplugin scheduler tests bench
+	$(BIN)/ruff format --check gputopo deviceplugin scheduler gputopo_kube tests bench
+
+# Layers (pyproject.toml [tool.importlinter]): core below the daemons, daemons independent,
+# no gRPC / NVML / Kubernetes / HTTP-server library in the core.
+imports: $(STAMP)
+	$(BIN)/lint-imports
+
+# Types (pyproject.toml [tool.mypy], which names the files): strict for gputopo/, checked for
+# the daemons. `mypy` runs with no arguments so the config alone decides what is checked.
+types: $(STAMP)
+	$(BIN)/mypy
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 proto: $(STAMP)
@@ -38,4 +50,4 @@ bench: $(STAMP)
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache .import_linter_cache .hypothesis

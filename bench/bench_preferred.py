@@ -170,7 +170,7 @@ def bench_preset(preset: str, count: int, seed: int) -> list[tuple]:
         plugin.close()
 
     def agree(answers: Sequence[object]) -> str:
-        sets = [tuple(getattr(a, "indices", a)) for a in answers[: len(base_a)]]  # type: ignore[call-overload]
+        sets = [tuple(getattr(a, "indices", a)) for a in answers[: len(base_a)]]
         if full:
             same = sum(a == b for a, b in zip(sets, base_a, strict=True))
         else:

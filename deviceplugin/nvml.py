@@ -46,9 +46,10 @@ class NvmlBackend:
     ) -> None:
         if nvml is None:
             try:
-                import pynvml as nvml
+                import pynvml
             except ImportError as e:  # pragma: no cover - nvidia-ml-py is a dependency
                 raise NvmlUnavailable(f"the pynvml module (nvidia-ml-py) is not installed: {e}") from None
+            nvml = pynvml
         self._nvml = nvml
         self._probe = TopologyProbe(
             nvml,

@@ -73,7 +73,8 @@ class XidWatch:
                 )
                 if emit_all:
                     self._safe_emit(emit, HealthEvent(uuid=ALL_GPUS, reason=f"NVML event watch failed: {e}"))
-                    event_set = self._free_event_set(event_set)
+                    self._free_event_set(event_set)
+                    event_set = None
                 stop.wait(backoff)
                 backoff = min(backoff * 2, self.max_backoff_s)
         self._free_event_set(event_set)

@@ -35,7 +35,9 @@ NODE_NAME_ENV = "NODE_NAME"
 class NodePatcher(Protocol):
     """The one call of `kubernetes.client.CoreV1Api` the publisher needs."""
 
-    def patch_node(self, name: str, body: Any, **kwargs: Any) -> Any: ...
+    def patch_node(
+        self, name: str, body: Any, *, _content_type: str | None = ..., _request_timeout: float | None = ...
+    ) -> Any: ...
 
 
 class PublisherError(ValueError):

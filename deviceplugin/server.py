@@ -62,14 +62,15 @@ def _tolerant(name: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandle
     """The same handler, but a body that cannot be decoded is INVALID_ARGUMENT with the reason.
     (gRPC's own answer is INTERNAL 'Exception deserializing request!' and a traceback in our log.)"""
     decode = handler.request_deserializer
+    behavior = handler.unary_unary or handler.unary_stream
+    if decode is None or behavior is None:  # no request decoding, or streamed requests: as it is
+        return handler
 
     def deserialize(data: bytes) -> Any:
         try:
             return decode(data)
         except Exception as e:
             return _Undecodable(f"{type(e).__name__}: {e}")
-
-    behavior = handler.unary_unary or handler.unary_stream
 
     def checked(request: Any, context: grpc.ServicerContext) -> Any:
         if isinstance(request, _Undecodable):

@@ -15,7 +15,7 @@ it), (3) pair sum of S, (4) lexicographically smallest sorted indices.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,7 +87,7 @@ class Allocator:
         bits = ((masks[:, None] >> np.arange(n, dtype=np.int64)[None, :]) & 1).astype(np.int64)
         self._pop = bits.sum(axis=1)
         self._low = _lowest_bit_index(masks, n)
-        self._by_pop = [masks[self._pop == k] for k in range(n + 1)]
+        self._by_pop: list[np.ndarray] = [masks[self._pop == k] for k in range(n + 1)]
         self._rev = _bit_reverse(masks, n)
         self._pair_sum = ((bits @ bw) * bits).sum(axis=1) // 2
         self._ring = self._ring_table(bw, masks)
@@ -184,17 +184,18 @@ class Allocator:
     def _candidates(self, free_mask: int, must_mask: int, size: int) -> np.ndarray:
         cands = self._by_pop[size]
         sel = ((cands & ~free_mask) == 0) & ((cands & must_mask) == must_mask)
-        return cands[sel]
+        out: np.ndarray = cands[sel]  # numpy types a boolean-mask index as Any
+        return out
 
-    def _key_columns(self, free_mask: int, size: int) -> list:
+    def _key_columns(self, free_mask: int, size: int) -> list[Callable[[np.ndarray], np.ndarray]]:
         """Functions from candidate masks to one key column each, in objective order."""
         left = free_mask.bit_count() - size
-        columns = [lambda c: self._ring[c]]
+        columns: list[Callable[[np.ndarray], np.ndarray]] = [lambda c: self._ring[c]]
         for m in DISRUPTION_SIZES:
             if m <= left:
                 best, count = self._best[m], self._count[m]
-                columns.append(lambda c, t=best: t[free_mask & ~c])
-                columns.append(lambda c, t=count: t[free_mask & ~c])
+                columns.append(_leftover_column(best, free_mask))
+                columns.append(_leftover_column(count, free_mask))
         columns.append(lambda c: self._pair_sum[c])
         columns.append(lambda c: self._rev[c])
         return columns
@@ -336,3 +337,8 @@ class AllocatorPool:
 
     def __len__(self) -> int:
         return len(self._by_matrix)
+
+
+def _leftover_column(table: np.ndarray, free_mask: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Key column: `table`'s value for what each candidate mask leaves free."""
+    return lambda c: table[free_mask & ~c]

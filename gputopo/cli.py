@@ -184,13 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("presets", help="list the built-in server topologies")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    try:
-        from gputopo.sim import cli as sim_cli
-    except ImportError:
-        sim_cli = None
-    if sim_cli is not None:
-        p = sub.add_parser("simulate", help="replay a workload through gputopo and today's policies")
-        sim_cli.add_arguments(p)
+    from gputopo.sim import cli as sim_cli  # the simulator is part of the core: always there
+
+    p = sub.add_parser("simulate", help="replay a workload through gputopo and today's policies")
+    sim_cli.add_arguments(p)
     for name, command in plugin_commands(set(sub.choices)).items():
         p = sub.add_parser(name, help=command.help)
         command.add_arguments(p)

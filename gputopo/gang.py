@@ -155,7 +155,7 @@ class _Candidate:
     domain_free: int
     assignment: tuple[tuple[int, int, Choice | None], ...]  # (member index, node position, choice)
 
-    def rank(self) -> tuple:
+    def rank(self) -> tuple[int, _Desc, tuple[int, ...], int, int]:
         """Sort key: smaller is better — (2) fewest nodes, (3) best worst, (3b) fewest
         sub-domains, (4) fullest, (5) name."""
         return (self.nodes_used, _Desc(self.worst), self.spans, self.domain_free, self.domain)
@@ -167,7 +167,7 @@ class _Desc:
 
     value: Quality
 
-    def __lt__(self, other: _Desc) -> bool:  # type: ignore[override]
+    def __lt__(self, other: _Desc) -> bool:
         return self.value > other.value
 
 
@@ -406,8 +406,8 @@ def _evaluate_equal(
         pos = np.fromiter(itertools.chain.from_iterable(ps for ps, _, _, _ in table), np.int64, sum(lens))
         weight = np.repeat(np.array([cnt for _, cnt, _, _ in table], dtype=np.int64), lens)
         nfree = np.repeat(np.array([f for _, _, f, _ in table], dtype=np.int64), lens)
-        kind = np.repeat(np.arange(len(table), dtype=np.int64), lens)
-        chosen = select_nodes(pos, weight, nfree, kind, k, n, lower)
+        kind_ids = np.repeat(np.arange(len(table), dtype=np.int64), lens)
+        chosen = select_nodes(pos, weight, nfree, kind_ids, k, n, lower)
     else:  # nothing to keep together: the k first by the node order (small domains: plain Python)
         top = heapq.nsmallest(k, ((-cnt, f, p, row) for row, (ps, cnt, f, _) in enumerate(table) for p in ps))
         chosen = [(p, row) for _, _, p, row in top]

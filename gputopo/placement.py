@@ -18,7 +18,11 @@ NEUTRAL_SCORE = 5
 MAX_SCORE = 10
 
 
-def _single_key(free: frozenset[int], choice: Choice, gpus: int) -> tuple:
+#: A known-topology node's order for one pod (larger first): see `_single_key`.
+_Key = tuple[int, int, tuple[tuple[int, int, int], ...], int]
+
+
+def _single_key(free: frozenset[int], choice: Choice, gpus: int) -> _Key:
     """Order of nodes for one pod, larger first: ring of its set, then best fit (fewest GPUs
     left free: the emptier nodes stay whole for big jobs), then the node objective's least
     disruption (same leftover count, so the tuples compare like for like), then pair sum."""
@@ -66,18 +70,18 @@ def place_pod(
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
         raise ValueError(f"a pod must ask for at least 1 GPU to be placed, got {gpus!r}")
     memo = memo if memo is not None else ChoiceMemo()
-    best: tuple | None = None
+    best: tuple[int, int | _Key] | None = None
     best_place: Placement | None = None
     for v in nodes:
         if len(v.free) < gpus:
             continue
         if v.allocator is None:
-            key: tuple = (0, -len(v.free))
+            key: tuple[int, int | _Key] = (0, -len(v.free))
             place = Placement(pod, v.name, ())
         else:
             choice = memo.choose(v.allocator, v.free, gpus)
             key = (1, _single_key(v.free, choice, gpus))
             place = Placement(pod, v.name, choice.indices, choice)
-        if best is None or key > best or (key == best and v.name < best_place.node):  # type: ignore[union-attr]
+        if best is None or best_place is None or key > best or (key == best and v.name < best_place.node):
             best, best_place = key, place
     return best_place

@@ -207,7 +207,7 @@ class KubeState:
         self._stop = threading.Event()
         self._listed: set[str] = set()
         self._threads: list[threading.Thread] = []
-        common = {"watch_timeout_s": watch_timeout_s, "backoff_s": backoff_s}
+        common: dict[str, Any] = {"watch_timeout_s": watch_timeout_s, "backoff_s": backoff_s}
         self.reflectors = [
             _Reflector(
                 "nodes",

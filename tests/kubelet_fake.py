@@ -154,7 +154,7 @@ def running_daemon(folder: Path, topology: str = "dgx1-v100", **settings: object
     health_file = settings.pop("health_file", None)
     config = PluginConfig(
         kubelet_dir=str(folder), topology=topology, health_file=health_file, metrics_port=0, **settings
-    )  # type: ignore[arg-type]
+    )
     daemon = Daemon(config, FileBackend(topology, health_file, poll_interval=0.05), health_tick_seconds=0.05)
     daemon.start()
     try:

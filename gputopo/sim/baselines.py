@@ -99,7 +99,7 @@ def _best_effort_search(
         real = [m for m in members if m is not None]
         if not req.issubset(real):
             continue
-        score = _group_score(pts, real)  # type: ignore[arg-type]
+        score = _group_score(pts, real)
         if score > pick_score:
             pick, pick_score = tuple(members), score
     return pick

@@ -76,7 +76,7 @@ def read_trace(path: str | Path) -> Trace:
     )
 
 
-def _rows(p: Path, reader: csv.DictReader) -> Iterator[tuple[int, dict[str, str]]]:
+def _rows(p: Path, reader: csv.DictReader[str]) -> Iterator[tuple[int, dict[str, str]]]:
     for row in reader:
         if None in row:  # csv.DictReader files the cells past the header under None
             cells = len(reader.fieldnames or ()) + len(row[None])
@@ -118,7 +118,7 @@ def _gpus(p: Path, line: int, row: Mapping[str, str]) -> int:
     return num_gpu
 
 
-def _read_alibaba(p: Path, reader: csv.DictReader, *, timed: bool) -> Trace:
+def _read_alibaba(p: Path, reader: csv.DictReader[str], *, timed: bool) -> Trace:
     jobs: list[Job] = []
     rows = cpu_only = fractional = 0
     for line, row in _rows(p, reader):
@@ -148,7 +148,7 @@ def _read_alibaba(p: Path, reader: csv.DictReader, *, timed: bool) -> Trace:
     )
 
 
-def _read_jobs(p: Path, reader: csv.DictReader) -> Trace:
+def _read_jobs(p: Path, reader: csv.DictReader[str]) -> Trace:
     jobs: list[Job] = []
     rows = cpu_only = 0
     for line, row in _rows(p, reader):
