@@ -1,15 +1,14 @@
 """Live cluster state from the API server: list+watch of Nodes, Pods and PodGroups.
 
-Each kind has a reflector thread: list (remember resourceVersion), then watch from there; a
-broken watch resumes from the last resourceVersion seen, a 410 Gone relists. Objects are kept
-as raw JSON dicts from the official client (no model deserialisation: at 5,000 nodes that is
+Each kind has a reflector thread (`scheduler.reflector`): list (remember resourceVersion), then
+watch from there; a broken watch resumes from the last resourceVersion seen, a 410 Gone relists.
+Objects are kept as raw JSON dicts from the official client (no model deserialisation: at 5,000 nodes that is
 the difference between milliseconds and seconds) and parsed with the same functions that
 parse kube-scheduler's requests. Binding goes through `pods/binding`, idempotently.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
@@ -18,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from gputopo import jsonlog
@@ -26,6 +25,7 @@ from gputopo.allocator import MAX_GPUS
 from gputopo.annotation import AnnotationError, decode
 from scheduler import defaults
 from scheduler.model import BadInput, NodeInfo, PodInfo, Snapshot, node_gpu_capacity, parse_pod
+from scheduler.reflector import Reflector, raw_json
 from scheduler.state import BindError
 
 log = logging.getLogger("gputopo.scheduler.kube")
@@ -34,139 +34,6 @@ log = logging.getLogger("gputopo.scheduler.kube")
 OBSERVED_TTL_S = 300.0
 #: How often snapshot() re-judges annotation freshness when nothing else changed.
 STALENESS_RECHECK_S = 5.0
-
-
-def _raw(resp: Any) -> Any:
-    """The JSON body of a `_preload_content=False` response."""
-    try:
-        return json.loads(resp.data)
-    finally:
-        resp.release_conn()
-
-
-class _Reflector:
-    """List then watch one kind, forever, until stopped; never raises out of its thread."""
-
-    def __init__(
-        self,
-        kind: str,
-        list_fn: Callable[..., Any],
-        replace_all: Callable[[list[dict[str, Any]]], None],
-        apply: Callable[[str, dict[str, Any]], None],
-        stop: threading.Event,
-        *,
-        watch_timeout_s: int,
-        backoff_s: tuple[float, float],
-        on_listed: Callable[[], None],
-        absent_ok: bool = False,
-    ) -> None:
-        self.kind = kind
-        self.list_fn = list_fn
-        self.replace_all = replace_all
-        self.apply = apply
-        self.stop = stop
-        self.watch_timeout_s = watch_timeout_s
-        self.backoff_s = backoff_s
-        self.on_listed = on_listed
-        self.absent_ok = absent_ok
-        self.resource_version = ""
-        self.lists = 0
-        self.watches = 0
-        self._current: watch.Watch | None = None
-
-    def interrupt(self) -> None:
-        """Unblock a watch waiting for events (used by stop)."""
-        w = self._current
-        if w is not None:
-            w.stop()
-            resp = getattr(w, "_resp", None)
-            shutdown = getattr(resp, "shutdown", None)
-            if shutdown is not None:  # urllib3 >= 2.3: unblocks a read in another thread
-                try:
-                    shutdown()
-                except Exception:
-                    pass
-
-    def run(self) -> None:
-        delay = self.backoff_s[0]
-        need_list = True
-        while not self.stop.is_set():
-            try:
-                if need_list:
-                    self._list()
-                    need_list = False
-                self._watch()
-                delay = self.backoff_s[0]
-            except ApiException as e:
-                if e.status == 410:
-                    jsonlog.event(log, "watch_expired", kind=self.kind, reason="410 Gone: relisting")
-                    need_list = True
-                    continue
-                if e.status == 404 and self.absent_ok:
-                    jsonlog.event(
-                        log, "kind_absent", kind=self.kind, reason="CRD not installed; retrying later"
-                    )
-                    self.on_listed()
-                    need_list = True
-                    self.stop.wait(self.backoff_s[1])
-                    continue
-                jsonlog.event(
-                    log,
-                    "api_error",
-                    logging.WARNING,
-                    kind=self.kind,
-                    status=e.status,
-                    reason=str(e.reason),
-                    retry_in_s=delay,
-                )
-                self.stop.wait(delay)
-                delay = min(delay * 2, self.backoff_s[1])
-            except Exception as e:  # broken connection, bad JSON: resume, never die
-                jsonlog.event(
-                    log,
-                    "watch_broken",
-                    logging.WARNING,
-                    kind=self.kind,
-                    reason=f"{type(e).__name__}: {e}",
-                    resume_from=self.resource_version,
-                    retry_in_s=delay,
-                )
-                self.stop.wait(delay)
-                delay = min(delay * 2, self.backoff_s[1])
-
-    def _list(self) -> None:
-        body = _raw(self.list_fn(_preload_content=False))
-        items = body.get("items") or []
-        self.resource_version = (body.get("metadata") or {}).get("resourceVersion", "")
-        self.replace_all(items)
-        self.lists += 1
-        jsonlog.event(log, "listed", kind=self.kind, count=len(items), resource_version=self.resource_version)
-        self.on_listed()
-
-    def _watch(self) -> None:
-        self.watches += 1
-        w = self._current = watch.Watch()
-        if self.stop.is_set():
-            return
-        kwargs: dict[str, Any] = {"timeout_seconds": self.watch_timeout_s, "allow_watch_bookmarks": True}
-        if self.resource_version:
-            kwargs["resource_version"] = self.resource_version
-
-        # A wrapper without a docstring: the client then finds no model type and hands us plain
-        # dicts (raw_object) instead of deserialising every object into models.
-        def raw_list(**kw: Any) -> Any:
-            return self.list_fn(**kw)
-
-        for event in w.stream(raw_list, **kwargs):
-            if self.stop.is_set():
-                w.stop()
-                return
-            obj = event.get("raw_object") or {}
-            rv = (obj.get("metadata") or {}).get("resourceVersion")
-            if event.get("type") != "BOOKMARK":
-                self.apply(event.get("type", ""), obj)
-            if rv:
-                self.resource_version = rv
 
 
 class KubeState:
@@ -209,7 +76,7 @@ class KubeState:
         self._threads: list[threading.Thread] = []
         common: dict[str, Any] = {"watch_timeout_s": watch_timeout_s, "backoff_s": backoff_s}
         self.reflectors = [
-            _Reflector(
+            Reflector(
                 "nodes",
                 self.core.list_node,
                 self._replace_nodes,
@@ -218,7 +85,7 @@ class KubeState:
                 on_listed=lambda: self._mark("nodes"),
                 **common,
             ),
-            _Reflector(
+            Reflector(
                 "pods",
                 self.core.list_pod_for_all_namespaces,
                 self._replace_pods,
@@ -227,7 +94,7 @@ class KubeState:
                 on_listed=lambda: self._mark("pods"),
                 **common,
             ),
-            _Reflector(
+            Reflector(
                 "podgroups",
                 self._list_podgroups,
                 self._replace_groups,
@@ -448,7 +315,7 @@ class KubeState:
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
         )
         try:
-            _raw(
+            raw_json(
                 self.core.create_namespaced_pod_binding(
                     pod.name,
                     pod.namespace,
@@ -466,7 +333,7 @@ class KubeState:
 
     def _bound_to(self, pod: PodInfo, node: str) -> bool:
         try:
-            raw = _raw(
+            raw = raw_json(
                 self.core.read_namespaced_pod(
                     pod.name, pod.namespace, _preload_content=False, _request_timeout=self.bind_timeout_s
                 )
