@@ -2,9 +2,9 @@
 
 Each kind has a reflector thread (`scheduler.reflector`): list (remember resourceVersion), then
 watch from there; a broken watch resumes from the last resourceVersion seen, a 410 Gone relists.
-Objects are kept as raw JSON dicts from the official client (no model deserialisation: at 5,000 nodes that is
-the difference between milliseconds and seconds) and parsed with the same functions that
-parse kube-scheduler's requests. Binding goes through `pods/binding`, idempotently.
+Objects are kept as raw JSON dicts from the official client (no model deserialisation: at 5,000
+nodes that is the difference between milliseconds and seconds) and parsed with the same
+functions that parse kube-scheduler's requests. Binding goes through `pods/binding`, idempotently.
 """
 
 from __future__ import annotations
