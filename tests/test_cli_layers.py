@@ -5,6 +5,7 @@ contracts (`lint-imports`, also run by `make test`) hold."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -160,9 +161,35 @@ def test_a_declared_command_that_cannot_load_is_one_line_exit_2(
     assert says in one_error_line(gputopo(name, "--any", "flags", env=third_party))
 
 
+def lint_imports(cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    lint = Path(sys.executable).parent / "lint-imports"
+    return subprocess.run(
+        [str(lint), "--config", str(cwd / "pyproject.toml"), "--no-cache"],
+        capture_output=True, text=True, timeout=300, cwd=cwd, env=env, check=False,
+    )  # fmt: skip
+
+
 def test_import_contracts_hold() -> None:
     """Layers, daemon independence and the core's forbidden externals (pyproject.toml)."""
-    lint = Path(sys.executable).parent / "lint-imports"
-    out = subprocess.run([str(lint)], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+    out = lint_imports(ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "broken" not in out.stdout.split("Contracts:")[-1].lower(), out.stdout
+    assert "Contracts: 3 kept, 0 broken." in out.stdout, out.stdout
+
+
+def test_import_contracts_catch_what_they_should(tmp_path: Path) -> None:
+    """Guards the test above: a copy of the tree with a lazy gRPC import in the core and a
+    daemon importing the other breaks all three contracts, each naming the offending line."""
+    for name in ("gputopo", "deviceplugin", "scheduler", "gputopo_kube", "proto"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "presets"))
+    shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    with (tmp_path / "gputopo" / "numerals.py").open("a") as f:
+        f.write("\n\ndef _status():\n    import deviceplugin.status_client\n")
+    with (tmp_path / "deviceplugin" / "defaults.py").open("a") as f:
+        f.write("\n\ndef _levels():\n    from scheduler import defaults\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(tmp_path / "proto")]))
+    out = lint_imports(tmp_path, env)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "Contracts: 0 kept, 3 broken." in out.stdout, out.stdout
+    assert "gputopo.numerals -> deviceplugin.status_client" in out.stdout
+    assert "deviceplugin.defaults -> scheduler" in out.stdout
+    assert "gputopo is not allowed to import grpc" in out.stdout

@@ -187,6 +187,7 @@ def test_wheel_carries_presets_and_protos_and_the_venv_no_pip(wheel_install: tup
     assert any(
         n.startswith("gputopo_proto/deviceplugin/v1beta1/") and n.endswith("_pb2_grpc.py") for n in names
     )
+    assert "gputopo_kube/config.py" in names, "both daemons load their API server configuration there"
     assert not list((venv / "bin").glob("pip*")), "the runtime venv must not carry pip"
 
 
