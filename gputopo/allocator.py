@@ -155,6 +155,16 @@ class Allocator:
             raise AllocationError("chosen set is empty")
         return self._choice(s_mask, f_mask)
 
+    def groups(self, free: Iterable[int]) -> tuple[tuple[int, int, int], ...]:
+        """What a free set offers groups of 8, 4 and 2 (those that fit): (size, best ring MB/s
+        an m-subset reaches, how many disjoint m-subsets reach it) — the least-disruption key of
+        `free` itself, so a caller can price what a placement takes away."""
+        f_mask = self._mask(free, "free")
+        left = f_mask.bit_count()
+        out = tuple((m, best[f_mask], count[f_mask]) for m, best, count in self._lists.leftover if m <= left)
+        whole = [m for m in DISRUPTION_SIZES if m == self._n == left]  # a whole node is one group of n
+        return tuple((m, self._lists.ring[f_mask], 1) for m in whole) + out
+
     def ring_mbps(self, indices: Iterable[int]) -> int:
         """Ring bandwidth of a set: the weakest hop of its best ring (0 for one GPU)."""
         return int(self._ring[self._mask(indices, "indices")])
@@ -314,7 +324,7 @@ class Allocator:
         R's lowest GPU out, or putting it in a qualifying m-subset and packing the rest."""
         best = self._best[m]
         count = np.where(self._pop >= m, 1, 0).astype(np.int64)
-        big = (self._pop >= 2 * m) & (self._pop < self._n)
+        big = self._pop >= 2 * m  # the whole node too: `groups` prices a free set, not only a leftover
         if not big.any():
             return count
         subs = self._by_pop[m]

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gputopo.allocator import Allocator, Choice
+from gputopo.clusterobjective import ClusterObjective
 from gputopo.network import CLUSTER, HOSTNAME, LevelIndex, NetworkIndex, short_name, validate_levels
 
 #: A member's GPU set as the gang compares it across nodes: (ring MB/s, pair-sum MB/s).
@@ -743,9 +744,16 @@ def _single_key(free: frozenset[int], choice: Choice, gpus: int) -> tuple:
     return (choice.ring_mbps, -(len(free) - gpus), choice.disruption, choice.pair_sum_mbps)
 
 
-def node_scores(gpus: int, nodes: Sequence[NodeView], *, memo: ChoiceMemo | None = None) -> dict[str, int]:
+def node_scores(
+    gpus: int,
+    nodes: Sequence[NodeView],
+    *,
+    memo: ChoiceMemo | None = None,
+    objective: ClusterObjective | None = None,
+) -> dict[str, int]:
     """Prioritize for a single pod: each node scored 0..10 by the best GPU set it can give
     (node objective), then by least disruption of what stays free. Nodes that cannot fit get 0.
+    With an `objective`, the order is the cluster-level one (`gputopo.clusterobjective`).
 
     Scores are ranks, scaled over the nodes given: the best distinct key gets 10, the worst
     fitting one 1, the rest evenly between; unknown-topology nodes that fit get 5 (neutral)."""
@@ -762,7 +770,10 @@ def node_scores(gpus: int, nodes: Sequence[NodeView], *, memo: ChoiceMemo | None
             scores[v.name] = NEUTRAL_SCORE
         else:
             kinds.setdefault((v.allocator, v.free), []).append(v.name)
-    keyed = {(a, free): _single_key(free, memo.choose(a, free, gpus), gpus) for a, free in kinds}
+    if objective is not None:
+        keyed = objective.keys(gpus, {(a, free): memo.choose(a, free, gpus) for a, free in kinds})
+    else:
+        keyed = {(a, free): _single_key(free, memo.choose(a, free, gpus), gpus) for a, free in kinds}
     distinct = sorted(set(keyed.values()), reverse=True)
     span = len(distinct) - 1
     rank = {key: r for r, key in enumerate(distinct)}

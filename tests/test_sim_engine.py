@@ -239,7 +239,9 @@ def test_fill_reports_demand_placed_and_allocated_share() -> None:
     spread, packed = res["kubelet-default"], res["best-combo"]
     assert spread.gpus_total == packed.gpus_total == 16
     assert spread.demand_placed == pytest.approx(2 / 10) and packed.demand_placed == pytest.approx(1.0)
-    assert spread.allocated_at_end == pytest.approx(2 / 16) and packed.allocated_at_end == pytest.approx(10 / 16)
+    assert spread.allocated_at_end == pytest.approx(2 / 16) and packed.allocated_at_end == pytest.approx(
+        10 / 16
+    )
     assert spread.allocated_at_first_failure == pytest.approx(2 / 16)
     assert packed.allocated_at_first_failure is None  # nothing failed
 
