@@ -27,6 +27,8 @@ MAX_GPUS = 16
 #: Group sizes whose future availability "least disruption" protects, most important first.
 DISRUPTION_SIZES: tuple[int, ...] = (8, 4, 2)
 _CACHE_LIMIT = 1 << 16
+#: Nodes up to this size get every no-must-include answer tabulated at build (3^n pairs).
+FAST_TABLE_MAX_GPUS = 8
 _INF = np.int64(1 << 60)
 
 
@@ -98,6 +100,11 @@ class Allocator:
                 self._best[m] = self._best_subset_table(m, masks)
                 self._count[m] = self._count_table(m, masks)
         self._cache: dict[tuple[int, int, int], Choice] = {}
+        # best S for every (free set, size) without must-include: the common request, answered
+        # by one lookup. Filled at build up to 8 GPUs (3^8 = 6,561 (F, S) pairs, one lexsort);
+        # on larger nodes the (F, size) answers are cached as they are asked (`_cache`).
+        self._fast = self._fast_table(masks) if n <= FAST_TABLE_MAX_GPUS else None
+        self._lists = _Lists.of(self, n)
 
     # ----------------------------------------------------------------- public queries
 
@@ -112,6 +119,12 @@ class Allocator:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
+        if must_mask == 0 and self._fast is not None:
+            choice = self._choice(int(self._fast[free_mask * (self._n + 1) + size]), free_mask)
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[key] = choice
+            return choice
         cands = self._candidates(free_mask, must_mask, size)
         for column in self._key_columns(free_mask, size):
             if len(cands) == 1:
@@ -142,6 +155,16 @@ class Allocator:
             raise AllocationError("chosen set is empty")
         return self._choice(s_mask, f_mask)
 
+    def groups(self, free: Iterable[int]) -> tuple[tuple[int, int, int], ...]:
+        """What a free set offers groups of 8, 4 and 2 (those that fit): (size, best ring MB/s
+        an m-subset reaches, how many disjoint m-subsets reach it) — the least-disruption key of
+        `free` itself, so a caller can price what a placement takes away."""
+        f_mask = self._mask(free, "free")
+        left = f_mask.bit_count()
+        out = tuple((m, best[f_mask], count[f_mask]) for m, best, count in self._lists.leftover if m <= left)
+        whole = [m for m in DISRUPTION_SIZES if m == self._n == left]  # a whole node is one group of n
+        return tuple((m, self._lists.ring[f_mask], 1) for m in whole) + out
+
     def ring_mbps(self, indices: Iterable[int]) -> int:
         """Ring bandwidth of a set: the weakest hop of its best ring (0 for one GPU)."""
         return int(self._ring[self._mask(indices, "indices")])
@@ -159,9 +182,12 @@ class Allocator:
 
     def _mask(self, indices: Iterable[int], what: str) -> int:
         mask = 0
+        n = self._n
         for i in indices:
-            if not isinstance(i, (int, np.integer)) or isinstance(i, bool) or not 0 <= i < self._n:
-                raise AllocationError(f"{what}: GPU index {i!r} is not in 0..{self._n - 1}")
+            if type(i) is not int and (not isinstance(i, (int, np.integer)) or isinstance(i, bool)):
+                raise AllocationError(f"{what}: GPU index {i!r} is not in 0..{n - 1}")
+            if not 0 <= i < n:
+                raise AllocationError(f"{what}: GPU index {i!r} is not in 0..{n - 1}")
             mask |= 1 << int(i)
         return mask
 
@@ -203,16 +229,15 @@ class Allocator:
     def _choice(self, s_mask: int, f_mask: int) -> Choice:
         r_mask = f_mask & ~s_mask
         left = r_mask.bit_count()
-        disruption = tuple(
-            (m, int(self._best[m][r_mask]), int(self._count[m][r_mask]))
-            for m in DISRUPTION_SIZES
-            if m <= left
-        )
+        lists = self._lists
+        disruption = tuple((m, best[r_mask], count[r_mask]) for m, best, count in lists.leftover if m <= left)
         return Choice(
-            indices=tuple(i for i in range(self._n) if s_mask >> i & 1),
-            ring_mbps=int(self._ring[s_mask]),
+            indices=lists.indices[s_mask]
+            if lists.indices
+            else tuple(i for i in range(self._n) if s_mask >> i & 1),
+            ring_mbps=lists.ring[s_mask],
             disruption=disruption,
-            pair_sum_mbps=int(self._pair_sum[s_mask]),
+            pair_sum_mbps=lists.pair_sum[s_mask],
         )
 
     # ----------------------------------------------------------------- tables (built once)
@@ -253,6 +278,36 @@ class Allocator:
         ring[self._pop <= 1] = 0
         return ring
 
+    def _fast_table(self, masks: np.ndarray) -> np.ndarray:
+        """answer[F * (n + 1) + size] = the objective's best S ⊆ F of that size (no must-include).
+
+        Every pair S ⊆ F (3^n of them) gets the same key columns `choose` compares, in the same
+        order; within one (F, size) group the leftover size is fixed, so a disruption column that
+        `choose` leaves out is a constant there and may be filled with 0. One lexsort over the
+        pairs then puts each group's best first: the same answer as the search, by construction
+        (a property test compares the two on every (F, size))."""
+        n = self._n
+        f_all = np.repeat(masks, len(masks))
+        s_all = np.tile(masks, len(masks))
+        keep = ((s_all & ~f_all) == 0) & (s_all != 0)
+        f, s = f_all[keep], s_all[keep]
+        r = f & ~s
+        left = self._pop[r]
+        size = self._pop[s]
+        columns: list[np.ndarray] = [self._ring[s]]
+        for m in DISRUPTION_SIZES:
+            if m in self._best:
+                use = m <= left
+                columns.append(np.where(use, self._best[m][r], 0))
+                columns.append(np.where(use, self._count[m][r], 0))
+        columns += [self._pair_sum[s], self._rev[s]]
+        group = f * (n + 1) + size
+        order = np.lexsort((*(-c for c in reversed(columns)), group))
+        first = np.unique(group[order], return_index=True)[1]
+        answer = np.zeros(len(masks) * (n + 1), dtype=np.int64)
+        answer[group[order][first]] = s[order][first]
+        return answer
+
     def _best_subset_table(self, m: int, masks: np.ndarray) -> np.ndarray:
         """best[R] = the best ring any m-subset of R reaches (-1 if |R| < m): a subset-max
         transform over the ring table restricted to m-subsets."""
@@ -270,7 +325,7 @@ class Allocator:
         R's lowest GPU out, or putting it in a qualifying m-subset and packing the rest."""
         best = self._best[m]
         count = np.where(self._pop >= m, 1, 0).astype(np.int64)
-        big = (self._pop >= 2 * m) & (self._pop < self._n)
+        big = self._pop >= 2 * m  # the whole node too: `groups` prices a free set, not only a leftover
         if not big.any():
             return count
         subs = self._by_pop[m]
@@ -298,6 +353,32 @@ class Allocator:
             hit = big & (best == t)
             count[hit] = pack[hit]
         return count
+
+
+@dataclass(frozen=True, slots=True)
+class _Lists:
+    """The tables a Choice is read from, as Python lists: building a Choice reads about ten
+    entries, and a list lookup costs a tenth of a numpy scalar lookup plus its int()."""
+
+    ring: list[int]
+    pair_sum: list[int]
+    leftover: tuple[tuple[int, list[int], list[int]], ...]
+    indices: list[tuple[int, ...]]  # every mask's sorted indices; empty above 8 GPUs (64 Ki tuples)
+
+    @staticmethod
+    def of(alloc: Allocator, n: int) -> _Lists:
+        return _Lists(
+            ring=alloc._ring.tolist(),
+            pair_sum=alloc._pair_sum.tolist(),
+            leftover=tuple(
+                (m, alloc._best[m].tolist(), alloc._count[m].tolist())
+                for m in DISRUPTION_SIZES
+                if m in alloc._best
+            ),
+            indices=[tuple(i for i in range(n) if mask >> i & 1) for mask in range(1 << n)]
+            if n <= FAST_TABLE_MAX_GPUS
+            else [],
+        )
 
 
 def _lowest_bit_index(masks: np.ndarray, n: int) -> np.ndarray:

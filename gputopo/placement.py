@@ -9,29 +9,40 @@ the gangs (`gputopo.gang`). Pure: no I/O, no clock, no globals.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from gputopo.allocator import Allocator, Choice
 from gputopo.nodeview import ChoiceMemo, NodeView, Placement
+
+if TYPE_CHECKING:  # the objective imports this module's first-cut key
+    from gputopo.clusterobjective import ClusterObjective
 
 #: Score of a node of unknown topology in `node_scores`: the middle of 0..10.
 NEUTRAL_SCORE = 5
 MAX_SCORE = 10
 
 
-#: A known-topology node's order for one pod (larger first): see `_single_key`.
+#: A known-topology node's order for one pod (larger first): see `single_key`.
 _Key = tuple[int, int, tuple[tuple[int, int, int], ...], int]
 
 
-def _single_key(free: frozenset[int], choice: Choice, gpus: int) -> _Key:
+def single_key(free: frozenset[int], choice: Choice, gpus: int) -> _Key:
     """Order of nodes for one pod, larger first: ring of its set, then best fit (fewest GPUs
     left free: the emptier nodes stay whole for big jobs), then the node objective's least
     disruption (same leftover count, so the tuples compare like for like), then pair sum."""
     return (choice.ring_mbps, -(len(free) - gpus), choice.disruption, choice.pair_sum_mbps)
 
 
-def node_scores(gpus: int, nodes: Sequence[NodeView], *, memo: ChoiceMemo | None = None) -> dict[str, int]:
+def node_scores(
+    gpus: int,
+    nodes: Sequence[NodeView],
+    *,
+    memo: ChoiceMemo | None = None,
+    objective: ClusterObjective | None = None,
+) -> dict[str, int]:
     """Prioritize for a single pod: each node scored 0..10 by the best GPU set it can give
     (node objective), then by least disruption of what stays free. Nodes that cannot fit get 0.
+    With an `objective`, the order is the cluster-level one (`gputopo.clusterobjective`).
 
     Scores are ranks, scaled over the nodes given: the best distinct key gets 10, the worst
     fitting one 1, the rest evenly between; unknown-topology nodes that fit get 5 (neutral)."""
@@ -48,7 +59,11 @@ def node_scores(gpus: int, nodes: Sequence[NodeView], *, memo: ChoiceMemo | None
             scores[v.name] = NEUTRAL_SCORE
         else:
             kinds.setdefault((v.allocator, v.free), []).append(v.name)
-    keyed = {(a, free): _single_key(free, memo.choose(a, free, gpus), gpus) for a, free in kinds}
+    keyed: dict[tuple[Allocator, frozenset[int]], tuple[object, ...]]
+    if objective is not None:
+        keyed = objective.keys(gpus, {(a, free): memo.choose(a, free, gpus) for a, free in kinds})
+    else:
+        keyed = {(a, free): single_key(free, memo.choose(a, free, gpus), gpus) for a, free in kinds}
     distinct = sorted(set(keyed.values()), reverse=True)
     span = len(distinct) - 1
     rank = {key: r for r, key in enumerate(distinct)}
@@ -80,7 +95,7 @@ def place_pod(
             place = Placement(pod, v.name, ())
         else:
             choice = memo.choose(v.allocator, v.free, gpus)
-            key = (1, _single_key(v.free, choice, gpus))
+            key = (1, single_key(v.free, choice, gpus))
             place = Placement(pod, v.name, choice.indices, choice)
         if best is None or best_place is None or key > best or (key == best and v.name < best_place.node):
             best, best_place = key, place

@@ -193,6 +193,9 @@ def _links_from_matrix(
     if pcie_raw is not None and (not isinstance(pcie_raw, Sequence) or len(pcie_raw) != n):
         raise TopologyError(f"'pcie' must be a {n}x{n} matrix")
     rows: list[tuple[Link | None, ...]] = []
+    # A matrix repeats a handful of codes (64 cells, ~4 codes on 8 GPUs): parse each once per
+    # matrix. A 5,000-node snapshot with inline topologies spent most of its load in parse_code.
+    parsed: dict[str, Link] = {}
     for i, row in enumerate(raw):
         if not isinstance(row, Sequence) or isinstance(row, (str, bytes)) or len(row) != n:
             raise TopologyError(f"links[{i}] must have {n} entries")
@@ -207,10 +210,12 @@ def _links_from_matrix(
                 continue
             if i == j:
                 raise TopologyError(f"links[{i}][{i}] must be X (self)")
-            try:
-                link = parse_code(cell)
-            except LinkError as e:
-                raise TopologyError(f"links[{i}][{j}]: {e}") from None
+            link = parsed.get(cell)
+            if link is None:
+                try:
+                    link = parsed[cell] = parse_code(cell)
+                except LinkError as e:
+                    raise TopologyError(f"links[{i}][{j}]: {e}") from None
             if pcie_raw is not None:
                 under = str(pcie_raw[i][j]).strip().upper()
                 under = "SYS" if under == "SOC" else under

@@ -163,3 +163,15 @@ def test_full_objective_matches_oracle_beyond_8_gpus(data: st.DataObject) -> Non
     got = alloc.choose(free, size, must)
     want = oracle.choose(free, size, must)
     assert got.indices == want and got.key() == oracle.key(want, free)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(topo=topologies(min_gpus=1, max_gpus=8))
+def test_tabulated_answers_equal_the_search_on_every_free_set(topo: Topology) -> None:
+    """Up to 8 GPUs `choose` without must-include reads a table filled at build; `rank` always
+    runs the candidate search. They must agree on every (free set, size) there is."""
+    alloc = Allocator(topo)
+    for mask in range(1, 1 << topo.n):
+        free = [i for i in range(topo.n) if mask >> i & 1]
+        for size in range(1, len(free) + 1):
+            assert alloc.choose(free, size) == alloc.rank(free, size, top=1)[0], (free, size)

@@ -187,3 +187,27 @@ def test_a_gang_on_a_generated_cluster_stays_in_one_leaf() -> None:
     out = plan_gang(spec, snap.node_views(), snap.levels, index=snap.index)
     assert isinstance(out, GangPlan) and out.level == LEAF
     assert {snap.by_name[p.node].labels[LEAF] for p in out.placements} == {out.domain}
+
+
+def test_json_and_yaml_snapshots_read_alike(tmp_path: Path) -> None:
+    """JSON is read by a JSON parser (fast), YAML by the YAML loader; both give one snapshot,
+    also with a byte order mark, and a JSON-looking text that only YAML accepts still loads."""
+    import yaml
+
+    doc = generate_cluster(2, 2, 3, ("dgx1-v100", "hgx-h100"), seed=3, busy_fraction=0.5).to_dict()
+    doc["nodes"][0]["gpus"] = load_preset("dgx1-v100").to_dict()  # an inline topology too
+    as_json = tmp_path / "c.json"
+    as_json.write_text(json.dumps(doc), encoding="utf-8")
+    as_yaml = tmp_path / "c.yaml"
+    as_yaml.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    with_bom = tmp_path / "bom.json"
+    with_bom.write_text("\ufeff" + json.dumps(doc, indent=1), encoding="utf-8")
+    yaml_only = tmp_path / "flow.yaml"  # a trailing comma: not JSON, but a YAML flow mapping
+    yaml_only.write_text(json.dumps(doc)[:-1] + ",}", encoding="utf-8")
+    want = load_cluster(str(as_yaml)).to_dict()
+    for path in (as_json, with_bom, yaml_only):
+        assert load_cluster(str(path)).to_dict() == want, path.name
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"nodes": [', encoding="utf-8")
+    with pytest.raises(ClusterError, match="not valid YAML or JSON"):
+        load_cluster(str(broken))

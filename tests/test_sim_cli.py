@@ -109,8 +109,11 @@ def test_table_and_plot_through_the_gputopo_command(tmp_path: Path) -> None:
     lines = r.stdout.splitlines()
     assert any(line.startswith("mode: fill") for line in lines)
     header = next(line for line in lines if line.startswith("metric"))
-    assert header.split() == ["metric", "gputopo", "kubelet-default"]
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert header.split() == ["metric", "better", "gputopo", "kubelet-default"]
+    head = png.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    # IHDR: a 16:9 picture for a slide (1600 x 900)
+    assert (int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")) == (1600, 900)
     assert r.stderr == ""  # no progress bar when stderr is not a terminal
 
 

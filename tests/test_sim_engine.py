@@ -228,3 +228,49 @@ def test_an_empty_label_value_is_no_shared_domain() -> None:
     r = simulate(c, [job(0, (8, 8), 0, 100)], "gputopo", RunConfig())
     assert r.gangs == 1 and r.gangs_one_leaf == 0.0 and r.gangs_one_spine == 1.0
     assert r.job_time_ratio == pytest.approx(1.0)  # no leaf holds two nodes: spine is the ideal
+
+
+def test_fill_reports_demand_placed_and_allocated_share() -> None:
+    """The FGD paper's fill figures: spreading strands GPUs, so it places less of the demand
+    and ends with fewer GPUs allocated than packing, even where it placed as many jobs."""
+    c = cluster("rtx4090-8-allsys", [("n1", "a", frozenset()), ("n2", "a", frozenset())])
+    jobs = [job(0, (1,), 0, math.inf), job(1, (1,), 1, math.inf), job(2, (8,), 2, math.inf)]
+    res = by_policy(compare(c, jobs, ("kubelet-default", "best-combo"), RunConfig(mode="fill")))
+    spread, packed = res["kubelet-default"], res["best-combo"]
+    assert spread.gpus_total == packed.gpus_total == 16
+    assert spread.demand_placed == pytest.approx(2 / 10) and packed.demand_placed == pytest.approx(1.0)
+    assert spread.allocated_at_end == pytest.approx(2 / 16) and packed.allocated_at_end == pytest.approx(
+        10 / 16
+    )
+    assert spread.allocated_at_first_failure == pytest.approx(2 / 16)
+    assert packed.allocated_at_first_failure is None  # nothing failed
+
+
+def test_queueing_splits_who_waited_from_how_long() -> None:
+    c = cluster("hgx-h100", [("n1", "a", frozenset())])
+    jobs = [job(0, (8,), 0, 100), job(1, (8,), 10, 50), job(2, (4,), 20, 10), job(3, (4,), 20, 10)]
+    r = simulate(c, jobs, "gputopo", RunConfig())
+    assert r.queued_share == pytest.approx(3 / 4)
+    assert r.queue_delay_mean_queued == pytest.approx((90 + 130 + 130) / 3)
+    assert r.queue_delay_mean == pytest.approx(r.queued_share * r.queue_delay_mean_queued)
+    assert r.queue_delay_p95 is not None and r.queue_delay_p99 is not None
+    assert r.queue_delay_p95 <= r.queue_delay_p99 <= 130
+    assert r.allocated_at_end is None  # replay ends with every job gone: no fill figure
+
+
+def test_table_says_which_way_is_better() -> None:
+    from gputopo.sim.report import HIGHER, LOWER, ROWS, render_table
+
+    c = cluster("hgx-h100", [("n1", "a", frozenset())])
+    r = simulate(c, [job(0, (8,), 0, 100)], "gputopo", RunConfig())
+    lines = render_table([r], {}).splitlines()
+    header = next(line for line in lines if line.startswith("metric"))
+    assert "better" in header
+    for label, better, _ in ROWS:
+        row = next(line for line in lines if line.startswith(label))
+        assert better in (HIGHER, LOWER, "")
+        if better:
+            assert better in row, label
+    directions = {label: better for label, better, _ in ROWS}
+    assert directions["free GPUs at first failure (FGD)"] == LOWER
+    assert directions["throughput of multi-GPU jobs vs kubelet-default"] == HIGHER

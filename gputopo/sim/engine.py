@@ -68,7 +68,14 @@ def simulate(
         never = _replay(state, jobs, policy.place, rec, progress)
     if progress is not None:
         progress(sum(len(j.pods) for j in jobs))  # the end, whatever never started
-    return rec.summary(policy_name, len(jobs), never, clock() - started, timed=config.mode == "replay")
+    return rec.summary(
+        policy_name,
+        jobs,
+        never,
+        clock() - started,
+        timed=config.mode == "replay",
+        free_at_end=state.free_total if config.mode == "fill" else None,
+    )
 
 
 def _fill(

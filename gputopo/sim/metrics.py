@@ -42,12 +42,19 @@ class Summary:
     fragmented_jobs: float  # share of jobs that failed at least once with enough GPUs free
     queue_delay_mean: float | None
     queue_delay_p95: float | None
+    queue_delay_p99: float | None
+    queued_share: float | None  # share of placed jobs that waited at all (delay > 0)
+    queue_delay_mean_queued: float | None  # mean delay of those that waited
     job_time_ratio: float | None  # GPU-weighted mean of actual/ideal job time, multi-GPU jobs
     efficiency: float | None  # GPU-weighted ideal/actual time, multi-GPU jobs
     throughput_vs_baseline: float | None  # efficiency / baseline efficiency
     admission_failures: int
     pods: int
     seconds: float
+    gpus_total: int = 0  # GPUs of the cluster (healthy, as simulated)
+    allocated_at_first_failure: float | None = None  # share of GPUs in use when the first job failed
+    allocated_at_end: float | None = None  # share of GPUs in use when the run ended (fill: when full)
+    demand_placed: float | None = None  # share of the GPUs asked for by all jobs that got placed
     extra: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
@@ -75,6 +82,8 @@ class Recorder:
         # holds two 8-GPU pods), so the ideal must not assume one node per pod.
         self._largest_node = max(t.n for t in cluster.topologies)
         self._fragmented: set[int] = set()
+        self.gpus_total = sum(cluster.topologies[n.topology].n for n in cluster.nodes)
+        self.placed_gpus = 0
 
     def ring(self, tid: int, gpus: tuple[int, ...]) -> int:
         key = (tid, gpus)
@@ -117,6 +126,7 @@ class Recorder:
         """Record a placement; returns the stretch factor (actual / ideal job time)."""
         self.placed += 1
         self.pods += len(slots)
+        self.placed_gpus += job.gpus
         self.delays.append(now - job.submit)
         nodes = [n for n, _ in slots]
         ring_gbps = ideal_gbps = math.inf
@@ -152,14 +162,25 @@ class Recorder:
     def _same(self, nodes: Sequence[int], level: str) -> bool:
         return len({self.cluster.domain(n, level) for n in nodes}) == 1
 
-    def summary(self, policy: str, jobs: int, never_started: int, seconds: float, timed: bool) -> Summary:
+    def summary(
+        self,
+        policy: str,
+        jobs: Sequence[Job],
+        never_started: int,
+        seconds: float,
+        timed: bool,
+        free_at_end: int | None = None,
+    ) -> Summary:
         def share(num: float, den: int) -> float | None:
             return num / den if den else None
 
         delays = np.asarray(self.delays) if timed and self.delays else None
+        waited = delays[delays > 0] if delays is not None else None
+        demand = sum(j.gpus for j in jobs)
+        total = self.gpus_total
         return Summary(
             policy=policy,
-            jobs=jobs,
+            jobs=len(jobs),
             placed=self.placed,
             rejected=self.rejected,
             never_started=never_started,
@@ -171,15 +192,24 @@ class Recorder:
             gangs_one_spine=share(self.gang_spine, self.gangs),
             free_at_first_failure=None if self.first_failure is None else self.first_failure[1],
             first_failure_time=None if self.first_failure is None else self.first_failure[0],
-            fragmented_jobs=len(self._fragmented) / jobs if jobs else 0.0,
+            fragmented_jobs=len(self._fragmented) / len(jobs) if jobs else 0.0,
             queue_delay_mean=None if delays is None else float(delays.mean()),
             queue_delay_p95=None if delays is None else float(np.percentile(delays, 95)),
+            queue_delay_p99=None if delays is None else float(np.percentile(delays, 99)),
+            queued_share=None if delays is None or waited is None else len(waited) / len(delays),
+            queue_delay_mean_queued=None if waited is None or not len(waited) else float(waited.mean()),
             job_time_ratio=None if not self.ideal_gpu_s else self.actual_gpu_s / self.ideal_gpu_s,
             efficiency=None if not self.actual_gpu_s else self.ideal_gpu_s / self.actual_gpu_s,
             throughput_vs_baseline=None,
             admission_failures=self.admission_failures,
             pods=self.pods,
             seconds=seconds,
+            gpus_total=total,
+            allocated_at_first_failure=None
+            if self.first_failure is None or not total
+            else 1 - self.first_failure[1] / total,
+            allocated_at_end=None if free_at_end is None or not total else 1 - free_at_end / total,
+            demand_placed=share(self.placed_gpus, demand),
         )
 
 

@@ -36,40 +36,63 @@ def _ratio(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f}x"
 
 
-ROWS: tuple[tuple[str, Callable[[Summary], str]], ...] = (
-    ("jobs placed / arrived", lambda s: f"{s.placed:,}/{s.jobs:,}"),
-    ("rejected (fill) / never started", lambda s: f"{s.rejected:,}/{s.never_started:,}"),
-    ("multi-GPU pods", lambda s: _int(s.multi_gpu_pods)),
-    ("pods at best ring of empty node", lambda s: _pct(s.best_ring_share)),
-    ("mean ring bw / best ring bw", lambda s: _pct(s.ring_over_best)),
-    ("gangs (multi-node jobs)", lambda s: _int(s.gangs)),
-    ("gangs inside one leaf", lambda s: _pct(s.gangs_one_leaf)),
-    ("gangs inside one spine", lambda s: _pct(s.gangs_one_spine)),
-    ("free GPUs at first failure (FGD)", lambda s: _int(s.free_at_first_failure)),
-    ("jobs held up by fragmentation", lambda s: _pct(s.fragmented_jobs)),
-    ("queueing delay, mean", lambda s: _secs(s.queue_delay_mean)),
-    ("queueing delay, p95", lambda s: _secs(s.queue_delay_p95)),
-    ("job time / ideal (multi-GPU)", lambda s: _ratio(s.job_time_ratio)),
-    ("throughput vs kubelet-default", lambda s: _ratio(s.throughput_vs_baseline)),
-    ("admission failures (plugin)", lambda s: _int(s.admission_failures)),
-    ("simulated pods/s", lambda s: f"{s.pods / s.seconds:,.0f}" if s.seconds > 0 else "n/a"),
+#: Which way a figure is better: higher, lower, or neither (a count that describes the run).
+HIGHER, LOWER, NEITHER = "↑", "↓", ""
+
+ROWS: tuple[tuple[str, str, Callable[[Summary], str]], ...] = (
+    ("jobs placed / arrived", NEITHER, lambda s: f"{s.placed:,}/{s.jobs:,}"),
+    ("rejected (fill) / never started", LOWER, lambda s: f"{s.rejected:,}/{s.never_started:,}"),
+    ("GPU demand placed", HIGHER, lambda s: _pct(s.demand_placed)),
+    ("GPUs allocated at first failure", HIGHER, lambda s: _pct(s.allocated_at_first_failure)),
+    ("GPUs allocated at end (fill)", HIGHER, lambda s: _pct(s.allocated_at_end)),
+    ("multi-GPU pods", NEITHER, lambda s: _int(s.multi_gpu_pods)),
+    ("pods at best ring of empty node", HIGHER, lambda s: _pct(s.best_ring_share)),
+    ("mean ring bw / best ring bw", HIGHER, lambda s: _pct(s.ring_over_best)),
+    ("gangs (multi-node jobs)", NEITHER, lambda s: _int(s.gangs)),
+    ("gangs inside one leaf", HIGHER, lambda s: _pct(s.gangs_one_leaf)),
+    ("gangs inside one spine", HIGHER, lambda s: _pct(s.gangs_one_spine)),
+    ("free GPUs at first failure (FGD)", LOWER, lambda s: _int(s.free_at_first_failure)),
+    ("jobs held up by fragmentation", LOWER, lambda s: _pct(s.fragmented_jobs)),
+    ("jobs that queued at all", LOWER, lambda s: _pct(s.queued_share)),
+    ("queueing delay, mean (all jobs)", LOWER, lambda s: _secs(s.queue_delay_mean)),
+    ("queueing delay, mean of those queued", LOWER, lambda s: _secs(s.queue_delay_mean_queued)),
+    (
+        "queueing delay, p95 / p99",
+        LOWER,
+        lambda s: f"{_secs(s.queue_delay_p95)} / {_secs(s.queue_delay_p99)}",
+    ),
+    ("job time / ideal (multi-GPU jobs)", LOWER, lambda s: _ratio(s.job_time_ratio)),
+    ("throughput of multi-GPU jobs vs kubelet-default", HIGHER, lambda s: _ratio(s.throughput_vs_baseline)),
+    ("admission failures (plugin)", LOWER, lambda s: _int(s.admission_failures)),
+    ("simulated pods/s", HIGHER, lambda s: f"{s.pods / s.seconds:,.0f}" if s.seconds > 0 else "n/a"),
 )
 
 
 def render_table(results: Sequence[Summary], header: Mapping[str, Any]) -> str:
-    """Header lines (workload, cluster, mode) then the metric x policy table."""
+    """Header lines (workload, cluster, mode) then the metric x policy table, with a column
+    saying which way each figure is better (↑ higher, ↓ lower, blank: it only describes)."""
     lines = [f"{k}: {v}" for k, v in header.items()]
     lines.append("")
-    width = max(len(label) for label, _ in ROWS) + 2
-    cols = [max(len(r.policy), *(len(fmt(r)) for _, fmt in ROWS)) + 2 for r in results]
+    width = max(len(label) for label, _, _ in ROWS) + 2
+    cols = [max(len(r.policy), *(len(fmt(r)) for _, _, fmt in ROWS)) + 2 for r in results]
     lines.append(
-        "metric".ljust(width) + "".join(r.policy.rjust(w) for r, w in zip(results, cols, strict=True))
+        "metric".ljust(width)
+        + "better"
+        + "".join(r.policy.rjust(w) for r, w in zip(results, cols, strict=True))
     )
-    lines.append("-" * (width + sum(cols)))
-    for label, fmt in ROWS:
+    lines.append("-" * (width + 6 + sum(cols)))
+    for label, better, fmt in ROWS:
         lines.append(
-            label.ljust(width) + "".join(fmt(r).rjust(w) for r, w in zip(results, cols, strict=True))
+            label.ljust(width)
+            + better.center(6)
+            + "".join(fmt(r).rjust(w) for r, w in zip(results, cols, strict=True))
         )
+    lines.append("")
+    lines.append(
+        "queueing: the mean counts every placed job, so a few jobs that waited hours raise it while "
+        "the p95 stays low; 'mean of those queued' is the wait of a job that had to wait. "
+        "Throughput counts multi-GPU jobs (single-GPU jobs run alike under every policy)."
+    )
     return "\n".join(lines)
 
 

@@ -1,0 +1,219 @@
+"""The cluster-level objective for a single pod: what the job gains on a node against what the
+placement costs the jobs that come after it.
+
+The node objective (design.md §2, `allocator`) is exact inside one node and stays unchanged:
+it picks the GPU set once the node is chosen. Which node — which kind of server — a pod should
+get is a cluster-level question. Ranking nodes by the absolute ring bandwidth they offer (the
+first cut) sent every small multi-GPU pod to the NVSwitch boxes while any had room; the 8-GPU
+jobs after them then ran on PCIe boxes at 2.4x their ideal time (Philly replay: 0.975x the
+throughput of kubelet's spreading, 366 h mean queueing against 183 h). This module ranks the
+candidate nodes of one pod, larger first, by
+
+  1. **good enough**: the job's efficiency on the node (the step time its ring gives, relative
+     to the best ring any server of the cluster offers for that size, through `CommProfile`)
+     within `band` of the best efficiency any candidate offers now. A 1-GPU pod is efficient
+     everywhere; an 8-GPU ring-bound job only on the best kind of server that has room.
+  2. **least cost** among those: what the placement takes from the future, in the same unit
+     (GPU-seconds of ideal work per second):
+       - value lost: for groups of 8, 4 and 2 GPUs, the demand share of single pods of that
+         size x the group's efficiency on this server x how many disjoint best groups the node
+         keeps — a 4-GPU hole in an H100 costs more than the same hole in a PCIe box;
+       - plus `frag_weight` x the growth of expected fragmentation (FGD, Alibaba ATC '23):
+         for each size m, free GPUs a pod of m cannot use (|free| mod m), weighted by the
+         demand share of m (gang members count as 8) and by the server's efficiency for m.
+  3. the first cut's key: ring bandwidth, best fit, least disruption, pair sum.
+
+Demand shares come from a `DemandMix` the caller feeds with the pods it sees (the sidecar: every
+pod it filters; the simulator: every job as it arrives), with a prior until it has seen some.
+docs/objective.md has the candidates that were measured side by side and why this one won.
+
+Pure: no I/O, no clock, no globals; the caller owns the mix and the objective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gputopo.allocator import Allocator, Choice
+from gputopo.placement import single_key
+
+#: Pod size classes of the demand mix: 1, 2, 4, 8 (a pod of 3 counts as 4, of 5..8 as 8;
+#: members of multi-node gangs count as 8, they take whole nodes).
+SIZE_CLASSES: tuple[int, ...] = (1, 2, 4, 8)
+#: Demand before anything was observed: a plain mix of the size classes' GPU shares.
+DEFAULT_PRIOR: Mapping[int, float] = {1: 0.2, 2: 0.1, 4: 0.2, 8: 0.5}
+
+
+def size_class(gpus: int) -> int:
+    """The class a pod of `gpus` GPUs counts in."""
+    for m in SIZE_CLASSES:
+        if gpus <= m:
+            return m
+    return SIZE_CLASSES[-1]
+
+
+@dataclass(frozen=True)
+class CommProfile:
+    """How much a job's speed depends on its ring: one data-parallel step is `compute_s` of
+    compute plus a ring all-reduce of `allreduce_gb`, which sends 2(k-1)/k of it through the
+    slowest hop (the simulator's CommModel uses the same step; these are its defaults)."""
+
+    compute_s: float = 0.2
+    allreduce_gb: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (self.compute_s > 0 and self.allreduce_gb >= 0):
+            raise ValueError("compute_s must be > 0 and allreduce_gb >= 0")
+
+    def step_s(self, gpus: int, ring_mbps: int) -> float:
+        if gpus < 2 or ring_mbps <= 0:
+            return self.compute_s
+        return self.compute_s + 2 * (gpus - 1) / gpus * self.allreduce_gb / (ring_mbps / 1000)
+
+    def efficiency(self, gpus: int, ring_mbps: int, best_mbps: int) -> float:
+        """Ideal step time over actual: 1.0 at the best ring, less on a slower one."""
+        if gpus < 2 or best_mbps <= 0:
+            return 1.0
+        return self.step_s(gpus, best_mbps) / self.step_s(gpus, max(ring_mbps, 1))
+
+
+class DemandMix:
+    """GPU demand by size class, decayed so it follows the workload (`half_life` GPUs of
+    observed demand halve the weight of what came before)."""
+
+    def __init__(self, prior: Mapping[int, float] = DEFAULT_PRIOR, half_life: float = 20_000.0) -> None:
+        if half_life <= 0:
+            raise ValueError("half_life must be positive")
+        total = sum(prior.get(m, 0.0) for m in SIZE_CLASSES)
+        if total <= 0:
+            raise ValueError("the prior needs a positive share for some size class")
+        self._decay = 0.5 ** (1.0 / half_life)
+        # the prior weighs as much as 100 GPUs of demand: a few pods already move it
+        self._single = {m: 100.0 * prior.get(m, 0.0) / total for m in SIZE_CLASSES}
+        self._gang = 0.0
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        """Changes whenever the shares may have: callers key their caches on it."""
+        return self._version
+
+    def observe(self, gpus: int, *, gang: bool = False) -> None:
+        """One pod of `gpus` GPUs (a member of a multi-node gang when `gang`)."""
+        if gpus < 1:
+            return
+        factor = self._decay**gpus
+        for m in SIZE_CLASSES:
+            self._single[m] *= factor
+        self._gang *= factor
+        if gang:
+            self._gang += gpus
+        else:
+            self._single[size_class(gpus)] += gpus
+        self._version += 1
+
+    def single(self, m: int) -> float:
+        """Share of GPU demand from single-node pods of class m."""
+        return self._single.get(m, 0.0) / self._total()
+
+    def whole(self, m: int) -> float:
+        """Share of GPU demand that needs room for class m, gang members counted as 8."""
+        extra = self._gang if m == SIZE_CLASSES[-1] else 0.0
+        return (self._single.get(m, 0.0) + extra) / self._total()
+
+    def _total(self) -> float:
+        return sum(self._single.values()) + self._gang
+
+
+class ClusterObjective:
+    """Ranks the candidate nodes of one pod (module docstring). Owns bounded caches keyed by
+    allocator and free mask; the allocators should come from one `AllocatorPool`."""
+
+    def __init__(
+        self,
+        mix: DemandMix | None = None,
+        comm: CommProfile | None = None,
+        *,
+        band: float = 0.05,
+        frag_weight: float = 1.0,
+    ) -> None:
+        if not 0 <= band < 1:
+            raise ValueError(f"band must be within 0..1, got {band!r}")
+        if frag_weight < 0:
+            raise ValueError(f"frag_weight must be >= 0, got {frag_weight!r}")
+        self.mix = mix if mix is not None else DemandMix()
+        self.comm = comm or CommProfile()
+        self.band = band
+        self.frag_weight = frag_weight
+        self._best: dict[int, int] = {}  # size -> best ring MB/s over every allocator seen
+        self._seen: set[int] = set()  # id() of allocators folded into _best
+        self._keep: list[Allocator] = []  # ...kept alive so their ids stay theirs
+        self._values: dict[tuple[int, int, int], float] = {}  # (allocator id, mask, mix version)
+
+    def learn(self, allocators: Iterable[Allocator]) -> None:
+        """Fold servers into "the best ring this size can get anywhere" (idempotent)."""
+        for a in allocators:
+            if id(a) in self._seen:
+                continue
+            self._seen.add(id(a))
+            self._keep.append(a)
+            for m in range(2, a.n + 1):
+                self._best[m] = max(self._best.get(m, 0), a.best_ring_mbps(m))
+            self._values.clear()
+
+    def efficiency(self, gpus: int, ring_mbps: int) -> float:
+        return self.comm.efficiency(gpus, ring_mbps, self._best.get(gpus, ring_mbps))
+
+    def keys(
+        self, gpus: int, candidates: Mapping[tuple[Allocator, frozenset[int]], Choice]
+    ) -> dict[tuple[Allocator, frozenset[int]], tuple[object, ...]]:
+        """A comparable key (larger is better) per (allocator, free set) that fits `gpus`,
+        given the allocator's choice on it."""
+        self.learn(a for a, _ in candidates)
+        if len(self._values) > 200_000:
+            self._values.clear()
+        eff = {kind: self.efficiency(gpus, c.ring_mbps) for kind, c in candidates.items()}
+        top = max(eff.values(), default=1.0)
+        out: dict[tuple[Allocator, frozenset[int]], tuple[object, ...]] = {}
+        for (alloc, free), choice in candidates.items():
+            e = eff[(alloc, free)]
+            ok = e >= (1 - self.band) * top
+            f_mask = _mask(free)
+            r_mask = f_mask & ~_mask(choice.indices)
+            if ok:
+                cost = self._value(alloc, f_mask) - self._value(alloc, r_mask)
+                cost += self.frag_weight * self._frag_growth(alloc, f_mask.bit_count(), r_mask.bit_count())
+                second = -round(cost, 6)
+            else:
+                second = round(e, 6)
+            out[(alloc, free)] = (ok, second, single_key(free, choice, gpus))
+        return out
+
+    def _value(self, alloc: Allocator, mask: int) -> float:
+        """Ideal GPU-seconds per second that single pods of 2, 4 and 8 could still get here."""
+        key = (id(alloc), mask, self.mix.version)
+        hit = self._values.get(key)
+        if hit is None:
+            free = [i for i in range(alloc.n) if mask >> i & 1]
+            hit = sum(
+                self.mix.single(m) * m * self.efficiency(m, best) * count
+                for m, best, count in alloc.groups(free)
+            )
+            self._values[key] = hit
+        return hit
+
+    def _frag_growth(self, alloc: Allocator, before: int, after: int) -> float:
+        """FGD's growth of expected fragmentation, each size weighted by this server's worth to it."""
+        growth = 0.0
+        for m in SIZE_CLASSES[1:]:
+            worth = self.efficiency(m, alloc.best_ring_mbps(m)) if alloc.n >= m else 0.0
+            growth += self.mix.whole(m) * worth * ((after % m) - (before % m))
+        return growth
+
+
+def _mask(indices: Iterable[int]) -> int:
+    mask = 0
+    for i in indices:
+        mask |= 1 << i
+    return mask
