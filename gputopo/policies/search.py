@@ -4,6 +4,9 @@ Each function answers one GetPreferredAllocation-like question for a set of free
 size; they take the pair-point matrix of `pairpoints` (or nothing), never bandwidths, because
 that is what the modelled systems see. Facts: node-anchors.md §1.5 (kubelet), §2.3 (NVIDIA
 go-gpuallocator best-effort), §4 (HAMi topology-aware). No code of those projects is copied.
+`gputopo.policies.baselines` wraps each in a `GpuPolicy` (tables once, answers cached, keys scored
+by the exact allocator); the functions stay separate so tests can check them against the
+published expectations of the systems they model.
 """
 
 from __future__ import annotations
@@ -105,18 +108,26 @@ def _best_effort_search(
     return pick
 
 
-def best_combo(points: np.ndarray, candidates: Sequence[int], size: int) -> tuple[int, ...]:
+def best_combo(
+    points: np.ndarray, candidates: Sequence[int], size: int, required: Sequence[int] = ()
+) -> tuple[int, ...]:
     """HAMi's topology-aware fit; () when fewer than `size` candidates.
 
     One card: the candidate least connected to the other candidates (smallest sum of points,
     first wins), so well-linked groups stay whole. Several: the combination of candidates with
-    the largest pair-point sum over all C(k, size), first in combination order wins; no look-ahead."""
+    the largest pair-point sum over all C(k, size), first in combination order wins; no look-ahead.
+    HAMi's scheduler has no must-include set (it decides before kubelet asks); `required` is how
+    kubelet's must-include reaches it when it runs as a device plugin's policy: only combinations
+    holding every required card are scored (() when that is impossible)."""
     cands = list(candidates)
-    if size <= 0 or len(cands) < size:
+    req = set(required)
+    if size <= 0 or len(cands) < size or len(req) > size or not req <= set(cands):
         return ()
     if len(cands) == size:
         return tuple(sorted(cands))
     if size == 1:
+        if req:
+            return (next(iter(req)),)
         best_card, best_sum = cands[0], None
         for c in cands:
             s = sum(int(points[c][d]) for d in cands if d != c)
@@ -126,6 +137,8 @@ def best_combo(points: np.ndarray, candidates: Sequence[int], size: int) -> tupl
     best_set: tuple[int, ...] = ()
     best_score = -1
     for combo in itertools.combinations(cands, size):
+        if req and not req.issubset(combo):
+            continue
         s = sum(int(points[a][b]) for a, b in itertools.combinations(combo, 2))
         if s > best_score:
             best_set, best_score = combo, s
