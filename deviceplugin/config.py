@@ -21,6 +21,7 @@ import yaml
 from deviceplugin import defaults
 from deviceplugin.backend import BandwidthOverrides
 from gputopo.links import PCIE_LEVELS
+from gputopo.policy import DEFAULT_POLICY, POLICY_NAMES
 
 CONFIG_VERSION = "v1"
 STRATEGIES = ("envvar", "cdi")
@@ -56,6 +57,7 @@ class PluginConfig:
     kubeconfig: str | None = None
     nvlink_gbps_per_link: float | None = None
     pcie_gbps: tuple[tuple[str, float], ...] | None = None
+    policy: str = DEFAULT_POLICY
 
     @property
     def socket_path(self) -> str:
@@ -380,6 +382,16 @@ OPTIONS: tuple[Option, ...] = (
         "pcieGbps",
         _pcie_gbps,
         "PCIe GB/s per level, e.g. PIX=24,PXB=20,PHB=16,NODE=12,SYS=6 (default: those)",
+    ),
+    Option(
+        "policy",
+        "--policy",
+        "GPUTOPO_POLICY",
+        "policy",
+        _choice(POLICY_NAMES),
+        "in-node GPU choice: gputopo (default), or to A/B one node against what others run: "
+        "kubelet-default (kubelet's random order), best-effort-pairs (NVIDIA go-gpuallocator), "
+        "best-combo (HAMi)",
     ),
 )
 CONFIG_ENV = "GPUTOPO_CONFIG"

@@ -198,6 +198,7 @@ class Publisher:
                 plugin_version=self.plugin_version,
                 unhealthy=unhealthy,
                 allocated=allocated,
+                policy=snap.allocator.name,
             )
         )
         body = {"metadata": {"annotations": {self.annotation_key: text}}}
@@ -267,6 +268,7 @@ class Publisher:
                 plugin_version=self.plugin_version,
                 unhealthy=unhealthy,
                 allocated=allocated,
+                policy=snap.allocator.name,
             )
         )
         return (text, unhealthy, allocated)

@@ -46,8 +46,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gputopo.allocator import Allocator, Choice
+from gputopo.allocator import Choice
 from gputopo.network import CLUSTER, HOSTNAME, LevelIndex, NetworkIndex, short_name, validate_levels
+from gputopo.policy import GpuPolicy
 
 #: A member's GPU set as the gang compares it across nodes: (ring MB/s, pair-sum MB/s).
 Quality = tuple[int, ...]
@@ -58,7 +59,7 @@ NEUTRAL_SCORE = 5
 MAX_SCORE = 10
 
 _NO_K = np.iinfo(np.int64).max
-_Kind = tuple[Allocator | None, frozenset[int]]
+_Kind = tuple[GpuPolicy | None, frozenset[int]]
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,9 @@ class NodeView:
     labels: Mapping[str, str]
     gpu_count: int
     free: frozenset[int]  # free GPU indices (healthy, not allocated, not reserved)
-    allocator: Allocator | None = None  # None = topology unknown: GPUs are interchangeable, neutral score
+    allocator: GpuPolicy | None = (
+        None  # the node's policy; None = topology unknown: GPUs are interchangeable, neutral score
+    )
 
     def __post_init__(self) -> None:
         # Free sets are dictionary keys of the planner's memo: a plain set would not hash.
@@ -126,9 +129,9 @@ class ChoiceMemo:
     snapshot when the caller wants repeated plans (filter retries, the simulator) to be cheap."""
 
     def __init__(self) -> None:
-        self._answers: dict[tuple[Allocator, frozenset[int], int], Choice] = {}
+        self._answers: dict[tuple[GpuPolicy, frozenset[int], int], Choice] = {}
 
-    def choose(self, allocator: Allocator, free: frozenset[int], size: int) -> Choice:
+    def choose(self, allocator: GpuPolicy, free: frozenset[int], size: int) -> Choice:
         key = (allocator, free, size)
         hit = self._answers.get(key)
         if hit is None:
@@ -754,7 +757,7 @@ def node_scores(gpus: int, nodes: Sequence[NodeView], *, memo: ChoiceMemo | None
     memo = memo if memo is not None else ChoiceMemo()
     scores: dict[str, int] = {}
     # Nodes of one server type with the same free GPUs share a key: work per kind, not per node.
-    kinds: dict[tuple[Allocator, frozenset[int]], list[str]] = {}
+    kinds: dict[tuple[GpuPolicy, frozenset[int]], list[str]] = {}
     for v in nodes:
         if len(v.free) < gpus:
             scores[v.name] = 0

@@ -62,9 +62,12 @@ def policy_by_name(
     *,
     pool: AllocatorPool | None = None,
     rng: random.Random | None = None,
+    faithful: bool = False,
 ) -> GpuPolicy:
     """A fresh policy for one topology. The exact allocator comes from `pool` when given (shared
-    tables); `rng` is kubelet-default's stand-in for map order (default: seeded with 0)."""
+    tables); `rng` is kubelet-default's stand-in for map order (default: seeded with 0);
+    `faithful` keeps a modelled system's known crash as a refusal (the simulator counts those as
+    admission failures; daemons leave it off so no valid request is refused)."""
     check_name(name)
     exact = pool.get(topology) if pool is not None else Allocator(topology)
     if name == "gputopo":
@@ -72,7 +75,7 @@ def policy_by_name(
     if name == "kubelet-default":
         return KubeletOrder(topology, allocator=exact, rng=rng if rng is not None else random.Random(0))
     if name == "best-effort-pairs":
-        return BestEffortPairs(topology, allocator=exact)
+        return BestEffortPairs(topology, allocator=exact, faithful=faithful)
     return BestCombo(topology, allocator=exact)
 
 

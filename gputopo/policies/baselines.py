@@ -94,18 +94,30 @@ class _Cached:
 
 class BestEffortPairs(_Cached):
     """NVIDIA k8s-device-plugin's GetPreferredAllocation: go-gpuallocator's best-effort policy over
-    pair points from NVML's direct links, so NVSwitch nodes look PCIe-only to it. Where its
-    search returns its padding placeholder (go-gpuallocator PR #80; the real plugin panics on
-    it) the request is refused, as kubelet sees that node refuse it."""
+    pair points from NVML's direct links, so NVSwitch nodes look PCIe-only to it.
+
+    Its search can return its padding placeholder (go-gpuallocator PR #80), on which the real
+    plugin panics. `faithful=True` (the simulator) refuses those requests, as kubelet sees that
+    node fail them; by default (a node A/B-testing NVIDIA's choice, and the sidecar predicting
+    it) the pick skips the padded group as that PR's fix does, so no valid request is refused."""
 
     name = "best-effort-pairs"
 
-    def __init__(self, topology: Topology, *, allocator: Allocator | None = None) -> None:
+    def __init__(
+        self, topology: Topology, *, allocator: Allocator | None = None, faithful: bool = False
+    ) -> None:
         super().__init__(topology, allocator)
         self._points: np.ndarray = pair_points(topology, nvswitch_visible=False)
+        self._faithful = faithful
 
     def _answer(self, free_mask: int, must_mask: int, size: int) -> Choice | str:
-        group = best_effort(self._points, _indices(free_mask, self._n), size, _indices(must_mask, self._n))
+        group = best_effort(
+            self._points,
+            _indices(free_mask, self._n),
+            size,
+            _indices(must_mask, self._n),
+            exclude_padding=not self._faithful,
+        )
         if None in group:
             return "go-gpuallocator's best-effort answer holds its padding placeholder (the NVIDIA plugin panics)"
         if not group:

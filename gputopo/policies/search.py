@@ -31,7 +31,12 @@ def kubelet_order(free: Sequence[int], size: int, rng: random.Random) -> tuple[i
 
 
 def best_effort(
-    points: np.ndarray, available: Sequence[int], size: int, required: Sequence[int] = ()
+    points: np.ndarray,
+    available: Sequence[int],
+    size: int,
+    required: Sequence[int] = (),
+    *,
+    exclude_padding: bool = False,
 ) -> Group:
     """go-gpuallocator's best-effort policy; () when its guards refuse.
 
@@ -40,7 +45,9 @@ def best_effort(
     best partition that has a padding-free group holding `required`, then returns that
     partition's best group holding `required` (first wins). Nothing stops that group from being
     the padded one: the result may contain None, which the real plugin dereferences and panics on
-    (go-gpuallocator PR #80). Ties follow the order of `available`."""
+    (go-gpuallocator PR #80). `exclude_padding=True` is that PR's fix: the final pick skips the
+    padded group (the best partition always has a padding-free group holding `required`).
+    Ties follow the order of `available`."""
     avail = list(available)
     req = list(required)
     if size <= 0 or len(avail) < size or len(req) > size or len(req) > len(avail):
@@ -51,7 +58,7 @@ def best_effort(
         return (req[0],) if req else (avail[0],)
     pad = (-len(avail)) % size
     pts = tuple(tuple(int(x) for x in row) for row in points)
-    return _best_effort_search(pts, tuple(avail), pad, size, frozenset(req))
+    return _best_effort_search(pts, tuple(avail), pad, size, frozenset(req), exclude_padding)
 
 
 def _group_score(pts: tuple[tuple[int, ...], ...], group: Sequence[int]) -> int:
@@ -59,7 +66,12 @@ def _group_score(pts: tuple[tuple[int, ...], ...], group: Sequence[int]) -> int:
 
 
 def _best_effort_search(
-    pts: tuple[tuple[int, ...], ...], avail: tuple[int, ...], pad: int, size: int, req: frozenset[int]
+    pts: tuple[tuple[int, ...], ...],
+    avail: tuple[int, ...],
+    pad: int,
+    size: int,
+    req: frozenset[int],
+    exclude_padding: bool = False,
 ) -> Group:
     """Exact first-seen maximum over the depth-first partition enumeration, by memoised search.
 
@@ -100,7 +112,7 @@ def _best_effort_search(
     for group in result[1]:
         members = [items[p] for p in group]
         real = [m for m in members if m is not None]
-        if not req.issubset(real):
+        if not req.issubset(real) or (exclude_padding and len(real) < len(members)):
             continue
         score = _group_score(pts, real)  # type: ignore[arg-type]
         if score > pick_score:

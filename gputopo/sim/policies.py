@@ -185,7 +185,8 @@ def build_policy(name: str, cluster: SimCluster, pool: AllocatorPool, rng: rando
     topos = cluster.topologies
     allocators = [pool.get(t) for t in topos]
     if name in ("kubelet-default", "best-effort-pairs", "best-combo"):
-        gpus = [policy_by_name(name, t, pool=pool, rng=rng) for t in topos]
+        # faithful: go-gpuallocator's padding answer stays an admission failure, as on real nodes
+        gpus = [policy_by_name(name, t, pool=pool, rng=rng, faithful=True) for t in topos]
         return Policy(name, cluster, allocators, rank="most" if name == "best-combo" else "least", gpus=gpus)
     if name in ("gputopo", "gang-only"):
         # node and GPUs both come from gang.place_pod / plan_gang, i.e. from the Allocator
