@@ -280,8 +280,13 @@ def for_cluster(
     kubeconfig: str | None = None,
     **kwargs: Any,
 ) -> Publisher:
-    """A Publisher talking to the API server with the official client: in-cluster config
-    (the plugin's ServiceAccount), or a kubeconfig when given or when not in a cluster."""
+    """A Publisher talking to the API server with the official client (`core_api`)."""
+    return Publisher(node_name, core_api(kubeconfig), in_use, **kwargs)
+
+
+def core_api(kubeconfig: str | None = None) -> Any:
+    """CoreV1Api of the official client: in-cluster config (the plugin's ServiceAccount), or a
+    kubeconfig when given or when not in a cluster. Also used for the per-node config label."""
     from kubernetes import client, config
 
     cfg = client.Configuration()
@@ -292,4 +297,4 @@ def for_cluster(
             config.load_incluster_config(client_configuration=cfg)
         except config.ConfigException:
             config.load_kube_config(client_configuration=cfg)
-    return Publisher(node_name, client.CoreV1Api(client.ApiClient(cfg)), in_use, **kwargs)
+    return client.CoreV1Api(client.ApiClient(cfg))
