@@ -153,3 +153,20 @@ def test_policy_pool_shares_one_policy_per_name_and_what_it_reads() -> None:
     assert pool.get("best-combo", a) is not pool.get("best-combo", b)
     with pytest.raises(UnknownPolicyError):
         pool.get("spread", a)
+
+
+def test_prefer_cli_asks_the_named_policy(capsys) -> None:
+    import json
+
+    from gputopo.cli import main
+
+    args = ["prefer", "--topology", "a100-pcie-nvlink-pairs", "--size", "1", "--available", "1,2,3,4,5,6,7"]
+    assert main([*args, "--json", "--policy", "best-effort-pairs"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["policy"] == "best-effort-pairs" and doc["chosen"]["gpus"] == [1]  # available[0]
+    assert doc["alternatives"][0]["gpus"] == [2]  # gputopo's rank: least disruption
+    assert main([*args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["chosen"]["gpus"] == [2]
+    assert main([*args, "--policy", "spread"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "known: gputopo, kubelet-default, best-effort-pairs, best-combo" in err[0]
