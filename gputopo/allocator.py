@@ -182,9 +182,11 @@ class Allocator:
 
     def _mask(self, indices: Iterable[int], what: str) -> int:
         mask = 0
+        n = self._n
         for i in indices:
-            if not isinstance(i, (int, np.integer)) or isinstance(i, bool) or not 0 <= i < self._n:
-                raise AllocationError(f"{what}: GPU index {i!r} is not in 0..{self._n - 1}", "index")
+            if type(i) is not int or not 0 <= i < n:  # fast path: a plain int in range
+                if not isinstance(i, (int, np.integer)) or isinstance(i, bool) or not 0 <= i < n:
+                    raise AllocationError(f"{what}: GPU index {i!r} is not in 0..{n - 1}", "index")
             mask |= 1 << int(i)
         return mask
 

@@ -57,12 +57,22 @@ class KubeletOrder:
         self._exact = allocator if allocator is not None else Allocator(topology)
         self._n = topology.n
         self._rng = rng
+        self._scores: dict[tuple[int, int], Choice] = {}  # the draw is random, its keys are not
+        self._rest: dict[int, list[int]] = {}  # at most 2^n masks, index lists in ascending order
 
     def choose(self, free: Iterable[int], size: int, must: Iterable[int] = ()) -> Choice:
         free_mask, must_mask = self._exact.validate(free, size, must)
-        rest = _indices(free_mask & ~must_mask, self._n)
+        rest = self._rest.get(free_mask & ~must_mask)
+        if rest is None:
+            rest = self._rest[free_mask & ~must_mask] = _indices(free_mask & ~must_mask, self._n)
         picked = must_mask | _mask(self._rng.sample(rest, size - must_mask.bit_count()))
-        return self._exact.score_masks(picked, free_mask)
+        key = (picked, free_mask)
+        hit = self._scores.get(key)
+        if hit is None:
+            if len(self._scores) >= _CACHE_LIMIT:
+                self._scores.clear()
+            hit = self._scores[key] = self._exact.score_masks(picked, free_mask)
+        return hit
 
 
 class _Cached:

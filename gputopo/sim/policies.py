@@ -61,12 +61,15 @@ class Policy:
         rank: str,
         gpus: Sequence[GpuPolicy] = (),
         planner: bool = False,
+        cache_gpus: bool = False,
     ) -> None:
         self.name = name
         self.cluster = cluster
         self.allocators = allocators
         self._rank = rank
         self._gpus = gpus
+        # (topology, free mask, size) -> GPUs, or None for a refusal: for deterministic policies
+        self._answers: dict[tuple[int, int, int], tuple[int, ...] | None] | None = {} if cache_gpus else None
         self._planner = planner
         self._memo = ChoiceMemo()
         self._views: dict[tuple[int, int], NodeView] = {}
@@ -117,14 +120,25 @@ class Policy:
         node = self._best_node(state, size)
         if node is None:
             return Failure(f"no node has {size} free GPUs")
-        tid = state.topo[node]
-        try:
-            choice = self._gpus[tid].choose(_mask_list(state.mask[node], self.allocators[tid].n), size)
-        except AllocationError:
+        tid, mask = state.topo[node], state.mask[node]
+        key = (tid, mask, size)
+        cache = self._answers
+        if cache is not None and key in cache:
+            gpus = cache[key]
+        else:
+            try:
+                gpus = self._gpus[tid].choose(_mask_list(mask, self.allocators[tid].n), size).indices
+            except AllocationError:
+                gpus = None
+            if cache is not None:
+                if len(cache) > 100_000:
+                    cache.clear()
+                cache[key] = gpus
+        if gpus is None:
             return Failure(
                 f"device plugin gave no usable set of {size} on {self.cluster.nodes[node].name}", True
             )
-        return node, choice.indices
+        return node, gpus
 
     # ------------------------------------------------------------------ jobs
 
@@ -187,7 +201,9 @@ def build_policy(name: str, cluster: SimCluster, pool: AllocatorPool, rng: rando
     if name in ("kubelet-default", "best-effort-pairs", "best-combo"):
         # faithful: go-gpuallocator's padding answer stays an admission failure, as on real nodes
         gpus = [policy_by_name(name, t, pool=pool, rng=rng, faithful=True) for t in topos]
-        return Policy(name, cluster, allocators, rank="most" if name == "best-combo" else "least", gpus=gpus)
+        rank = "most" if name == "best-combo" else "least"
+        # kubelet's order is drawn afresh each time; the others answer alike for alike questions
+        return Policy(name, cluster, allocators, rank=rank, gpus=gpus, cache_gpus=name != "kubelet-default")
     if name in ("gputopo", "gang-only"):
         # node and GPUs both come from gang.place_pod / plan_gang, i.e. from the Allocator
         return Policy(name, cluster, allocators, rank="gputopo", planner=name == "gputopo")
