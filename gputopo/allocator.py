@@ -184,9 +184,11 @@ class Allocator:
         mask = 0
         n = self._n
         for i in indices:
-            if type(i) is not int or not 0 <= i < n:  # fast path: a plain int in range
-                if not isinstance(i, (int, np.integer)) or isinstance(i, bool) or not 0 <= i < n:
-                    raise AllocationError(f"{what}: GPU index {i!r} is not in 0..{n - 1}", "index")
+            if type(i) is int and 0 <= i < n:  # fast path: a plain int in range
+                mask |= 1 << i
+                continue
+            if not isinstance(i, (int, np.integer)) or isinstance(i, bool) or not 0 <= i < n:
+                raise AllocationError(f"{what}: GPU index {i!r} is not in 0..{n - 1}", "index")
             mask |= 1 << int(i)
         return mask
 
