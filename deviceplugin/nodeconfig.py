@@ -34,7 +34,7 @@ _KEY_RE = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 _SELECTION = ("config_dir", "node_config", "node_config_label")
 
 #: (node name, label key, kubeconfig) -> the label's value, or None when the node lacks it.
-LabelLookup = Callable[[str, str, "str | None"], "str | None"]
+LabelLookup = Callable[[str, str, str | None], str | None]
 
 
 class NodeConfigUnavailable(RuntimeError):
