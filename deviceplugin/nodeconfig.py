@@ -100,7 +100,7 @@ def resolve(
         name: str | None = first.node_config
         source = "--node-config"
     elif first.node_name:
-        name = lookup(first.node_name, first.node_config_label, first.kubeconfig)
+        name = lookup(first.node_name, first.node_config_label, first.kubeconfig) or None  # "" = unset
         source = f"label {first.node_config_label} of node {first.node_name}"
     else:
         name, source = None, "no node name"

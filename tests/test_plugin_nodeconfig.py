@@ -15,6 +15,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from deviceplugin.config import ConfigError, load_config
 from deviceplugin.nodeconfig import api_label, config_names, resolve
@@ -115,6 +117,21 @@ def test_fallbacks(tmp_path: Path, configs, env, labels, want) -> None:
         assert calls == []
     if want is None:
         assert cfg.policy == "gputopo" and cfg.log_level == "info"
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=st.one_of(st.text(max_size=300), st.sampled_from([*CONFIGS, "..data", ".", "../x", "default/"])))
+def test_any_label_value_picks_a_config_or_is_a_config_error(tmp_path: Path, value: str) -> None:
+    """The label is another party's input: it selects a listed config or fails in one line."""
+    root = tmp_path / "cm"
+    if not root.exists():
+        mounted(tmp_path / "cm-src", CONFIGS).rename(root)
+    try:
+        _, name, _, _ = settle(["--config-dir", str(root)], {"NODE_NAME": "n"}, {"gputopo.io/config": value})
+    except ConfigError as e:
+        assert "\n" not in str(e) and len(str(e)) < 400 and value not in CONFIGS
+        return
+    assert name in CONFIGS and (name == value or not value)
 
 
 def test_a_missing_config_dir_is_no_config(tmp_path: Path) -> None:
