@@ -45,8 +45,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from gputopo.allocator import Allocator  # noqa: E402
-from gputopo.sim.baselines import best_effort  # noqa: E402
-from gputopo.sim.pairpoints import pair_points  # noqa: E402
+from gputopo.policies.pairpoints import pair_points  # noqa: E402
+from gputopo.policies.search import best_effort  # noqa: E402
 from gputopo.topofile import load_preset  # noqa: E402
 from gputopo.topology import Topology  # noqa: E402
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc  # noqa: E402

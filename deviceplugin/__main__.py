@@ -1,8 +1,9 @@
 """`python -m deviceplugin`: run the gputopo device plugin until SIGTERM/SIGINT.
 
 Exit codes: 0 after a signal (socket removed), 2 for any bad flag, environment value, config
-file or topology (one line on stderr, nothing started), 1 when the node cannot be served
-(NVML will not start with --fail-on-init-error, the kubelet folder is not writable).
+file, per-node config name or topology (one line on stderr, nothing started), 1 when the node
+cannot be served (NVML will not start with --fail-on-init-error, the kubelet folder is not
+writable, the Node's config label cannot be read).
 """
 
 from __future__ import annotations
@@ -101,14 +102,26 @@ def _publication(config: PluginConfig) -> NodePublication | None:
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    from deviceplugin.nodeconfig import NodeConfigUnavailable, resolve
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    env = os.environ if environ is None else environ
     try:
-        config = load_config(
-            sys.argv[1:] if argv is None else argv, os.environ if environ is None else environ
-        )
+        config = load_config(args, env)
+        # --config-dir: the node's named config takes --config's place, then the usual layering
+        args, node_config, chosen_by = resolve(args, env, config)
+        config = load_config(args, env) if node_config is not None else config
     except ConfigError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    except NodeConfigUnavailable as e:
+        print(f"{PROG}: error: per-node config: {e}", file=sys.stderr)
+        return 1
     jsonlog.setup(config.log_level)
+    if config.config_dir:
+        jsonlog.event(
+            log, "node_config", config=node_config, dir=config.config_dir, reason=f"chosen by {chosen_by}"
+        )
     # Heavy imports (grpc, numpy) only once the flags are known good: bad flags fail fast.
     from deviceplugin.daemon import Daemon
     from deviceplugin.server import ServerError

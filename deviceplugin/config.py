@@ -21,6 +21,7 @@ import yaml
 from deviceplugin import defaults
 from deviceplugin.backend import BandwidthOverrides
 from gputopo.links import PCIE_LEVELS
+from gputopo.policy import DEFAULT_POLICY, POLICY_NAMES
 
 CONFIG_VERSION = "v1"
 STRATEGIES = ("envvar", "cdi")
@@ -56,6 +57,10 @@ class PluginConfig:
     kubeconfig: str | None = None
     nvlink_gbps_per_link: float | None = None
     pcie_gbps: tuple[tuple[str, float], ...] | None = None
+    policy: str = DEFAULT_POLICY
+    config_dir: str | None = None
+    node_config_label: str = defaults.NODE_CONFIG_LABEL
+    node_config: str | None = None
 
     @property
     def socket_path(self) -> str:
@@ -227,6 +232,29 @@ def _pcie_gbps(value: Any) -> tuple[tuple[str, float], ...] | None:
     return tuple(sorted(out.items()))
 
 
+_LABEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _label_key(value: Any) -> str:
+    """A Kubernetes label key: optional DNS-subdomain prefix and '/', then a name of <= 63."""
+    text = _text(value)
+    prefix, _, name = text.rpartition("/")
+    if not _LABEL_NAME_RE.match(name) or (
+        prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.match(prefix))
+    ):
+        raise ValueError(f"must be a label key like gputopo.io/config, got {value!r}")
+    return text
+
+
+def _config_name(value: Any) -> str | None:
+    """A ConfigMap key (the name of one config in --config-dir)."""
+    text = _optional_text(value)
+    if text is not None and not re.fullmatch(r"[-._a-zA-Z0-9]{1,253}", text):
+        raise ValueError(f"must be a ConfigMap key (letters, digits, '-', '_', '.'), got {value!r}")
+    return text
+
+
 def _log_level(value: Any) -> str:
     return _choice(LOG_LEVELS)(value)
 
@@ -380,6 +408,41 @@ OPTIONS: tuple[Option, ...] = (
         "pcieGbps",
         _pcie_gbps,
         "PCIe GB/s per level, e.g. PIX=24,PXB=20,PHB=16,NODE=12,SYS=6 (default: those)",
+    ),
+    Option(
+        "policy",
+        "--policy",
+        "GPUTOPO_POLICY",
+        "policy",
+        _choice(POLICY_NAMES),
+        "in-node GPU choice: gputopo (default), or to A/B one node against what others run: "
+        "kubelet-default (kubelet's random order), best-effort-pairs (NVIDIA go-gpuallocator), "
+        "best-combo (HAMi)",
+    ),
+    Option(
+        "config_dir",
+        "--config-dir",
+        "GPUTOPO_CONFIG_DIR",
+        "configDir",
+        _optional_text,
+        "folder of named configs (a mounted ConfigMap: key = name, value = a config file); the "
+        "node's label picks one (docs/deviceplugin.md), used as --config; flags and env only",
+    ),
+    Option(
+        "node_config_label",
+        "--node-config-label",
+        "GPUTOPO_NODE_CONFIG_LABEL",
+        "nodeConfigLabel",
+        _label_key,
+        f"Node label naming this node's config in --config-dir (default {defaults.NODE_CONFIG_LABEL})",
+    ),
+    Option(
+        "node_config",
+        "--node-config",
+        "GPUTOPO_NODE_CONFIG",
+        "nodeConfig",
+        _config_name,
+        "name of this node's config in --config-dir, instead of reading the node label",
     ),
 )
 CONFIG_ENV = "GPUTOPO_CONFIG"

@@ -92,7 +92,7 @@ class Daemon:
             tracker = HealthTracker([g.uuid for g in topology.gpus], cfg.ignored_xids, recovery, self._clock)
         except ValueError as e:  # a GPU named like the tracker's all-GPUs marker: the topology is bad
             raise TopologyError(f"{topology.name}: {e}") from None
-        self.store = SnapshotStore(make_snapshot(1, topology, tracker.state()))
+        self.store = SnapshotStore(make_snapshot(1, topology, tracker.state(), policy=cfg.policy))
         for listener in self._pending_listeners:
             self.store.add_listener(listener)
         jsonlog.event(
@@ -105,6 +105,7 @@ class Daemon:
             socket=cfg.socket_path,
             strategy=cfg.device_list_strategy,
             node=cfg.node_name,
+            policy=cfg.policy,
             reason="topology discovered; allocator built once for it",
         )
         self.metrics.serve(cfg.metrics_port)

@@ -7,6 +7,7 @@ SOCKET_NAME = "gputopo-gpu.sock"
 METRICS_PORT = 9402  # 0 disables the metrics server
 TOPOLOGY_ANNOTATION = "gputopo.io/topology"
 IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
+NODE_CONFIG_LABEL = "gputopo.io/config"  # Node label naming its config in --config-dir
 
 # Device plugin daemon (deviceplugin/daemon.py and friends).
 KUBELET_SOCKET_NAME = "kubelet.sock"  # kubelet's Registration socket inside KUBELET_DIR

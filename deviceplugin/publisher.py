@@ -200,6 +200,7 @@ class Publisher:
                 plugin_version=self.plugin_version,
                 unhealthy=unhealthy,
                 allocated=allocated,
+                policy=snap.allocator.name,
             )
         )
         body = {"metadata": {"annotations": {self.annotation_key: text}}}
@@ -269,6 +270,7 @@ class Publisher:
                 plugin_version=self.plugin_version,
                 unhealthy=unhealthy,
                 allocated=allocated,
+                policy=snap.allocator.name,
             )
         )
         return (text, unhealthy, allocated)
@@ -280,10 +282,16 @@ def for_cluster(
     kubeconfig: str | None = None,
     **kwargs: Any,
 ) -> Publisher:
-    """A Publisher talking to the API server with the official client: in-cluster config
-    (the plugin's ServiceAccount), or a kubeconfig when given or when not in a cluster."""
+    """A Publisher talking to the API server with the official client (`core_api`)."""
+    return Publisher(node_name, core_api(kubeconfig), in_use, **kwargs)
+
+
+def core_api(kubeconfig: str | None = None) -> Any:
+    """CoreV1Api of the official client: in-cluster config (the plugin's ServiceAccount), or a
+    kubeconfig when given or when not in a cluster (`gputopo_kube`). Also used for the per-node
+    config label."""
     from kubernetes import client
 
     from gputopo_kube import api_client
 
-    return Publisher(node_name, client.CoreV1Api(api_client(kubeconfig)), in_use, **kwargs)
+    return client.CoreV1Api(api_client(kubeconfig))

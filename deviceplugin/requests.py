@@ -1,8 +1,11 @@
 """Kubelet's device IDs in, GPU indices to the allocator, device IDs out.
 
-This is the only place that checks what kubelet sent. Every malformed request becomes a
-`RequestError` whose message is the reason the client reads in INVALID_ARGUMENT; nothing here
-can raise anything else for any input, so no request can crash the daemon.
+This module only translates: device IDs to GPU indices and back. What can only be seen in IDs
+(duplicates, must-include IDs not offered or unknown) is checked here; everything about the
+request itself (size, must-include count, enough free GPUs) is the node policy's to check, once,
+and its `AllocationError` is reworded in kubelet's field names. Either way a malformed request
+becomes a `RequestError` whose message is the reason the client reads in INVALID_ARGUMENT;
+nothing here can raise anything else for any input, so no request can crash the daemon.
 
 Choices:
 
@@ -13,8 +16,9 @@ Choices:
   healthy and is the authority on what it may allocate, and our health view may simply be
   newer or older than kubelet's. Refusing would fail admission; choosing around them would
   second-guess kubelet. The decision log records them (`unhealthy_offered`) so it is visible.
-* The answer is the allocator's best set; it depends on the set of IDs offered, never on their
-  order (indices are sorted before the allocator sees them, and answers are listed by index).
+* The answer is the node policy's set (`--policy`, the exact allocator by default); it depends
+  on the set of IDs offered, never on their order (indices are sorted before the policy sees
+  them, and answers are listed by index).
 """
 
 from __future__ import annotations
@@ -62,9 +66,7 @@ def _short(ids: Sequence[str], limit: int = 4) -> str:
 
 
 def preferred(snap: Snapshot, available: Sequence[str], must: Sequence[str], size: int) -> PreferredAnswer:
-    """Validate one ContainerPreferredAllocationRequest and ask the allocator."""
-    if size <= 0:
-        raise RequestError(f"allocation_size must be positive, got {size}")
+    """Translate one ContainerPreferredAllocationRequest and ask the node policy."""
     if dups := _duplicates(available):
         raise RequestError(f"available_deviceIDs lists {_short(dups)} more than once")
     if dups := _duplicates(must):
@@ -72,24 +74,15 @@ def preferred(snap: Snapshot, available: Sequence[str], must: Sequence[str], siz
     offered = set(available)
     if missing := [m for m in must if m not in offered]:
         raise RequestError(f"must_include_deviceIDs {_short(missing)} not among available_deviceIDs")
-    if len(must) > size:
-        raise RequestError(f"{len(must)} must_include_deviceIDs exceed allocation_size {size}")
-    if size > len(available):
-        raise RequestError(f"allocation_size {size} exceeds the {len(available)} available devices")
     if unknown_must := [m for m in must if snap.index_of(m) is None]:
         raise RequestError(f"must_include_deviceIDs {_short(unknown_must)} unknown to this plugin")
     ignored = tuple(a for a in available if snap.index_of(a) is None)
     free = sorted(i for a in available if (i := snap.index_of(a)) is not None)
-    if size > len(free):
-        raise RequestError(
-            f"allocation_size {size} exceeds the {len(free)} known available devices "
-            f"(unknown: {_short(list(ignored))})"
-        )
     must_idx = sorted(i for m in must if (i := snap.index_of(m)) is not None)
     try:
         choice = snap.allocator.choose(free, size, must_idx)
     except AllocationError as e:
-        raise RequestError(f"no allocation possible: {e}") from None
+        raise RequestError(_refusal(e, size, len(must), len(available), len(free), ignored)) from None
     gpus = snap.gpus
     return PreferredAnswer(
         device_ids=tuple(gpus[i].uuid for i in sorted(choice.indices)),
@@ -97,6 +90,24 @@ def preferred(snap: Snapshot, available: Sequence[str], must: Sequence[str], siz
         ignored=ignored,
         unhealthy_offered=tuple(a for a in available if a not in ignored and not snap.healthy(a)),
     )
+
+
+def _refusal(
+    e: AllocationError, size: int, n_must: int, n_offered: int, n_known: int, ignored: Sequence[str]
+) -> str:
+    """The policy's refusal in the request's own terms (kubelet's field names)."""
+    if e.kind == "size":
+        return f"allocation_size must be positive, got {size}"
+    if e.kind == "must_over_size":
+        return f"{n_must} must_include_deviceIDs exceed allocation_size {size}"
+    if e.kind == "too_few" and ignored:
+        return (
+            f"allocation_size {size} exceeds the {n_known} known available devices "
+            f"(unknown: {_short(list(ignored))})"
+        )
+    if e.kind == "too_few":
+        return f"allocation_size {size} exceeds the {n_offered} available devices"
+    return f"no allocation possible: {e}"
 
 
 def allocate_ids(snap: Snapshot, ids: Sequence[str]) -> tuple[str, ...]:

@@ -181,6 +181,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             jsonlog.event(
                 log,
                 "preferred_allocation",
+                policy=snap.allocator.name,
                 offered=available,
                 must=must,
                 size=size,

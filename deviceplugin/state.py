@@ -1,9 +1,10 @@
 """What the plugin currently advertises: one immutable snapshot, swapped whole on every change.
 
 RPC handlers read `store.current()` once and work on that value, so a health change in the
-middle of a GetPreferredAllocation can never mix two device lists. The Allocator travels in
-the snapshot: it is built once per discovered topology (never per RPC) and reused as long as
-the topology stays equal, however often health changes.
+middle of a GetPreferredAllocation can never mix two device lists. The node's GPU policy (the
+exact Allocator unless `--policy` names a baseline) travels in the snapshot: it is built once
+per discovered topology (never per RPC) and reused as long as the topology stays equal, however
+often health changes.
 
 Listeners (the Node publisher, later the PodResources reconciler) subscribe to snapshots here
 instead of being wired into the daemon, and each ListAndWatch stream waits on the store for a
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gputopo import jsonlog
-from gputopo.allocator import Allocator
+from gputopo.policy import DEFAULT_POLICY, GpuPolicy, policy_by_name
 from gputopo.topology import GPU, Topology
 
 log = logging.getLogger("deviceplugin.state")
@@ -29,13 +30,13 @@ Listener = Callable[["Snapshot"], None]
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The topology, its allocator and each GPU's health, as advertised to kubelet.
+    """The topology, its GPU policy (`allocator`) and each GPU's health, as advertised to kubelet.
 
     `health[uuid]` is True for Healthy; `reasons[uuid]` is the last event that changed it."""
 
     version: int
     topology: Topology
-    allocator: Allocator
+    allocator: GpuPolicy
     health: Mapping[str, bool]
     reasons: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
@@ -56,10 +57,15 @@ def make_snapshot(
     health: Mapping[str, bool],
     reasons: Mapping[str, str] | None = None,
     previous: Snapshot | None = None,
+    policy: str | None = None,
 ) -> Snapshot:
-    """A snapshot that reuses `previous.allocator` when the topology did not change."""
+    """A snapshot that reuses `previous.allocator` when the topology did not change; the policy
+    is `policy`, else the previous snapshot's, else gputopo's."""
+    name = policy or (previous.allocator.name if previous is not None else DEFAULT_POLICY)
     allocator = (
-        previous.allocator if previous is not None and previous.topology == topology else Allocator(topology)
+        previous.allocator
+        if previous is not None and previous.topology == topology and previous.allocator.name == name
+        else policy_by_name(name, topology)
     )
     known = {g.uuid for g in topology.gpus}
     return Snapshot(

@@ -33,7 +33,15 @@ _INF = np.int64(1 << 60)
 
 
 class AllocationError(ValueError):
-    """A request that cannot be answered (size out of range, must-include not free, …)."""
+    """A request that cannot be answered (size out of range, must-include not free, …).
+
+    `kind` names the rule that refused it, so a daemon can word the reason in its own protocol's
+    terms (kubelet's field names) without parsing the message: `index`, `size`, `too_few`,
+    `must_not_free`, `must_over_size`, or `refused` (a policy that cannot answer this request)."""
+
+    def __init__(self, message: str, kind: str = "refused") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +78,16 @@ class Choice:
 class Allocator:
     """Exact GetPreferredAllocation for one topology (n <= 16 GPUs). Build once, call often.
 
+    It is the `gputopo` policy of `gputopo.policy.GpuPolicy`; the baselines of
+    `gputopo.policies` score their own picks with its tables (`score_masks`).
+
     Construction costs O(2^n · n^2) vectorised work (milliseconds for 8 GPUs, well under a
     second for 16); every query afterwards is a table lookup. Answers are cached per
     (free set, must-include set, size), so repeated questions — the simulator's and the
     scheduler's bread and butter — cost a dictionary lookup.
     """
+
+    name = "gputopo"
 
     def __init__(self, topology: Topology) -> None:
         n = topology.n
@@ -111,6 +124,11 @@ class Allocator:
     @property
     def n(self) -> int:
         return self._n
+
+    @property
+    def exact(self) -> Allocator:
+        """Itself: the exact allocator is its own scorer (`policy.GpuPolicy.exact`)."""
+        return self
 
     def choose(self, free: Iterable[int], size: int, must: Iterable[int] = ()) -> Choice:
         """The best set of `size` GPU indices from `free`, containing `must`."""
@@ -165,6 +183,16 @@ class Allocator:
         whole = [m for m in DISRUPTION_SIZES if m == self._n == left]  # a whole node is one group of n
         return tuple((m, self._lists.ring[f_mask], 1) for m in whole) + out
 
+    def validate(self, free: Iterable[int], size: int, must: Iterable[int] = ()) -> tuple[int, int]:
+        """(free mask, must mask) of a well-formed request, else AllocationError: the checks every
+        policy shares, so all of them refuse the same requests with the same reasons."""
+        return self._validate(free, size, must)
+
+    def score_masks(self, chosen_mask: int, free_mask: int) -> Choice:
+        """Objective keys of a set another policy picked, from masks `validate` returned (the
+        chosen mask must be a non-empty subset of the free mask; not re-checked here)."""
+        return self._choice(chosen_mask, free_mask)
+
     def ring_mbps(self, indices: Iterable[int]) -> int:
         """Ring bandwidth of a set: the weakest hop of its best ring (0 for one GPU)."""
         return int(self._ring[self._mask(indices, "indices")])
@@ -184,10 +212,11 @@ class Allocator:
         mask = 0
         n = self._n
         for i in indices:
-            if type(i) is not int and (not isinstance(i, (int, np.integer)) or isinstance(i, bool)):
-                raise AllocationError(f"{what}: GPU index {i!r} is not in 0..{n - 1}")
-            if not 0 <= i < n:
-                raise AllocationError(f"{what}: GPU index {i!r} is not in 0..{n - 1}")
+            if type(i) is int and 0 <= i < n:  # fast path: a plain int in range
+                mask |= 1 << i
+                continue
+            if not isinstance(i, (int, np.integer)) or isinstance(i, bool) or not 0 <= i < n:
+                raise AllocationError(f"{what}: GPU index {i!r} is not in 0..{n - 1}", "index")
             mask |= 1 << int(i)
         return mask
 
@@ -195,16 +224,18 @@ class Allocator:
         free_mask = self._mask(free, "free")
         must_mask = self._mask(must, "must")
         if not isinstance(size, (int, np.integer)) or isinstance(size, bool):
-            raise AllocationError(f"size must be an integer, got {size!r}")
+            raise AllocationError(f"size must be an integer, got {size!r}", "size")
         nfree = free_mask.bit_count()
         if size < 1:
-            raise AllocationError(f"size must be at least 1, got {size}")
+            raise AllocationError(f"size must be at least 1, got {size}", "size")
         if size > nfree:
-            raise AllocationError(f"size {size} is more than the {nfree} free GPUs")
+            raise AllocationError(f"size {size} is more than the {nfree} free GPUs", "too_few")
         if must_mask & ~free_mask:
-            raise AllocationError("must-include GPUs must be free")
+            raise AllocationError("must-include GPUs must be free", "must_not_free")
         if must_mask.bit_count() > size:
-            raise AllocationError(f"{must_mask.bit_count()} must-include GPUs exceed size {size}")
+            raise AllocationError(
+                f"{must_mask.bit_count()} must-include GPUs exceed size {size}", "must_over_size"
+            )
         return free_mask, must_mask
 
     def _candidates(self, free_mask: int, must_mask: int, size: int) -> np.ndarray:

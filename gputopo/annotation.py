@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gputopo.policy import DEFAULT_POLICY, POLICY_NAMES
 from gputopo.topology import Topology, TopologyError
 
 #: Schema version written by encode(); decode() accepts exactly this one.
@@ -41,6 +42,7 @@ class NodeTopology:
     allocated: frozenset[int]
     generated_at: float
     plugin_version: str
+    policy: str = DEFAULT_POLICY  # the in-node GPU policy the plugin runs (gputopo.policy)
 
     @property
     def healthy(self) -> frozenset[int]:
@@ -81,6 +83,8 @@ def encode(value: NodeTopology) -> str:
         "pcieGbps": dict(topo.settings.pcie_gbps),
         "allocated": sorted(value.allocated),
     }
+    if value.policy != DEFAULT_POLICY:  # optional: absent means gputopo (docs/annotation.md)
+        doc["policy"] = value.policy
     return json.dumps(doc, separators=(",", ":"), sort_keys=False)
 
 
@@ -141,6 +145,9 @@ def decode(text: str | None, *, now: float, max_age_s: float) -> NodeTopology:
     except (TopologyError, ValueError, TypeError) as e:
         raise AnnotationError(f"topology: {e}") from None
     allocated = _indices(doc["allocated"], topology, "allocated")
+    policy = doc.get("policy", DEFAULT_POLICY)
+    if not isinstance(policy, str) or policy not in POLICY_NAMES:
+        raise AnnotationError(f"policy {str(policy)[:64]!r} unknown (known: {', '.join(POLICY_NAMES)})")
     return NodeTopology(
         node=node,
         topology=topology,
@@ -148,6 +155,7 @@ def decode(text: str | None, *, now: float, max_age_s: float) -> NodeTopology:
         allocated=allocated,
         generated_at=float(generated),
         plugin_version=plugin_version,
+        policy=policy,
     )
 
 
@@ -188,6 +196,7 @@ def make(
     plugin_version: str,
     unhealthy: Iterable[int] = (),
     allocated: Iterable[int] = (),
+    policy: str = DEFAULT_POLICY,
 ) -> NodeTopology:
     """Convenience constructor with plain iterables (the publisher's and tests' entry point)."""
     return NodeTopology(
@@ -197,6 +206,7 @@ def make(
         allocated=frozenset(allocated),
         generated_at=generated_at,
         plugin_version=plugin_version,
+        policy=policy,
     )
 
 

@@ -17,9 +17,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from gputopo.allocator import DISRUPTION_SIZES, MAX_GPUS, AllocationError, Allocator, Choice
+from gputopo.allocator import DISRUPTION_SIZES, MAX_GPUS, AllocationError, Allocator, AllocatorPool, Choice
 from gputopo.commands import Missing, UsageError, local_topology, plugin_commands
 from gputopo.numerals import ascii_uint
+from gputopo.policy import DEFAULT_POLICY, POLICY_NAMES, UnknownPolicyError, check_name, policy_by_name
 from gputopo.topology import Topology, TopologyError
 
 
@@ -133,13 +134,23 @@ def _ring_text(choice: Choice) -> str:
     return f"{choice.ring_mbps / 1000:g} GB/s (weakest hop of the best NCCL ring)"
 
 
-def render_prefer(topo: Topology, ranked: list[Choice], free: list[int], size: int, must: list[int]) -> str:
-    chosen = ranked[0]
+def render_prefer(
+    topo: Topology,
+    ranked: list[Choice],
+    free: list[int],
+    size: int,
+    must: list[int],
+    chosen: Choice | None = None,
+    policy: str = DEFAULT_POLICY,
+) -> str:
+    """`ranked` is gputopo's order; `chosen` what `policy` picks (gputopo's first by default)."""
+    chosen = chosen if chosen is not None else ranked[0]
     uuids = [topo.gpus[i].uuid for i in chosen.indices]
+    by = "" if policy == DEFAULT_POLICY else f" by {policy} (the rank below is gputopo's)"
     lines = [
         f"request: {size} GPU(s) from {len(free)} available"
         + (f", must include {','.join(map(str, must))}" if must else ""),
-        f"chosen:  GPUs {','.join(map(str, chosen.indices))}  ({' '.join(uuids)})",
+        f"chosen:  GPUs {','.join(map(str, chosen.indices))}  ({' '.join(uuids)}){by}",
         f"why:     ring {_ring_text(chosen)}; "
         f"leaves {_leftover(chosen)} (group size: best ring GB/s x disjoint groups); "
         f"pair sum {chosen.pair_sum_mbps / 1000:g} GB/s",
@@ -179,6 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--available", help="comma-separated GPU indices or UUIDs offered (default: all)")
     p.add_argument("--must", help="comma-separated GPU indices or UUIDs that must be included")
     p.add_argument("--top", type=int, default=5, help="alternatives to show (default 5)")
+    p.add_argument(
+        "--policy",
+        default=DEFAULT_POLICY,
+        help=f"in-node policy to ask, as the plugin's --policy ({', '.join(POLICY_NAMES)}; default gputopo)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("presets", help="list the built-in server topologies")
@@ -211,7 +227,13 @@ def _run(args: argparse.Namespace) -> int:
         if args.top < 1:
             raise UsageError("--top must be at least 1")
         try:
-            ranked = Allocator(topo).rank(free, args.size, must, top=args.top)
+            check_name(args.policy)
+        except UnknownPolicyError as e:
+            raise UsageError(f"--policy: {e}") from None
+        try:
+            pool = AllocatorPool()
+            ranked = pool.get(topo).rank(free, args.size, must, top=args.top)
+            chosen = policy_by_name(args.policy, topo, pool=pool).choose(free, args.size, must)
         except AllocationError as e:
             raise UsageError(str(e)) from None
         if args.json:
@@ -220,12 +242,13 @@ def _run(args: argparse.Namespace) -> int:
                 "size": args.size,
                 "available": sorted(free),
                 "must": sorted(must),
-                "chosen": ranked[0].explain() | {"uuids": [topo.gpus[i].uuid for i in ranked[0].indices]},
+                "policy": args.policy,
+                "chosen": chosen.explain() | {"uuids": [topo.gpus[i].uuid for i in chosen.indices]},
                 "alternatives": [c.explain() for c in ranked],
             }
             print(json.dumps(doc, indent=1))
         else:
-            print(render_prefer(topo, ranked, free, args.size, must))
+            print(render_prefer(topo, ranked, free, args.size, must, chosen, args.policy))
         return 0
     if args.command == "presets":
         from gputopo.topofile import list_presets, load_preset

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from gputopo.allocator import Allocator, Choice
 from gputopo.placement import single_key
+from gputopo.policy import GpuPolicy
 
 #: Pod size classes of the demand mix: 1, 2, 4, 8 (a pod of 3 counts as 4, of 5..8 as 8;
 #: members of multi-node gangs count as 8, they take whole nodes).
@@ -166,18 +167,19 @@ class ClusterObjective:
         return self.comm.efficiency(gpus, ring_mbps, self._best.get(gpus, ring_mbps))
 
     def keys(
-        self, gpus: int, candidates: Mapping[tuple[Allocator, frozenset[int]], Choice]
-    ) -> dict[tuple[Allocator, frozenset[int]], tuple[object, ...]]:
+        self, gpus: int, candidates: Mapping[tuple[GpuPolicy, frozenset[int]], Choice]
+    ) -> dict[tuple[GpuPolicy, frozenset[int]], tuple[object, ...]]:
         """A comparable key (larger is better) per (allocator, free set) that fits `gpus`,
         given the allocator's choice on it."""
-        self.learn(a for a, _ in candidates)
+        self.learn(p.exact for p, _ in candidates)
         if len(self._values) > 200_000:
             self._values.clear()
         eff = {kind: self.efficiency(gpus, c.ring_mbps) for kind, c in candidates.items()}
         top = max(eff.values(), default=1.0)
-        out: dict[tuple[Allocator, frozenset[int]], tuple[object, ...]] = {}
-        for (alloc, free), choice in candidates.items():
-            e = eff[(alloc, free)]
+        out: dict[tuple[GpuPolicy, frozenset[int]], tuple[object, ...]] = {}
+        for (policy, free), choice in candidates.items():
+            alloc = policy.exact
+            e = eff[(policy, free)]
             ok = e >= (1 - self.band) * top
             f_mask = _mask(free)
             r_mask = f_mask & ~_mask(choice.indices)
@@ -187,7 +189,7 @@ class ClusterObjective:
                 second = -round(cost, 6)
             else:
                 second = round(e, 6)
-            out[(alloc, free)] = (ok, second, single_key(free, choice, gpus))
+            out[(policy, free)] = (ok, second, single_key(free, choice, gpus))
         return out
 
     def _value(self, alloc: Allocator, mask: int) -> float:

@@ -48,10 +48,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gputopo.allocator import Allocator, Choice
+from gputopo.allocator import Choice
 from gputopo.network import CLUSTER, LevelIndex, NetworkIndex, short_name, validate_levels
 from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Placement, Quality, member_quality
 from gputopo.packing import NO_K, min_nodes, pack
+from gputopo.policy import GpuPolicy
 from gputopo.spread import count_spans, lower_levels, select_nodes
 
 # The names callers import from here (the node view, the memo and the placement are shared
@@ -70,7 +71,7 @@ __all__ = [
     "plan_gang",
 ]
 
-_Kind = tuple[Allocator | None, frozenset[int]]
+_Kind = tuple[GpuPolicy | None, frozenset[int]]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gputopo.allocator import Allocator, Choice
+from gputopo.allocator import Choice
+from gputopo.policy import GpuPolicy
 
 #: A member's GPU set as the gang compares it across nodes: (ring MB/s, pair-sum MB/s).
 Quality = tuple[int, ...]
@@ -27,7 +28,7 @@ class NodeView:
     labels: Mapping[str, str]
     gpu_count: int
     free: frozenset[int]  # free GPU indices (healthy, not allocated, not reserved)
-    allocator: Allocator | None = None  # None = topology unknown: GPUs are interchangeable, neutral score
+    allocator: GpuPolicy | None = None  # the node's policy; None = topology unknown: neutral score
 
     def __post_init__(self) -> None:
         # Free sets are dictionary keys of the planner's memo: a plain set would not hash.
@@ -50,9 +51,9 @@ class ChoiceMemo:
     snapshot when the caller wants repeated plans (filter retries, the simulator) to be cheap."""
 
     def __init__(self) -> None:
-        self._answers: dict[tuple[Allocator, frozenset[int], int], Choice] = {}
+        self._answers: dict[tuple[GpuPolicy, frozenset[int], int], Choice] = {}
 
-    def choose(self, allocator: Allocator, free: frozenset[int], size: int) -> Choice:
+    def choose(self, allocator: GpuPolicy, free: frozenset[int], size: int) -> Choice:
         key = (allocator, free, size)
         hit = self._answers.get(key)
         if hit is None:

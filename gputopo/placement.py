@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from gputopo.allocator import Allocator, Choice
+from gputopo.allocator import Choice
 from gputopo.nodeview import ChoiceMemo, NodeView, Placement
+from gputopo.policy import GpuPolicy
 
 if TYPE_CHECKING:  # the objective imports this module's first-cut key
     from gputopo.clusterobjective import ClusterObjective
@@ -51,7 +52,7 @@ def node_scores(
     memo = memo if memo is not None else ChoiceMemo()
     scores: dict[str, int] = {}
     # Nodes of one server type with the same free GPUs share a key: work per kind, not per node.
-    kinds: dict[tuple[Allocator, frozenset[int]], list[str]] = {}
+    kinds: dict[tuple[GpuPolicy, frozenset[int]], list[str]] = {}
     for v in nodes:
         if len(v.free) < gpus:
             scores[v.name] = 0
@@ -59,7 +60,7 @@ def node_scores(
             scores[v.name] = NEUTRAL_SCORE
         else:
             kinds.setdefault((v.allocator, v.free), []).append(v.name)
-    keyed: dict[tuple[Allocator, frozenset[int]], tuple[object, ...]]
+    keyed: dict[tuple[GpuPolicy, frozenset[int]], tuple[object, ...]]
     if objective is not None:
         keyed = objective.keys(gpus, {(a, free): memo.choose(a, free, gpus) for a, free in kinds})
     else:

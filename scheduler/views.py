@@ -5,6 +5,10 @@ yet), so the free set is the annotation's, minus the GPUs of our own recent bind
 bound pods hold beyond what the annotation shows (those GPUs are the ones the node allocator
 would have handed out, so the same allocator picks them), minus reservations. A node whose
 topology is unknown keeps a plain count and a neutral score.
+
+"The node allocator" is the policy that node's plugin publishes in its annotation (`policy`,
+gputopo's exact allocator when absent), so a node A/B-testing NVIDIA's or HAMi's choice is
+predicted with that choice; one policy object per (policy, topology) serves every such node.
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gputopo.allocator import AllocationError, Allocator, AllocatorPool
+from gputopo.allocator import AllocationError
 from gputopo.gang import NodeView
+from gputopo.policy import GpuPolicy, PolicyPool
 from scheduler.model import NodeInfo, Snapshot
 from scheduler.reservations import Reservation
 
@@ -30,7 +35,7 @@ class Assumed:
     uid: str = ""  # the pod's UID: a pod recreated under the same name is another pod
 
 
-def _take(alloc: Allocator | None, free: set[int], count: int) -> set[int]:
+def _take(alloc: GpuPolicy | None, free: set[int], count: int) -> set[int]:
     """The `count` GPUs the node allocator would hand out from `free` (or the lowest ones)."""
     count = min(count, len(free))
     if count <= 0:
@@ -45,7 +50,7 @@ def _take(alloc: Allocator | None, free: set[int], count: int) -> set[int]:
 
 def node_view(
     info: NodeInfo,
-    alloc: Allocator | None,
+    alloc: GpuPolicy | None,
     pod_gpus: int,
     assumed: Iterable[Assumed],
     reserved: Iterable[Reservation],
@@ -84,7 +89,8 @@ class ViewBuilder:
     (a pod asked about, a bind, one node's annotation) touches one node or none."""
 
     def __init__(self) -> None:
-        self.allocators = AllocatorPool()
+        self.policies = PolicyPool()
+        self.allocators = self.policies.allocators
         self._whole: tuple | None = None
         self._views: dict[str, NodeView] = {}
         self._inputs: dict[str, tuple] = {}
@@ -123,7 +129,8 @@ class ViewBuilder:
             if old is not None and old[0] is info and old[1:] == key[1:]:
                 views[name] = old_views[name]
             else:
-                alloc = self.allocators.get(info.topology.topology) if info.topology is not None else None
+                topo = info.topology
+                alloc = self.policies.get(topo.policy, topo.topology) if topo is not None else None
                 views[name] = node_view(info, alloc, key[1], key[2], key[3], bound)
             inputs[name] = key
         self._whole, self._views, self._inputs = whole, views, inputs

@@ -159,6 +159,16 @@ class _Handler(BaseHTTPRequestHandler):
                 },
             )
             return
+        m = re.fullmatch(r"/api/v1/nodes/([^/]+)", url.path)
+        if m:  # read_node (the plugin's per-node config label)
+            api.requests.append(("get:nodes", m.group(1)))
+            with api.cond:
+                found = copy.deepcopy(api.objects["nodes"].get(m.group(1)))
+            if found is None:
+                self._status(404, "NotFound", f'nodes "{m.group(1)}" not found')
+            else:
+                self._json(200, found)
+            return
         m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", url.path)
         if m:
             pod = api.objects["pods"].get(f"{m.group(1)}/{m.group(2)}")

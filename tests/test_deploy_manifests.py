@@ -390,7 +390,9 @@ def test_plugin_rbac_is_patch_nodes_only() -> None:
         for r in rule["resources"]
         for v in rule["verbs"]
     }
-    assert granted == {("", "nodes", "patch")}, "the publisher's one call is a merge patch of its Node"
+    assert granted == {("", "nodes", "get"), ("", "nodes", "patch")}, (
+        "the publisher's one call is a merge patch of its Node; the per-node config reads its label"
+    )
 
 
 # ------------------------------------------------------------------ examples

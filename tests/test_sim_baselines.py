@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gputopo.sim.baselines import best_combo, best_effort, kubelet_order
-from gputopo.sim.pairpoints import pair_points
+from gputopo.policies.pairpoints import pair_points
+from gputopo.policies.search import best_combo, best_effort, kubelet_order
 from gputopo.topofile import load_preset
 from gputopo.topology import Topology, make_topology
 from tests.strategies import topologies

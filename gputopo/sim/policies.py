@@ -15,21 +15,22 @@ scheduler does) plus an in-node GPU choice (what the device plugin answers) plus
 Every policy admits a gang all or nothing (as kube-scheduler's GangScheduling/Coscheduling
 do); without that the comparison would measure deadlocks, not placement. `gang-only` is
 therefore gputopo with the network-aware planner switched off, isolating what the network
-levels add. docs/simulator.md gives the reasons for each modelling choice.
+levels add. docs/simulator.md gives the reasons for each modelling choice. The in-node GPU
+choice of every row is a `gputopo.policy.GpuPolicy` from the core's registry — the same objects
+the device plugin runs with `--policy` — so the simulator models no allocator of its own.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gputopo.allocator import Allocator, AllocatorPool
+from gputopo.allocator import AllocationError, Allocator, AllocatorPool
 from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, plan_gang
 from gputopo.network import NetworkIndex
 from gputopo.placement import place_pod
-from gputopo.sim.baselines import best_combo, best_effort, kubelet_order
-from gputopo.sim.pairpoints import pair_points
+from gputopo.policy import GpuPolicy, policy_by_name
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
 
@@ -59,14 +60,17 @@ class Policy:
         allocators: Sequence[Allocator],
         *,
         rank: str,
-        gpus: Callable[[int, int, int], tuple[int | None, ...]] | None = None,
+        gpus: Sequence[GpuPolicy] = (),
         planner: bool = False,
+        cache_gpus: bool = False,
     ) -> None:
         self.name = name
         self.cluster = cluster
         self.allocators = allocators
         self._rank = rank
         self._gpus = gpus
+        # (topology, free mask, size) -> GPUs, or None for a refusal: for deterministic policies
+        self._answers: dict[tuple[int, int, int], tuple[int, ...] | None] | None = {} if cache_gpus else None
         self._planner = planner
         self._memo = ChoiceMemo()
         self._views: dict[tuple[int, int], NodeView] = {}
@@ -117,13 +121,25 @@ class Policy:
         node = self._best_node(state, size)
         if node is None:
             return Failure(f"no node has {size} free GPUs")
-        assert self._gpus is not None, "a baseline policy needs an in-node GPU choice"
-        gpus = self._gpus(state.topo[node], state.mask[node], size)
-        if not gpus or any(g is None for g in gpus):
+        tid, mask = state.topo[node], state.mask[node]
+        key = (tid, mask, size)
+        cache = self._answers
+        if cache is not None and key in cache:
+            gpus = cache[key]
+        else:
+            try:
+                gpus = self._gpus[tid].choose(_mask_list(mask, self.allocators[tid].n), size).indices
+            except AllocationError:
+                gpus = None
+            if cache is not None:
+                if len(cache) > 100_000:
+                    cache.clear()
+                cache[key] = gpus
+        if gpus is None:
             return Failure(
                 f"device plugin gave no usable set of {size} on {self.cluster.nodes[node].name}", True
             )
-        return node, tuple(sorted(g for g in gpus if g is not None))
+        return node, gpus
 
     # ------------------------------------------------------------------ jobs
 
@@ -183,46 +199,12 @@ def build_policy(name: str, cluster: SimCluster, pool: AllocatorPool, rng: rando
     """A fresh policy (its own caches; `rng` only feeds kubelet's random order)."""
     topos = cluster.topologies
     allocators = [pool.get(t) for t in topos]
-    cache: dict[tuple[int, int, int], tuple[int | None, ...]] = {}
-
-    def cached(
-        fn: Callable[[int, int, int], tuple[int | None, ...]],
-    ) -> Callable[[int, int, int], tuple[int | None, ...]]:
-        def wrapper(tid: int, mask: int, size: int) -> tuple[int | None, ...]:
-            key = (tid, mask, size)
-            hit = cache.get(key)
-            if hit is None:
-                hit = cache[key] = fn(tid, mask, size)
-            return hit
-
-        return wrapper
-
-    if name == "kubelet-default":
-
-        def kubelet(tid: int, mask: int, size: int) -> tuple[int | None, ...]:
-            return kubelet_order(_mask_list(mask, topos[tid].n), size, rng)
-
-        return Policy(name, cluster, allocators, rank="least", gpus=kubelet)
-    if name == "best-effort-pairs":
-        blind = [pair_points(t, nvswitch_visible=False) for t in topos]
-        return Policy(
-            name,
-            cluster,
-            allocators,
-            rank="least",
-            gpus=cached(
-                lambda tid, mask, size: best_effort(blind[tid], _mask_list(mask, topos[tid].n), size)
-            ),
-        )
-    if name == "best-combo":
-        seen = [pair_points(t, nvswitch_visible=True) for t in topos]
-        return Policy(
-            name,
-            cluster,
-            allocators,
-            rank="most",
-            gpus=cached(lambda tid, mask, size: best_combo(seen[tid], _mask_list(mask, topos[tid].n), size)),
-        )
+    if name in ("kubelet-default", "best-effort-pairs", "best-combo"):
+        # faithful: go-gpuallocator's padding answer stays an admission failure, as on real nodes
+        gpus = [policy_by_name(name, t, pool=pool, rng=rng, faithful=True) for t in topos]
+        rank = "most" if name == "best-combo" else "least"
+        # kubelet's order is drawn afresh each time; the others answer alike for alike questions
+        return Policy(name, cluster, allocators, rank=rank, gpus=gpus, cache_gpus=name != "kubelet-default")
     if name in ("gputopo", "gang-only"):
         # node and GPUs both come from gang.place_pod / plan_gang, i.e. from the Allocator
         return Policy(name, cluster, allocators, rank="gputopo", planner=name == "gputopo")

@@ -4,6 +4,9 @@ Each function answers one GetPreferredAllocation-like question for a set of free
 size; they take the pair-point matrix of `pairpoints` (or nothing), never bandwidths, because
 that is what the modelled systems see. Facts: node-anchors.md §1.5 (kubelet), §2.3 (NVIDIA
 go-gpuallocator best-effort), §4 (HAMi topology-aware). No code of those projects is copied.
+`gputopo.policies.baselines` wraps each in a `GpuPolicy` (tables once, answers cached, keys scored
+by the exact allocator); the functions stay separate so tests can check them against the
+published expectations of the systems they model.
 """
 
 from __future__ import annotations
@@ -28,7 +31,12 @@ def kubelet_order(free: Sequence[int], size: int, rng: random.Random) -> tuple[i
 
 
 def best_effort(
-    points: np.ndarray, available: Sequence[int], size: int, required: Sequence[int] = ()
+    points: np.ndarray,
+    available: Sequence[int],
+    size: int,
+    required: Sequence[int] = (),
+    *,
+    exclude_padding: bool = False,
 ) -> Group:
     """go-gpuallocator's best-effort policy; () when its guards refuse.
 
@@ -37,7 +45,9 @@ def best_effort(
     best partition that has a padding-free group holding `required`, then returns that
     partition's best group holding `required` (first wins). Nothing stops that group from being
     the padded one: the result may contain None, which the real plugin dereferences and panics on
-    (go-gpuallocator PR #80). Ties follow the order of `available`."""
+    (go-gpuallocator PR #80). `exclude_padding=True` is that PR's fix: the final pick skips the
+    padded group (the best partition always has a padding-free group holding `required`).
+    Ties follow the order of `available`."""
     avail = list(available)
     req = list(required)
     if size <= 0 or len(avail) < size or len(req) > size or len(req) > len(avail):
@@ -48,7 +58,7 @@ def best_effort(
         return (req[0],) if req else (avail[0],)
     pad = (-len(avail)) % size
     pts = tuple(tuple(int(x) for x in row) for row in points)
-    return _best_effort_search(pts, tuple(avail), pad, size, frozenset(req))
+    return _best_effort_search(pts, tuple(avail), pad, size, frozenset(req), exclude_padding)
 
 
 def _group_score(pts: tuple[tuple[int, ...], ...], group: Sequence[int]) -> int:
@@ -56,7 +66,12 @@ def _group_score(pts: tuple[tuple[int, ...], ...], group: Sequence[int]) -> int:
 
 
 def _best_effort_search(
-    pts: tuple[tuple[int, ...], ...], avail: tuple[int, ...], pad: int, size: int, req: frozenset[int]
+    pts: tuple[tuple[int, ...], ...],
+    avail: tuple[int, ...],
+    pad: int,
+    size: int,
+    req: frozenset[int],
+    exclude_padding: bool = False,
 ) -> Group:
     """Exact first-seen maximum over the depth-first partition enumeration, by memoised search.
 
@@ -97,7 +112,7 @@ def _best_effort_search(
     for group in result[1]:
         members = [items[p] for p in group]
         real = [m for m in members if m is not None]
-        if not req.issubset(real):
+        if not req.issubset(real) or (exclude_padding and len(real) < len(members)):
             continue
         score = _group_score(pts, real)
         if score > pick_score:
@@ -105,18 +120,26 @@ def _best_effort_search(
     return pick
 
 
-def best_combo(points: np.ndarray, candidates: Sequence[int], size: int) -> tuple[int, ...]:
+def best_combo(
+    points: np.ndarray, candidates: Sequence[int], size: int, required: Sequence[int] = ()
+) -> tuple[int, ...]:
     """HAMi's topology-aware fit; () when fewer than `size` candidates.
 
     One card: the candidate least connected to the other candidates (smallest sum of points,
     first wins), so well-linked groups stay whole. Several: the combination of candidates with
-    the largest pair-point sum over all C(k, size), first in combination order wins; no look-ahead."""
+    the largest pair-point sum over all C(k, size), first in combination order wins; no look-ahead.
+    HAMi's scheduler has no must-include set (it decides before kubelet asks); `required` is how
+    kubelet's must-include reaches it when it runs as a device plugin's policy: only combinations
+    holding every required card are scored (() when that is impossible)."""
     cands = list(candidates)
-    if size <= 0 or len(cands) < size:
+    req = set(required)
+    if size <= 0 or len(cands) < size or len(req) > size or not req <= set(cands):
         return ()
     if len(cands) == size:
         return tuple(sorted(cands))
     if size == 1:
+        if req:
+            return (next(iter(req)),)
         best_card, best_sum = cands[0], None
         for c in cands:
             s = sum(int(points[c][d]) for d in cands if d != c)
@@ -126,6 +149,8 @@ def best_combo(points: np.ndarray, candidates: Sequence[int], size: int) -> tupl
     best_set: tuple[int, ...] = ()
     best_score = -1
     for combo in itertools.combinations(cands, size):
+        if req and not req.issubset(combo):
+            continue
         s = sum(int(points[a][b]) for a, b in itertools.combinations(combo, 2))
         if s > best_score:
             best_set, best_score = combo, s
