@@ -1,10 +1,11 @@
-"""The extender's decisions: filter, prioritize and bind, for single pods and whole gangs.
+"""The extender's verbs: filter, prioritize and bind, translated onto the core's decisions.
 
-The HTTP layer only translates; everything that changes state happens here under one lock, so
-parallel calls from kube-scheduler can never promise the same GPU twice. Planning itself is
-`gputopo.gang` (one objective, imported); this module owns what happens around a plan: who the
-members are, the reservations that hold a plan's capacity, dropping a plan when it breaks, and
-backing off a gang that fits nowhere. Every decision is logged with its reason.
+Decisions are made in the pure core: single pods by `gputopo.gang` (node objective), gangs by
+`gputopo.gangs.GangTracker` (quorum, plans within what kube-scheduler offered, reservations,
+re-plans). This module only keeps what a live cluster adds around them, under one lock so
+that parallel calls from kube-scheduler never promise the same GPU twice: the snapshot and its
+NodeViews (cached per snapshot), the binds this sidecar made that no annotation shows yet, the
+one API call of a bind in flight per pod, and the structured log and metrics of every decision.
 """
 
 from __future__ import annotations
@@ -16,19 +17,23 @@ from dataclasses import dataclass, field
 
 from gputopo import jsonlog
 from gputopo.allocator import AllocationError
-from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, node_scores, plan_gang
+from gputopo.gang import GangPlan, NodeView, node_scores
+from gputopo.gangs import Event, GangAsk, GangMember, GangTracker, Planned, Refused
 from gputopo.network import NetworkIndex
+from gputopo.reservations import Assumed, Reservations
 from scheduler import defaults
 from scheduler.metrics import Metrics
 from scheduler.model import BadInput, PodInfo, Snapshot
-from scheduler.reservations import Reservation, Reservations
 from scheduler.state import BindError, ClusterState
-from scheduler.views import Assumed, ViewBuilder
+from scheduler.views import ViewBuilder
 
 log = logging.getLogger("gputopo.scheduler")
 
 #: Our own binds are remembered this long at most while the node's annotation catches up.
 ASSUMED_TTL_S = 600.0
+
+#: Tracker event kinds -> the result label of the gputopo_gang_plans metric.
+_PLAN_RESULT = {"plan": "planned", "plan_failed": "failed", "plan_dropped": "dropped"}
 
 
 @dataclass(frozen=True)
@@ -36,23 +41,6 @@ class FilterResult:
     node_names: list[str]
     failed: dict[str, str] = field(default_factory=dict)
     unresolvable: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class _Backoff:
-    until: float
-    delay: float
-    reason: str
-
-
-@dataclass(frozen=True)
-class _Wait:
-    reason: str
-
-
-@dataclass(frozen=True)
-class _Planned:
-    node: str
 
 
 class Extender:
@@ -71,14 +59,11 @@ class Extender:
         self.clock = clock
         self.metrics = metrics or Metrics()
         self.ttl_s = ttl_s
-        self.backoff_s = backoff_s
+        self.gangs = GangTracker(self.levels, ttl_s=ttl_s, backoff_s=backoff_s)
         self._lock = threading.Lock()
-        self.reservations = Reservations()
-        self.plans: dict[str, GangPlan] = {}
-        self._backoff: dict[str, _Backoff] = {}
         self._assumed: dict[str, Assumed] = {}
         self._binding: set[str] = set()  # pods whose API call of a bind is in flight
-        self._swept: object = None  # the snapshot version reservations were last checked against
+        self._swept: object = None  # (snapshot version, assumed version) last swept
         self._assumed_version = 0
         self._views = ViewBuilder()
         self._warned: dict[str, str] = {}
@@ -87,15 +72,21 @@ class Extender:
         self._fits: tuple[dict[str, NodeView], dict[int, tuple[frozenset[str], dict[str, str]]]] | None = None
         # node scores per views object: (views, {(gpus, names): scores}); swapped whole
         self._scores: tuple[dict[str, NodeView], dict[tuple, dict[str, int]]] | None = None
-        self._memo = ChoiceMemo()
         self._index_key: int | None = None
         self._index: NetworkIndex | None = None
 
-    def _memo_now(self) -> ChoiceMemo:
-        """Allocator answers are pure in (allocator, free set, size): keep them, within bounds."""
-        if len(self._memo) > 200_000:
-            self._memo = ChoiceMemo()
-        return self._memo
+    @property
+    def reservations(self) -> Reservations:
+        return self.gangs.reservations
+
+    @property
+    def plans(self) -> dict[str, GangPlan]:
+        return self.gangs.plans
+
+    def _drop_plan(self, gang: str, reason: str) -> None:
+        with self._lock:
+            self.gangs.drop(gang, reason, "operator")
+            self._log_events()
 
     def _network(self, snap: Snapshot) -> NetworkIndex:
         if self._index is None or self._index_key != snap.version:
@@ -103,32 +94,62 @@ class Extender:
             self._index_key = snap.version
         return self._index
 
+    def _log_events(self) -> None:
+        """Log and count what the tracker did (caller holds the lock)."""
+        for e in self.gangs.drain():
+            _log_event(e)
+            result = _PLAN_RESULT.get(e.kind)
+            if result is not None:
+                self.metrics.plans.labels(result=result).inc()
+        self.metrics.reservations.set(len(self.gangs.reservations))
+
     # ----------------------------------------------------------------------------- helpers
 
     def _current(self, now: float) -> tuple[Snapshot, dict[str, NodeView]]:
         """Expire what timed out, then the snapshot and its node views (caller holds the lock)."""
-        for gang in self.reservations.expired(now):
-            self._drop_plan(gang, "reservation expired before every member bound")
+        self.gangs.expire(now)
         snap = self.state.snapshot()
-        if len(self.reservations) and snap.version != self._swept:
-            self._sweep(snap)
         stale = [k for k, a in self._assumed.items() if now - a.at > ASSUMED_TTL_S or _caught_up(snap, a)]
         for k in stale:
             del self._assumed[k]
         if stale:
             self._assumed_version += 1
-        views = self._views.build(
-            snap,
-            self._assumed,
-            self._assumed_version,
-            self.reservations.by_node(),
-            self.reservations.version,
-        )
+        taken: list[str] = []
+        if len(self.gangs.reservations) and (snap.version, self._assumed_version) != self._swept:
+            self._swept = (snap.version, self._assumed_version)
+            taken = self.gangs.sweep(
+                alive=lambda k: (p := snap.pods.get(k)) is not None and p.active,
+                has_node=snap.nodes.__contains__,
+                in_use=lambda node: self._in_use(snap, node),
+            )
+        views = self._build(snap)
+        if taken:
+            for gang in taken:
+                self._replan(gang, snap, views, now, "gpus_taken")
+            views = self._build(snap)
         if snap.nodes is not self._warned_for:
             self._warned_for = snap.nodes
             self._warn_unknown(snap)
-        self.metrics.reservations.set(len(self.reservations))
+        self._log_events()
         return snap, views
+
+    def _build(self, snap: Snapshot) -> dict[str, NodeView]:
+        return self._views.build(
+            snap,
+            self._assumed,
+            self._assumed_version,
+            self.gangs.reservations.by_node(),
+            self.gangs.reservations.version,
+        )
+
+    def _in_use(self, snap: Snapshot, node: str) -> set[int]:
+        """GPUs of `node` that a pod holds: the published in-use set and our assumed binds."""
+        info = snap.nodes.get(node)
+        used = set(info.topology.allocated) if info is not None and info.topology is not None else set()
+        for a in self._assumed.values():
+            if a.node == node:
+                used.update(a.gpus)
+        return used
 
     def _warn_unknown(self, snap: Snapshot) -> None:
         if len(self._warned) > 100_000:
@@ -148,26 +169,41 @@ class Extender:
             elif name in self._warned:
                 del self._warned[name]
 
-    def _sweep(self, snap: Snapshot) -> None:
-        """A reserved member that was deleted or finished, or a planned node that went away,
-        breaks its gang's plan now: holding the capacity until the TTL would starve others."""
-        self._swept = snap.version
-        broken: dict[str, str] = {}
-        for r in self.reservations:
-            pod = snap.pods.get(r.pod)
-            if pod is None or not pod.active:
-                broken.setdefault(r.gang, f"planned member {r.pod} was deleted or finished")
-            elif r.node not in snap.nodes:
-                broken.setdefault(r.gang, f"planned node {r.node} went away")
-        for gang, reason in broken.items():
-            self._drop_plan(gang, reason)
+    def _members(self, gang: str, snap: Snapshot) -> list[PodInfo]:
+        """Active pods of a gang; the index is rebuilt once per pods mapping, not per call."""
+        cached = self._gang_index
+        if cached is None or cached[0] is not snap.pods:
+            index: dict[str, list[PodInfo]] = {}
+            for p in snap.pods.values():
+                if p.gang is not None and p.active:
+                    index.setdefault(p.gang.key, []).append(p)
+            cached = self._gang_index = (snap.pods, index)
+        return sorted(cached[1].get(gang, ()), key=lambda p: p.key)
 
-    def _drop_plan(self, gang: str, reason: str) -> None:
-        plan = self.plans.pop(gang, None)
-        released = self.reservations.release_gang(gang)
-        if plan is not None or released:
-            jsonlog.event(log, "plan_dropped", gang=gang, reason=reason, released=len(released))
-            self.metrics.plans.labels(result="dropped").inc()
+    def _ask(self, pod: PodInfo, snap: Snapshot) -> GangAsk:
+        """The tracker's view of a gang: members bound per the watch or by our own binds."""
+        assert pod.gang is not None
+        gang = pod.gang.key
+        members = tuple(
+            GangMember(m.key, m.gpus, m.node or (a.node if (a := self._assumed.get(m.key)) else ""))
+            for m in self._members(gang, snap)
+        )
+        return GangAsk(
+            gang,
+            pod.key,
+            members,
+            pod.gang.min_member or snap.min_members.get(gang),
+            pod.gang.required_level,
+            pod.gang.preferred_level,
+        )
+
+    def _replan(self, gang: str, snap: Snapshot, views: dict[str, NodeView], now: float, cause: str) -> None:
+        """Re-plan a gang's unbound members outside a filter (caller holds the lock)."""
+        pending = [
+            m for m in self._members(gang, snap) if m.gpus > 0 and not m.node and m.key not in self._assumed
+        ]
+        if pending:
+            self.gangs.replan(self._ask(pending[0], snap), views, self._network(snap), now, cause)
 
     # ------------------------------------------------------------------------------ filter
 
@@ -216,129 +252,25 @@ class Extender:
         self, pod: PodInfo, names: Sequence[str], snap: Snapshot, views: dict[str, NodeView], now: float
     ) -> FilterResult:
         assert pod.gang is not None
-        decision = self._gang_decision(pod, snap, views, now)
         gang = pod.gang.key
-        if isinstance(decision, _Wait):
-            jsonlog.event(log, "filter_gang", pod=pod.key, gang=gang, result="wait", reason=decision.reason)
-            return FilterResult([], {}, {n: decision.reason for n in names})
-        node = decision.node
-        reason = f"gang {gang} planned on {node}"
+        assumed = self._assumed.get(pod.key)
+        if assumed is not None:
+            # asked again while (or just after) its bind went out: where it is going, plan kept
+            decision: Planned | object = Planned(assumed.node, f"gang {gang} planned on {assumed.node}")
+        else:
+            decision = self.gangs.filter(self._ask(pod, snap), names, views, self._network(snap), now)
+            self._log_events()
+        if not isinstance(decision, Planned):
+            reason = getattr(decision, "reason", "")
+            jsonlog.event(log, "filter_gang", pod=pod.key, gang=gang, result="wait", reason=reason)
+            return FilterResult([], {}, {n: reason for n in names})
+        node, reason = decision.node, decision.reason
         out = FilterResult([node] if node in names else [], {}, {n: reason for n in names if n != node})
         if node not in names:
             reason = f"gang {gang} planned on {node}, which this scheduling cycle did not offer"
             out.unresolvable.update({n: reason for n in names})
         jsonlog.event(log, "filter_gang", pod=pod.key, gang=gang, result="planned", node=node, reason=reason)
         return out
-
-    def _members(self, gang: str, snap: Snapshot) -> list[PodInfo]:
-        """Active pods of a gang; the index is rebuilt once per pods mapping, not per call."""
-        cached = self._gang_index
-        if cached is None or cached[0] is not snap.pods:
-            index: dict[str, list[PodInfo]] = {}
-            for p in snap.pods.values():
-                if p.gang is not None and p.active:
-                    index.setdefault(p.gang.key, []).append(p)
-            cached = self._gang_index = (snap.pods, index)
-        return sorted(cached[1].get(gang, ()), key=lambda p: p.key)
-
-    def _gang_decision(
-        self, pod: PodInfo, snap: Snapshot, views: dict[str, NodeView], now: float
-    ) -> _Wait | _Planned:
-        assert pod.gang is not None
-        gang = pod.gang.key
-        assumed = self._assumed.get(pod.key)
-        if assumed is not None:
-            # asked again while (or just after) its bind went out: where it is going, plan kept
-            return _Planned(assumed.node)
-        plan = self.plans.get(gang)
-        if plan is not None:
-            mine = next((p for p in plan.placements if p.pod == pod.key), None)
-            gone = [p.node for p in plan.placements if p.node not in snap.nodes]
-            if gone:
-                self._drop_plan(gang, f"planned node {gone[0]} went away")
-            elif mine is not None and self.reservations.get(pod.key) is not None:
-                return _Planned(mine.node)
-            else:
-                self._drop_plan(gang, f"member {pod.key} is not in the plan")
-        members = self._members(gang, snap)
-        need = pod.gang.min_member or snap.min_members.get(gang)
-        if need is None:
-            return _Wait(f"gang {gang}: PodGroup {gang} not found")
-        if len(members) < need:
-            return _Wait(f"gang {gang} waiting for members {len(members)}/{need}")
-        back = self._backoff.get(gang)
-        if back is not None and now < back.until:
-            return _Wait(f"{back.reason} (retry in {back.until - now:.0f}s)")
-        # Members without GPUs count towards minMember but need no placement.
-        pending = [m for m in members if not m.node and m.key not in self._assumed and m.gpus > 0]
-        bound_nodes = {m.node for m in members if m.node} | {
-            self._assumed[m.key].node for m in members if m.key in self._assumed
-        }
-        if pod.key not in {m.key for m in pending}:
-            return _Wait(f"pod {pod.key} is already bound")
-        spec = GangSpec(
-            gang,
-            tuple(Member(m.key, m.gpus) for m in pending),
-            required_level=pod.gang.required_level,
-            preferred_level=pod.gang.preferred_level,
-        )
-        result = self._plan(spec, views, bound_nodes, snap)
-        if not isinstance(result, GangPlan):
-            delay = self.backoff_s[0] if back is None else min(back.delay * 2, self.backoff_s[1])
-            self._backoff[gang] = _Backoff(now + delay, delay, f"gang {gang} does not fit: {result}")
-            self.metrics.plans.labels(result="failed").inc()
-            jsonlog.event(
-                log, "plan_failed", gang=gang, members=len(pending), reason=result, retry_in_s=delay
-            )
-            return _Wait(f"gang {gang} does not fit: {result}")
-        self._backoff.pop(gang, None)
-        self.plans[gang] = result
-        gpus_of = {m.key: m.gpus for m in pending}
-        self.reservations.add(
-            Reservation(p.pod, gang, p.node, tuple(p.gpus), gpus_of[p.pod], now + self.ttl_s)
-            for p in result.placements
-        )
-        self.metrics.plans.labels(result="planned").inc()
-        jsonlog.event(
-            log,
-            "plan",
-            gang=gang,
-            level=result.level,
-            domain=result.domain,
-            nodes=sorted({p.node for p in result.placements}),
-            members=len(result.placements),
-            reason=f"smallest level whose one domain holds all {len(result.placements)} pending members",
-        )
-        mine = next(p for p in result.placements if p.pod == pod.key)
-        return _Planned(mine.node)
-
-    def _plan(
-        self, spec: GangSpec, views: dict[str, NodeView], bound_nodes: set[str], snap: Snapshot
-    ) -> GangPlan | str:
-        """Plan the pending members; members already bound pin the search to their domain first.
-        With a required level, the rest of the gang may only join the bound members' domain of
-        that level: planning them anywhere else would split the gang across domains."""
-        index = self._network(snap)
-        candidates = list(views.values())
-        known = [n for n in bound_nodes if n in snap.nodes]
-        required = spec.required_level
-        if known and required is not None:
-            domains = {snap.nodes[n].labels.get(required, n) for n in known}
-            if len(domains) > 1:
-                return f"members already bound span {len(domains)} domains of required level {required}"
-            (where,) = domains
-            candidates = [v for v in candidates if v.labels.get(required, v.name) == where]
-        if known:
-            for level in self.levels:
-                values = {snap.nodes[n].labels.get(level, n) for n in known}
-                if len(values) == 1:
-                    (value,) = values
-                    near = [v for v in candidates if v.labels.get(level, v.name) == value]
-                    plan = plan_gang(spec, near, self.levels, index=index, memo=self._memo_now())
-                    if isinstance(plan, GangPlan):
-                        return plan
-        plan = plan_gang(spec, candidates, self.levels, index=index, memo=self._memo_now())
-        return plan if isinstance(plan, GangPlan) else plan.reason
 
     # -------------------------------------------------------------------------- prioritize
 
@@ -347,10 +279,10 @@ class Extender:
             now = self.clock()
             self.state.observe(pod)
             _snap, views = self._current(now)
-            plan = self.plans.get(pod.gang.key) if pod.gang is not None else None
+            planned = self.gangs.planned_node(pod.key, pod.gang.key) if pod.gang is not None else None
+            in_plan = pod.gang is not None and pod.gang.key in self.gangs.plans
             key = (pod.gpus, tuple(names))
-        if plan is not None:
-            planned = {p.pod: p.node for p in plan.placements}.get(pod.key)
+        if in_plan:
             return [(n, 10 if n == planned else 0) for n in names]
         if pod.gpus == 0:
             return [(n, 0) for n in names]
@@ -359,7 +291,7 @@ class Extender:
             cached = self._scores = (views, {})
         scores = cached[1].get(key)
         if scores is None:
-            scores = node_scores(pod.gpus, [views[n] for n in names if n in views], memo=self._memo_now())
+            scores = node_scores(pod.gpus, [views[n] for n in names if n in views], memo=self.gangs.memo())
             cached[1][key] = scores
         jsonlog.event(
             log,
@@ -394,22 +326,12 @@ class Extender:
                     jsonlog.event(log, "bind", pod=key, node=node, result="already bound")
                     return
                 raise BindError(f"pod {key} is already bound to {bound_to}")
-            r = self.reservations.get(key)
             gang = pod.gang.key if pod.gang is not None else None
-            # A bind that does not match the plan comes from a filter answer older than the plan
-            # (a re-plan happened meanwhile): refuse it and keep the plan, whose capacity would
-            # otherwise go to other gangs while members of this one are already bound.
-            if r is not None and r.node != node:
-                raise self._refused(
-                    key, node, f"gang {r.gang} planned {key} on {r.node}, not {node}; filter it again"
-                )
-            if r is None and gang is not None and pod.gpus > 0:
-                # all or nothing: without a reservation the rest of the gang may no longer fit
-                raise self._refused(
-                    key, node, f"pod {key} has no reservation in gang {gang}'s plan; filter it again"
-                )
+            try:
+                r = self.gangs.permit(key, gang, pod.gpus, node)
+            except Refused as e:
+                raise self._refused(key, node, str(e)) from None
             gpus = r.gpus if r is not None else self._pick(views.get(node), pod.gpus, node)
-            self.reservations.release_pod(key)
             self._assumed[key] = Assumed(key, node, gpus, pod.gpus, now, pod.uid)
             self._assumed_version += 1
             self._binding.add(key)
@@ -421,8 +343,9 @@ class Extender:
                 if self._assumed.pop(key, None) is not None:
                     self._assumed_version += 1
                 if gang is not None:
-                    self._drop_plan(gang, f"bind of {key} on {node} failed: {e}")
+                    self.gangs.bind_failed(key, gang, node, str(e))
                     self._replan_partial(pod, gang)
+                self._log_events()
             self.metrics.binds.labels(result="failed").inc()
             jsonlog.event(log, "bind", logging.WARNING, pod=key, node=node, result="failed", reason=str(e))
             raise
@@ -432,24 +355,11 @@ class Extender:
             raise
         with self._lock:
             self._binding.discard(key)
+            if gang is not None:
+                self.gangs.bound(key, gang, self.clock())
+                self._log_events()
         self.metrics.binds.labels(result="bound").inc()
         jsonlog.event(log, "bind", pod=key, node=node, gpus=list(gpus), gang=gang, result="bound")
-        if gang is not None:
-            with self._lock:
-                # a member bound: the gang is progressing, so its other reservations get a new TTL
-                self.reservations.renew_gang(gang, self.clock() + self.ttl_s)
-                plan = self.plans.get(gang)
-                if plan is not None and not any(self.reservations.get(p.pod) for p in plan.placements):
-                    del self.plans[gang]
-                    jsonlog.event(
-                        log,
-                        "gang_bound",
-                        gang=gang,
-                        level=plan.level,
-                        domain=plan.domain,
-                        members=len(plan.placements),
-                        reason="every planned member is bound",
-                    )
 
     def _refused(self, key: str, node: str, reason: str) -> BindError:
         """A bind refused before any API call, logged and counted like a failed one."""
@@ -465,7 +375,7 @@ class Extender:
         snap, views = self._current(now)
         members = self._members(gang, snap)
         if pod.gpus > 0 and any(m.node or m.key in self._assumed for m in members):
-            self._gang_decision(pod, snap, views, now)
+            self._replan(gang, snap, views, now, "bind_failed")
 
     def _pick(self, view: NodeView | None, size: int, node: str) -> tuple[int, ...]:
         if view is None or size == 0:
@@ -478,6 +388,14 @@ class Extender:
             return view.allocator.choose(sorted(view.free), size).indices
         except AllocationError as e:
             raise BindError(f"{node}: {e}") from None
+
+
+def _log_event(e: Event) -> None:
+    level = logging.WARNING if e.kind == "plan_dropped" else logging.INFO
+    fields = {k: v for k, v in e.fields.items() if k not in ("gang", "reason", "cause")}
+    if e.kind == "quorum_wait":
+        level = logging.DEBUG
+    jsonlog.event(log, e.kind, level, gang=e.gang, reason=e.reason, cause=e.cause or None, **fields)
 
 
 def _caught_up(snap: Snapshot, a: Assumed) -> bool:

@@ -1,4 +1,4 @@
-"""Capacity promised to a planned gang member but not yet bound.
+"""Capacity promised to a planned gang member but not yet bound, and binds not yet published.
 
 Reservations are explicit values with an expiry, not side effects hidden in a filter: every
 other pod and gang sees reserved GPUs as taken, a bind turns a reservation into an allocation,
@@ -22,8 +22,21 @@ class Reservation:
     expires_at: float
 
 
+@dataclass(frozen=True)
+class Assumed:
+    """A pod the sidecar bound, with the GPUs it expects the node to give it: the node's
+    annotation lags behind the bind, so until it catches up these GPUs are taken."""
+
+    pod: str
+    node: str
+    gpus: tuple[int, ...]
+    count: int
+    at: float
+    uid: str = ""  # the pod's UID: a pod recreated under the same name is another pod
+
+
 class Reservations:
-    """The table of live reservations. Not thread-safe: the extender's lock guards it."""
+    """The table of live reservations. Not thread-safe: the caller's lock guards it."""
 
     def __init__(self) -> None:
         self._by_pod: dict[str, Reservation] = {}
