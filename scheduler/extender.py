@@ -18,19 +18,15 @@ from dataclasses import dataclass, field
 from gputopo import jsonlog
 from gputopo.allocator import AllocationError
 from gputopo.gang import GangPlan, NodeView, node_scores
-from gputopo.gangs import Event, GangAsk, GangMember, GangTracker, Planned, Refused
-from gputopo.network import NetworkIndex
+from gputopo.gangs import Decision, Event, GangAsk, GangMember, GangTracker, Planned, Refused
 from gputopo.reservations import Assumed, Reservations
 from scheduler import defaults
+from scheduler.cache import ClusterCache
 from scheduler.metrics import Metrics
 from scheduler.model import BadInput, PodInfo, Snapshot
 from scheduler.state import BindError, ClusterState
-from scheduler.views import ViewBuilder
 
 log = logging.getLogger("gputopo.scheduler")
-
-#: Our own binds are remembered this long at most while the node's annotation catches up.
-ASSUMED_TTL_S = 600.0
 
 #: Tracker event kinds -> the result label of the gputopo_gang_plans metric.
 _PLAN_RESULT = {"plan": "planned", "plan_failed": "failed", "plan_dropped": "dropped"}
@@ -44,6 +40,8 @@ class FilterResult:
 
 
 class Extender:
+    """The three verbs over one GangTracker and one ClusterCache, under one lock."""
+
     def __init__(
         self,
         state: ClusterState,
@@ -60,20 +58,12 @@ class Extender:
         self.metrics = metrics or Metrics()
         self.ttl_s = ttl_s
         self.gangs = GangTracker(self.levels, ttl_s=ttl_s, backoff_s=backoff_s)
+        self.cache = ClusterCache(self.levels)
         self._lock = threading.Lock()
-        self._assumed: dict[str, Assumed] = {}
         self._binding: set[str] = set()  # pods whose API call of a bind is in flight
         self._swept: object = None  # (snapshot version, assumed version) last swept
-        self._assumed_version = 0
-        self._views = ViewBuilder()
-        self._warned: dict[str, str] = {}
-        self._warned_for: object = None
-        self._gang_index: tuple[object, dict[str, list[PodInfo]]] | None = None
-        self._fits: tuple[dict[str, NodeView], dict[int, tuple[frozenset[str], dict[str, str]]]] | None = None
         # node scores per views object: (views, {(gpus, names): scores}); swapped whole
         self._scores: tuple[dict[str, NodeView], dict[tuple, dict[str, int]]] | None = None
-        self._index_key: int | None = None
-        self._index: NetworkIndex | None = None
 
     @property
     def reservations(self) -> Reservations:
@@ -88,12 +78,6 @@ class Extender:
             self.gangs.drop(gang, reason, "operator")
             self._log_events()
 
-    def _network(self, snap: Snapshot) -> NetworkIndex:
-        if self._index is None or self._index_key != snap.version:
-            self._index = NetworkIndex.build(((n.name, n.labels) for n in snap.nodes.values()), self.levels)
-            self._index_key = snap.version
-        return self._index
-
     def _log_events(self) -> None:
         """Log and count what the tracker did (caller holds the lock)."""
         for e in self.gangs.drain():
@@ -103,107 +87,48 @@ class Extender:
                 self.metrics.plans.labels(result=result).inc()
         self.metrics.reservations.set(len(self.gangs.reservations))
 
-    # ----------------------------------------------------------------------------- helpers
-
     def _current(self, now: float) -> tuple[Snapshot, dict[str, NodeView]]:
-        """Expire what timed out, then the snapshot and its node views (caller holds the lock)."""
+        """Expire what timed out, break the plans the cluster no longer supports (re-planning
+        those whose reserved GPUs were taken), then the snapshot and its views (lock held)."""
         self.gangs.expire(now)
         snap = self.state.snapshot()
-        stale = [k for k, a in self._assumed.items() if now - a.at > ASSUMED_TTL_S or _caught_up(snap, a)]
-        for k in stale:
-            del self._assumed[k]
-        if stale:
-            self._assumed_version += 1
+        cache = self.cache
+        cache.forget_caught_up(snap, now)
         taken: list[str] = []
-        if len(self.gangs.reservations) and (snap.version, self._assumed_version) != self._swept:
-            self._swept = (snap.version, self._assumed_version)
+        if len(self.gangs.reservations) and (snap.version, cache.assumed_version) != self._swept:
+            self._swept = (snap.version, cache.assumed_version)
             taken = self.gangs.sweep(
                 alive=lambda k: (p := snap.pods.get(k)) is not None and p.active,
                 has_node=snap.nodes.__contains__,
-                in_use=lambda node: self._in_use(snap, node),
+                in_use=lambda node: cache.in_use(snap, node),
             )
-        views = self._build(snap)
+        views = self._views(snap)
+        for gang in taken:
+            self._replan(gang, snap, views, now, "gpus_taken")
         if taken:
-            for gang in taken:
-                self._replan(gang, snap, views, now, "gpus_taken")
-            views = self._build(snap)
-        if snap.nodes is not self._warned_for:
-            self._warned_for = snap.nodes
-            self._warn_unknown(snap)
+            views = self._views(snap)
         self._log_events()
         return snap, views
 
-    def _build(self, snap: Snapshot) -> dict[str, NodeView]:
-        return self._views.build(
-            snap,
-            self._assumed,
-            self._assumed_version,
-            self.gangs.reservations.by_node(),
-            self.gangs.reservations.version,
-        )
-
-    def _in_use(self, snap: Snapshot, node: str) -> set[int]:
-        """GPUs of `node` that a pod holds: the published in-use set and our assumed binds."""
-        info = snap.nodes.get(node)
-        used = set(info.topology.allocated) if info is not None and info.topology is not None else set()
-        for a in self._assumed.values():
-            if a.node == node:
-                used.update(a.gpus)
-        return used
-
-    def _warn_unknown(self, snap: Snapshot) -> None:
-        if len(self._warned) > 100_000:
-            self._warned.clear()
-        for name, info in snap.nodes.items():
-            if info.topology is None and info.topology_problem:
-                if self._warned.get(name) != info.topology_problem:
-                    self._warned[name] = info.topology_problem
-                    jsonlog.event(
-                        log,
-                        "unknown_topology",
-                        logging.WARNING,
-                        node=name,
-                        reason=info.topology_problem,
-                        effect="GPUs counted only, neutral score",
-                    )
-            elif name in self._warned:
-                del self._warned[name]
-
-    def _members(self, gang: str, snap: Snapshot) -> list[PodInfo]:
-        """Active pods of a gang; the index is rebuilt once per pods mapping, not per call."""
-        cached = self._gang_index
-        if cached is None or cached[0] is not snap.pods:
-            index: dict[str, list[PodInfo]] = {}
-            for p in snap.pods.values():
-                if p.gang is not None and p.active:
-                    index.setdefault(p.gang.key, []).append(p)
-            cached = self._gang_index = (snap.pods, index)
-        return sorted(cached[1].get(gang, ()), key=lambda p: p.key)
+    def _views(self, snap: Snapshot) -> dict[str, NodeView]:
+        r = self.gangs.reservations
+        return self.cache.views(snap, r.by_node(), r.version)
 
     def _ask(self, pod: PodInfo, snap: Snapshot) -> GangAsk:
         """The tracker's view of a gang: members bound per the watch or by our own binds."""
         assert pod.gang is not None
         gang = pod.gang.key
         members = tuple(
-            GangMember(m.key, m.gpus, m.node or (a.node if (a := self._assumed.get(m.key)) else ""))
-            for m in self._members(gang, snap)
+            GangMember(m.key, m.gpus, self.cache.bound_node(m)) for m in self.cache.members(gang, snap)
         )
-        return GangAsk(
-            gang,
-            pod.key,
-            members,
-            pod.gang.min_member or snap.min_members.get(gang),
-            pod.gang.required_level,
-            pod.gang.preferred_level,
-        )
+        need = pod.gang.min_member or snap.min_members.get(gang)
+        return GangAsk(gang, pod.key, members, need, pod.gang.required_level, pod.gang.preferred_level)
 
     def _replan(self, gang: str, snap: Snapshot, views: dict[str, NodeView], now: float, cause: str) -> None:
         """Re-plan a gang's unbound members outside a filter (caller holds the lock)."""
-        pending = [
-            m for m in self._members(gang, snap) if m.gpus > 0 and not m.node and m.key not in self._assumed
-        ]
+        pending = [m for m in self.cache.members(gang, snap) if m.gpus > 0 and not self.cache.bound_node(m)]
         if pending:
-            self.gangs.replan(self._ask(pending[0], snap), views, self._network(snap), now, cause)
+            self.gangs.replan(self._ask(pending[0], snap), views, self.cache.network(snap), now, cause)
 
     # ------------------------------------------------------------------------------ filter
 
@@ -214,29 +139,13 @@ class Extender:
             snap, views = self._current(now)
             if pod.gang is not None and pod.gpus > 0:
                 return self._filter_gang(pod, names, snap, views, now)
-        return self._filter_single(pod, names, views)
-
-    def _fit(self, views: dict[str, NodeView], gpus: int) -> tuple[frozenset[str], dict[str, str]]:
-        """Nodes with room for `gpus`, and the reason for each other node, per views object:
-        a 5,000-node filter is then a set lookup per candidate, not a computation."""
-        cached = self._fits
-        if cached is None or cached[0] is not views:
-            cached = self._fits = (views, {})
-        hit = cached[1].get(gpus)
-        if hit is None:
-            fit = frozenset(n for n, v in views.items() if len(v.free) >= gpus)
-            why = {n: f"needs {gpus} GPUs, {len(v.free)} free" for n, v in views.items() if n not in fit}
-            hit = cached[1][gpus] = (fit, why)
-        return hit
-
-    def _filter_single(self, pod: PodInfo, names: Sequence[str], views: dict[str, NodeView]) -> FilterResult:
-        if pod.gpus == 0:
+            fit = self.cache.fit(views, pod.gpus) if pod.gpus else None
+        if fit is None:
             ok = [n for n in names if n in views]
             failed = {n: "node unknown to gputopo" for n in names if n not in views}
         else:
-            fit, why = self._fit(views, pod.gpus)
-            ok = [n for n in names if n in fit]
-            failed = {n: why.get(n, "node unknown to gputopo") for n in names if n not in fit}
+            ok = [n for n in names if n in fit[0]]
+            failed = {n: fit[1].get(n, "node unknown to gputopo") for n in names if n not in fit[0]}
         jsonlog.event(
             log,
             "filter",
@@ -253,17 +162,17 @@ class Extender:
     ) -> FilterResult:
         assert pod.gang is not None
         gang = pod.gang.key
-        assumed = self._assumed.get(pod.key)
+        assumed = self.cache.assumed.get(pod.key)
+        decision: Decision
         if assumed is not None:
             # asked again while (or just after) its bind went out: where it is going, plan kept
-            decision: Planned | object = Planned(assumed.node, f"gang {gang} planned on {assumed.node}")
+            decision = Planned(assumed.node, f"gang {gang} planned on {assumed.node}")
         else:
-            decision = self.gangs.filter(self._ask(pod, snap), names, views, self._network(snap), now)
+            decision = self.gangs.filter(self._ask(pod, snap), names, views, self.cache.network(snap), now)
             self._log_events()
         if not isinstance(decision, Planned):
-            reason = getattr(decision, "reason", "")
-            jsonlog.event(log, "filter_gang", pod=pod.key, gang=gang, result="wait", reason=reason)
-            return FilterResult([], {}, {n: reason for n in names})
+            jsonlog.event(log, "filter_gang", pod=pod.key, gang=gang, result="wait", reason=decision.reason)
+            return FilterResult([], {}, {n: decision.reason for n in names})
         node, reason = decision.node, decision.reason
         out = FilterResult([node] if node in names else [], {}, {n: reason for n in names if n != node})
         if node not in names:
@@ -279,13 +188,13 @@ class Extender:
             now = self.clock()
             self.state.observe(pod)
             _snap, views = self._current(now)
-            planned = self.gangs.planned_node(pod.key, pod.gang.key) if pod.gang is not None else None
             in_plan = pod.gang is not None and pod.gang.key in self.gangs.plans
-            key = (pod.gpus, tuple(names))
+            planned = self.gangs.planned_node(pod.key, pod.gang.key) if pod.gang is not None else None
         if in_plan:
             return [(n, 10 if n == planned else 0) for n in names]
         if pod.gpus == 0:
             return [(n, 0) for n in names]
+        key = (pod.gpus, tuple(names))
         cached = self._scores
         if cached is None or cached[0] is not views or len(cached[1]) > 64:
             cached = self._scores = (views, {})
@@ -320,7 +229,7 @@ class Extender:
                 raise BadInput(f"node {node} is unknown")
             if key in self._binding:
                 raise self._refused(key, node, f"a bind of {key} is already in progress")
-            bound_to = pod.node or (self._assumed[key].node if key in self._assumed else "")
+            bound_to = self.cache.bound_node(pod)
             if bound_to:
                 if bound_to == node:
                     jsonlog.event(log, "bind", pod=key, node=node, result="already bound")
@@ -332,16 +241,14 @@ class Extender:
             except Refused as e:
                 raise self._refused(key, node, str(e)) from None
             gpus = r.gpus if r is not None else self._pick(views.get(node), pod.gpus, node)
-            self._assumed[key] = Assumed(key, node, gpus, pod.gpus, now, pod.uid)
-            self._assumed_version += 1
+            self.cache.assume(Assumed(key, node, gpus, pod.gpus, now, pod.uid))
             self._binding.add(key)
         try:
             self.state.bind(pod, node, gpus)
         except BindError as e:
             with self._lock:
                 self._binding.discard(key)
-                if self._assumed.pop(key, None) is not None:
-                    self._assumed_version += 1
+                self.cache.unassume(key)
                 if gang is not None:
                     self.gangs.bind_failed(key, gang, node, str(e))
                     self._replan_partial(pod, gang)
@@ -373,8 +280,7 @@ class Extender:
         strand the bound members where the rest no longer fits."""
         now = self.clock()
         snap, views = self._current(now)
-        members = self._members(gang, snap)
-        if pod.gpus > 0 and any(m.node or m.key in self._assumed for m in members):
+        if pod.gpus > 0 and any(self.cache.bound_node(m) for m in self.cache.members(gang, snap)):
             self._replan(gang, snap, views, now, "bind_failed")
 
     def _pick(self, view: NodeView | None, size: int, node: str) -> tuple[int, ...]:
@@ -391,20 +297,7 @@ class Extender:
 
 
 def _log_event(e: Event) -> None:
-    level = logging.WARNING if e.kind == "plan_dropped" else logging.INFO
-    fields = {k: v for k, v in e.fields.items() if k not in ("gang", "reason", "cause")}
-    if e.kind == "quorum_wait":
-        level = logging.DEBUG
-    jsonlog.event(log, e.kind, level, gang=e.gang, reason=e.reason, cause=e.cause or None, **fields)
-
-
-def _caught_up(snap: Snapshot, a: Assumed) -> bool:
-    """An assumed bind is no longer needed once the watch shows the pod bound and the node's
-    annotation was written after the bind (or the node has no annotation to wait for)."""
-    pod = snap.pods.get(a.pod)
-    if pod is not None and a.uid and pod.uid and pod.uid != a.uid:
-        return True  # deleted and recreated under the same name: the old bind is history
-    if pod is None or not pod.node:
-        return pod is None
-    info = snap.nodes.get(a.node)
-    return info is None or info.topology is None or info.topology.generated_at > a.at
+    """One JSON line per tracker event, with its decision and reason."""
+    level = logging.DEBUG if e.kind == "quorum_wait" else logging.INFO
+    extra = {"cause": e.cause} if e.cause else {}
+    jsonlog.event(log, e.kind, level, gang=e.gang, reason=e.reason, **extra, **e.fields)
