@@ -14,8 +14,8 @@ Rules that keep a gang all or nothing under a real kube-scheduler (docs/schedule
     pod's selectors, affinity, CPU or memory, which the sidecar cannot see;
   * a later member whose offer lacks its planned node breaks the plan at once: the members not
     yet bound are re-planned within that offer, before anything else is answered;
-  * a bind is permitted only while every unbound member's planned node was offered (so no
-    member binds while the plan depends on a node kube-scheduler would not use);
+  * so no member ever binds while the plan depends on a node kube-scheduler did not offer:
+    every plan is made inside an offer, and a missing node is replaced before the next answer;
   * a reservation whose GPUs another pod now holds breaks the plan; the rest is re-planned;
   * a gang that fits nowhere is not re-planned for an identical question (same views, same
     offer) until its back-off runs out, but any change of the cluster or the offer re-plans at
@@ -271,7 +271,7 @@ class GangTracker:
             preferred_level=ask.preferred_level,
         )
         bound = {m.node for m in ask.members if m.node}
-        result = self._plan(spec, [views[n] for n in sorted(offer) if n in views], bound, views, index)
+        result = self._plan(spec, [v for n, v in views.items() if n in offer], bound, views, index)
         if not isinstance(result, GangPlan):
             back = self._backoff.get(gang)
             delay = self.backoff_s[0] if back is None else min(back.delay * 2, self.backoff_s[1])
@@ -350,12 +350,6 @@ class GangTracker:
             raise Refused(f"pod {pod} has no reservation in gang {gang}'s plan; filter it again")
         if r is None:
             return None
-        offer, plan = self._offers.get(r.gang), self.plans.get(r.gang)
-        outside = (
-            [] if offer is None or plan is None else [p.node for p in plan.placements if p.node not in offer]
-        )
-        if outside:  # never by construction; a guard that keeps the rule true if that changes
-            raise Refused(f"gang {r.gang}'s plan uses {outside[0]}, which kube-scheduler did not offer")
         self.reservations.release_pod(pod)
         return r
 
@@ -364,7 +358,7 @@ class GangTracker:
         once no member holds a reservation the plan is complete."""
         self.reservations.renew_gang(gang, now + self.ttl_s)
         plan = self.plans.get(gang)
-        if plan is not None and not any(self.reservations.get(p.pod) for p in plan.placements):
+        if plan is not None and not self.reservations.holds(gang):
             del self.plans[gang]
             self._offers.pop(gang, None)
             self._emit(

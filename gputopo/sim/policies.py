@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gputopo.allocator import Allocator, AllocatorPool
 from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, place_pod, plan_gang
@@ -31,6 +32,9 @@ from gputopo.sim.baselines import best_combo, best_effort, kubelet_order
 from gputopo.sim.pairpoints import pair_points
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
+
+if TYPE_CHECKING:
+    from gputopo.sim.sidecar import Lifecycle, SidecarPolicy
 
 POLICIES: tuple[str, ...] = ("gputopo", "kubelet-default", "best-effort-pairs", "best-combo", "gang-only")
 BASELINE = "kubelet-default"
@@ -178,8 +182,15 @@ def _mask_list(mask: int, n: int) -> list[int]:
     return [i for i in range(n) if mask >> i & 1]
 
 
-def build_policy(name: str, cluster: SimCluster, pool: AllocatorPool, rng: random.Random) -> Policy:
-    """A fresh policy (its own caches; `rng` only feeds kubelet's random order)."""
+def build_policy(
+    name: str,
+    cluster: SimCluster,
+    pool: AllocatorPool,
+    rng: random.Random,
+    lifecycle: Lifecycle | None = None,
+) -> Policy | SidecarPolicy:
+    """A fresh policy (its own caches; `rng` feeds kubelet's random order and kube-scheduler's
+    random choice among equal scores; `lifecycle` shapes the sidecar's gang lifecycle)."""
     topos = cluster.topologies
     allocators = [pool.get(t) for t in topos]
     cache: dict[tuple[int, int, int], tuple[int | None, ...]] = {}
@@ -223,6 +234,9 @@ def build_policy(name: str, cluster: SimCluster, pool: AllocatorPool, rng: rando
             gpus=cached(lambda tid, mask, size: best_combo(seen[tid], _mask_list(mask, topos[tid].n), size)),
         )
     if name in ("gputopo", "gang-only"):
-        # node and GPUs both come from gang.place_pod / plan_gang, i.e. from the Allocator
-        return Policy(name, cluster, allocators, rank="gputopo", planner=name == "gputopo")
+        # as deployed: kube-scheduler's choice over the extender's scores, gangs through the
+        # sidecar's GangTracker (gputopo/sim/sidecar.py); GPUs from the Allocator
+        from gputopo.sim.sidecar import SidecarPolicy
+
+        return SidecarPolicy(name, cluster, allocators, rng, planner=name == "gputopo", lifecycle=lifecycle)
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")

@@ -36,6 +36,12 @@ def _ratio(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f}x"
 
 
+def _extra(s: Summary, key: str) -> str:
+    """A lifecycle figure; n/a for policies that do not model the sidecar over time."""
+    v = s.extra.get(key)
+    return "n/a" if v is None else f"{v:,.0f}"
+
+
 ROWS: tuple[tuple[str, Callable[[Summary], str]], ...] = (
     ("jobs placed / arrived", lambda s: f"{s.placed:,}/{s.jobs:,}"),
     ("rejected (fill) / never started", lambda s: f"{s.rejected:,}/{s.never_started:,}"),
@@ -52,6 +58,9 @@ ROWS: tuple[tuple[str, Callable[[Summary], str]], ...] = (
     ("job time / ideal (multi-GPU)", lambda s: _ratio(s.job_time_ratio)),
     ("throughput vs kubelet-default", lambda s: _ratio(s.throughput_vs_baseline)),
     ("admission failures (plugin)", lambda s: _int(s.admission_failures)),
+    ("gangs that waited for quorum", lambda s: _extra(s, "gangs_waited_for_quorum")),
+    ("reservations expired", lambda s: _extra(s, "reservations_expired")),
+    ("re-plans after bind failures", lambda s: _extra(s, "replans_after_bind_failure")),
     ("simulated pods/s", lambda s: f"{s.pods / s.seconds:,.0f}" if s.seconds > 0 else "n/a"),
 )
 
