@@ -9,8 +9,8 @@ scheduler does) plus an in-node GPU choice (what the device plugin answers) plus
 | kubelet-default   | least allocated (spread)       | kubelet's (random) map order  | members one by one, all or nothing |
 | best-effort-pairs | least allocated (spread)       | go-gpuallocator best-effort, NVSwitch-blind | same          |
 | best-combo        | most allocated (HAMi binpack)  | HAMi best combination         | same                      |
-| gang-only         | gputopo node order (place_pod) | gputopo Allocator             | same: no network levels   |
-| gputopo           | gputopo node order (place_pod) | gputopo Allocator             | gputopo gang planner      |
+| gang-only         | kube-scheduler + extender score | gputopo Allocator            | same: no network levels   |
+| gputopo           | kube-scheduler + extender score | gputopo Allocator            | the sidecar's GangTracker |
 
 Every policy admits a gang all or nothing (as kube-scheduler's GangScheduling/Coscheduling
 do); without that the comparison would measure deadlocks, not placement. `gang-only` is
