@@ -172,7 +172,7 @@ class GangTracker:
                 broken[r.gang] = (f"planned member {r.pod} was deleted or finished", "member_gone")
             elif not has_node(r.node):
                 broken[r.gang] = (f"planned node {r.node} went away", "node_gone")
-            elif r.gpus and (taken := in_use(r.node).intersection(r.gpus)):
+            elif r.gpus and (taken := in_use(r.node) & set(r.gpus)):
                 broken[r.gang] = (
                     f"GPUs {sorted(taken)} of {r.node} reserved for {r.pod} are now in use by another pod",
                     "gpus_taken",

@@ -63,7 +63,9 @@ class Extender:
         self._binding: set[str] = set()  # pods whose API call of a bind is in flight
         self._swept: object = None  # (snapshot version, assumed version) last swept
         # node scores per views object: (views, {(gpus, names): scores}); swapped whole
-        self._scores: tuple[dict[str, NodeView], dict[tuple, dict[str, int]]] | None = None
+        self._scores: tuple[dict[str, NodeView], dict[tuple[int, tuple[str, ...]], dict[str, int]]] | None = (
+            None
+        )
 
     @property
     def reservations(self) -> Reservations:

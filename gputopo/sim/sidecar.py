@@ -85,8 +85,9 @@ class SidecarPolicy:
         self._names = [node.name for node in cluster.nodes]
         self._net = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
         self.tracker = GangTracker(cluster.levels, ttl_s=self.life.reservation_ttl_s)
-        self._arrived: set[int] = set()  # gangs whose members have all been created
-        self.stats: Counter[str] = Counter()
+        self._arrived: set[int] = set()  # gangs not yet placed whose members all exist
+        self.stats: Counter[str] = Counter()  # counts
+        self._waited_s = 0.0  # summed quorum waits
 
     def figures(self) -> dict[str, float]:
         """The lifecycle's own figures for the report (Summary.extra)."""
@@ -96,11 +97,12 @@ class SidecarPolicy:
         waited = s["gangs_waited_for_quorum"]
         return {
             "gangs_waited_for_quorum": waited,
-            "quorum_wait_s_mean": s["quorum_wait_s"] / waited if waited else 0.0,
+            "quorum_wait_s_mean": self._waited_s / waited if waited else 0.0,
             "reservations_expired": s["reservations_expired"],
             "bind_failures_injected": s["bind_failures_injected"],
             "replans_after_bind_failure": s["replans_after_bind_failure"],
             "replans_after_expiry": s["replans_after_expiry"],
+            "gangs_stalled": s["gangs_stalled"],  # a re-plan around bound members found no room
         }
 
     def _view(self, node: int, mask: int) -> NodeView:
@@ -179,13 +181,12 @@ class SidecarPolicy:
                 for k in range(n - 1):  # each member is filtered as it appears
                     t.filter(ask(k, k + 1), self._names, views, self._net, times[k] - times[0])
                 self.stats["gangs_waited_for_quorum"] += 1
-                self.stats["quorum_wait_s"] += times[-1] - times[0]
+                self._waited_s += times[-1] - times[0]
                 now = times[-1] - times[0]
         first = t.filter(ask(n - 1), self._names, views, self._net, now)
         if isinstance(first, Wait):
             self._count(t.drain())
             return Failure(first.reason)
-        self._arrived.discard(job.id)
         queue = [(now, 0, n - 1)] + [(now + POD_BACKOFF_S[0], k + 1, k) for k in range(n - 1)]
         attempts = [0] * n
         slots: dict[int, Slot] = {}
@@ -228,6 +229,7 @@ class SidecarPolicy:
             t.drain()
             for node, gpus in slots.values():
                 state.give(node, gpus)
+        self._arrived.discard(job.id)  # placed: the engine will not ask again
         return [slots[k] for k in range(n)]
 
     def _count(self, events: list[gangs.Event]) -> None:
