@@ -3,9 +3,11 @@
 `gang.plan_gang` answers "where would these members go now?"; this module owns everything
 around that answer over time, for the sidecar and the simulator alike (both drive the same
 `GangTracker`, so what the simulator measures is what the sidecar does). Its verbs follow
-scheduler-plugins' coscheduling Manager: `filter` is PreFilter's quorum check plus the plan,
+scheduler-plugins' coscheduling Manager: `quorum` is PreFilter's check, `plan` plans and
+reserves, `filter` is one member's filter call (steer to the plan, or quorum then plan),
 `permit` is Permit (may this member bind now?), `bound` is PostBind, `bind_failed` is Unreserve,
-and `expire` drops plans whose reservations ran out.
+`replan` plans the unbound rest outside a filter, and `expire`/`sweep` drop plans whose
+reservations ran out or that the cluster no longer supports.
 
 Rules that keep a gang all or nothing under a real kube-scheduler (docs/scheduler.md):
   * a plan is made only over the nodes kube-scheduler offered (the `NodeNames` of the filter
@@ -197,6 +199,17 @@ class GangTracker:
             return None
         return next((p.node for p in plan.placements if p.pod == pod), None)
 
+    def quorum(self, ask: GangAsk) -> Wait | None:
+        """None once the gang has minMember active pods; else why it waits (PreFilter)."""
+        need = ask.min_member
+        if need is None:
+            return Wait(f"gang {ask.gang}: PodGroup {ask.gang} not found")
+        if len(ask.members) < need:
+            reason = f"gang {ask.gang} waiting for members {len(ask.members)}/{need}"
+            self._emit("quorum_wait", ask.gang, reason, members=len(ask.members), need=need)
+            return Wait(reason)
+        return None
+
     def filter(
         self,
         ask: GangAsk,
@@ -222,20 +235,16 @@ class GangTracker:
                 self._emit("replan", gang, f"excluding {mine.node}", "not_offered", node=mine.node)
             else:
                 self.drop(gang, f"member {ask.pod} is not in the plan", "not_in_plan")
-        need = ask.min_member
-        if need is None:
-            return Wait(f"gang {gang}: PodGroup {gang} not found")
-        if len(ask.members) < need:
-            reason = f"gang {gang} waiting for members {len(ask.members)}/{need}"
-            self._emit("quorum_wait", gang, reason, members=len(ask.members), need=need)
-            return Wait(reason)
+        waiting = self.quorum(ask)
+        if waiting is not None:
+            return waiting
         if not any(m.pod == ask.pod and not m.node for m in ask.members):
             return Wait(f"pod {ask.pod} is already bound")
         offered = frozenset(offer)
         back = self._backoff.get(gang)
         if back is not None and now < back.until and back.views is views and back.offer == offered:
             return Wait(f"{back.reason} (retry in {back.until - now:.0f}s)")
-        made = self._make(ask, offered, views, index, now)
+        made = self.plan(ask, offered, views, index, now)
         if isinstance(made, Wait):
             return made
         mine = next(p for p in made.placements if p.pod == ask.pod)
@@ -249,9 +258,9 @@ class GangTracker:
         self.drop(ask.gang, "re-planned", cause)
         self._emit("replan", ask.gang, "members not yet bound, within the last offer", cause)
         offer = self._offers.get(ask.gang)
-        return self._make(ask, offer if offer is not None else frozenset(views), views, index, now)
+        return self.plan(ask, offer if offer is not None else frozenset(views), views, index, now)
 
-    def _make(
+    def plan(
         self,
         ask: GangAsk,
         offer: frozenset[str],
@@ -259,6 +268,8 @@ class GangTracker:
         index: NetworkIndex,
         now: float,
     ) -> GangPlan | Wait:
+        """Plan the pending GPU members within `offer` and reserve their capacity, or Wait with
+        the planner's reason (and a back-off for the same question)."""
         gang = ask.gang
         # Members without GPUs count towards minMember but need no placement.
         pending = sorted((m for m in ask.members if not m.node and m.gpus > 0), key=lambda m: m.pod)
@@ -271,7 +282,7 @@ class GangTracker:
             preferred_level=ask.preferred_level,
         )
         bound = {m.node for m in ask.members if m.node}
-        result = self._plan(spec, [v for n, v in views.items() if n in offer], bound, views, index)
+        result = self._search(spec, [v for n, v in views.items() if n in offer], bound, views, index)
         if not isinstance(result, GangPlan):
             back = self._backoff.get(gang)
             delay = self.backoff_s[0] if back is None else min(back.delay * 2, self.backoff_s[1])
@@ -299,7 +310,7 @@ class GangTracker:
         )
         return result
 
-    def _plan(
+    def _search(
         self,
         spec: GangSpec,
         candidates: list[NodeView],
