@@ -164,3 +164,7 @@ def test_the_table_shows_the_lifecycle_figures() -> None:
     rows = {line[:40].strip(): line[40:].split() for line in r.stdout.splitlines()}
     assert rows["re-plans after bind failures"][1] == "n/a", "baselines do not model the lifecycle"
     assert int(rows["gangs that waited for quorum"][0].replace(",", "")) > 0
+    assert (
+        "gang lifecycle: members created within 10 s, reservation TTL 120 s, bind failure rate 0.2"
+        in r.stdout
+    )

@@ -123,6 +123,10 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     if not _usable(cluster):
         raise UsageError(f"--cluster {args.cluster}: every GPU of the cluster is allocated; nothing can run")
     jobs, header, mode = _workload(args, cluster)
+    header["gang lifecycle"] = (
+        f"members created within {lifecycle.arrival_spread_s:g} s, reservation TTL "
+        f"{lifecycle.reservation_ttl_s:g} s, bind failure rate {lifecycle.bind_failure_rate:g}"
+    )
     config = RunConfig(mode=mode, seed=args.seed, comm=comm, lifecycle=lifecycle)
     total_pods = sum(len(j.pods) for j in jobs)
     results = compare(cluster, jobs, policies, config, progress=_progress_factory(args, err, total_pods))
