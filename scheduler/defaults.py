@@ -1,6 +1,6 @@
 """Defaults the sidecar serves with; the deploy manifests and their tests read these."""
 
-from gputopo import network
+from gputopo import gangs, network
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8888
@@ -27,6 +27,6 @@ DEFAULT_LEVELS = network.DEFAULT_LEVELS
 # Limits and timings of the sidecar.
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a full 5,000-node NodeList is ~30 MiB
 MAX_GPUS_PER_POD = 1024
-RESERVATION_TTL_S = 120.0  # a gang plan's capacity is held this long without binds
+RESERVATION_TTL_S = gangs.RESERVATION_TTL_S  # a gang plan's capacity is held this long without binds
 ANNOTATION_MAX_AGE_S = 900.0  # older topology annotations are treated as unknown
-GANG_BACKOFF_S = (1.0, 60.0)  # first and largest retry delay of a gang that fits nowhere
+GANG_BACKOFF_S = gangs.BACKOFF_S  # first and largest retry delay of a gang that fits nowhere

@@ -14,25 +14,14 @@ predicted with that choice; one policy object per (policy, topology) serves ever
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from gputopo.allocator import AllocationError
 from gputopo.gang import NodeView
 from gputopo.policy import GpuPolicy, PolicyPool
+from gputopo.reservations import Assumed, Reservation
 from scheduler.model import NodeInfo, Snapshot
-from scheduler.reservations import Reservation
 
-
-@dataclass(frozen=True)
-class Assumed:
-    """A pod this sidecar bound, with the GPUs it expects the node to give it."""
-
-    pod: str
-    node: str
-    gpus: tuple[int, ...]
-    count: int
-    at: float
-    uid: str = ""  # the pod's UID: a pod recreated under the same name is another pod
+__all__ = ["Assumed", "ViewBuilder", "node_view"]
 
 
 def _take(alloc: GpuPolicy | None, free: set[int], count: int) -> set[int]:

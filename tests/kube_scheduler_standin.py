@@ -5,6 +5,11 @@ NodeList), a single surviving node skips scoring, the highest score wins (name o
 equals, where kube-scheduler would pick at random), a pod that fails filter or bind goes back
 to the queue and is retried later. Between rounds it advances the injected clock, so the
 extender's back-offs and reservation lifetimes play out as they would in time.
+
+Like kube-scheduler, it sends the extender only the nodes its own filters passed: nodes in
+`unschedulable` (cordoned, or tainted without a toleration, or NotReady: kube-scheduler's
+NodeUnschedulable/TaintToleration filters) and nodes whose labels (`node_labels`) fail the pod's
+`spec.nodeSelector` (NodeAffinity) are never offered. A pod no node passes is not sent at all.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,12 +40,26 @@ class StandIn:
         cache_mode: bool = True,
         before_filter: Callable[[dict[str, Any]], None] | None = None,
         after_filter: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
+        node_labels: Mapping[str, Mapping[str, str]] | None = None,
+        unschedulable: Iterable[str] = (),
     ) -> None:
         self.conn = http.client.HTTPConnection(host, port, timeout=30)
         self.node_names = list(node_names)
         self.cache_mode = cache_mode
         self.before_filter = before_filter
         self.after_filter = after_filter
+        self.node_labels = dict(node_labels or {})
+        self.unschedulable = set(unschedulable)
+
+    def feasible(self, pod: dict[str, Any]) -> list[str]:
+        """The nodes kube-scheduler's own filters pass for this pod (before the extender)."""
+        selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+        return [
+            n
+            for n in self.node_names
+            if n not in self.unschedulable
+            and all(self.node_labels.get(n, {}).get(k) == v for k, v in selector.items())
+        ]
 
     def close(self) -> None:
         self.conn.close()
@@ -61,7 +80,11 @@ class StandIn:
         key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
         if self.before_filter:
             self.before_filter(pod)
-        status, res = self._post("/filter", self._args(pod, self.node_names))
+        offered = self.feasible(pod)
+        if not offered:
+            out.pending[key] = f"0/{len(self.node_names)} nodes are available"
+            return None
+        status, res = self._post("/filter", self._args(pod, offered))
         out.calls += 1
         if self.after_filter:
             self.after_filter(pod, res)

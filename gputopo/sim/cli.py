@@ -19,6 +19,7 @@ from gputopo.sim.engine import Progress, RunConfig, compare
 from gputopo.sim.plot import PlotUnavailable, check_available, write_plot
 from gputopo.sim.policies import POLICIES
 from gputopo.sim.report import document, render_table
+from gputopo.sim.sidecar import Lifecycle
 from gputopo.sim.state import SimCluster
 from gputopo.sim.traces import TraceError, read_trace
 from gputopo.sim.workload import GANG_POD_GPUS, Job, generate, timed_arrivals
@@ -72,6 +73,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policies", default=",".join(POLICIES), help=f"comma list (default: {','.join(POLICIES)})"
     )
     g.add_argument("--seed", type=int, default=0, help="seed of the generator, fill order and kubelet order")
+    g = parser.add_argument_group("gang lifecycle (gputopo policy: the sidecar's path over time)")
+    g.add_argument(
+        "--gang-spread",
+        type=float,
+        default=Lifecycle.arrival_spread_s,
+        metavar="S",
+        help=f"a gang's members are created within S seconds (default {Lifecycle.arrival_spread_s:g})",
+    )
+    g.add_argument(
+        "--reservation-ttl",
+        type=float,
+        default=Lifecycle.reservation_ttl_s,
+        metavar="S",
+        help=f"a plan's reservations lapse after S seconds without a bind (default {Lifecycle.reservation_ttl_s:g})",
+    )
+    g.add_argument(
+        "--bind-failure-rate",
+        type=float,
+        default=Lifecycle.bind_failure_rate,
+        metavar="P",
+        help="share of gang member binds the API server refuses, 0 <= P < 1 (default 0)",
+    )
     g = parser.add_argument_group("communication model")
     g.add_argument(
         "--allreduce-gb", type=float, default=1.0, help="all-reduce payload per step, GB (default 1)"
@@ -93,13 +116,18 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     if args.pods > MAX_PODS:
         raise UsageError(f"--pods must be at most {MAX_PODS:,}, got {args.pods:,}")
     comm = _comm(args)
+    lifecycle = _lifecycle(args)
     if args.plot is not None:  # `--plot ""` is a mistake to report, not "no plot"
         _check_plot_path(args.plot)
     cluster = _cluster(args.cluster)
     if not _usable(cluster):
         raise UsageError(f"--cluster {args.cluster}: every GPU of the cluster is allocated; nothing can run")
     jobs, header, mode = _workload(args, cluster)
-    config = RunConfig(mode=mode, seed=args.seed, comm=comm)
+    header["gang lifecycle"] = (
+        f"members created within {lifecycle.arrival_spread_s:g} s, reservation TTL "
+        f"{lifecycle.reservation_ttl_s:g} s, bind failure rate {lifecycle.bind_failure_rate:g}"
+    )
+    config = RunConfig(mode=mode, seed=args.seed, comm=comm, lifecycle=lifecycle)
     total_pods = sum(len(j.pods) for j in jobs)
     results = compare(cluster, jobs, policies, config, progress=_progress_factory(args, err, total_pods))
     if args.json:
@@ -138,6 +166,17 @@ def _comm(args: argparse.Namespace) -> CommModel:
     gb = _positive(args.allreduce_gb, "--allreduce-gb")
     compute = _positive(args.compute_s, "--compute-s")
     return CommModel(allreduce_bytes=gb * 1e9, compute_s=compute)
+
+
+def _lifecycle(args: argparse.Namespace) -> Lifecycle:
+    spread, ttl, rate = args.gang_spread, args.reservation_ttl, args.bind_failure_rate
+    if not (math.isfinite(spread) and 0 <= spread <= 86_400):
+        raise UsageError(f"--gang-spread must be between 0 and 86400 seconds, got {spread}")
+    if not (math.isfinite(ttl) and 0 < ttl <= 86_400):
+        raise UsageError(f"--reservation-ttl must be more than 0 and at most 86400 seconds, got {ttl}")
+    if not (math.isfinite(rate) and 0 <= rate <= 0.9):
+        raise UsageError(f"--bind-failure-rate must be between 0 and 0.9, got {rate}")
+    return Lifecycle(arrival_spread_s=spread, reservation_ttl_s=ttl, bind_failure_rate=rate)
 
 
 def _check_plot_path(path: str) -> None:

@@ -21,12 +21,13 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gputopo.allocator import AllocatorPool
 from gputopo.sim.comm import CommModel
 from gputopo.sim.metrics import Recorder, Summary
 from gputopo.sim.policies import BASELINE, Failure, Slot, build_policy
+from gputopo.sim.sidecar import Lifecycle
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
 
@@ -41,6 +42,7 @@ class RunConfig:
     mode: str = "replay"  # "replay" or "fill"
     seed: int = 0
     comm: CommModel = field(default_factory=CommModel)
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)  # the sidecar's gangs over time
 
 
 def simulate(
@@ -58,7 +60,7 @@ def simulate(
         raise ValueError(f"unknown mode {config.mode!r}")
     pool = pool or AllocatorPool()
     rng = random.Random(config.seed)
-    policy = build_policy(policy_name, cluster, pool, rng)
+    policy = build_policy(policy_name, cluster, pool, rng, config.lifecycle)
     state = ClusterState(cluster)
     rec = Recorder(cluster, [pool.get(t) for t in cluster.topologies], config.comm)
     started = clock()
@@ -68,7 +70,7 @@ def simulate(
         never = _replay(state, jobs, policy.place, rec, progress)
     if progress is not None:
         progress(sum(len(j.pods) for j in jobs))  # the end, whatever never started
-    return rec.summary(
+    summary = rec.summary(
         policy_name,
         jobs,
         never,
@@ -76,6 +78,8 @@ def simulate(
         timed=config.mode == "replay",
         free_at_end=state.free_total if config.mode == "fill" else None,
     )
+    figures = getattr(policy, "figures", None)  # the sidecar path's lifecycle figures
+    return replace(summary, extra=figures()) if figures is not None else summary
 
 
 def _fill(

@@ -9,8 +9,8 @@ scheduler does) plus an in-node GPU choice (what the device plugin answers) plus
 | kubelet-default   | least allocated (spread)       | kubelet's (random) map order  | members one by one, all or nothing |
 | best-effort-pairs | least allocated (spread)       | go-gpuallocator best-effort, NVSwitch-blind | same          |
 | best-combo        | most allocated (HAMi binpack)  | HAMi best combination         | same                      |
-| gang-only         | gputopo node order (place_pod) | gputopo Allocator             | same: no network levels   |
-| gputopo           | gputopo node order (place_pod) | gputopo Allocator             | gputopo gang planner      |
+| gang-only         | kube-scheduler + extender score | gputopo Allocator            | same: no network levels   |
+| gputopo           | kube-scheduler + extender score | gputopo Allocator            | the sidecar's GangTracker |
 
 Every policy admits a gang all or nothing (as kube-scheduler's GangScheduling/Coscheduling
 do); without that the comparison would measure deadlocks, not placement. `gang-only` is
@@ -25,6 +25,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gputopo.allocator import AllocationError, Allocator, AllocatorPool
 from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, plan_gang
@@ -33,6 +34,9 @@ from gputopo.placement import place_pod
 from gputopo.policy import GpuPolicy, policy_by_name
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
+
+if TYPE_CHECKING:
+    from gputopo.sim.sidecar import Lifecycle, SidecarPolicy
 
 POLICIES: tuple[str, ...] = ("gputopo", "kubelet-default", "best-effort-pairs", "best-combo", "gang-only")
 BASELINE = "kubelet-default"
@@ -195,8 +199,15 @@ def _mask_list(mask: int, n: int) -> list[int]:
     return [i for i in range(n) if mask >> i & 1]
 
 
-def build_policy(name: str, cluster: SimCluster, pool: AllocatorPool, rng: random.Random) -> Policy:
-    """A fresh policy (its own caches; `rng` only feeds kubelet's random order)."""
+def build_policy(
+    name: str,
+    cluster: SimCluster,
+    pool: AllocatorPool,
+    rng: random.Random,
+    lifecycle: Lifecycle | None = None,
+) -> Policy | SidecarPolicy:
+    """A fresh policy (its own caches; `rng` feeds kubelet's random order and kube-scheduler's
+    random choice among equal scores; `lifecycle` shapes the sidecar's gang lifecycle)."""
     topos = cluster.topologies
     allocators = [pool.get(t) for t in topos]
     if name in ("kubelet-default", "best-effort-pairs", "best-combo"):
@@ -206,6 +217,9 @@ def build_policy(name: str, cluster: SimCluster, pool: AllocatorPool, rng: rando
         # kubelet's order is drawn afresh each time; the others answer alike for alike questions
         return Policy(name, cluster, allocators, rank=rank, gpus=gpus, cache_gpus=name != "kubelet-default")
     if name in ("gputopo", "gang-only"):
-        # node and GPUs both come from gang.place_pod / plan_gang, i.e. from the Allocator
-        return Policy(name, cluster, allocators, rank="gputopo", planner=name == "gputopo")
+        # as deployed: kube-scheduler's choice over the extender's scores, gangs through the
+        # sidecar's GangTracker (gputopo/sim/sidecar.py); GPUs from the Allocator
+        from gputopo.sim.sidecar import SidecarPolicy
+
+        return SidecarPolicy(name, cluster, allocators, rng, planner=name == "gputopo", lifecycle=lifecycle)
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")

@@ -36,6 +36,12 @@ def _ratio(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f}x"
 
 
+def _extra(s: Summary, key: str) -> str:
+    """A lifecycle figure; n/a for policies that do not model the sidecar over time."""
+    v = s.extra.get(key)
+    return "n/a" if v is None else f"{v:,.0f}"
+
+
 #: Which way a figure is better: higher, lower, or neither (a count that describes the run).
 HIGHER, LOWER, NEITHER = "↑", "↓", ""
 
@@ -64,6 +70,9 @@ ROWS: tuple[tuple[str, str, Callable[[Summary], str]], ...] = (
     ("job time / ideal (multi-GPU jobs)", LOWER, lambda s: _ratio(s.job_time_ratio)),
     ("throughput of multi-GPU jobs vs kubelet-default", HIGHER, lambda s: _ratio(s.throughput_vs_baseline)),
     ("admission failures (plugin)", LOWER, lambda s: _int(s.admission_failures)),
+    ("gangs that waited for quorum", NEITHER, lambda s: _extra(s, "gangs_waited_for_quorum")),
+    ("reservations expired", LOWER, lambda s: _extra(s, "reservations_expired")),
+    ("re-plans after bind failures", NEITHER, lambda s: _extra(s, "replans_after_bind_failure")),
     ("simulated pods/s", HIGHER, lambda s: f"{s.pods / s.seconds:,.0f}" if s.seconds > 0 else "n/a"),
 )
 

@@ -1,4 +1,4 @@
-"""Capacity promised to a planned gang member but not yet bound.
+"""Capacity promised to a planned gang member but not yet bound, and binds not yet published.
 
 Reservations are explicit values with an expiry, not side effects hidden in a filter: every
 other pod and gang sees reserved GPUs as taken, a bind turns a reservation into an allocation,
@@ -9,7 +9,7 @@ passed in by the caller so tests decide when things expire.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -22,16 +22,32 @@ class Reservation:
     expires_at: float
 
 
+@dataclass(frozen=True)
+class Assumed:
+    """A pod the sidecar bound, with the GPUs it expects the node to give it: the node's
+    annotation lags behind the bind, so until it catches up these GPUs are taken."""
+
+    pod: str
+    node: str
+    gpus: tuple[int, ...]
+    count: int
+    at: float
+    uid: str = ""  # the pod's UID: a pod recreated under the same name is another pod
+
+
 class Reservations:
-    """The table of live reservations. Not thread-safe: the extender's lock guards it."""
+    """The table of live reservations. Not thread-safe: the caller's lock guards it."""
 
     def __init__(self) -> None:
         self._by_pod: dict[str, Reservation] = {}
+        self._by_gang: dict[str, dict[str, Reservation]] = {}  # a gang's are touched together
         self.version = 0
 
     def add(self, items: Iterable[Reservation]) -> None:
         for r in items:
+            self.release_pod(r.pod)
             self._by_pod[r.pod] = r
+            self._by_gang.setdefault(r.gang, {})[r.pod] = r
         self.version += 1
 
     def get(self, pod: str) -> Reservation | None:
@@ -40,22 +56,30 @@ class Reservations:
     def release_pod(self, pod: str) -> Reservation | None:
         r = self._by_pod.pop(pod, None)
         if r is not None:
+            mine = self._by_gang[r.gang]
+            del mine[pod]
+            if not mine:
+                del self._by_gang[r.gang]
             self.version += 1
         return r
 
     def release_gang(self, gang: str) -> list[Reservation]:
-        gone = [r for r in self._by_pod.values() if r.gang == gang]
+        gone = list(self._by_gang.pop(gang, {}).values())
         for r in gone:
             del self._by_pod[r.pod]
         if gone:
             self.version += 1
         return gone
 
+    def holds(self, gang: str) -> bool:
+        """Whether any member of the gang still holds a reservation."""
+        return gang in self._by_gang
+
     def renew_gang(self, gang: str, expires_at: float) -> int:
         """Push a gang's expiry out (it is making progress); returns how many were renewed."""
-        mine = [r for r in self._by_pod.values() if r.gang == gang]
-        for r in mine:
-            self._by_pod[r.pod] = replace(r, expires_at=expires_at)
+        mine = self._by_gang.get(gang, {})
+        for pod, r in mine.items():
+            mine[pod] = self._by_pod[pod] = Reservation(r.pod, r.gang, r.node, r.gpus, r.count, expires_at)
         return len(mine)
 
     def expired(self, now: float) -> set[str]:

@@ -1,0 +1,248 @@
+"""The `gputopo` and `gang-only` policies as deployed: kube-scheduler + the sidecar over time.
+
+Single pods go where kube-scheduler puts them given the extender's prioritize scores
+(`gputopo.kubesched`: scaled, weighted extender score + LeastAllocated, random among ties).
+Gangs (`gputopo`) go through the sidecar's own `GangTracker`, driven the way kube-scheduler
+drives it: members are created over `arrival_spread_s` and each is filtered as it appears
+(the first ones wait for quorum); the last one's filter plans and reserves; the planning member
+binds at once, the others come back after kube-scheduler's 1 s pod back-off (its bind is the
+cluster event that requeues them) and bind one after another; a bind fails with probability
+`bind_failure_rate`, after which the member retries with kube-scheduler's doubling back-off
+(1 s to 10 s) and the tracker re-plans; a plan whose members do not bind within
+`reservation_ttl_s` of each other expires and is re-planned. The lifecycle runs on its own
+clock inside one placement: the rest of the cluster does not change meanwhile.
+`gang-only` places members one by one with kube-scheduler's choice (no gang planner).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gputopo import gangs, kubesched
+from gputopo.allocator import Allocator
+from gputopo.gang import ChoiceMemo, NodeView
+from gputopo.placement import node_scores
+from gputopo.gangs import GangAsk, GangMember, GangTracker, Refused, Wait
+from gputopo.network import NetworkIndex
+from gputopo.sim.policies import Failure, Slot
+from gputopo.sim.state import ClusterState, SimCluster
+from gputopo.sim.workload import Job
+
+#: kube-scheduler's pod back-off (podInitialBackoffSeconds, podMaxBackoffSeconds defaults).
+POD_BACKOFF_S = (1.0, 10.0)
+#: Binds tried per member within one placement before the gang is put back in the queue.
+MAX_ATTEMPTS = 100
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """How the sidecar's gang lifecycle is exercised (`gputopo simulate` flags)."""
+
+    arrival_spread_s: float = 10.0  # a gang's members are created within this long
+    reservation_ttl_s: float = gangs.RESERVATION_TTL_S
+    bind_failure_rate: float = 0.0  # share of binds the API server refuses
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.arrival_spread_s) and self.arrival_spread_s >= 0):
+            raise ValueError(
+                f"arrival spread must be a non-negative number of seconds, got {self.arrival_spread_s}"
+            )
+        if not (math.isfinite(self.reservation_ttl_s) and self.reservation_ttl_s > 0):
+            raise ValueError(
+                f"reservation TTL must be a positive number of seconds, got {self.reservation_ttl_s}"
+            )
+        if not (0 <= self.bind_failure_rate < 1):
+            raise ValueError(f"bind failure rate must be in [0, 1), got {self.bind_failure_rate}")
+
+
+class SidecarPolicy:
+    """What a cluster running deploy/ does; `planner=False` is `gang-only`."""
+
+    def __init__(
+        self,
+        name: str,
+        cluster: SimCluster,
+        allocators: Sequence[Allocator],
+        rng: random.Random,
+        *,
+        planner: bool,
+        lifecycle: Lifecycle | None = None,
+    ) -> None:
+        self.name = name
+        self.cluster = cluster
+        self.allocators = allocators
+        self.rng = rng
+        self.life = lifecycle or Lifecycle()
+        self._planner = planner
+        self._binds = random.Random(rng.random())  # its own stream: failures do not shift choices
+        self._memo = ChoiceMemo()
+        self._views: dict[tuple[int, int], NodeView] = {}
+        self._index = {node.name: i for i, node in enumerate(cluster.nodes)}
+        self._names = [node.name for node in cluster.nodes]
+        self._net = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
+        self.tracker = GangTracker(cluster.levels, ttl_s=self.life.reservation_ttl_s)
+        self._arrived: set[int] = set()  # gangs not yet placed whose members all exist
+        self.stats: Counter[str] = Counter()  # counts
+        self._waited_s = 0.0  # summed quorum waits
+
+    def figures(self) -> dict[str, float]:
+        """The lifecycle's own figures for the report (Summary.extra)."""
+        if not self._planner:
+            return {}
+        s = self.stats
+        waited = s["gangs_waited_for_quorum"]
+        return {
+            "gangs_waited_for_quorum": waited,
+            "quorum_wait_s_mean": self._waited_s / waited if waited else 0.0,
+            "reservations_expired": s["reservations_expired"],
+            "bind_failures_injected": s["bind_failures_injected"],
+            "replans_after_bind_failure": s["replans_after_bind_failure"],
+            "replans_after_expiry": s["replans_after_expiry"],
+            "gangs_stalled": s["gangs_stalled"],  # a re-plan around bound members found no room
+        }
+
+    def _view(self, node: int, mask: int) -> NodeView:
+        key = (node, mask)
+        hit = self._views.get(key)
+        if hit is None:
+            spec = self.cluster.nodes[node]
+            n = self.cluster.topologies[spec.topology].n
+            if len(self._views) > 100_000:
+                self._views.clear()
+            free = frozenset(i for i in range(n) if mask >> i & 1)
+            hit = self._views[key] = NodeView(spec.name, spec.labels, n, free, self.allocators[spec.topology])
+        return hit
+
+    # ------------------------------------------------------------------ single pods
+
+    def place_pod(self, state: ClusterState, size: int) -> Slot | Failure:
+        """kube-scheduler's choice among the nodes with room, given the extender's scores."""
+        classes = [
+            (members, mask) for (_, mask), members in state.classes.items() if mask.bit_count() >= size
+        ]
+        if not classes:
+            return Failure(f"no node has {size} free GPUs")
+        views = [self._view(min(members), mask) for members, mask in classes]
+        scores = node_scores(size, views, memo=self._memo)
+        scored = [
+            (kubesched.total_score(scores[v.name], len(v.free) - size, v.gpu_count), len(members))
+            for v, (members, _) in zip(views, classes, strict=True)
+        ]
+        k = kubesched.select_host(scored, self.rng)
+        members, _ = classes[k]
+        view = views[k]
+        node = sorted(members)[self.rng.randrange(len(members))] if len(members) > 1 else min(members)
+        assert view.allocator is not None
+        return node, tuple(sorted(self._memo.choose(view.allocator, view.free, size).indices))
+
+    # ------------------------------------------------------------------ jobs
+
+    def place(self, state: ClusterState, job: Job) -> list[Slot] | Failure:
+        """All pods of the job, or a Failure; the state is left unchanged either way."""
+        if not job.is_gang:
+            got = self.place_pod(state, job.pods[0])
+            return got if isinstance(got, Failure) else [got]
+        if self._planner:
+            return self._lifecycle(state, job)
+        slots: list[Slot] = []
+        try:
+            for size in job.pods:
+                got = self.place_pod(state, size)
+                if isinstance(got, Failure):
+                    return got
+                state.take(*got)
+                slots.append(got)
+        finally:
+            for node, gpus in slots:
+                state.give(node, gpus)
+        return slots
+
+    def _lifecycle(self, state: ClusterState, job: Job) -> list[Slot] | Failure:
+        gang = f"sim/job-{job.id}"
+        t, n = self.tracker, len(job.pods)
+        pods = [f"{gang}-{k}" for k in range(n)]
+        where: dict[str, str] = {}
+        views = {name: self._view(i, state.mask[i]) for i, name in enumerate(self._names)}
+
+        def ask(k: int, count: int = n) -> GangAsk:
+            members = tuple(GangMember(pods[i], job.pods[i], where.get(pods[i], "")) for i in range(count))
+            return GangAsk(gang, pods[k], members, n)
+
+        now = 0.0
+        if job.id not in self._arrived:  # members are created over the spread, once
+            self._arrived.add(job.id)
+            spread = self.life.arrival_spread_s
+            if spread > 0:
+                times = sorted(self._binds.uniform(0, spread) for _ in range(n))
+                for k in range(n - 1):  # each member is filtered as it appears
+                    t.filter(ask(k, k + 1), self._names, views, self._net, times[k] - times[0])
+                self.stats["gangs_waited_for_quorum"] += 1
+                self._waited_s += times[-1] - times[0]
+                now = times[-1] - times[0]
+        first = t.filter(ask(n - 1), self._names, views, self._net, now)
+        if isinstance(first, Wait):
+            self._count(t.drain())
+            return Failure(first.reason)
+        queue = [(now, 0, n - 1)] + [(now + POD_BACKOFF_S[0], k + 1, k) for k in range(n - 1)]
+        attempts = [0] * n
+        slots: dict[int, Slot] = {}
+        try:
+            while queue:
+                now, seq, k = heapq.heappop(queue)
+                t.expire(now)
+                decision = t.filter(ask(k), self._names, views, self._net, now)
+                if isinstance(decision, Wait):  # a re-plan around bound members found no room
+                    self.stats["gangs_stalled"] += 1
+                    return Failure(decision.reason)
+                size = job.pods[k]
+                try:
+                    r = t.permit(pods[k], gang, size, decision.node)
+                except Refused:
+                    r = None
+                if r is None or self._binds.random() < self.life.bind_failure_rate:
+                    if r is not None:
+                        self.stats["bind_failures_injected"] += 1
+                        t.bind_failed(pods[k], gang, decision.node, "injected API error")
+                        if where:
+                            t.replan(ask(k), views, self._net, now, "bind_failed")
+                    attempts[k] += 1
+                    if attempts[k] > MAX_ATTEMPTS:  # bounded, whatever the failure rate
+                        self.stats["gangs_stalled"] += 1
+                        return Failure(f"member {pods[k]} failed to bind {MAX_ATTEMPTS} times")
+                    delay = min(POD_BACKOFF_S[0] * 2 ** (attempts[k] - 1), POD_BACKOFF_S[1])
+                    heapq.heappush(queue, (now + delay, seq + n * attempts[k], k))
+                    continue
+                node = self._index[r.node]
+                gpus = tuple(sorted(r.gpus))
+                state.take(node, gpus)
+                slots[k] = (node, gpus)
+                where[pods[k]] = r.node
+                views[r.node] = self._view(node, state.mask[node])
+                t.bound(pods[k], gang, now)
+        finally:
+            self._count(t.drain())
+            t.drop(gang, "simulated placement done", "done")
+            t.drain()
+            for node, gpus in slots.values():
+                state.give(node, gpus)
+        self._arrived.discard(job.id)  # placed: the engine will not ask again
+        return [slots[k] for k in range(n)]
+
+    def _count(self, events: list[gangs.Event]) -> None:
+        """Fold tracker events into the figures: which drops were followed by a new plan."""
+        cause = ""
+        for e in events:
+            if e.kind == "plan_dropped":
+                cause = e.cause
+                if cause == "expired":
+                    self.stats["reservations_expired"] += 1
+            elif e.kind == "plan" and cause in ("bind_failed", "expired"):
+                self.stats[
+                    "replans_after_bind_failure" if cause == "bind_failed" else "replans_after_expiry"
+                ] += 1
+                cause = ""

@@ -1,0 +1,147 @@
+"""The sidecar's picture of the cluster between two calls: snapshot, NodeViews and own binds.
+
+kube-scheduler calls filter, prioritize and bind thousands of times against a cluster that
+changes far less often, so everything derived from a snapshot is kept per snapshot (or per
+views object) and swapped whole when it changes: the network index, the gang membership index,
+the "which nodes have room for k GPUs" sets. Binds this sidecar made are remembered (as
+`Assumed`) until the node's annotation shows them, since until then the annotation still
+calls those GPUs free. No decisions are made here; they are the core's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from gputopo import jsonlog
+from gputopo.gang import NodeView
+from gputopo.network import NetworkIndex
+from gputopo.reservations import Assumed, Reservation
+from scheduler.model import PodInfo, Snapshot
+from scheduler.views import ViewBuilder
+
+log = logging.getLogger("gputopo.scheduler")
+
+#: Our own binds are remembered this long at most while the node's annotation catches up.
+ASSUMED_TTL_S = 600.0
+
+
+class ClusterCache:
+    """Derived state of the current snapshot. Not thread-safe: the extender's lock guards it."""
+
+    def __init__(self, levels: Sequence[str]) -> None:
+        self.levels = tuple(levels)
+        self.assumed: dict[str, Assumed] = {}
+        self.assumed_version = 0
+        self._views = ViewBuilder()
+        self._warned: dict[str, str] = {}
+        self._warned_for: object = None
+        self._gang_index: tuple[object, dict[str, list[PodInfo]]] | None = None
+        self._fits: tuple[Mapping[str, NodeView], dict[int, tuple[frozenset[str], dict[str, str]]]] | None = (
+            None
+        )
+        self._index_key: int | None = None
+        self._index: NetworkIndex | None = None
+
+    # ------------------------------------------------------------------ own binds
+
+    def assume(self, a: Assumed) -> None:
+        self.assumed[a.pod] = a
+        self.assumed_version += 1
+
+    def unassume(self, pod: str) -> None:
+        if self.assumed.pop(pod, None) is not None:
+            self.assumed_version += 1
+
+    def forget_caught_up(self, snap: Snapshot, now: float) -> None:
+        """Drop assumed binds the watch and the annotation now show (or that are too old)."""
+        stale = [k for k, a in self.assumed.items() if now - a.at > ASSUMED_TTL_S or _caught_up(snap, a)]
+        for k in stale:
+            del self.assumed[k]
+        if stale:
+            self.assumed_version += 1
+
+    def bound_node(self, pod: PodInfo) -> str:
+        """Where the pod is bound: per the watch, or by a bind of ours the watch lags behind."""
+        a = self.assumed.get(pod.key)
+        return pod.node or (a.node if a is not None else "")
+
+    def in_use(self, snap: Snapshot, node: str) -> set[int]:
+        """GPUs of `node` that a pod holds: the published in-use set and our assumed binds."""
+        info = snap.nodes.get(node)
+        used = set(info.topology.allocated) if info is not None and info.topology is not None else set()
+        for a in self.assumed.values():
+            if a.node == node:
+                used.update(a.gpus)
+        return used
+
+    # ------------------------------------------------------------------ derived views
+
+    def views(
+        self, snap: Snapshot, reservations: Mapping[str, list[Reservation]], version: int
+    ) -> dict[str, NodeView]:
+        """NodeViews of every node: free GPUs net of own binds and reservations."""
+        if snap.nodes is not self._warned_for:
+            self._warned_for = snap.nodes
+            self._warn_unknown(snap)
+        return self._views.build(snap, self.assumed, self.assumed_version, reservations, version)
+
+    def network(self, snap: Snapshot) -> NetworkIndex:
+        if self._index is None or self._index_key != snap.version:
+            self._index = NetworkIndex.build(((n.name, n.labels) for n in snap.nodes.values()), self.levels)
+            self._index_key = snap.version
+        return self._index
+
+    def members(self, gang: str, snap: Snapshot) -> list[PodInfo]:
+        """Active pods of a gang; the index is rebuilt once per pods mapping, not per call."""
+        cached = self._gang_index
+        if cached is None or cached[0] is not snap.pods:
+            index: dict[str, list[PodInfo]] = {}
+            for p in snap.pods.values():
+                if p.gang is not None and p.active:
+                    index.setdefault(p.gang.key, []).append(p)
+            cached = self._gang_index = (snap.pods, index)
+        return sorted(cached[1].get(gang, ()), key=lambda p: p.key)
+
+    def fit(self, views: Mapping[str, NodeView], gpus: int) -> tuple[frozenset[str], dict[str, str]]:
+        """Nodes with room for `gpus`, and the reason for each other node, per views object:
+        a 5,000-node filter is then a set lookup per candidate, not a computation."""
+        cached = self._fits
+        if cached is None or cached[0] is not views:
+            cached = self._fits = (views, {})
+        hit = cached[1].get(gpus)
+        if hit is None:
+            fit = frozenset(n for n, v in views.items() if len(v.free) >= gpus)
+            why = {n: f"needs {gpus} GPUs, {len(v.free)} free" for n, v in views.items() if n not in fit}
+            hit = cached[1][gpus] = (fit, why)
+        return hit
+
+    def _warn_unknown(self, snap: Snapshot) -> None:
+        if len(self._warned) > 100_000:
+            self._warned.clear()
+        for name, info in snap.nodes.items():
+            if info.topology is None and info.topology_problem:
+                if self._warned.get(name) != info.topology_problem:
+                    self._warned[name] = info.topology_problem
+                    jsonlog.event(
+                        log,
+                        "unknown_topology",
+                        logging.WARNING,
+                        node=name,
+                        reason=info.topology_problem,
+                        effect="GPUs counted only, neutral score",
+                    )
+            elif name in self._warned:
+                del self._warned[name]
+
+
+def _caught_up(snap: Snapshot, a: Assumed) -> bool:
+    """An assumed bind is no longer needed once the watch shows the pod bound and the node's
+    annotation was written after the bind (or the node has no annotation to wait for)."""
+    pod = snap.pods.get(a.pod)
+    if pod is not None and a.uid and pod.uid and pod.uid != a.uid:
+        return True  # deleted and recreated under the same name: the old bind is history
+    if pod is None or not pod.node:
+        return pod is None
+    info = snap.nodes.get(a.node)
+    return info is None or info.topology is None or info.topology.generated_at > a.at
