@@ -24,6 +24,7 @@ from gputopo.cluster import ClusterError, load_cluster
 from gputopo.network import LevelError, validate_levels
 from scheduler import defaults
 from scheduler.extender import Extender
+from scheduler.metrics import Metrics
 from scheduler.server import Server
 from scheduler.state import ClusterState, from_cluster
 
@@ -91,7 +92,7 @@ def _fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
-def _live_state(kubeconfig: str | None, max_age: float) -> ClusterState:
+def _live_state(kubeconfig: str | None, max_age: float, metrics: Metrics) -> ClusterState:
     from kubernetes import client, config
 
     from scheduler.kube import KubeState
@@ -107,7 +108,7 @@ def _live_state(kubeconfig: str | None, max_age: float) -> ClusterState:
                 config.load_kube_config(client_configuration=cfg)
     except (config.ConfigException, OSError, ValueError, TypeError) as e:
         _fail(f"cannot load Kubernetes configuration: {e}")
-    state = KubeState(client.ApiClient(cfg), clock=time.time, max_age_s=max_age)
+    state = KubeState(client.ApiClient(cfg), clock=time.time, max_age_s=max_age, metrics=metrics)
     state.start()
     return state
 
@@ -124,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except LevelError as e:
             _fail(str(e))
     state: ClusterState
+    metrics = Metrics()  # one registry: the watch's per-node counters beside the extender's
     if args.cluster:
         try:
             snapshot = load_cluster(args.cluster)
@@ -133,8 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         levels = levels or snapshot.levels
         state = file_state
     else:
-        state = _live_state(args.kubeconfig, args.annotation_max_age)
-    extender = Extender(state, levels or defaults.DEFAULT_LEVELS, clock=time.time, ttl_s=args.reservation_ttl)
+        state = _live_state(args.kubeconfig, args.annotation_max_age, metrics)
+    extender = Extender(
+        state, levels or defaults.DEFAULT_LEVELS, clock=time.time, ttl_s=args.reservation_ttl, metrics=metrics
+    )
     host, port = args.listen
     try:
         server = Server(extender, host, port)

@@ -21,6 +21,7 @@ from gputopo.network import NetworkIndex
 from scheduler import defaults
 from scheduler.metrics import Metrics
 from scheduler.model import BadInput, PodInfo, Snapshot
+from scheduler.nodeguard import NodeGuard
 from scheduler.reservations import Reservation, Reservations
 from scheduler.state import BindError, ClusterState
 from scheduler.views import Assumed, ViewBuilder
@@ -80,7 +81,7 @@ class Extender:
         self._binding: set[str] = set()  # pods whose API call of a bind is in flight
         self._swept: object = None  # the snapshot version reservations were last checked against
         self._assumed_version = 0
-        self._views = ViewBuilder()
+        self._views = ViewBuilder(NodeGuard(self.metrics))
         self._warned: dict[str, str] = {}
         self._warned_for: object = None
         self._gang_index: tuple[object, dict[str, list[PodInfo]]] | None = None
@@ -124,6 +125,8 @@ class Extender:
             self.reservations.by_node(),
             self.reservations.version,
         )
+        if self._views.conflicts and self._break_reservations(snap):
+            return self._current(now)
         if snap.nodes is not self._warned_for:
             self._warned_for = snap.nodes
             self._warn_unknown(snap)
@@ -147,6 +150,25 @@ class Extender:
                     )
             elif name in self._warned:
                 del self._warned[name]
+
+    def _break_reservations(self, snap: Snapshot) -> bool:
+        """A pod got GPUs another member had reserved (kubelet offers the plugin reserved GPUs
+        too), or they turned unhealthy: that gang's plan is broken. Drop it and re-plan its
+        unbound members at once, around the GPUs really in use (caller holds the lock).
+        True when a plan was dropped (the views are then stale)."""
+        gangs: dict[str, tuple[str, str]] = {}
+        for pod, why in self._views.conflicts.items():
+            r = self.reservations.get(pod)
+            if r is not None:
+                gangs.setdefault(r.gang, (pod, f"reservation of {pod} broken: {why}"))
+        for gang, (_pod, why) in gangs.items():
+            self.metrics.broken_reservations.inc()
+            self._drop_plan(gang, why)
+        for gang, (pod, _) in gangs.items():
+            member = snap.pods.get(pod)
+            if member is not None and member.gang is not None:
+                self._replan_partial(member, gang)
+        return bool(gangs)
 
     def _sweep(self, snap: Snapshot) -> None:
         """A reserved member that was deleted or finished, or a planned node that went away,

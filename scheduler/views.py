@@ -10,11 +10,12 @@ topology is unknown keeps a plain count and a neutral score.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gputopo.allocator import AllocationError, Allocator, AllocatorPool
 from gputopo.gang import NodeView
 from scheduler.model import NodeInfo, Snapshot
+from scheduler.nodeguard import NodeGuard, describe
 from scheduler.reservations import Reservation
 
 
@@ -50,9 +51,11 @@ def node_view(
     assumed: Iterable[Assumed],
     reserved: Iterable[Reservation],
     bound: frozenset[str] | set[str] = frozenset(),
+    ended: frozenset[str] = frozenset(),
 ) -> NodeView:
     """The free GPUs of one node; `pod_gpus` is what pods bound to it (per the watch) hold, and
-    `bound` names those pods, so an assumed bind the watch already shows is not counted twice."""
+    `bound` names those pods, so an assumed bind the watch already shows is not counted twice;
+    `ended` names pods the watch saw end here, whose GPUs the annotation's pod map still lists."""
     topo = info.topology
     assumed = list(assumed)
     unseen = sum(a.count for a in assumed if a.pod not in bound)
@@ -60,9 +63,10 @@ def node_view(
         used = pod_gpus + unseen + sum(r.count for r in reserved)
         free_count = max(0, info.gpu_capacity - used)
         return NodeView(info.name, info.labels, info.gpu_capacity, frozenset(range(free_count)), None)
-    free = set(topo.free)
+    allocated = in_use(info, ended)
+    free = set(topo.healthy - allocated)
     if info.pods_know_allocations:
-        lag = pod_gpus + unseen - len(topo.allocated)
+        lag = pod_gpus + unseen - len(allocated)
         for a in assumed:
             if a.at >= topo.generated_at:
                 hit = free.intersection(a.gpus)
@@ -77,17 +81,51 @@ def node_view(
     return NodeView(info.name, info.labels, topo.topology.n, frozenset(free), alloc)
 
 
+def in_use(info: NodeInfo, ended: frozenset[str] = frozenset()) -> frozenset[int]:
+    """The GPUs the node's annotation reports in use, less those of pods seen ending since."""
+    topo = info.topology
+    if topo is None:
+        return frozenset()
+    if not ended or topo.pods is None:
+        return topo.allocated
+    freed = set().union(*(topo.pods[p] for p in ended if p in topo.pods))
+    return topo.allocated - freed
+
+
+def broken_reservations(
+    info: NodeInfo, reserved: Iterable[Reservation], ended: frozenset[str] = frozenset()
+) -> dict[str, str]:
+    """Reservations of this node whose GPUs are no longer free per its annotation (a pod got
+    them, as kubelet offers the plugin reserved GPUs too, or they turned unhealthy):
+    reservation's pod -> reason. The gang that holds one must re-plan its unbound members."""
+    topo = info.topology
+    if topo is None:
+        return {}
+    free = topo.healthy - in_use(info, ended)
+    out = {}
+    for r in reserved:
+        lost = set(r.gpus) - free
+        if lost:
+            out[r.pod] = f"reserved GPUs {sorted(lost)} of {info.name} are no longer free"
+    return out
+
+
 class ViewBuilder:
     """Builds the NodeViews of a whole snapshot, recomputing only the nodes whose inputs changed.
 
     At 5,000 nodes a full rebuild costs more than a filter call may take, while a typical change
     (a pod asked about, a bind, one node's annotation) touches one node or none."""
 
-    def __init__(self) -> None:
+    def __init__(self, guard: NodeGuard | None = None) -> None:
         self.allocators = AllocatorPool()
+        self.guard = guard or NodeGuard()
         self._whole: tuple | None = None
         self._views: dict[str, NodeView] = {}
         self._inputs: dict[str, tuple] = {}
+        self._broken: dict[str, dict[str, str]] = {}
+        #: reservation pod -> reason, for reservations whose GPUs are no longer free (see
+        #: broken_reservations); recomputed with the views
+        self.conflicts: dict[str, str] = {}
 
     def build(
         self,
@@ -98,9 +136,15 @@ class ViewBuilder:
         reservations_version: int,
     ) -> dict[str, NodeView]:
         bound = frozenset(k for k in assumed if (p := snap.pods.get(k)) is not None and p.node)
-        whole = (snap.nodes, snap.pod_gpus, assumed_version, reservations_version, bound)
+        whole = (snap.nodes, snap.pod_gpus, assumed_version, reservations_version, bound, snap.ended)
         last = self._whole
-        if last is not None and last[0] is whole[0] and last[1] is whole[1] and last[2:] == whole[2:]:
+        if (
+            last is not None
+            and last[0] is whole[0]
+            and last[1] is whole[1]
+            and last[5] is whole[5]
+            and last[2:5] == whole[2:5]
+        ):
             return self._views
         assumed_by_node: dict[str, list[Assumed]] = {}
         for a in assumed.values():
@@ -108,7 +152,8 @@ class ViewBuilder:
         views: dict[str, NodeView] = {}
         inputs: dict[str, tuple] = {}
         pod_gpus = snap.pod_gpus
-        old_inputs, old_views = self._inputs, self._views
+        broken: dict[str, dict[str, str]] = {}
+        old_inputs, old_views, old_broken = self._inputs, self._views, self._broken
         for name, info in snap.nodes.items():
             mine = assumed_by_node.get(name)
             held = reservations_by_node.get(name)
@@ -118,13 +163,37 @@ class ViewBuilder:
                 tuple(mine) if mine else (),
                 tuple(held) if held else (),
                 bound if mine else frozenset(),
+                snap.ended.get(name, frozenset()),
             )
             old = old_inputs.get(name)
             if old is not None and old[0] is info and old[1:] == key[1:]:
                 views[name] = old_views[name]
+                if name in old_broken:
+                    broken[name] = old_broken[name]
             else:
-                alloc = self.allocators.get(info.topology.topology) if info.topology is not None else None
-                views[name] = node_view(info, alloc, key[1], key[2], key[3], bound)
+                views[name], conflicts = self._node(info, key, bound)
+                if conflicts:
+                    broken[name] = conflicts
             inputs[name] = key
-        self._whole, self._views, self._inputs = whole, views, inputs
+        self._whole, self._views, self._inputs, self._broken = whole, views, inputs, broken
+        self.conflicts = {pod: why for per_node in broken.values() for pod, why in per_node.items()}
         return views
+
+    def _node(self, info: NodeInfo, key: tuple, bound: frozenset[str]) -> tuple[NodeView, dict[str, str]]:
+        """One node's view, guarded: whatever fails here (the allocator build, a probe of it,
+        the free-set arithmetic) makes this node "unknown topology", logged once and counted."""
+        _, pod_gpus, mine, held, _, ended = key
+        try:
+            alloc = None
+            if info.topology is not None:
+                alloc = self.allocators.get(info.topology.topology)
+                alloc.choose(range(info.topology.topology.n), 1)  # cached: proves the tables work
+            view = node_view(info, alloc, pod_gpus, mine, held, bound, ended)
+            conflicts = broken_reservations(info, held, ended)
+            self.guard.accepted(info.name, "view")
+            return view, conflicts
+        except Exception as e:
+            reason = f"topology unusable: {describe(e)}"
+            self.guard.rejected(info.name, "view", reason, error=True)
+            unknown = replace(info, topology=None, topology_problem=reason)
+            return node_view(unknown, None, pod_gpus, mine, held, bound), {}
