@@ -396,9 +396,7 @@ class KubeState:
             return None
         return pod
 
-    def _account(
-        self, obj: dict[str, Any], parsed: PodInfo | None, old: PodInfo | None, gone: bool
-    ) -> None:
+    def _account(self, obj: dict[str, Any], parsed: PodInfo | None, old: PodInfo | None, gone: bool) -> None:
         """Ended pods free their GPUs; predictions are learned (scheduler/accounting.py)."""
         parsed = None if gone else parsed
         self.accounting.observe_pod(obj, parsed, self._relevant(parsed), old, self._nodes, self.clock())

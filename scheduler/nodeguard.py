@@ -38,7 +38,9 @@ class NodeGuard:
         self._lock = threading.Lock()
         self._seen: dict[tuple[str, str], str] = {}
 
-    def rejected(self, node: str, stage: str, reason: str, *, error: bool = False, quiet: bool = False) -> None:
+    def rejected(
+        self, node: str, stage: str, reason: str, *, error: bool = False, quiet: bool = False
+    ) -> None:
         """`node`'s step `stage` refused its topology for `reason`; `error` marks an unexpected
         exception (a bug or an input nobody foresaw) rather than a validation failure; `quiet`
         counts without logging, for refusals the extender already logs as `unknown_topology`."""
