@@ -228,7 +228,10 @@ def annotate_prediction(core: Any, pod: PodInfo, node: str, gpus: tuple[int, ...
             _preload_content=False,
             _request_timeout=timeout_s,
         )
-        resp.release_conn()
+        try:
+            _ = resp.data  # read the body: a pooled connection left with one unread breaks the next call
+        finally:
+            resp.release_conn()
     except Exception as e:
         jsonlog.event(
             log,
