@@ -322,7 +322,14 @@ class KubeState:
         except Exception as e:
             reason = f"node could not be read: {describe(e)}"
             self.guard.rejected(name, "node", reason, error=True)
-            return NodeInfo(name, {}, 0, None, reason)
+            raw_labels = meta.get("labels") if isinstance(meta, dict) else None
+            labels = raw_labels if isinstance(raw_labels, dict) else {}
+            labels = {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}
+            try:
+                capacity = node_gpu_capacity(obj, self.resource)
+            except Exception:
+                capacity = 0
+            return NodeInfo(name, labels, capacity, None, reason)
         if info.topology is None and info.topology_problem:
             stage = "allocatable" if "allocatable" in info.topology_problem else "annotation"
             self.guard.rejected(name, stage, info.topology_problem, quiet=True)  # extender logs it
