@@ -7,8 +7,8 @@ sidecar does two things without waiting for the plugin:
   GPUs the annotation lists for it count as free at once. The plugin only notices at its next
   PodResources read (up to its 30 s resync); the sidecar already watches pods, so it frees them
   within one watch event (docs/scheduler.md, "Freed GPUs").
-* **Predictions.** At bind the sidecar predicts the GPUs the node will give (and writes them on
-  the pod as `gputopo.io/predicted-gpus`). kubelet offers the plugin every free healthy GPU,
+* **Predictions.** At bind the sidecar predicts the GPUs the node will give (and records them
+  as an Event on the pod, reason `GPUsPredicted`). kubelet offers the plugin every free healthy GPU,
   reserved ones included, so the plugin may pick others. Once an annotation written after the
   bind lists the pod, the actual set replaces the prediction (the annotation is the truth), a
   mismatch is logged and counted, and the views layer breaks any reservation the actual GPUs
@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from gputopo import jsonlog
-from gputopo.annotation import MAX_GPUS
 from scheduler.metrics import Metrics
 from scheduler.model import NodeInfo, PodInfo
 
 log = logging.getLogger("gputopo.scheduler.accounting")
 
-#: The pod annotation the sidecar writes at bind: the GPU indices it expects, "0,1,2".
-PREDICTED_ANNOTATION = "gputopo.io/predicted-gpus"
+#: The Event reason of a prediction recorded at bind (`kubectl describe pod` shows it).
+PREDICTED_REASON = "GPUsPredicted"
 #: An ended pod is remembered this long at most (the plugin re-reads PodResources every 30 s,
 #: after which its annotation no longer lists the pod and the record is dropped anyway).
 ENDED_TTL_S = 600.0
@@ -39,24 +39,6 @@ ENDED_TTL_S = 600.0
 MAX_ENDED = 100_000
 MAX_PREDICTIONS = 100_000
 MAX_RESULTS = 10_000
-
-
-def format_predicted(gpus: tuple[int, ...] | list[int]) -> str:
-    return ",".join(str(g) for g in sorted(gpus))
-
-
-def parse_predicted(text: object) -> tuple[int, ...] | None:
-    """The GPU indices of a `gputopo.io/predicted-gpus` value; None when absent or malformed
-    (a pod annotation anyone with pod-edit rights may write: never trusted beyond its shape)."""
-    if not isinstance(text, str) or not text or len(text) > 4 * MAX_GPUS:
-        return None
-    out: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not (part.isascii() and part.isdigit() and len(part) <= 3 and int(part) < MAX_GPUS):
-            return None
-        out.add(int(part))
-    return tuple(sorted(out))
 
 
 @dataclass(frozen=True)
@@ -127,13 +109,7 @@ class PodAccounting:
         return {n: frozenset(p) for n, p in out.items()}
 
     def observe_pod(
-        self,
-        obj: dict[str, Any],
-        parsed: PodInfo | None,
-        relevant: PodInfo | None,
-        old: PodInfo | None,
-        nodes: dict[str, NodeInfo],
-        now: float,
+        self, parsed: PodInfo | None, relevant: PodInfo | None, old: PodInfo | None, now: float
     ) -> None:
         """One pod event: `parsed` is the pod now (None when deleted or unreadable), `relevant`
         the same when it is active and holds GPUs or is in a gang, `old` what was known before."""
@@ -146,13 +122,6 @@ class PodAccounting:
             self.ended(key, old.node, now)
         elif parsed is not None and parsed.node and parsed.gpus and not parsed.active:
             self.ended(key, parsed.node, now)
-        if relevant is not None and relevant.node and relevant.gpus and not self.known(key):
-            # a restarted sidecar learns its own predictions back from the pods
-            anns = (obj.get("metadata") or {}).get("annotations") or {}
-            gpus = parse_predicted(anns.get(PREDICTED_ANNOTATION)) if isinstance(anns, dict) else None
-            if gpus:
-                self.predict(key, relevant.node, gpus, now)
-                self.check_pod(key, nodes)
 
     # ------------------------------------------------------------------ predictions
 
@@ -162,9 +131,6 @@ class PodAccounting:
         if len(self._predicted) >= MAX_PREDICTIONS:
             self._predicted.clear()
         self._predicted[pod] = Prediction(node, tuple(sorted(gpus)), at)
-
-    def known(self, pod: str) -> bool:
-        return pod in self._predicted or pod in self._outcomes
 
     def check_node(self, info: NodeInfo) -> list[Outcome]:
         """Compare every prediction on this node that its (new) annotation now answers."""
@@ -176,16 +142,6 @@ class PodAccounting:
             if pred.node == info.name and pod in topo.pods and topo.generated_at >= pred.at:
                 out.append(self._settle(pod, pred, tuple(sorted(topo.pods[pod]))))
         return out
-
-    def check_pod(self, pod: str, nodes: dict[str, NodeInfo]) -> Outcome | None:
-        pred = self._predicted.get(pod)
-        info = nodes.get(pred.node) if pred is not None else None
-        topo = info.topology if info is not None else None
-        if pred is None or topo is None or topo.pods is None or pod not in topo.pods:
-            return None
-        if topo.generated_at < pred.at:
-            return None  # the annotation predates the bind: a listing there is another pod's
-        return self._settle(pod, pred, tuple(sorted(topo.pods[pod])))
 
     def _settle(self, pod: str, pred: Prediction, actual: tuple[int, ...]) -> Outcome:
         del self._predicted[pod]
@@ -214,19 +170,39 @@ class PodAccounting:
         return dict(self._outcomes)
 
 
-def annotate_prediction(core: Any, pod: PodInfo, node: str, gpus: tuple[int, ...], timeout_s: float) -> None:
-    """Write the GPUs the sidecar expects on the pod, before the Binding, so an operator (and a
-    restarted sidecar) can compare them with what the node gave. Best effort: bounded by
-    `timeout_s`, and a failure is logged, never fatal to the bind."""
-    patch = {"metadata": {"annotations": {PREDICTED_ANNOTATION: format_predicted(gpus)}}}
+def record_prediction(
+    core: Any, pod: PodInfo, node: str, gpus: tuple[int, ...], now: float, timeout_s: float
+) -> None:
+    """Record the GPUs the sidecar expects as an Event on the pod, before the Binding, so an
+    operator (`kubectl describe pod`) and a test can compare them with what the node gave. An
+    Event, not a pod annotation: creating Events is the one write this needs, where patching
+    pods would let the sidecar rewrite any pod. Best effort: bounded by `timeout_s`, a failure
+    is logged, never fatal to the bind."""
+    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{pod.name[:200]}.", "namespace": pod.namespace},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": pod.namespace,
+            "name": pod.name,
+            "uid": pod.uid or None,
+        },
+        "reason": PREDICTED_REASON,
+        "message": f"gputopo predicts GPUs {','.join(str(g) for g in sorted(gpus))} on node {node}",
+        "type": "Normal",
+        "source": {"component": "gputopo-scheduler"},
+        "reportingComponent": "gputopo-scheduler",
+        "reportingInstance": "gputopo-scheduler",
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
     try:
-        resp = core.patch_namespaced_pod(
-            pod.name,
-            pod.namespace,
-            patch,
-            _content_type="application/merge-patch+json",
-            _preload_content=False,
-            _request_timeout=timeout_s,
+        resp = core.create_namespaced_event(
+            pod.namespace, body, _preload_content=False, _request_timeout=timeout_s
         )
         try:
             _ = resp.data  # read the body: a pooled connection left with one unread breaks the next call
@@ -235,7 +211,7 @@ def annotate_prediction(core: Any, pod: PodInfo, node: str, gpus: tuple[int, ...
     except Exception as e:
         jsonlog.event(
             log,
-            "prediction_not_annotated",
+            "prediction_not_recorded",
             logging.WARNING,
             pod=pod.key,
             node=node,

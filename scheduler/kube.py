@@ -25,7 +25,7 @@ from gputopo import jsonlog
 from gputopo.allocator import MAX_GPUS
 from gputopo.annotation import AnnotationError, decode
 from scheduler import defaults
-from scheduler.accounting import PodAccounting, annotate_prediction
+from scheduler.accounting import PodAccounting, record_prediction
 from scheduler.metrics import Metrics
 from scheduler.model import BadInput, NodeInfo, PodInfo, Snapshot, node_gpu_capacity, parse_pod
 from scheduler.nodeguard import NodeGuard, describe
@@ -197,7 +197,7 @@ class KubeState:
         backoff_s: tuple[float, float] = (0.5, 30.0),
         bind_timeout_s: float = 30.0,
         metrics: Metrics | None = None,
-        annotate_timeout_s: float = 5.0,
+        event_timeout_s: float = 5.0,
     ) -> None:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
@@ -207,8 +207,8 @@ class KubeState:
         self.max_age_s = max_age_s
         # A binding call that hangs would hold the pod "in progress" for ever: bound it.
         self.bind_timeout_s = bind_timeout_s
-        # The predicted-gpus pod annotation is best effort: a slow patch must not delay the bind.
-        self.annotate_timeout_s = annotate_timeout_s
+        # The prediction's Event is best effort: a slow API call must not delay the bind for long.
+        self.event_timeout_s = event_timeout_s
         self.metrics = metrics
         self.guard = NodeGuard(metrics)
         self.accounting = PodAccounting(metrics)
@@ -403,22 +403,22 @@ class KubeState:
             return None
         return pod
 
-    def _account(self, obj: dict[str, Any], parsed: PodInfo | None, old: PodInfo | None, gone: bool) -> None:
+    def _account(self, parsed: PodInfo | None, old: PodInfo | None, gone: bool) -> None:
         """Ended pods free their GPUs; predictions are learned (scheduler/accounting.py)."""
         parsed = None if gone else parsed
-        self.accounting.observe_pod(obj, parsed, self._relevant(parsed), old, self._nodes, self.clock())
+        self.accounting.observe_pod(parsed, self._relevant(parsed), old, self.clock())
 
     def _replace_pods(self, items: list[dict[str, Any]]) -> None:
-        parsed = [(o, self._parsed(o)) for o in items]
-        pods = [p for p in (self._relevant(q) for _, q in parsed) if p is not None]
+        parsed = [self._parsed(o) for o in items]
+        pods = [p for p in (self._relevant(q) for q in parsed) if p is not None]
         with self._lock:
             fresh = {p.key for p in pods}
             for key, old in self._pods.items():
                 if key not in fresh:  # ended or deleted while no watch was open
-                    self._account({}, None, old, True)
-            for o, q in parsed:
+                    self._account(None, old, True)
+            for q in parsed:
                 if q is not None:
-                    self._account(o, q, self._pods.get(q.key), False)
+                    self._account(q, self._pods.get(q.key), False)
             self._pods = {p.key: p for p in pods}
             self._pod_gpus = {}
             for p in pods:
@@ -431,7 +431,7 @@ class KubeState:
         parsed = None if kind == "DELETED" else self._parsed(obj)
         pod = self._relevant(parsed)
         with self._lock:
-            self._account(obj, parsed, self._pods.get(key), kind == "DELETED")
+            self._account(parsed, self._pods.get(key), kind == "DELETED")
             self._count(self._pods.get(key), -1)
             if pod is None:
                 self._pods.pop(key, None)
@@ -531,7 +531,7 @@ class KubeState:
         if gpus:
             with self._lock:
                 self.accounting.predict(pod.key, node, gpus, self.clock())
-            annotate_prediction(self.core, pod, node, gpus, self.annotate_timeout_s)
+            record_prediction(self.core, pod, node, gpus, self.clock(), self.event_timeout_s)
         body = client.V1Binding(
             metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace, uid=pod.uid or None),
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),

@@ -2,7 +2,7 @@
 
 It answers only what gputopo uses: list and watch of Nodes, Pods and PodGroups (with
 resourceVersions, bookmarks-free streaming, 410 Gone for a too-old version, and watches that
-can be broken on demand), pod reads, `pods/binding`, and Node and Pod (annotation) PATCH. Failures can be injected
+can be broken on demand), pod reads, `pods/binding`, Event creation, and Node PATCH. Failures can be injected
 per endpoint so tests can exercise retries, re-plans and resumption.
 """
 
@@ -44,7 +44,7 @@ class FakeAPI:
         self.fail: dict[str, list[int]] = {}  # endpoint -> status codes to answer next
         self.requests: list[tuple[str, str]] = []
         self.patches: list[tuple[str, dict[str, Any]]] = []
-        self.pod_patches: list[tuple[str, dict[str, Any]]] = []
+        self.events: list[dict[str, Any]] = []  # core/v1 Events created (not listed or watched)
         self.bindings: list[tuple[str, str]] = []
         self.bind_gate: threading.Event | None = None  # when set, bindings wait for it (slow API server)
 
@@ -227,6 +227,16 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         api = self.server.api
         body = self._body()
+        ev = re.fullmatch(r"/api/v1/namespaces/([^/]+)/events", urlparse(self.path).path)
+        if ev:
+            api.requests.append(("event", f"{ev.group(1)}/{(body.get('involvedObject') or {}).get('name')}"))
+            fault = api.take_fault("event")
+            if fault:
+                self._status(fault, "Injected", "injected failure creating an event")
+                return
+            api.events.append(body)
+            self._json(201, body)
+            return
         m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/binding", urlparse(self.path).path)
         if not m:
             self._status(404, "NotFound")
@@ -257,10 +267,6 @@ class _Handler(BaseHTTPRequestHandler):
     def do_PATCH(self) -> None:
         api = self.server.api
         body = self._body()
-        pm = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", urlparse(self.path).path)
-        if pm:
-            self._patch_pod(f"{pm.group(1)}/{pm.group(2)}", body)
-            return
         m = re.fullmatch(r"/api/v1/nodes/([^/]+)", urlparse(self.path).path)
         if not m:
             self._status(404, "NotFound")
@@ -285,29 +291,6 @@ class _Handler(BaseHTTPRequestHandler):
                 mine[k] = v
         api.patches.append((name, body))
         self._json(200, api.put("nodes", node))
-
-    def _patch_pod(self, key: str, body: Any) -> None:
-        """A merge patch of a pod's annotations (what the sidecar writes at bind)."""
-        api = self.server.api
-        api.requests.append(("patch_pod", key))
-        fault = api.take_fault("patch_pod")
-        if fault:
-            self._status(fault, "Injected", f"injected failure patching pod {key}")
-            return
-        with api.cond:
-            pod = copy.deepcopy(api.objects["pods"].get(key))
-        if pod is None:
-            self._status(404, "NotFound", f"pods {key} not found")
-            return
-        anns = (body.get("metadata") or {}).get("annotations") or {}
-        mine = pod["metadata"].setdefault("annotations", {})
-        for k, v in anns.items():
-            if v is None:
-                mine.pop(k, None)
-            else:
-                mine[k] = v
-        api.pod_patches.append((key, body))
-        self._json(200, api.put("pods", pod))
 
 
 class FakeServer(ThreadingHTTPServer):

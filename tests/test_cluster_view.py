@@ -16,7 +16,7 @@ import pytest
 from gputopo.allocator import Allocator, AllocatorPool
 from gputopo.annotation import encode, make
 from gputopo.topofile import load_preset
-from scheduler.accounting import PREDICTED_ANNOTATION
+from scheduler.accounting import PREDICTED_REASON
 from scheduler.extender import Extender
 from scheduler.kube import KubeState
 from scheduler.metrics import Metrics
@@ -344,7 +344,7 @@ def test_a_pod_recreated_under_the_same_name_keeps_its_gpus_taken(live: Live) ->
 # ---------------------------------------------------------------------- item 6: predictions
 
 
-def test_bind_writes_the_predicted_gpus_on_the_pod_and_survives_a_failed_patch(live: Live, caplog) -> None:
+def test_bind_records_the_predicted_gpus_as_an_event_and_survives_a_failed_post(live: Live, caplog) -> None:
     live.api.put("nodes", fk.node("n1", annotations={KEY: text("n1")}))
     pods = [fk.pod("ml", f"p{i}", 2) for i in range(2)]
     for p in pods:
@@ -352,13 +352,16 @@ def test_bind_writes_the_predicted_gpus_on_the_pod_and_survives_a_failed_patch(l
     caplog.set_level(logging.WARNING)
     live.start()
     assert live.bind(pods[0], "n1") == ""
-    value = live.api.objects["pods"]["ml/p0"]["metadata"]["annotations"][PREDICTED_ANNOTATION]
-    assert [int(g) for g in value.split(",")] and len(value.split(",")) == 2
-    assert [r for r in live.api.requests if r[1] == "ml/p0"] == [("patch_pod", "ml/p0"), ("bind", "ml/p0")]
-    live.api.inject("patch_pod", 500)
-    assert live.bind(pods[1], "n1") == "", "a failed annotation never fails the bind"
+    (event,) = live.api.events
+    assert event["reason"] == PREDICTED_REASON and event["involvedObject"]["name"] == "p0"
+    gpus = event["message"].split("GPUs ")[1].split(" on node ")[0].split(",")
+    assert len(gpus) == 2 and event["message"].endswith("on node n1")
+    assert event["involvedObject"]["uid"] == "uid-ml-p0"
+    assert [r for r in live.api.requests if r[1] == "ml/p0"] == [("event", "ml/p0"), ("bind", "ml/p0")]
+    live.api.inject("event", 500)
+    assert live.bind(pods[1], "n1") == "", "a failed event never fails the bind"
     assert ("ml/p1", "n1") in live.api.bindings
-    assert [r.getMessage() for r in caplog.records].count("prediction_not_annotated") == 1
+    assert [r.getMessage() for r in caplog.records].count("prediction_not_recorded") == 1
 
 
 class Plugin:
@@ -442,17 +445,3 @@ def test_the_actual_gpus_replace_the_prediction_and_break_an_overlapped_reservat
     assert len(outcomes) == placed == 3 and matched == 2
     used = [g for gs in plugin.pods.values() for g in gs]
     assert len(used) == len(set(used)) == 5, "no GPU given twice"
-
-
-def test_a_restarted_sidecar_reads_its_predictions_back_from_the_pods(live: Live) -> None:
-    """The prediction lives on the pod: a sidecar that starts after the bind still compares."""
-    pod = fk.pod("ml", "p", 2, node_name="n1", annotations={PREDICTED_ANNOTATION: "4,5"})
-    live.api.put("pods", pod)
-    live.api.put(
-        "nodes", fk.node("n1", annotations={KEY: text("n1", allocated=[0, 1], pods={"ml/p": [0, 1]})})
-    )
-    live.clock[0] -= 10  # the annotation was written after the bind
-    live.start()
-    wait_until(lambda: "ml/p" in live.state.accounting.outcomes())
-    outcome = live.state.accounting.outcomes()["ml/p"]
-    assert outcome.predicted == (4, 5) and outcome.actual == (0, 1) and not outcome.matched
