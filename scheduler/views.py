@@ -89,6 +89,8 @@ def in_use(info: NodeInfo, ended: frozenset[str] = frozenset()) -> frozenset[int
     if not ended or topo.pods is None:
         return topo.allocated
     freed = set().union(*(topo.pods[p] for p in ended if p in topo.pods))
+    if freed:  # a GPU another listed pod still holds (shared, or a corrupt map) stays in use
+        freed -= set().union(*(g for p, g in topo.pods.items() if p not in ended))
     return topo.allocated - freed
 
 
@@ -138,13 +140,7 @@ class ViewBuilder:
         bound = frozenset(k for k in assumed if (p := snap.pods.get(k)) is not None and p.node)
         whole = (snap.nodes, snap.pod_gpus, assumed_version, reservations_version, bound, snap.ended)
         last = self._whole
-        if (
-            last is not None
-            and last[0] is whole[0]
-            and last[1] is whole[1]
-            and last[5] is whole[5]
-            and last[2:5] == whole[2:5]
-        ):
+        if last is not None and last[0] is whole[0] and last[1] is whole[1] and last[2:] == whole[2:]:
             return self._views
         assumed_by_node: dict[str, list[Assumed]] = {}
         for a in assumed.values():

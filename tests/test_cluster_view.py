@@ -315,6 +315,20 @@ def test_gpus_of_a_pod_that_ended_are_free_on_the_pod_event(live: Live, how: str
     assert live.filter(ask, ["n1"])["NodeNames"] == ["n1"]
 
 
+def test_a_pod_gone_while_no_watch_was_open_frees_its_gpus_at_the_relist(live: Live) -> None:
+    _full_node(live)
+    live.start()
+    ask = fk.pod("ml", "next", 8)
+    live.api.put("pods", ask)
+    assert live.filter(ask, ["n1"])["NodeNames"] == []
+    pods = live.state.reflectors[1]
+    with live.api.cond:  # gone without an event anyone saw, then the history is compacted: 410
+        del live.api.objects["pods"]["ml/big"]
+    live.api.compact()
+    wait_until(lambda: pods.lists == 2)
+    wait_until(lambda: live.filter(ask, ["n1"])["NodeNames"] == ["n1"])
+
+
 def test_without_a_pod_map_an_ended_pod_waits_for_the_plugin(live: Live) -> None:
     """An older plugin publishes no map: the sidecar cannot tell which GPUs the pod had."""
     live.api.put("nodes", fk.node("n1", annotations={KEY: text("n1", allocated=list(range(8)))}))
@@ -445,3 +459,21 @@ def test_the_actual_gpus_replace_the_prediction_and_break_an_overlapped_reservat
     assert len(outcomes) == placed == 3 and matched == 2
     used = [g for gs in plugin.pods.values() for g in gs]
     assert len(used) == len(set(used)) == 5, "no GPU given twice"
+
+
+def test_in_use_frees_only_gpus_no_listed_pod_still_holds() -> None:
+    from scheduler.model import NodeInfo
+    from scheduler.views import in_use
+
+    value = make(
+        "n1",
+        load_preset("dgx-a100"),
+        generated_at=NOW,
+        plugin_version="x",
+        allocated=[0, 1, 2, 3],
+        pods={"ml/a": [0, 1], "ml/b": [1, 2], "ml/c": [3]},
+    )
+    info = NodeInfo("n1", {}, 8, value)
+    assert in_use(info) == {0, 1, 2, 3}
+    assert in_use(info, frozenset({"ml/a"})) == {1, 2, 3}, "GPU 1 is shared with b, which runs"
+    assert in_use(info, frozenset({"ml/a", "ml/b", "ml/x"})) == {3}
