@@ -7,14 +7,15 @@ sidecar does two things without waiting for the plugin:
   GPUs the annotation lists for it count as free at once. The plugin only notices at its next
   PodResources read (up to its 30 s resync); the sidecar already watches pods, so it frees them
   within one watch event (docs/scheduler.md, "Freed GPUs").
-* **Predictions.** At bind the sidecar predicts the GPUs the node will give (and records them
-  as an Event on the pod, reason `GPUsPredicted`). kubelet offers the plugin every free healthy GPU,
-  reserved ones included, so the plugin may pick others. Once an annotation written after the
+* **Predictions.** At bind the sidecar predicts the GPUs the node will give — what the plugin
+  picks from everything kubelet offers it, reserved GPUs included (views.offered) — and records
+  them as an Event on the pod (reason `GPUsPredicted`). Once an annotation written after the
   bind lists the pod, the actual set replaces the prediction (the annotation is the truth), a
   mismatch is logged and counted, and the views layer breaks any reservation the actual GPUs
   now overlap.
 
-Not thread-safe: KubeState calls it under its lock. Pure bookkeeping, no I/O but logs/metrics.
+Not thread-safe: KubeState calls it under its lock. Bookkeeping only; the one I/O is
+`record_prediction`, which KubeState calls outside its lock.
 """
 
 from __future__ import annotations

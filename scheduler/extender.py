@@ -431,6 +431,10 @@ class Extender:
                     key, node, f"pod {key} has no reservation in gang {gang}'s plan; filter it again"
                 )
             gpus = r.gpus if r is not None else self._pick(views.get(node), pod.gpus, node)
+            # kubelet offers the plugin every free GPU, reserved ones included: predict what it
+            # will pick, so the accounting matches the node; a reservation that prediction takes
+            # is broken by the next view build and its gang re-planned (views.broken_reservations)
+            gpus = self._views.predict(node, pod.gpus, views.get(node)) or gpus
             self.reservations.release_pod(key)
             self._assumed[key] = Assumed(key, node, gpus, pod.gpus, now, pod.uid)
             self._assumed_version += 1

@@ -58,11 +58,43 @@ def node_view(
     `ended` names pods the watch saw end here, whose GPUs the annotation's pod map still lists."""
     topo = info.topology
     assumed = list(assumed)
-    unseen = sum(a.count for a in assumed if a.pod not in bound)
     if topo is None:
+        unseen = sum(a.count for a in assumed if a.pod not in bound)
         used = pod_gpus + unseen + sum(r.count for r in reserved)
         free_count = max(0, info.gpu_capacity - used)
         return NodeView(info.name, info.labels, info.gpu_capacity, frozenset(range(free_count)), None)
+    free = _unreserved(alloc, offered(info, alloc, pod_gpus, assumed, bound, ended), reserved)
+    return NodeView(info.name, info.labels, topo.topology.n, frozenset(free), alloc)
+
+
+def _unreserved(alloc: Allocator | None, offer: set[int], reserved: Iterable[Reservation]) -> set[int]:
+    """What stays free of `offer` once reservations hold theirs."""
+    free = set(offer)
+    for r in reserved:
+        if r.gpus:
+            free -= set(r.gpus)
+        else:
+            free -= _take(alloc, free, r.count)
+    return free
+
+
+def offered(
+    info: NodeInfo,
+    alloc: Allocator | None,
+    pod_gpus: int,
+    assumed: Iterable[Assumed],
+    bound: frozenset[str] | set[str] = frozenset(),
+    ended: frozenset[str] = frozenset(),
+) -> set[int]:
+    """The GPUs kubelet would offer the node's plugin now: healthy and not in use (per the
+    annotation, less pods seen ending, plus our binds it does not show yet and what bound pods
+    hold beyond it). Reserved GPUs are in it: kubelet knows nothing of reservations, so this is
+    the set the plugin's GetPreferredAllocation picks from. Empty for unknown topology."""
+    topo = info.topology
+    if topo is None:
+        return set()
+    assumed = list(assumed)
+    unseen = sum(a.count for a in assumed if a.pod not in bound)
     allocated = in_use(info, ended)
     free = set(topo.healthy - allocated)
     if info.pods_know_allocations:
@@ -73,12 +105,7 @@ def node_view(
                 free -= hit
                 lag -= len(hit)
         free -= _take(alloc, free, lag)
-    for r in reserved:
-        if r.gpus:
-            free -= set(r.gpus)
-        else:
-            free -= _take(alloc, free, r.count)
-    return NodeView(info.name, info.labels, topo.topology.n, frozenset(free), alloc)
+    return free
 
 
 def in_use(info: NodeInfo, ended: frozenset[str] = frozenset()) -> frozenset[int]:
@@ -94,16 +121,10 @@ def in_use(info: NodeInfo, ended: frozenset[str] = frozenset()) -> frozenset[int
     return topo.allocated - freed
 
 
-def broken_reservations(
-    info: NodeInfo, reserved: Iterable[Reservation], ended: frozenset[str] = frozenset()
-) -> dict[str, str]:
-    """Reservations of this node whose GPUs are no longer free per its annotation (a pod got
-    them, as kubelet offers the plugin reserved GPUs too, or they turned unhealthy):
-    reservation's pod -> reason. The gang that holds one must re-plan its unbound members."""
-    topo = info.topology
-    if topo is None:
-        return {}
-    free = topo.healthy - in_use(info, ended)
+def broken_reservations(info: NodeInfo, reserved: Iterable[Reservation], free: set[int]) -> dict[str, str]:
+    """Reservations of this node whose GPUs are no longer among those kubelet would offer
+    (`offered`): a pod got them — kubelet offers the plugin reserved GPUs too — or they turned
+    unhealthy. Reservation's pod -> reason; the gang holding one must re-plan its unbound members."""
     out = {}
     for r in reserved:
         lost = set(r.gpus) - free
@@ -125,6 +146,8 @@ class ViewBuilder:
         self._views: dict[str, NodeView] = {}
         self._inputs: dict[str, tuple] = {}
         self._broken: dict[str, dict[str, str]] = {}
+        #: node -> the GPUs kubelet would offer its plugin now (see `offered`), for prediction
+        self.offered: dict[str, frozenset[int]] = {}
         #: reservation pod -> reason, for reservations whose GPUs are no longer free (see
         #: broken_reservations); recomputed with the views
         self.conflicts: dict[str, str] = {}
@@ -149,7 +172,8 @@ class ViewBuilder:
         inputs: dict[str, tuple] = {}
         pod_gpus = snap.pod_gpus
         broken: dict[str, dict[str, str]] = {}
-        old_inputs, old_views, old_broken = self._inputs, self._views, self._broken
+        offers: dict[str, frozenset[int]] = {}
+        old_inputs, old_views, old_broken, old_offers = self._inputs, self._views, self._broken, self.offered
         for name, info in snap.nodes.items():
             mine = assumed_by_node.get(name)
             held = reservations_by_node.get(name)
@@ -166,16 +190,23 @@ class ViewBuilder:
                 views[name] = old_views[name]
                 if name in old_broken:
                     broken[name] = old_broken[name]
+                if name in old_offers:
+                    offers[name] = old_offers[name]
             else:
-                views[name], conflicts = self._node(info, key, bound)
+                views[name], conflicts, offer = self._node(info, key, bound)
                 if conflicts:
                     broken[name] = conflicts
+                if offer:
+                    offers[name] = offer
             inputs[name] = key
         self._whole, self._views, self._inputs, self._broken = whole, views, inputs, broken
+        self.offered = offers
         self.conflicts = {pod: why for per_node in broken.values() for pod, why in per_node.items()}
         return views
 
-    def _node(self, info: NodeInfo, key: tuple, bound: frozenset[str]) -> tuple[NodeView, dict[str, str]]:
+    def _node(
+        self, info: NodeInfo, key: tuple, bound: frozenset[str]
+    ) -> tuple[NodeView, dict[str, str], frozenset[int]]:
         """One node's view, guarded: whatever fails here (the allocator build, a probe of it,
         the free-set arithmetic) makes this node "unknown topology", logged once and counted."""
         _, pod_gpus, mine, held, _, ended = key
@@ -184,12 +215,29 @@ class ViewBuilder:
             if info.topology is not None:
                 alloc = self.allocators.get(info.topology.topology)
                 alloc.choose(range(info.topology.topology.n), 1)  # cached: proves the tables work
-            view = node_view(info, alloc, pod_gpus, mine, held, bound, ended)
-            conflicts = broken_reservations(info, held, ended)
+            if info.topology is None:
+                view, offer = node_view(info, None, pod_gpus, mine, held, bound), set()
+            else:
+                offer = offered(info, alloc, pod_gpus, mine, bound, ended)
+                free = frozenset(_unreserved(alloc, offer, held))
+                view = NodeView(info.name, info.labels, info.topology.topology.n, free, alloc)
+            conflicts = broken_reservations(info, held, offer) if info.topology is not None else {}
             self.guard.accepted(info.name, "view")
-            return view, conflicts
+            return view, conflicts, frozenset(offer)
         except Exception as e:
             reason = f"topology unusable: {describe(e)}"
             self.guard.rejected(info.name, "view", reason, error=True)
             unknown = replace(info, topology=None, topology_problem=reason)
-            return node_view(unknown, None, pod_gpus, mine, held, bound), {}
+            return node_view(unknown, None, pod_gpus, mine, held, bound), {}, frozenset()
+
+    def predict(self, node: str, size: int, view: NodeView | None) -> tuple[int, ...] | None:
+        """The GPUs the node's plugin will give a pod of `size` bound now: its allocator's choice
+        from what kubelet offers it (reservations included). None when that cannot be told
+        (unknown topology, too few offered)."""
+        offer = self.offered.get(node)
+        if view is None or view.allocator is None or offer is None or len(offer) < size or size <= 0:
+            return None
+        try:
+            return view.allocator.choose(sorted(offer), size).indices
+        except AllocationError:
+            return None

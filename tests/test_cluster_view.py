@@ -385,10 +385,11 @@ class Plugin:
     GetPreferredAllocation answers with the core allocator, and the annotation, pod map
     included, is published after Allocate."""
 
-    def __init__(self, live: Live, node: str, preset: str) -> None:
+    def __init__(self, live: Live, node: str, preset: str, pick: Any = None) -> None:
         self.live, self.node, self.preset = live, node, preset
         self.topology = load_preset(preset)
         self.allocator = Allocator(self.topology)
+        self.pick = pick or (lambda free, size: self.allocator.choose(free, size).indices)
         self.pods: dict[str, tuple[int, ...]] = {}
 
     def publish(self) -> None:
@@ -400,23 +401,18 @@ class Plugin:
     def admit(self, pod: dict) -> tuple[int, ...]:
         free = [g for g in range(self.topology.n) if g not in {x for gs in self.pods.values() for x in gs}]
         key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
-        gpus = self.allocator.choose(
-            free, int(pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+        gpus = tuple(
+            self.pick(free, int(pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]))
         )
-        self.pods[key] = gpus.indices
+        self.pods[key] = gpus
         self.publish()
         wait_until(
             lambda: self.live.state.snapshot().nodes[self.node].topology.generated_at == self.live.clock[0]
         )
-        return gpus.indices
+        return gpus
 
 
-def test_the_actual_gpus_replace_the_prediction_and_break_an_overlapped_reservation(live: Live) -> None:
-    """HGX H100: a single GPU bound beside a gang member's reservation lands inside it (the
-    plugin is offered the reserved GPUs too). The sidecar learns it from the annotation, counts
-    the mismatch, breaks the reservation and re-plans the member around the real allocation."""
-    plugin = Plugin(live, "n1", "hgx-h100")
-    plugin.publish()
+def _gang_and_solo(live: Live) -> tuple[list[dict], dict]:
     live.api.put(
         "podgroups",
         {"kind": "PodGroup", "metadata": {"namespace": "ml", "name": "g"}, "spec": {"minMember": 2}},
@@ -425,41 +421,70 @@ def test_the_actual_gpus_replace_the_prediction_and_break_an_overlapped_reservat
     solo = fk.pod("ml", "solo", 1)
     for p in [*gang, solo]:
         live.api.put("pods", p)
+    return gang, solo
+
+
+def _bind(live: Live, pod: dict) -> None:
+    assert live.filter(pod, ["n1"])["NodeNames"] == ["n1"]
+    assert live.bind(pod, "n1") == ""
+    key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+    wait_until(lambda: live.state.snapshot().pods[key].node == "n1")
+
+
+def test_the_prediction_is_what_the_plugin_picks_and_a_reservation_it_takes_is_replanned(live: Live) -> None:
+    """HGX H100: a single GPU bound beside a gang member's reservation lands inside it (kubelet
+    offers the plugin the reserved GPUs too). The sidecar predicts exactly that at bind, breaks
+    the reservation at once (before the node's annotation) and re-plans the member around it."""
+    plugin = Plugin(live, "n1", "hgx-h100")
+    plugin.publish()
+    gang, solo = _gang_and_solo(live)
     live.start()
-    placed = 0
-
-    def place(pod: dict) -> tuple[int, ...]:
-        nonlocal placed
-        assert live.filter(pod, ["n1"])["NodeNames"] == ["n1"]
-        assert live.bind(pod, "n1") == ""
-        placed += 1
-        wait_until(
-            lambda: (
-                live.state.snapshot().pods[pod["metadata"]["namespace"] + "/" + pod["metadata"]["name"]].node
-            )
-        )
-        return plugin.admit(pod)
-
-    place(gang[0])
+    _bind(live, gang[0])
+    plugin.admit(gang[0])
     reserved = live.ext.reservations.get("ml/g-1")
     assert reserved is not None
-    actual = place(solo)
-    outcomes = live.state.accounting.outcomes()
-    assert not outcomes["ml/solo"].matched and set(actual) <= set(reserved.gpus), "landed in the reservation"
-    assert live.metrics.predictions.labels(result="mismatched")._value.get() == 1
-    # the sidecar's next answer already knows: reservation broken, member re-planned around it
+    _bind(live, solo)
+    (event,) = [e for e in live.api.events if e["involvedObject"]["name"] == "solo"]
+    predicted = {int(g) for g in event["message"].split("GPUs ")[1].split(" on ")[0].split(",")}
+    assert predicted <= set(reserved.gpus), "the plugin's own pick: inside the reservation"
+    # before any annotation: the member's reservation is already re-planned around it
     assert live.filter(gang[1], ["n1"])["NodeNames"] == ["n1"]
     again = live.ext.reservations.get("ml/g-1")
-    assert again is not None and not set(again.gpus) & set(actual)
+    assert again is not None and not set(again.gpus) & predicted
     assert live.metrics.broken_reservations._value.get() == 1
-    final = place(gang[1])
-    assert set(final) == set(again.gpus), "what the sidecar accounted is what the plugin gave"
+    assert set(plugin.admit(solo)) == predicted
+    _bind(live, gang[1])
+    assert set(plugin.admit(gang[1])) == set(again.gpus)
     outcomes = live.state.accounting.outcomes()
-    matched = sum(o.matched for o in outcomes.values())
-    print(f"predictions matched: {matched}/{placed} pods placed")
-    assert len(outcomes) == placed == 3 and matched == 2
+    print(f"predictions matched: {sum(o.matched for o in outcomes.values())}/{len(outcomes)} pods placed")
+    assert len(outcomes) == 3 and all(o.matched for o in outcomes.values())
     used = [g for gs in plugin.pods.values() for g in gs]
     assert len(used) == len(set(used)) == 5, "no GPU given twice"
+
+
+def test_gpus_the_plugin_gave_other_than_predicted_replace_the_prediction(live: Live) -> None:
+    """A node that does not follow the preferred allocation (kubelet treats it as a hint): the
+    annotation's pod map tells the sidecar, the mismatch is counted, the actual GPUs are what it
+    counts, and a reservation they overlap is broken and re-planned."""
+    plugin = Plugin(live, "n1", "hgx-h100")
+    plugin.publish()
+    gang, _ = _gang_and_solo(live)
+    live.start()
+    _bind(live, gang[0])
+    reserved = live.ext.reservations.get("ml/g-1")
+    assert reserved is not None
+    plugin.pick = lambda free, size: tuple(sorted(reserved.gpus))[:size]  # the other member's GPUs
+    actual = plugin.admit(gang[0])
+    (outcome,) = live.state.accounting.outcomes().values()
+    assert outcome.pod == "ml/g-0" and not outcome.matched and outcome.actual == actual
+    assert live.metrics.predictions.labels(result="mismatched")._value.get() == 1
+    with live.ext._lock:
+        _, views = live.ext._current(live.clock[0])
+    assert not views["n1"].free & set(actual), "the actual GPUs count as taken, the predicted ones not"
+    assert live.filter(gang[1], ["n1"])["NodeNames"] == ["n1"]
+    again = live.ext.reservations.get("ml/g-1")
+    assert again is not None and not set(again.gpus) & set(actual), "re-planned around the real GPUs"
+    assert live.metrics.broken_reservations._value.get() == 1
 
 
 def test_in_use_frees_only_gpus_no_listed_pod_still_holds() -> None:
@@ -478,3 +503,82 @@ def test_in_use_frees_only_gpus_no_listed_pod_still_holds() -> None:
     assert in_use(info) == {0, 1, 2, 3}
     assert in_use(info, frozenset({"ml/a"})) == {1, 2, 3}, "GPU 1 is shared with b, which runs"
     assert in_use(info, frozenset({"ml/a", "ml/b", "ml/x"})) == {3}
+
+
+def test_over_many_binds_what_the_sidecar_accounts_is_what_the_plugins_gave(live: Live) -> None:
+    """A seeded mix on HGX H100 and DGX-1: gangs of two, a single pod sent to the node holding a
+    member's reservation each time, pods ending. Every gang member gets exactly the GPUs the
+    sidecar predicted (reservations overlapped by a single pod were re-planned in time), every
+    mismatch is known, and after each round the sidecar's free GPUs are the plugins' own."""
+    import random
+
+    rng = random.Random(7)
+    plugins = {"n1": Plugin(live, "n1", "hgx-h100"), "n2": Plugin(live, "n2", "dgx1-v100")}
+    for p in plugins.values():
+        p.publish()
+    live.start()
+    running: list[tuple[dict, str]] = []
+    members_placed = members_matched = 0
+
+    def place(pod: dict, names: list[str]) -> str | None:
+        out = live.filter(pod, names)
+        if not out["NodeNames"]:
+            return None
+        node = out["NodeNames"][0]
+        assert live.bind(pod, node) == ""
+        key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        wait_until(lambda: live.state.snapshot().pods[key].node == node)
+        plugins[node].admit(pod)
+        running.append((pod, node))
+        return node
+
+    for r in range(8):
+        live.api.put(
+            "podgroups",
+            {"kind": "PodGroup", "metadata": {"namespace": "ml", "name": f"g{r}"}, "spec": {"minMember": 2}},
+        )
+        gang = [fk.pod("ml", f"g{r}-{i}", rng.choice([1, 2]), labels={GROUP: f"g{r}"}) for i in range(2)]
+        solo = fk.pod("ml", f"s{r}", 1)
+        for p in [*gang, solo]:
+            live.api.put("pods", p)
+        keys = {f"ml/{p['metadata']['name']}" for p in gang}
+        wait_until(lambda keys=keys: keys <= live.state.snapshot().pods.keys())
+        if place(gang[0], ["n1", "n2"]) is None:
+            continue
+        held = live.ext.reservations.get(f"ml/g{r}-1")
+        if held is not None:
+            place(solo, [held.node])  # kubelet will offer the plugin the reserved GPUs too
+        for member in gang:
+            key = f"ml/{member['metadata']['name']}"
+            if not live.state.snapshot().pods[key].node and place(member, ["n1", "n2"]) is None:
+                continue
+        for member in gang:
+            outcome = live.state.accounting.outcomes().get(f"ml/{member['metadata']['name']}")
+            if outcome is not None:
+                members_placed += 1
+                members_matched += outcome.matched
+        for _ in range(min(2, len(running))):  # pods end; the plugins re-publish only later
+            pod, node = running.pop(rng.randrange(len(running)))
+            pod["status"]["phase"] = "Succeeded"
+            live.api.put("pods", pod)
+            plugins[node].pods.pop(f"ml/{pod['metadata']['name']}")
+        for name, plugin in plugins.items():
+            truth = set(range(plugin.topology.n)) - {g for gs in plugin.pods.values() for g in gs}
+
+            def agrees(name: str = name, truth: set[int] = truth) -> bool:
+                with live.ext._lock:
+                    _, views = live.ext._current(live.clock[0])
+                return set(views[name].free) == truth
+
+            wait_until(agrees)  # freed on the pod events, before any re-publication
+        for plugin in plugins.values():
+            plugin.publish()
+    outcomes = live.state.accounting.outcomes()
+    matched = sum(o.matched for o in outcomes.values())
+    print(
+        f"predictions matched: {matched}/{len(outcomes)} pods placed; "
+        f"gang members {members_matched}/{members_placed}; "
+        f"reservations broken and re-planned: {live.metrics.broken_reservations._value.get():.0f}"
+    )
+    assert members_placed >= 8 and members_matched == members_placed, "members get what was planned"
+    assert len(outcomes) > members_placed, "the single pods were placed too"
