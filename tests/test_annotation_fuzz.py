@@ -294,3 +294,48 @@ def test_mutations_reach_deep_places() -> None:
     paths = _paths(valid_doc())
     assert ("gpus", 0, "uuid") in paths and ("pods", "ml/p", 0) in paths and ("links", 3) in paths
     assert MAX_GPUS == 16 and copy.deepcopy(valid_doc()) == valid_doc()
+
+
+# ---------------------------------------------------------------------- the sidecar's per-node steps
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated(), st.integers(0, 20))
+def test_a_mutated_annotation_never_breaks_the_sidecars_per_node_steps(
+    text: str | bytes, allocatable: int
+) -> None:
+    """Read the Node (decode + allocatable check), build its view, score and plan beside a
+    healthy node: whatever the annotation holds, nothing raises and the healthy node is planned."""
+    from kubernetes import client
+
+    from gputopo.gang import GangSpec, Member, node_scores, plan_gang
+    from scheduler.kube import KubeState
+    from scheduler.model import Snapshot
+    from scheduler.views import ViewBuilder
+    from tests import fake_apiserver as fk
+
+    value = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+    state = KubeState(client.ApiClient(), clock=lambda: NOW)
+    bad = state._node_info(fk.node("node-a", gpus=allocatable, annotations={"gputopo.io/topology": value}))
+    good = state._node_info(
+        fk.node(
+            "good",
+            annotations={
+                "gputopo.io/topology": encode(
+                    make("good", load_preset("dgx-a100"), generated_at=NOW, plugin_version="x")
+                )
+            },
+        )
+    )
+    assert good.topology is not None and bad.name == "node-a"
+    if bad.topology is not None:
+        assert len(bad.topology.healthy) <= allocatable
+    views = ViewBuilder().build(Snapshot({"node-a": bad, "good": good}, {}, {}), {}, 0, {}, 0)
+    scores = node_scores(2, list(views.values()))
+    assert scores["good"] >= 1
+    plan = plan_gang(
+        GangSpec("ml/g", (Member("ml/a", 8), Member("ml/b", 8))),
+        list(views.values()),
+        ("kubernetes.io/hostname",),
+    )
+    assert plan is not None
