@@ -455,7 +455,8 @@ class KubeState:
     def _group(self, obj: dict[str, Any]) -> tuple[str, int | None]:
         meta = obj.get("metadata") or {}
         key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-        raw = (obj.get("spec") or {}).get("minMember")
+        spec = obj.get("spec")
+        raw = spec.get("minMember") if isinstance(spec, dict) else None  # one odd object: that one only
         ok = isinstance(raw, int) and not isinstance(raw, bool) and raw > 0
         return key, raw if ok else None
 

@@ -251,6 +251,20 @@ def test_an_event_whose_handler_fails_is_dropped_not_replayed(live: Live, caplog
     assert [r.getMessage() for r in caplog.records].count("event_dropped") == 1
 
 
+def test_a_podgroup_with_a_malformed_spec_costs_only_that_group(live: Live) -> None:
+    """Listed at start (a failing list would relist for ever and the sidecar never be ready)."""
+    live.api.put(
+        "podgroups", {"kind": "PodGroup", "metadata": {"namespace": "ml", "name": "odd"}, "spec": "junk"}
+    )
+    live.api.put(
+        "podgroups",
+        {"kind": "PodGroup", "metadata": {"namespace": "ml", "name": "g"}, "spec": {"minMember": 2}},
+    )
+    live.start()
+    assert live.state.snapshot().min_members == {"ml/g": 2}
+    assert live.state.reflectors[2].lists == 1
+
+
 # ---------------------------------------------------------------------- item 3: allocatable
 
 
