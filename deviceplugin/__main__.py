@@ -91,7 +91,8 @@ def _publication(config: PluginConfig) -> NodePublication | None:
         from deviceplugin.publisher import for_cluster
 
         pods = PodResourcesClient(config.pod_resources_socket, config.resource_name)
-        publisher = for_cluster(config.node_name, pods.in_use, kubeconfig=config.kubeconfig)
+        # per pod, so the sidecar can free a pod's GPUs as soon as it sees the pod end
+        publisher = for_cluster(config.node_name, pods.assignments, kubeconfig=config.kubeconfig)
     except Exception as e:
         reason = f"no API server configuration: {type(e).__name__}: {e}"
         if config.publish == "true":

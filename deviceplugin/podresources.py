@@ -33,6 +33,18 @@ def devices_in(reply: api_pb2.ListPodResourcesResponse, resource: str) -> frozen
     return frozenset(out)
 
 
+def devices_by_pod(reply: api_pb2.ListPodResourcesResponse, resource: str) -> dict[str, frozenset[str]]:
+    """Device IDs of `resource` per pod ("namespace/name"), pods holding none left out: what
+    the annotation's pod map is made of, so the sidecar can free a pod's GPUs when it ends."""
+    out: dict[str, set[str]] = {}
+    for pod in reply.pod_resources:
+        for container in pod.containers:
+            for dev in container.devices:
+                if dev.resource_name == resource and dev.device_ids:
+                    out.setdefault(f"{pod.namespace}/{pod.name}", set()).update(dev.device_ids)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
 class PodResourcesClient:
     """A `List` client on kubelet's pod-resources unix socket; one channel, reused."""
 
@@ -53,6 +65,13 @@ class PodResourcesClient:
 
     def in_use(self) -> frozenset[str]:
         """The device IDs of our resource that kubelet has assigned to containers."""
+        return devices_in(self._list(), self.resource)
+
+    def assignments(self) -> dict[str, frozenset[str]]:
+        """The device IDs of our resource per pod ("namespace/name")."""
+        return devices_by_pod(self._list(), self.resource)
+
+    def _list(self) -> api_pb2.ListPodResourcesResponse:
         try:
             reply = self._stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout_s)
         except grpc.RpcError as e:
@@ -60,7 +79,7 @@ class PodResourcesClient:
             name = code.name if code is not None else "UNKNOWN"
             details = e.details() if hasattr(e, "details") else str(e)
             raise PodResourcesError(f"PodResources List on {self.socket_path}: {name}: {details}") from None
-        return devices_in(reply, self.resource)
+        return reply
 
     def close(self) -> None:
         self._channel.close()

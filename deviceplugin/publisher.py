@@ -18,14 +18,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from deviceplugin import defaults
 from deviceplugin.podresources import PodResourcesError, ids_to_uuids
 from deviceplugin.state import Snapshot
 from gputopo import __version__, jsonlog
-from gputopo.annotation import encode, make
+from gputopo.annotation import MAX_POD_KEY_CHARS, MAX_PODS, encode, make
 
 log = logging.getLogger("deviceplugin.publisher")
 
@@ -57,7 +57,7 @@ class Publisher:
         self,
         node_name: str,
         api: NodePatcher,
-        in_use: Callable[[], frozenset[str]],
+        in_use: Callable[[], frozenset[str] | Mapping[str, frozenset[str]]],
         *,
         annotation_key: str = defaults.TOPOLOGY_ANNOTATION,
         plugin_version: str = __version__,
@@ -88,6 +88,7 @@ class Publisher:
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._in_use: frozenset[str] | None = None
+        self._pods: dict[str, frozenset[str]] | None = None  # pod -> GPU UUIDs, when known
         self._published: tuple | None = None
         self._patched_at = -float("inf")
         self._retry_at = -float("inf")
@@ -168,7 +169,7 @@ class Publisher:
             return self._retry_at - now
         confirmed = True  # kubelet told us the GPUs in use just now
         try:
-            self._in_use = ids_to_uuids(self.in_use())
+            self._in_use, self._pods = _split(self.in_use())
         except PodResourcesError as e:
             confirmed = False
             jsonlog.event(
@@ -181,7 +182,7 @@ class Publisher:
             )
             if self._in_use is None:
                 return self._fail(now)
-        content = self._content(snap, self._in_use or frozenset())
+        content = self._content(snap, self._in_use or frozenset(), self._pods)
         changed = content != self._published
         if not changed and now - self._patched_at < self.heartbeat_s:
             return min(self.resync_s, self._patched_at + self.heartbeat_s - now)
@@ -191,7 +192,7 @@ class Publisher:
             return self.resync_s
         if now - self._patched_at < self.min_interval_s:
             return self._patched_at + self.min_interval_s - now  # coalesce: the newest wins later
-        _, unhealthy, allocated = content
+        _, unhealthy, allocated, pods = content
         text = encode(
             make(
                 self.node_name,
@@ -201,6 +202,7 @@ class Publisher:
                 unhealthy=unhealthy,
                 allocated=allocated,
                 policy=snap.allocator.name,
+                pods=pods,
             )
         )
         body = {"metadata": {"annotations": {self.annotation_key: text}}}
@@ -246,7 +248,9 @@ class Publisher:
         self._delay = min(delay * 2, self.backoff_s[1])
         return delay
 
-    def _content(self, snap: Snapshot, in_use: frozenset[str]) -> tuple:
+    def _content(
+        self, snap: Snapshot, in_use: frozenset[str], pods: dict[str, frozenset[str]] | None
+    ) -> tuple:
         """What the annotation says, minus its timestamp: the thing compared for 'changed'."""
         topo = snap.topology
         unhealthy = tuple(g.index for g in topo.gpus if not snap.healthy(g.uuid))
@@ -262,6 +266,13 @@ class Publisher:
                 reason="kubelet reports devices this plugin does not have; ignored",
             )
         allocated = tuple(sorted(by_uuid[u] for u in in_use if u in by_uuid))
+        pod_map = None
+        if pods is not None and len(pods) <= MAX_PODS:
+            pod_map = {
+                k: tuple(sorted(by_uuid[u] for u in ids if u in by_uuid))
+                for k, ids in pods.items()
+                if len(k) <= MAX_POD_KEY_CHARS and any(u in by_uuid for u in ids)
+            }
         text = encode(
             make(
                 self.node_name,
@@ -271,14 +282,26 @@ class Publisher:
                 unhealthy=unhealthy,
                 allocated=allocated,
                 policy=snap.allocator.name,
+                pods=pod_map,
             )
         )
-        return (text, unhealthy, allocated)
+        return (text, unhealthy, allocated, pod_map)
+
+
+def _split(
+    raw: frozenset[str] | Mapping[str, frozenset[str]],
+) -> tuple[frozenset[str], dict[str, frozenset[str]] | None]:
+    """In-use GPU UUIDs, and per pod when the reader gives pods (PodResourcesClient.assignments);
+    a plain set (the older reader) publishes no pod map."""
+    if isinstance(raw, Mapping):
+        pods = {k: ids_to_uuids(v) for k, v in raw.items()}
+        return frozenset().union(*pods.values()), pods
+    return ids_to_uuids(raw), None
 
 
 def for_cluster(
     node_name: str,
-    in_use: Callable[[], frozenset[str]],
+    in_use: Callable[[], frozenset[str] | Mapping[str, frozenset[str]]],
     kubeconfig: str | None = None,
     **kwargs: Any,
 ) -> Publisher:

@@ -23,7 +23,10 @@ DEFAULT_PCIE_GBPS: Mapping[str, float] = MappingProxyType(
 #: Default GB/s of one NVLink, one direction (V100 NVLink2; A100/H100 links are also 25 GB/s).
 DEFAULT_NVLINK_GBPS_PER_LINK = 25.0
 
-_NV_RE = re.compile(r"^NV(\d+)$")
+_NV_RE = re.compile(r"^NV(\d{1,6})$")
+#: Most bonded NVLinks one GPU pair may claim (H100/B200 have 18 per GPU; 64 leaves room).
+#: Bounded so that counts x GB/s stay far inside the int64 sums of the allocator.
+MAX_NVLINKS = 64
 _ALIASES = {"SOC": "SYS"}
 
 
@@ -51,13 +54,15 @@ class Link:
 
 def parse_code(code: str) -> Link:
     """Parse one matrix cell (`NV12`, `PIX`, `SOC`, …) into a Link. `X` is not a link."""
+    if len(code) > 16:  # the longest real code is 4 characters: refuse before any parsing
+        raise LinkError(f"link code too long ({len(code)} characters)")
     text = code.strip().upper()
     text = _ALIASES.get(text, text)
     m = _NV_RE.match(text)
     if m:
         count = int(m.group(1))
-        if count <= 0:
-            raise LinkError(f"NVLink count must be positive in {code!r}")
+        if not 0 < count <= MAX_NVLINKS:
+            raise LinkError(f"NVLink count must be 1..{MAX_NVLINKS} in {code!r}")
         return Link(nvlinks=count)
     if text in PCIE_LEVELS:
         return Link(pcie=text)

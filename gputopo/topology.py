@@ -140,7 +140,7 @@ class Topology:
                 nvlink_gbps_per_link=float(data.get("nvlink_gbps_per_link", 25.0)),
                 pcie_gbps=dict(data.get("pcie_gbps") or {}),
             )
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError) as e:  # float(10**400) overflows
             raise TopologyError(f"bandwidth settings: {e}") from None
         nvswitch = data.get("nvswitch", False)
         if not isinstance(nvswitch, bool):

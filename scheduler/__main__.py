@@ -25,6 +25,7 @@ from gputopo.network import LevelError, validate_levels
 from gputopo.numerals import ascii_uint
 from scheduler import defaults
 from scheduler.extender import Extender
+from scheduler.metrics import Metrics
 from scheduler.server import Server
 from scheduler.state import ClusterState, from_cluster
 
@@ -93,7 +94,7 @@ def _fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
-def _live_state(kubeconfig: str | None, max_age: float) -> ClusterState:
+def _live_state(kubeconfig: str | None, max_age: float, metrics: Metrics) -> ClusterState:
     from gputopo_kube import KubeConfigError, api_client
     from scheduler.kube import KubeState
 
@@ -101,7 +102,7 @@ def _live_state(kubeconfig: str | None, max_age: float) -> ClusterState:
         client = api_client(kubeconfig)
     except KubeConfigError as e:
         _fail(f"cannot load Kubernetes configuration: {e}")
-    state = KubeState(client, clock=time.time, max_age_s=max_age)
+    state = KubeState(client, clock=time.time, max_age_s=max_age, metrics=metrics)
     state.start()
     return state
 
@@ -118,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except LevelError as e:
             _fail(str(e))
     state: ClusterState
+    metrics = Metrics()  # one registry: the watch's per-node counters beside the extender's
     if args.cluster:
         try:
             snapshot = load_cluster(args.cluster)
@@ -127,8 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         levels = levels or snapshot.levels
         state = file_state
     else:
-        state = _live_state(args.kubeconfig, args.annotation_max_age)
-    extender = Extender(state, levels or defaults.DEFAULT_LEVELS, clock=time.time, ttl_s=args.reservation_ttl)
+        state = _live_state(args.kubeconfig, args.annotation_max_age, metrics)
+    extender = Extender(
+        state, levels or defaults.DEFAULT_LEVELS, clock=time.time, ttl_s=args.reservation_ttl, metrics=metrics
+    )
     host, port = args.listen
     try:
         server = Server(extender, host, port)

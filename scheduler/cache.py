@@ -18,7 +18,8 @@ from gputopo.gang import NodeView
 from gputopo.network import NetworkIndex
 from gputopo.reservations import Assumed, Reservation
 from scheduler.model import PodInfo, Snapshot
-from scheduler.views import ViewBuilder
+from scheduler.nodeguard import NodeGuard
+from scheduler.views import ViewBuilder, in_use
 
 log = logging.getLogger("gputopo.scheduler")
 
@@ -29,11 +30,11 @@ ASSUMED_TTL_S = 600.0
 class ClusterCache:
     """Derived state of the current snapshot. Not thread-safe: the extender's lock guards it."""
 
-    def __init__(self, levels: Sequence[str]) -> None:
+    def __init__(self, levels: Sequence[str], guard: NodeGuard | None = None) -> None:
         self.levels = tuple(levels)
         self.assumed: dict[str, Assumed] = {}
         self.assumed_version = 0
-        self._views = ViewBuilder()
+        self._views = ViewBuilder(guard)
         self._warned: dict[str, str] = {}
         self._warned_for: object = None
         self._gang_index: tuple[object, dict[str, list[PodInfo]]] | None = None
@@ -67,9 +68,10 @@ class ClusterCache:
         return pod.node or (a.node if a is not None else "")
 
     def in_use(self, snap: Snapshot, node: str) -> set[int]:
-        """GPUs of `node` that a pod holds: the published in-use set and our assumed binds."""
+        """GPUs of `node` that a pod holds: the published in-use set (less the GPUs of pods the
+        watch saw end since, `views.in_use`) and our assumed binds."""
         info = snap.nodes.get(node)
-        used = set(info.topology.allocated) if info is not None and info.topology is not None else set()
+        used = set(in_use(info, snap.ended.get(node, frozenset()))) if info is not None else set()
         for a in self.assumed.values():
             if a.node == node:
                 used.update(a.gpus)
@@ -85,6 +87,10 @@ class ClusterCache:
             self._warned_for = snap.nodes
             self._warn_unknown(snap)
         return self._views.build(snap, self.assumed, self.assumed_version, reservations, version)
+
+    def predict(self, node: str, size: int, view: NodeView | None) -> tuple[int, ...] | None:
+        """The GPUs the node's plugin will give a pod of `size` bound now (`ViewBuilder.predict`)."""
+        return self._views.predict(node, size, view)
 
     def network(self, snap: Snapshot) -> NetworkIndex:
         if self._index is None or self._index_key != snap.version:

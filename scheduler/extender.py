@@ -25,6 +25,7 @@ from scheduler import defaults
 from scheduler.cache import ClusterCache
 from scheduler.metrics import Metrics
 from scheduler.model import BadInput, PodInfo, Snapshot
+from scheduler.nodeguard import NodeGuard
 from scheduler.state import BindError, ClusterState
 
 log = logging.getLogger("gputopo.scheduler")
@@ -59,7 +60,7 @@ class Extender:
         self.metrics = metrics or Metrics()
         self.ttl_s = ttl_s
         self.gangs = GangTracker(self.levels, ttl_s=ttl_s, backoff_s=backoff_s)
-        self.cache = ClusterCache(self.levels)
+        self.cache = ClusterCache(self.levels, NodeGuard(self.metrics))
         self._lock = threading.Lock()
         self._binding: set[str] = set()  # pods whose API call of a bind is in flight
         self._swept: object = None  # (snapshot version, assumed version) last swept
@@ -107,6 +108,7 @@ class Extender:
             )
         views = self._views(snap)
         for gang in taken:
+            self.metrics.broken_reservations.inc()
             self._replan(gang, snap, views, now, "gpus_taken")
         if taken:
             views = self._views(snap)
@@ -244,6 +246,10 @@ class Extender:
             except Refused as e:
                 raise self._refused(key, node, str(e)) from None
             gpus = r.gpus if r is not None else self._pick(views.get(node), pod.gpus, node)
+            # kubelet offers the plugin every free GPU, reserved ones included: predict what it
+            # will pick, so the accounting matches the node; a reservation that prediction takes
+            # is broken by the next sweep and its gang re-planned (GangTracker.sweep)
+            gpus = self.cache.predict(node, pod.gpus, views.get(node)) or gpus
             self.cache.assume(Assumed(key, node, gpus, pod.gpus, now, pod.uid))
             self._binding.add(key)
         try:

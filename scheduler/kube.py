@@ -24,7 +24,10 @@ from gputopo import jsonlog
 from gputopo.allocator import MAX_GPUS
 from gputopo.annotation import AnnotationError, decode
 from scheduler import defaults
+from scheduler.accounting import PodAccounting, record_prediction
+from scheduler.metrics import Metrics
 from scheduler.model import BadInput, NodeInfo, PodInfo, Snapshot, node_gpu_capacity, parse_pod
+from scheduler.nodeguard import NodeGuard, describe
 from scheduler.reflector import Reflector, raw_json
 from scheduler.state import BindError
 
@@ -50,6 +53,8 @@ class KubeState:
         watch_timeout_s: int = 300,
         backoff_s: tuple[float, float] = (0.5, 30.0),
         bind_timeout_s: float = 30.0,
+        metrics: Metrics | None = None,
+        event_timeout_s: float = 5.0,
     ) -> None:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
@@ -59,6 +64,11 @@ class KubeState:
         self.max_age_s = max_age_s
         # A binding call that hangs would hold the pod "in progress" for ever: bound it.
         self.bind_timeout_s = bind_timeout_s
+        # The prediction's Event is best effort: a slow API call must not delay the bind for long.
+        self.event_timeout_s = event_timeout_s
+        self.metrics = metrics
+        self.guard = NodeGuard(metrics)
+        self.accounting = PodAccounting(metrics)
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeInfo] = {}
         self._pods: dict[str, PodInfo] = {}
@@ -71,6 +81,8 @@ class KubeState:
         self._pod_gpus: dict[str, int] = {}
         self._snap_parts: tuple[dict[str, NodeInfo], dict[str, PodInfo], dict[str, int]] | None = None
         self._nodes_dirty = self._pods_dirty = self._groups_dirty = True
+        self._ended: tuple[int, dict[str, frozenset[str]]] | None = None  # (accounting version, map)
+        self._snap_ended: dict[str, frozenset[str]] | None = None
         self._stop = threading.Event()
         self._listed: set[str] = set()
         self._threads: list[threading.Thread] = []
@@ -157,6 +169,30 @@ class KubeState:
     # ------------------------------------------------------------------ nodes
 
     def _node_info(self, obj: dict[str, Any]) -> NodeInfo:
+        """The node as the sidecar sees it; never raises: whatever fails makes this one node
+        "unknown topology" (counted and logged once by the guard), never the watch or others."""
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        name = name if isinstance(name, str) else ""
+        try:
+            info = self._node_info_unguarded(obj)
+        except Exception as e:
+            reason = f"node could not be read: {describe(e)}"
+            self.guard.rejected(name, "node", reason, error=True)
+            raw_labels = meta.get("labels") if isinstance(meta, dict) else None
+            labels = raw_labels if isinstance(raw_labels, dict) else {}
+            labels = {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}
+            try:
+                capacity = node_gpu_capacity(obj, self.resource)
+            except Exception:
+                capacity = 0
+            return NodeInfo(name, labels, capacity, None, reason)
+        if info.topology is None and info.topology_problem:
+            stage = "allocatable" if "allocatable" in info.topology_problem else "annotation"
+            self.guard.rejected(name, stage, info.topology_problem, quiet=True)  # extender logs it
+        return info
+
+    def _node_info_unguarded(self, obj: dict[str, Any]) -> NodeInfo:
         meta = obj.get("metadata") or {}
         name = meta.get("name", "")
         labels = {k: v for k, v in (meta.get("labels") or {}).items() if isinstance(v, str)}
@@ -170,6 +206,11 @@ class KubeState:
                 raise AnnotationError(
                     f"{topo.topology.n} GPUs, more than the {MAX_GPUS} the allocator handles"
                 )
+            if len(topo.healthy) > capacity:  # kubelet gives at most allocatable: trust it
+                raise AnnotationError(
+                    f"annotation describes {len(topo.healthy)} healthy GPUs but the Node's allocatable "
+                    f"{self.resource} is {capacity}"
+                )
             return NodeInfo(name, labels, capacity, topo)
         except AnnotationError as e:
             return NodeInfo(name, labels, capacity, None, str(e))
@@ -178,37 +219,63 @@ class KubeState:
         infos = [self._node_info(o) for o in items]
         with self._lock:
             self._nodes = {i.name: i for i in infos if i.name}
+            for info in infos:
+                self.accounting.check_node(info)
             self._changed("nodes")
 
     def _apply_node(self, kind: str, obj: dict[str, Any]) -> None:
         info = self._node_info(obj)
+        if not info.name:
+            return
         with self._lock:
             if kind == "DELETED":
                 self._nodes.pop(info.name, None)
             else:
                 self._nodes[info.name] = info
+                self.accounting.check_node(info)
             self._changed("nodes")
 
     # ------------------------------------------------------------------ pods
 
-    def _pod(self, obj: dict[str, Any]) -> PodInfo | None:
+    @staticmethod
+    def _relevant(pod: PodInfo | None) -> PodInfo | None:
+        """The pods the planner needs: active ones with GPUs or in a gang."""
+        if pod is None:
+            return None
+        return pod if (pod.gpus > 0 or pod.gang is not None) and pod.active else None
+
+    def _parsed(self, obj: dict[str, Any]) -> PodInfo | None:
+        """The pod, active or not (None when unreadable, logged)."""
         try:
             pod = parse_pod(obj, self.resource)
-        except BadInput as e:
+        except Exception as e:  # BadInput, or anything nobody foresaw: this pod only
             meta = obj.get("metadata") or {}
             jsonlog.event(
                 log,
                 "pod_ignored",
                 logging.WARNING,
                 pod=f"{meta.get('namespace')}/{meta.get('name')}",
-                reason=str(e),
+                reason=str(e) if isinstance(e, BadInput) else describe(e),
             )
             return None
-        return pod if (pod.gpus > 0 or pod.gang is not None) and pod.active else None
+        return pod
+
+    def _account(self, parsed: PodInfo | None, old: PodInfo | None, gone: bool) -> None:
+        """Ended pods free their GPUs; predictions are learned (scheduler/accounting.py)."""
+        parsed = None if gone else parsed
+        self.accounting.observe_pod(parsed, self._relevant(parsed), old, self.clock())
 
     def _replace_pods(self, items: list[dict[str, Any]]) -> None:
-        pods = [p for p in (self._pod(o) for o in items) if p is not None]
+        parsed = [self._parsed(o) for o in items]
+        pods = [p for p in (self._relevant(q) for q in parsed) if p is not None]
         with self._lock:
+            fresh = {p.key for p in pods}
+            for key, old in self._pods.items():
+                if key not in fresh:  # ended or deleted while no watch was open
+                    self._account(None, old, True)
+            for q in parsed:
+                if q is not None:
+                    self._account(q, self._pods.get(q.key), False)
             self._pods = {p.key: p for p in pods}
             self._pod_gpus = {}
             for p in pods:
@@ -218,8 +285,10 @@ class KubeState:
     def _apply_pod(self, kind: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-        pod = None if kind == "DELETED" else self._pod(obj)
+        parsed = None if kind == "DELETED" else self._parsed(obj)
+        pod = self._relevant(parsed)
         with self._lock:
+            self._account(parsed, self._pods.get(key), kind == "DELETED")
             self._count(self._pods.get(key), -1)
             if pod is None:
                 self._pods.pop(key, None)
@@ -243,7 +312,8 @@ class KubeState:
     def _group(self, obj: dict[str, Any]) -> tuple[str, int | None]:
         meta = obj.get("metadata") or {}
         key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-        raw = (obj.get("spec") or {}).get("minMember")
+        spec = obj.get("spec")
+        raw = spec.get("minMember") if isinstance(spec, dict) else None  # one odd object: that one only
         ok = isinstance(raw, int) and not isinstance(raw, bool) and raw > 0
         return key, raw if ok else None
 
@@ -297,19 +367,29 @@ class KubeState:
                 pod_gpus = dict(self._pod_gpus)
             else:
                 pods, pod_gpus = prev[1], prev[2]
+            self.accounting.prune(self._nodes, now)
+            if self._ended is None or self._ended[0] != self.accounting.version:
+                self._ended = (self.accounting.version, self.accounting.ended_by_node())
             changed = prev is None or nodes is not prev[0] or pods is not prev[1] or self._groups_dirty
+            changed = changed or self._ended[1] is not self._snap_ended
             if changed:
                 self._version += 1
             self._nodes_dirty = self._pods_dirty = self._groups_dirty = False
             self._stale = stale
             self._snap_parts = (nodes, pods, pod_gpus)
-            self._snap = Snapshot(nodes, pods, dict(self._min), self._version, pod_gpus)
+            self._snap_ended = self._ended[1]
+            self._snap = Snapshot(nodes, pods, dict(self._min), self._version, pod_gpus, self._snap_ended)
             self._snap_at = now
             return self._snap
 
     # ------------------------------------------------------------------ bind
 
     def bind(self, pod: PodInfo, node: str, gpus: Iterable[int]) -> None:
+        gpus = tuple(gpus)
+        if gpus:
+            with self._lock:
+                self.accounting.predict(pod.key, node, gpus, self.clock())
+            record_prediction(self.core, pod, node, gpus, self.clock(), self.event_timeout_s)
         body = client.V1Binding(
             metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace, uid=pod.uid or None),
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),

@@ -33,3 +33,21 @@ class Metrics:
             "gputopo_reservations_active", "Gang member reservations currently held", registry=self.registry
         )
         self.binds = Counter("gputopo_binds", "Binds by result", ["result"], registry=self.registry)
+        # One bad node costs only itself: each rejection is counted by the step that refused it.
+        self.node_rejections = Counter(
+            "gputopo_node_topology_rejected",
+            "Nodes whose topology was refused, by step (annotation, allocatable, node, view), once per node and reason",
+            ["stage"],
+            registry=self.registry,
+        )
+        self.predictions = Counter(
+            "gputopo_gpu_predictions",
+            "Binds whose predicted GPUs were compared with what the node's plugin reported, by result",
+            ["result"],
+            registry=self.registry,
+        )
+        self.broken_reservations = Counter(
+            "gputopo_reservations_broken",
+            "Reservations broken because their GPUs were no longer free on the node",
+            registry=self.registry,
+        )

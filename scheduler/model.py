@@ -71,6 +71,8 @@ class Snapshot:
     min_members: Mapping[str, int]  # PodGroup objects: "ns/name" -> minMember
     version: int = 0  # changes whenever anything above changes
     pod_gpus: Mapping[str, int] = field(default_factory=dict)  # node -> GPUs its bound, active pods hold
+    #: node -> pods seen ending there whose GPUs its annotation still lists: those count as free
+    ended: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 def _obj(value: Any, where: str) -> Mapping[str, Any]:

@@ -18,6 +18,7 @@ from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
 from gputopo import jsonlog
+from scheduler.nodeguard import describe
 
 log = logging.getLogger("gputopo.scheduler.kube")
 
@@ -148,8 +149,18 @@ class Reflector:
                 w.stop()
                 return
             obj = event.get("raw_object") or {}
-            rv = (obj.get("metadata") or {}).get("resourceVersion")
+            rv = (obj.get("metadata") or {}).get("resourceVersion") if isinstance(obj, dict) else None
             if event.get("type") != "BOOKMARK":
-                self.apply(event.get("type", ""), obj)
+                try:
+                    self.apply(event.get("type", ""), obj)
+                except Exception as e:  # one object must never make the watch replay it for ever
+                    jsonlog.event(
+                        log,
+                        "event_dropped",
+                        logging.ERROR,
+                        kind=self.kind,
+                        resource_version=rv,
+                        reason=describe(e),
+                    )
             if rv:
                 self.resource_version = rv

@@ -14,12 +14,14 @@ predicted with that choice; one policy object per (policy, topology) serves ever
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from gputopo.allocator import AllocationError
 from gputopo.gang import NodeView
 from gputopo.policy import GpuPolicy, PolicyPool
 from gputopo.reservations import Assumed, Reservation
 from scheduler.model import NodeInfo, Snapshot
+from scheduler.nodeguard import NodeGuard, describe
 
 __all__ = ["Assumed", "ViewBuilder", "node_view"]
 
@@ -44,31 +46,86 @@ def node_view(
     assumed: Iterable[Assumed],
     reserved: Iterable[Reservation],
     bound: frozenset[str] | set[str] = frozenset(),
+    ended: frozenset[str] = frozenset(),
 ) -> NodeView:
     """The free GPUs of one node; `pod_gpus` is what pods bound to it (per the watch) hold, and
-    `bound` names those pods, so an assumed bind the watch already shows is not counted twice."""
+    `bound` names those pods, so an assumed bind the watch already shows is not counted twice;
+    `ended` names pods the watch saw end here, whose GPUs the annotation's pod map still lists."""
     topo = info.topology
     assumed = list(assumed)
-    unseen = sum(a.count for a in assumed if a.pod not in bound)
     if topo is None:
+        unseen = sum(a.count for a in assumed if a.pod not in bound)
         used = pod_gpus + unseen + sum(r.count for r in reserved)
         free_count = max(0, info.gpu_capacity - used)
         return NodeView(info.name, info.labels, info.gpu_capacity, frozenset(range(free_count)), None)
-    free = set(topo.free)
+    free = _unreserved(alloc, offered(info, alloc, pod_gpus, assumed, bound, ended), reserved)
+    return NodeView(info.name, info.labels, topo.topology.n, frozenset(free), alloc)
+
+
+def _unreserved(alloc: GpuPolicy | None, offer: set[int], reserved: Iterable[Reservation]) -> set[int]:
+    """What stays free of `offer` once reservations hold theirs."""
+    free = set(offer)
+    for r in reserved:
+        if r.gpus:
+            free -= set(r.gpus)
+        else:
+            free -= _take(alloc, free, r.count)
+    return free
+
+
+def offered(
+    info: NodeInfo,
+    alloc: GpuPolicy | None,
+    pod_gpus: int,
+    assumed: Iterable[Assumed],
+    bound: frozenset[str] | set[str] = frozenset(),
+    ended: frozenset[str] = frozenset(),
+) -> set[int]:
+    """The GPUs kubelet would offer the node's plugin now: healthy and not in use (per the
+    annotation, less pods seen ending, plus our binds it does not show yet and what bound pods
+    hold beyond it). Reserved GPUs are in it: kubelet knows nothing of reservations, so this is
+    the set the plugin's GetPreferredAllocation picks from. Empty for unknown topology."""
+    topo = info.topology
+    if topo is None:
+        return set()
+    assumed = list(assumed)
+    unseen = sum(a.count for a in assumed if a.pod not in bound)
+    allocated = in_use(info, ended)
+    free = set(topo.healthy - allocated)
     if info.pods_know_allocations:
-        lag = pod_gpus + unseen - len(topo.allocated)
+        lag = pod_gpus + unseen - len(allocated)
         for a in assumed:
             if a.at >= topo.generated_at:
                 hit = free.intersection(a.gpus)
                 free -= hit
                 lag -= len(hit)
         free -= _take(alloc, free, lag)
+    return free
+
+
+def in_use(info: NodeInfo, ended: frozenset[str] = frozenset()) -> frozenset[int]:
+    """The GPUs the node's annotation reports in use, less those of pods seen ending since."""
+    topo = info.topology
+    if topo is None:
+        return frozenset()
+    if not ended or topo.pods is None:
+        return topo.allocated
+    freed = set().union(*(topo.pods[p] for p in ended if p in topo.pods))
+    if freed:  # a GPU another listed pod still holds (shared, or a corrupt map) stays in use
+        freed -= set().union(*(g for p, g in topo.pods.items() if p not in ended))
+    return topo.allocated - freed
+
+
+def broken_reservations(info: NodeInfo, reserved: Iterable[Reservation], free: set[int]) -> dict[str, str]:
+    """Reservations of this node whose GPUs are no longer among those kubelet would offer
+    (`offered`): a pod got them — kubelet offers the plugin reserved GPUs too — or they turned
+    unhealthy. Reservation's pod -> reason; the gang holding one must re-plan its unbound members."""
+    out = {}
     for r in reserved:
-        if r.gpus:
-            free -= set(r.gpus)
-        else:
-            free -= _take(alloc, free, r.count)
-    return NodeView(info.name, info.labels, topo.topology.n, frozenset(free), alloc)
+        lost = set(r.gpus) - free
+        if lost:
+            out[r.pod] = f"reserved GPUs {sorted(lost)} of {info.name} are no longer free"
+    return out
 
 
 class ViewBuilder:
@@ -77,12 +134,19 @@ class ViewBuilder:
     At 5,000 nodes a full rebuild costs more than a filter call may take, while a typical change
     (a pod asked about, a bind, one node's annotation) touches one node or none."""
 
-    def __init__(self) -> None:
-        self.policies = PolicyPool()
+    def __init__(self, guard: NodeGuard | None = None) -> None:
+        self.policies = PolicyPool()  # each node's chooser: the policy its plugin publishes
         self.allocators = self.policies.allocators
+        self.guard = guard or NodeGuard()
         self._whole: tuple | None = None
         self._views: dict[str, NodeView] = {}
         self._inputs: dict[str, tuple] = {}
+        self._broken: dict[str, dict[str, str]] = {}
+        #: node -> the GPUs kubelet would offer its plugin now (see `offered`), for prediction
+        self.offered: dict[str, frozenset[int]] = {}
+        #: reservation pod -> reason, for reservations whose GPUs are no longer free (see
+        #: broken_reservations); recomputed with the views
+        self.conflicts: dict[str, str] = {}
 
     def build(
         self,
@@ -93,7 +157,7 @@ class ViewBuilder:
         reservations_version: int,
     ) -> dict[str, NodeView]:
         bound = frozenset(k for k in assumed if (p := snap.pods.get(k)) is not None and p.node)
-        whole = (snap.nodes, snap.pod_gpus, assumed_version, reservations_version, bound)
+        whole = (snap.nodes, snap.pod_gpus, assumed_version, reservations_version, bound, snap.ended)
         last = self._whole
         if last is not None and last[0] is whole[0] and last[1] is whole[1] and last[2:] == whole[2:]:
             return self._views
@@ -103,7 +167,9 @@ class ViewBuilder:
         views: dict[str, NodeView] = {}
         inputs: dict[str, tuple] = {}
         pod_gpus = snap.pod_gpus
-        old_inputs, old_views = self._inputs, self._views
+        broken: dict[str, dict[str, str]] = {}
+        offers: dict[str, frozenset[int]] = {}
+        old_inputs, old_views, old_broken, old_offers = self._inputs, self._views, self._broken, self.offered
         for name, info in snap.nodes.items():
             mine = assumed_by_node.get(name)
             held = reservations_by_node.get(name)
@@ -113,14 +179,61 @@ class ViewBuilder:
                 tuple(mine) if mine else (),
                 tuple(held) if held else (),
                 bound if mine else frozenset(),
+                snap.ended.get(name, frozenset()),
             )
             old = old_inputs.get(name)
             if old is not None and old[0] is info and old[1:] == key[1:]:
                 views[name] = old_views[name]
+                if name in old_broken:
+                    broken[name] = old_broken[name]
+                if name in old_offers:
+                    offers[name] = old_offers[name]
             else:
-                topo = info.topology
-                alloc = self.policies.get(topo.policy, topo.topology) if topo is not None else None
-                views[name] = node_view(info, alloc, key[1], key[2], key[3], bound)
+                views[name], conflicts, offer = self._node(info, key, bound)
+                if conflicts:
+                    broken[name] = conflicts
+                if offer:
+                    offers[name] = offer
             inputs[name] = key
-        self._whole, self._views, self._inputs = whole, views, inputs
+        self._whole, self._views, self._inputs, self._broken = whole, views, inputs, broken
+        self.offered = offers
+        self.conflicts = {pod: why for per_node in broken.values() for pod, why in per_node.items()}
         return views
+
+    def _node(
+        self, info: NodeInfo, key: tuple, bound: frozenset[str]
+    ) -> tuple[NodeView, dict[str, str], frozenset[int]]:
+        """One node's view, guarded: whatever fails here (the allocator build, a probe of it,
+        the free-set arithmetic) makes this node "unknown topology", logged once and counted."""
+        _, pod_gpus, mine, held, _, ended = key
+        try:
+            alloc = None
+            if info.topology is not None:
+                alloc = self.policies.get(info.topology.policy, info.topology.topology)
+                alloc.choose(range(info.topology.topology.n), 1)  # cached: proves the tables work
+            if info.topology is None:
+                view, offer = node_view(info, None, pod_gpus, mine, held, bound), set()
+            else:
+                offer = offered(info, alloc, pod_gpus, mine, bound, ended)
+                free = frozenset(_unreserved(alloc, offer, held))
+                view = NodeView(info.name, info.labels, info.topology.topology.n, free, alloc)
+            conflicts = broken_reservations(info, held, offer) if info.topology is not None else {}
+            self.guard.accepted(info.name, "view")
+            return view, conflicts, frozenset(offer)
+        except Exception as e:
+            reason = f"topology unusable: {describe(e)}"
+            self.guard.rejected(info.name, "view", reason, error=True)
+            unknown = replace(info, topology=None, topology_problem=reason)
+            return node_view(unknown, None, pod_gpus, mine, held, bound), {}, frozenset()
+
+    def predict(self, node: str, size: int, view: NodeView | None) -> tuple[int, ...] | None:
+        """The GPUs the node's plugin will give a pod of `size` bound now: its allocator's choice
+        from what kubelet offers it (reservations included). None when that cannot be told
+        (unknown topology, too few offered)."""
+        offer = self.offered.get(node)
+        if view is None or view.allocator is None or offer is None or len(offer) < size or size <= 0:
+            return None
+        try:
+            return view.allocator.choose(sorted(offer), size).indices
+        except AllocationError:
+            return None

@@ -2,7 +2,7 @@
 
 It answers only what gputopo uses: list and watch of Nodes, Pods and PodGroups (with
 resourceVersions, bookmarks-free streaming, 410 Gone for a too-old version, and watches that
-can be broken on demand), pod reads, `pods/binding`, and Node PATCH. Failures can be injected
+can be broken on demand), pod reads, `pods/binding`, Event creation, and Node PATCH. Failures can be injected
 per endpoint so tests can exercise retries, re-plans and resumption.
 """
 
@@ -44,6 +44,7 @@ class FakeAPI:
         self.fail: dict[str, list[int]] = {}  # endpoint -> status codes to answer next
         self.requests: list[tuple[str, str]] = []
         self.patches: list[tuple[str, dict[str, Any]]] = []
+        self.events: list[dict[str, Any]] = []  # core/v1 Events created (not listed or watched)
         self.bindings: list[tuple[str, str]] = []
         self.bind_gate: threading.Event | None = None  # when set, bindings wait for it (slow API server)
 
@@ -236,6 +237,16 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         api = self.server.api
         body = self._body()
+        ev = re.fullmatch(r"/api/v1/namespaces/([^/]+)/events", urlparse(self.path).path)
+        if ev:
+            api.requests.append(("event", f"{ev.group(1)}/{(body.get('involvedObject') or {}).get('name')}"))
+            fault = api.take_fault("event")
+            if fault:
+                self._status(fault, "Injected", "injected failure creating an event")
+                return
+            api.events.append(body)
+            self._json(201, body)
+            return
         m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/binding", urlparse(self.path).path)
         if not m:
             self._status(404, "NotFound")

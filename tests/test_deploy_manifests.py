@@ -291,6 +291,7 @@ def test_sidecar_can_read_what_it_watches_and_bind_but_not_write_objects() -> No
     for verb in ("get", "list", "watch"):
         assert allows(rules, sched_defaults.PODGROUP_GROUP, sched_defaults.PODGROUP_PLURAL, verb)
     assert allows(rules, "", "pods/binding", "create")
+    assert allows(rules, "", "events", "create"), "the prediction Event written at bind"
     for resource in ("nodes", "pods"):
         for verb in ("create", "update", "patch", "delete"):
             assert not allows(rules, "", resource, verb), f"the extender role must not {verb} {resource}"

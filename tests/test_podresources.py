@@ -103,3 +103,19 @@ def test_missing_socket_is_an_error_with_the_path() -> None:
 
 def test_replica_ids_map_back_to_uuids() -> None:
     assert ids_to_uuids(["GPU-1::0", "GPU-1::1", "GPU-2"]) == {"GPU-1", "GPU-2"}
+
+
+def test_assignments_give_each_pods_devices_for_the_annotation_pod_map(kubelet) -> None:
+    lister, path = kubelet
+    lister.pods = [
+        pod("a", {"nvidia.com/gpu": ["GPU-1"]}, {"nvidia.com/gpu": ["GPU-2"], "example.com/nic": ["n0"]}),
+        pod("b", {"example.com/fpga": ["f0"]}),
+        pod("c", {"nvidia.com/gpu": ["GPU-7::1"]}),
+    ]
+    client = PodResourcesClient(path, "nvidia.com/gpu", timeout_s=2)
+    try:
+        assert client.assignments() == {"ml/a": {"GPU-1", "GPU-2"}, "ml/c": {"GPU-7::1"}}
+        lister.pods = []
+        assert client.assignments() == {}
+    finally:
+        client.close()

@@ -257,3 +257,25 @@ def test_an_api_server_that_never_answers_costs_one_timeout_not_the_publisher() 
         assert pub.failures == 1 and pub.patches == 0
     finally:
         listener.close()
+
+
+def test_publishes_the_pod_map_when_the_reader_gives_pods() -> None:
+    api = RecordingAPI()
+    reads = [{"ml/a": frozenset({UUIDS[2], UUIDS[3] + "::1"}), "ml/b": frozenset({UUIDS[5]})}]
+    pub = Publisher("node-a", api, lambda: reads[0], min_interval_s=1, wall=lambda: 1_900_000_000.0)
+    pub.update(snapshot())
+    pub.sync(0.0)
+    value = api.last()
+    assert value.allocated == {2, 3, 5}
+    assert value.pods == {"ml/a": {2, 3}, "ml/b": {5}}
+    reads[0] = {"ml/b": frozenset({UUIDS[5]})}  # pod a ended
+    pub.sync(5.0)
+    assert api.last().pods == {"ml/b": {5}} and api.last().allocated == {5}
+
+
+def test_a_plain_set_reader_publishes_no_pod_map() -> None:
+    api = RecordingAPI()
+    pub = publisher(api, [{UUIDS[1]}])
+    pub.update(snapshot())
+    pub.sync(0.0)
+    assert api.last().pods is None and api.last().allocated == {1}

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from gputopo import kubesched
 from gputopo.allocator import AllocatorPool
-from gputopo.placement import node_scores
 from gputopo.network import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
+from gputopo.placement import node_scores
 from gputopo.sim.engine import RunConfig, simulate
 from gputopo.sim.policies import build_policy
 from gputopo.sim.sidecar import Lifecycle, SidecarPolicy

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from gputopo import gangs, kubesched
 from gputopo.allocator import Allocator
 from gputopo.gang import ChoiceMemo, NodeView
-from gputopo.placement import node_scores
 from gputopo.gangs import GangAsk, GangMember, GangTracker, Refused, Wait
 from gputopo.network import NetworkIndex
+from gputopo.placement import node_scores
 from gputopo.sim.policies import Failure, Slot
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job

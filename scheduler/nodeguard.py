@@ -1,0 +1,72 @@
+"""One bad node costs one node: the guard every per-node step of the sidecar runs under.
+
+Each node's annotation is written by another machine, so decoding it, building its allocator
+and its free-GPU view are all steps that may meet something nobody foresaw. A failing step must
+turn that node into "unknown topology" (GPUs counted from the Node's allocatable, neutral score)
+and leave every other node, every answer and the watch untouched. The guard keeps the promise
+observable: the refusal is logged once per node and reason (not at every watch event or
+heartbeat) and counted per step in `gputopo_node_topology_rejected_total`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from gputopo import jsonlog
+from scheduler.metrics import Metrics
+
+log = logging.getLogger("gputopo.scheduler.nodes")
+
+#: Reasons remembered at most (a cluster of 5,000 nodes each failing differently fits).
+MAX_REMEMBERED = 100_000
+#: A reason is cut to this length: it may quote a value from the annotation.
+MAX_REASON_CHARS = 300
+
+
+def describe(error: BaseException) -> str:
+    """A short, single-line reason for an unexpected exception."""
+    text = f"{type(error).__name__}: {error}".replace("\n", " ")
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
+
+
+class NodeGuard:
+    """Logs and counts per-node refusals, each (node, step, reason) once. Thread-safe."""
+
+    def __init__(self, metrics: Metrics | None = None) -> None:
+        self.metrics = metrics
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, str], str] = {}
+
+    def rejected(
+        self, node: str, stage: str, reason: str, *, error: bool = False, quiet: bool = False
+    ) -> None:
+        """`node`'s step `stage` refused its topology for `reason`; `error` marks an unexpected
+        exception (a bug or an input nobody foresaw) rather than a validation failure; `quiet`
+        counts without logging, for refusals the extender already logs as `unknown_topology`."""
+        reason = reason[:MAX_REASON_CHARS]
+        with self._lock:
+            if self._seen.get((node, stage)) == reason:
+                return
+            if len(self._seen) >= MAX_REMEMBERED:
+                self._seen.clear()
+            self._seen[(node, stage)] = reason
+        if self.metrics is not None:
+            self.metrics.node_rejections.labels(stage=stage).inc()
+        if quiet:
+            return
+        jsonlog.event(
+            log,
+            "node_topology_failed" if error else "node_topology_rejected",
+            logging.ERROR if error else logging.WARNING,
+            node=node,
+            stage=stage,
+            reason=reason,
+            effect="unknown topology: GPUs counted from allocatable, neutral score; other nodes unaffected",
+        )
+
+    def accepted(self, node: str, stage: str) -> None:
+        """The step succeeded again: a later refusal with the same reason is news once more."""
+        if (node, stage) in self._seen:
+            with self._lock:
+                self._seen.pop((node, stage), None)
