@@ -21,6 +21,14 @@ import yaml
 from deviceplugin import defaults
 from deviceplugin.backend import BandwidthOverrides
 from gputopo.links import PCIE_LEVELS
+from gputopo.userfile import (
+    MAX_CONFIG_BYTES,
+    MAX_HEALTH_FILE_BYTES,
+    UserFileError,
+    check_kubeconfig,
+    check_regular,
+    read_text,
+)
 
 CONFIG_VERSION = "v1"
 STRATEGIES = ("envvar", "cdi")
@@ -414,11 +422,10 @@ def build_parser() -> argparse.ArgumentParser:
 def read_config_file(path: str) -> dict[str, Any]:
     """The YAML file's settings by field name; unknown keys and a missing version are errors,
     so a typo never silently falls back to a default."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
-    except OSError as e:
-        raise ConfigError(f"config file {path}: {e.strerror or e}") from None
+    try:  # a FIFO, a device or a huge file is refused here, never read (gputopo.userfile)
+        doc = yaml.safe_load(read_text(path, MAX_CONFIG_BYTES))
+    except UserFileError as e:
+        raise ConfigError(f"config file {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path}: not valid YAML: {str(e).splitlines()[0]}") from None
     except UnicodeDecodeError as e:
@@ -470,4 +477,21 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> PluginConfig
         raise ConfigError("--publish=true needs a node name (--node-name or NODE_NAME)")
     if config.health_file and not config.topology:
         raise ConfigError("--health-file needs --topology (it drives the file backend)")
+    _check_files(config)
     return config
+
+
+def _check_files(config: PluginConfig) -> None:
+    """Named files that are there must be regular and small enough (gputopo.userfile): a FIFO
+    would hang the first read, /dev/zero exhaust memory. A health file may appear later (it is
+    watched), so only one that exists is checked; the topology is checked where it is read."""
+    checks: list[tuple[str, Callable[[], None]]] = []
+    if config.kubeconfig:
+        checks.append(("--kubeconfig", lambda: check_kubeconfig(config.kubeconfig or "")))
+    if config.health_file and os.path.lexists(config.health_file):
+        checks.append(("--health-file", lambda: check_regular(config.health_file or "", MAX_HEALTH_FILE_BYTES)))
+    for flag, check in checks:
+        try:
+            check()
+        except UserFileError as e:
+            raise ConfigError(f"{flag} {e}") from None

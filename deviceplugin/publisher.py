@@ -26,6 +26,7 @@ from deviceplugin.podresources import PodResourcesError, ids_to_uuids
 from deviceplugin.state import Snapshot
 from gputopo import __version__, jsonlog
 from gputopo.annotation import encode, make
+from gputopo.userfile import check_kubeconfig
 
 log = logging.getLogger("deviceplugin.publisher")
 
@@ -284,6 +285,7 @@ def for_cluster(
 
     cfg = client.Configuration()
     if kubeconfig:
+        check_kubeconfig(kubeconfig)  # a FIFO would hang the client's open, /dev/zero its read
         config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
     else:
         try:
