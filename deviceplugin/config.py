@@ -489,7 +489,9 @@ def _check_files(config: PluginConfig) -> None:
     if config.kubeconfig:
         checks.append(("--kubeconfig", lambda: check_kubeconfig(config.kubeconfig or "")))
     if config.health_file and os.path.lexists(config.health_file):
-        checks.append(("--health-file", lambda: check_regular(config.health_file or "", MAX_HEALTH_FILE_BYTES)))
+        checks.append(
+            ("--health-file", lambda: check_regular(config.health_file or "", MAX_HEALTH_FILE_BYTES))
+        )
     for flag, check in checks:
         try:
             check()

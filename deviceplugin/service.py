@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -32,6 +32,31 @@ UNHEALTHY = "Unhealthy"
 OBJECTIVE = "ring bandwidth, then least disruption of what stays free, then pair sum (design.md §2)"
 # How often a ListAndWatch stream checks that kubelet is still there and the server still up.
 STREAM_POLL_SECONDS = 0.25
+
+
+# A decision log line names the IDs of its request; a refused request may carry thousands, each
+# up to the message size: the line keeps this many IDs, each cut to this many characters.
+MAX_LOGGED_IDS = 20
+MAX_LOGGED_ID_CHARS = 80
+
+
+def logged_ids(ids: Sequence[str]) -> list[str]:
+    """`ids` for a log line, bounded: the first MAX_LOGGED_IDS (each clipped), then a count."""
+    out = [
+        i if len(i) <= MAX_LOGGED_ID_CHARS else f"{i[:MAX_LOGGED_ID_CHARS]}...({len(i)} chars)"
+        for i in ids[:MAX_LOGGED_IDS]
+    ]
+    if len(ids) > MAX_LOGGED_IDS:
+        out.append(f"... and {len(ids) - MAX_LOGGED_IDS} more")
+    return out
+
+
+def _too_many_containers(n: int) -> str | None:
+    """Every container request names at least one device, so more requests than the longest
+    device list a node can offer are not kubelet's (defaults.MAX_REQUEST_IDS)."""
+    if n > defaults.MAX_REQUEST_IDS:
+        return f"{n} container_requests; at most {defaults.MAX_REQUEST_IDS} are accepted"
+    return None
 
 
 def device_list(snap: Snapshot) -> api_pb2.ListAndWatchResponse:
@@ -134,6 +159,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         # Every container is answered before anything is counted or logged as chosen: a bad
         # container_requests[n] rejects the whole RPC, so the ones before it were not chosen.
         decided: list[tuple[list[str], list[str], int, PreferredAnswer, float]] = []
+        if problem := _too_many_containers(len(request.container_requests)):
+            self._preferred_invalid.inc()
+            jsonlog.event(log, "preferred_allocation_rejected", logging.WARNING, reason=problem)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         for n, creq in enumerate(request.container_requests):
             available = list(creq.available_deviceIDs)
             must = list(creq.must_include_deviceIDs)
@@ -153,8 +182,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                     log,
                     "preferred_allocation_failed",
                     logging.ERROR,
-                    offered=available,
-                    must=must,
+                    offered=logged_ids(available),
+                    must=logged_ids(must),
                     size=size,
                     reason=problem,
                 )
@@ -165,8 +194,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                     log,
                     "preferred_allocation_rejected",
                     logging.WARNING,
-                    offered=available,
-                    must=must,
+                    offered=logged_ids(available),
+                    must=logged_ids(must),
                     size=size,
                     reason=problem,
                 )
@@ -181,16 +210,16 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             jsonlog.event(
                 log,
                 "preferred_allocation",
-                offered=available,
-                must=must,
+                offered=logged_ids(available),
+                must=logged_ids(must),
                 size=size,
                 chosen=list(answer.device_ids),
                 indices=list(c.indices),
                 ring_mbps=c.ring_mbps,
                 disruption=[list(d) for d in c.disruption],
                 pair_sum_mbps=c.pair_sum_mbps,
-                ignored_unknown=list(answer.ignored),
-                unhealthy_offered=list(answer.unhealthy_offered),
+                ignored_unknown=logged_ids(answer.ignored),
+                unhealthy_offered=logged_ids(answer.unhealthy_offered),
                 micros=round(elapsed * 1e6),
                 reason=OBJECTIVE,
             )
@@ -202,6 +231,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         # Validate every container first: a rejected RPC allocates nothing, so nothing is counted.
         checked: list[tuple[str, ...]] = []
         owner: dict[str, int] = {}  # a GPU goes to one container, never to two of one request
+        if problem := _too_many_containers(len(request.container_requests)):
+            self._allocate_invalid.inc()
+            jsonlog.event(log, "allocate_rejected", logging.WARNING, reason=problem)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         for n, creq in enumerate(request.container_requests):
             try:
                 ids = allocate_ids(snap, list(creq.devices_ids))
@@ -213,7 +246,11 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 self._allocate_invalid.inc()
                 problem = f"container_requests[{n}]: {e}"
                 jsonlog.event(
-                    log, "allocate_rejected", logging.WARNING, devices=list(creq.devices_ids), reason=problem
+                    log,
+                    "allocate_rejected",
+                    logging.WARNING,
+                    devices=logged_ids(creq.devices_ids),
+                    reason=problem,
                 )
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         for ids in checked:
