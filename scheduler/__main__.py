@@ -22,7 +22,7 @@ from prometheus_client import start_http_server
 from gputopo import jsonlog
 from gputopo.cluster import ClusterError, load_cluster
 from gputopo.network import LevelError, validate_levels
-from gputopo.userfile import UserFileError, check_kubeconfig
+from gputopo.userfile import check_kubeconfig
 from scheduler import defaults
 from scheduler.extender import Extender
 from scheduler.server import Server
@@ -107,8 +107,6 @@ def _live_state(kubeconfig: str | None, max_age: float) -> ClusterState:
                 config.load_incluster_config(client_configuration=cfg)
             except config.ConfigException:
                 config.load_kube_config(client_configuration=cfg)
-    except UserFileError as e:
-        _fail(f"--kubeconfig {e}")
     except (config.ConfigException, OSError, ValueError, TypeError) as e:
         _fail(f"cannot load Kubernetes configuration: {e}")
     state = KubeState(client.ApiClient(cfg), clock=time.time, max_age_s=max_age)

@@ -33,3 +33,9 @@ class Metrics:
             "gputopo_reservations_active", "Gang member reservations currently held", registry=self.registry
         )
         self.binds = Counter("gputopo_binds", "Binds by result", ["result"], registry=self.registry)
+        self.refused = Counter(
+            "gputopo_extender_refused",
+            "Connections and requests refused by the server's own limits, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
