@@ -33,7 +33,9 @@ MAX_BODY_BYTES = 64 * 1024 * 1024  # a full 5,000-node NodeList is ~30 MiB
 IDLE_TIMEOUT_S = 60.0
 BODY_TIMEOUT_S = 30.0  # a whole request body must arrive within this (kube-scheduler: httpTimeout 30s)
 MAX_CONNECTIONS = 64  # open connections (one thread each); kube-scheduler uses a handful
-MAX_INFLIGHT_BODY_BYTES = 2 * MAX_BODY_BYTES  # bodies being read or decoded at once, all together
+# Bodies being read, decoded and answered at once, all connections together: one full-size body
+# (decoded, a body costs several times its bytes: a 60 MiB NodeNames list peaked near 500 MB).
+MAX_INFLIGHT_BODY_BYTES = MAX_BODY_BYTES
 MAX_GPUS_PER_POD = 1024
 RESERVATION_TTL_S = 120.0  # a gang plan's capacity is held this long without binds
 ANNOTATION_MAX_AGE_S = 900.0  # older topology annotations are treated as unknown

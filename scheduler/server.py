@@ -15,6 +15,7 @@ after `idle_timeout` seconds, a body must arrive within `body_timeout` (408), a 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -129,6 +130,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
         self.send_response(code)
+        if self.close_connection:  # tell the client, so it does not send its next call here
+            self.send_header("Connection", "close")
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -321,6 +324,15 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         except BaseException:
             self._connections.release()
             raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """socketserver prints a traceback to stderr; a client hanging up mid-answer is routine
+        (debug), anything else one JSON error line."""
+        err = sys.exc_info()[1]
+        if isinstance(err, (ConnectionError, TimeoutError)):
+            jsonlog.event(log, "client_gone", logging.DEBUG, reason=f"{type(err).__name__}: {err}")
+        else:
+            jsonlog.event(log, "connection_failed", logging.ERROR, reason=f"{type(err).__name__}: {err}")
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
