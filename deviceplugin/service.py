@@ -114,6 +114,25 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             problem = f"already {self._max_streams} ListAndWatch streams open; close one first"
             jsonlog.event(log, "list_and_watch_refused", logging.WARNING, reason=problem)
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, problem)
+        # The slot is freed the moment the RPC ends (client gone, cancelled, deadline): gRPC runs
+        # this callback then, while the generator itself would only notice at its next poll. A
+        # client that reconnects at once must find its old slot free.
+        ended = threading.Event()
+        freed = [False]
+
+        def free() -> None:
+            with self._lock:
+                if not freed[0]:
+                    freed[0] = True
+                    self._watchers -= 1
+
+        def on_done() -> None:
+            free()
+            ended.set()
+            self._store.wake()  # and the generator stops waiting now, giving its thread back
+
+        if not context.add_callback(on_done):  # the RPC already ended
+            on_done()
         try:
             snap = self._store.current()
             last = device_list(snap)
@@ -127,8 +146,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             )
             yield last
             version = snap.version
-            while not self._stopping.is_set() and context.is_active():
-                newer = self._store.wait_newer(version, STREAM_POLL_SECONDS)
+            while not self._stopping.is_set() and not ended.is_set() and context.is_active():
+                newer = self._store.wait_newer(version, STREAM_POLL_SECONDS, ended)
                 if newer is None:
                     if self._store.closed:
                         break
@@ -148,8 +167,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 )
                 yield listing
         finally:
-            with self._lock:
-                self._watchers -= 1
+            free()
 
     def GetPreferredAllocation(
         self, request: api_pb2.PreferredAllocationRequest, context: grpc.ServicerContext

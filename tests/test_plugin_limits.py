@@ -210,3 +210,42 @@ def test_a_handler_still_running_after_stop_does_not_hold_exit(tmp_path: Path) -
         [sys.executable, "-c", script], cwd=REPO, env=CLEAN_ENV, capture_output=True, timeout=30
     )
     assert proc.returncode == 3
+
+
+def _reconnects(sock: Path, times: int) -> int:
+    """Open ListAndWatch, take the first list, drop the stream, open the next at once; the
+    number refused with RESOURCE_EXHAUSTED (the per-server stream cap)."""
+    refused = 0
+    with grpc.insecure_channel(f"unix://{sock}") as channel:
+        stub = api_pb2_grpc.DevicePluginStub(channel)
+        for _ in range(times):
+            stream = stub.ListAndWatch(api_pb2.Empty(), timeout=10)
+            try:
+                first = next(stream)
+                assert len(first.devices) == len(UUIDS)
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.details()
+                refused += 1
+            finally:
+                stream.cancel()
+    return refused
+
+
+def test_a_dropped_list_and_watch_frees_its_slot_at_once(
+    folder: Path, stub: api_pb2_grpc.DevicePluginStub
+) -> None:
+    """kubelet reconnecting 100 times in a row is never refused: each dropped stream's slot is
+    free before the next stream arrives (it used to wait for the stream's next 0.25 s poll)."""
+    assert _reconnects(folder / defaults.SOCKET_NAME, 100) == 0
+    # and the slots really are released: the cap still admits a full set of streams afterwards
+    with grpc.insecure_channel(f"unix://{folder / defaults.SOCKET_NAME}") as channel:
+        s = api_pb2_grpc.DevicePluginStub(channel)
+        streams = [s.ListAndWatch(api_pb2.Empty(), timeout=10) for _ in range(8)]
+        try:
+            assert all(len(next(st).devices) == len(UUIDS) for st in streams)
+            extra = s.ListAndWatch(api_pb2.Empty(), timeout=10)
+            err = _refused(lambda: next(extra))
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        finally:
+            for st in streams:
+                st.cancel()
