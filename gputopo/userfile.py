@@ -55,6 +55,8 @@ def _kind(mode: int) -> str:
 
 
 def _size(n: int) -> str:
+    if n >= GIB and n % GIB == 0:
+        return f"{n // GIB} GiB"
     if n >= MIB and n % MIB == 0:
         return f"{n // MIB} MiB"
     if n >= KIB and n % KIB == 0:
