@@ -50,7 +50,9 @@ def connect(server: Server) -> socket.socket:
 
 def request(body: bytes, length: int | None = None, path: str = "/filter") -> bytes:
     size = len(body) if length is None else length
-    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {size}\r\n\r\n"
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {size}\r\n\r\n"
+    )
     return head.encode() + body
 
 
@@ -141,6 +143,7 @@ def test_connections_past_the_cap_get_a_503_and_no_thread(serve) -> None:
     finally:
         for s in held:
             s.close()
+
     # the held ones gone, the server serves again
     def served() -> bool:
         sock = connect(server)
