@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 import yaml
 
-from deviceplugin import defaults
+from deviceplugin import defaults, strategies
 from deviceplugin.backend import BandwidthOverrides
 from gputopo.links import PCIE_LEVELS
 from gputopo.userfile import (
@@ -31,7 +31,7 @@ from gputopo.userfile import (
 )
 
 CONFIG_VERSION = "v1"
-STRATEGIES = ("envvar", "cdi")
+STRATEGIES = strategies.STRATEGIES  # the names --device-list-strategy accepts (plus "cdi")
 PUBLISH_MODES = ("auto", "true", "false")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # sun_path of a unix socket holds 108 bytes including the terminating NUL.
@@ -64,6 +64,9 @@ class PluginConfig:
     kubeconfig: str | None = None
     nvlink_gbps_per_link: float | None = None
     pcie_gbps: tuple[tuple[str, float], ...] | None = None
+    pass_device_specs: bool = False
+    nvidia_driver_root: str = "/"
+    cdi_annotation_prefix: str = strategies.CDI_ANNOTATION_PREFIX
 
     @property
     def socket_path(self) -> str:
@@ -235,6 +238,11 @@ def _pcie_gbps(value: Any) -> tuple[tuple[str, float], ...] | None:
     return tuple(sorted(out.items()))
 
 
+def _strategy_list(value: Any) -> str:
+    """`envvar,cdi-cri` (canonical order, comma-joined: the status API reports it as text)."""
+    return ",".join(strategies.parse_strategies(value))
+
+
 def _log_level(value: Any) -> str:
     return _choice(LOG_LEVELS)(value)
 
@@ -296,8 +304,9 @@ OPTIONS: tuple[Option, ...] = (
         "--device-list-strategy",
         "GPUTOPO_DEVICE_LIST_STRATEGY",
         "deviceListStrategy",
-        _choice(STRATEGIES),
-        "how Allocate hands GPUs to the container: envvar (NVIDIA_VISIBLE_DEVICES) or cdi",
+        _strategy_list,
+        "how Allocate hands GPUs to the container, a comma list as NVIDIA's plugin takes: "
+        "envvar, volume-mounts, cdi-annotations, cdi-cri (cdi = cdi-cri)",
     ),
     Option(
         "ignored_xids",
@@ -388,6 +397,31 @@ OPTIONS: tuple[Option, ...] = (
         "pcieGbps",
         _pcie_gbps,
         "PCIe GB/s per level, e.g. PIX=24,PXB=20,PHB=16,NODE=12,SYS=6 (default: those)",
+    ),
+    Option(
+        "pass_device_specs",
+        "--pass-device-specs",
+        "GPUTOPO_PASS_DEVICE_SPECS",
+        "passDeviceSpecs",
+        _bool,
+        "also list /dev/nvidia<minor> and the control devices in Allocate (runtimes without the NVIDIA hook)",
+        boolean=True,
+    ),
+    Option(
+        "nvidia_driver_root",
+        "--nvidia-driver-root",
+        "GPUTOPO_NVIDIA_DRIVER_ROOT",
+        "nvidiaDriverRoot",
+        _socket_path,
+        "root of the driver's /dev on the host, for device specs (the GPU Operator: /run/nvidia/driver)",
+    ),
+    Option(
+        "cdi_annotation_prefix",
+        "--cdi-annotation-prefix",
+        "GPUTOPO_CDI_ANNOTATION_PREFIX",
+        "cdiAnnotationPrefix",
+        strategies.parse_annotation_prefix,
+        "key prefix of cdi-annotations (default cdi.k8s.io/)",
     ),
 )
 CONFIG_ENV = "GPUTOPO_CONFIG"

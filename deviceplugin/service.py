@@ -21,6 +21,7 @@ from deviceplugin.metrics import Metrics
 from deviceplugin.registration import RegistrationInfo, plugin_options
 from deviceplugin.requests import PreferredAnswer, RequestError, allocate_ids, preferred
 from deviceplugin.state import Snapshot, SnapshotStore
+from deviceplugin.strategies import Handover, parse_strategies, probe_device_specs
 from gputopo import jsonlog
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gputopo_proto.status.v1 import status_pb2, status_pb2_grpc
@@ -68,6 +69,23 @@ def device_list(snap: Snapshot) -> api_pb2.ListAndWatchResponse:
     return out
 
 
+def handover(config: PluginConfig) -> Handover:
+    """The configured device list strategies (and device specs), built once per server: the
+    control devices are looked up here, never inside Allocate."""
+    return Handover(
+        strategies=parse_strategies(config.device_list_strategy),
+        specs=probe_device_specs(config.nvidia_driver_root) if config.pass_device_specs else None,
+        annotation_prefix=config.cdi_annotation_prefix,
+        cdi_kind=defaults.CDI_KIND,
+    )
+
+
+def _minor(snap: Snapshot, uuid: str) -> int:
+    """The card's /dev/nvidia<minor>: NVML's minor number, else its index."""
+    gpu = snap.gpus[snap.index_of(uuid) or 0]
+    return gpu.minor if gpu.minor is not None else gpu.index
+
+
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     """One instance per server generation: `stopping` ends its streams when that server stops."""
 
@@ -95,6 +113,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._preferred_invalid = metrics.allocations.labels("GetPreferredAllocation", "invalid")
         self._allocate_ok = metrics.allocations.labels("Allocate", "ok")
         self._allocate_invalid = metrics.allocations.labels("Allocate", "invalid")
+        self._handover = handover(config)
 
     @property
     def watchers(self) -> int:
@@ -273,11 +292,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         for ids in checked:
             resp = out.container_responses.add()
-            if self._config.device_list_strategy == "cdi":
-                for uuid in ids:
-                    resp.cdi_devices.add(name=f"{defaults.CDI_KIND}={uuid}")
-            else:
-                resp.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(ids)
+            self._handover.fill(resp, ids, [_minor(snap, i) for i in ids])
             self._allocate_ok.inc()
             jsonlog.event(
                 log,
