@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deviceplugin.backend import Backend, HealthEvent
 from deviceplugin.filebackend import FileBackend, HealthFileError, parse_health_entry
@@ -245,3 +247,33 @@ def test_bad_entries_are_logged_a_few_at_most(
     names = [r.getMessage() for r in caplog.records]
     assert names.count("health_entry_invalid") == MAX_LOGGED_BAD_ENTRIES
     assert names.count("health_entries_invalid") == 1
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=400)
+@given(
+    key=st.one_of(
+        st.text(max_size=12), st.integers(-5, 20).map(str), st.sampled_from([g.uuid for g in UUID])
+    ),
+    value=st.one_of(
+        _JSON,
+        st.sampled_from(["Healthy", "unhealthy", " UNHEALTHY "]),
+        st.integers().map(lambda x: {"xid": x}),
+    ),
+)
+def test_parse_health_entry_is_total(key: str, value: object) -> None:
+    """Any key and JSON value give a HealthEvent for a known GPU or a HealthFileError."""
+    topo = load_preset("hgx-h100")
+    try:
+        event = parse_health_entry(topo, key, value)
+    except HealthFileError as e:
+        assert len(str(e)) < 400
+        return
+    assert event.uuid in topo.index_by_uuid
+    assert event.xid is None or 0 <= event.xid <= 65535

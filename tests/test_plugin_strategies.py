@@ -10,9 +10,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deviceplugin.config import ConfigError, load_config
-from deviceplugin.strategies import parse_strategies
+from deviceplugin.strategies import STRATEGIES, parse_strategies
 from gputopo.topofile import load_preset
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2
 from tests.kubelet_fake import fake_kubelet, plugin_channel, running_daemon, short_tmpdir
@@ -152,3 +154,25 @@ def test_bad_annotation_prefix_is_a_config_error() -> None:
     for bad in ("cdi.k8s.io", "/", "UPPER/", "a b/"):
         with pytest.raises(ConfigError, match="cdi-annotation-prefix"):
             load_config(["--cdi-annotation-prefix", bad], {})
+
+
+@settings(max_examples=300)
+@given(
+    value=st.one_of(
+        st.text(max_size=60),
+        st.lists(st.sampled_from([*STRATEGIES, "cdi", "x", "", " envvar "]), max_size=6).map(",".join),
+        st.lists(st.text(max_size=12), max_size=5),
+        st.integers(),
+        st.none(),
+    )
+)
+def test_parse_strategies_is_total(value: object) -> None:
+    """Any value gives a canonical, non-empty, duplicate-free tuple or a ValueError."""
+    try:
+        out = parse_strategies(value)
+    except ValueError as e:
+        assert len(str(e)) < 300
+        return
+    assert out and len(set(out)) == len(out) and set(out) <= set(STRATEGIES)
+    assert list(out) == sorted(out, key=STRATEGIES.index)
+    assert not {"envvar", "volume-mounts"} <= set(out)
