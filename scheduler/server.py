@@ -15,6 +15,7 @@ after `idle_timeout` seconds, a body must arrive within `body_timeout` (408), a 
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import threading
 import time
@@ -105,6 +106,24 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
     server: ExtenderHTTPServer
 
+    _unread = False  # a refused request's body is still on the wire
+
+    def finish(self) -> None:
+        """Close gently after a refusal that left the body unread: closing a socket with unread
+        input sends a TCP reset, which can destroy the refusal before the client reads it. So:
+        answer, half-close, swallow a little of the body (bounded in bytes and time), close."""
+        try:
+            super().finish()  # flushes the answer
+            if self._unread:
+                self.connection.shutdown(socket.SHUT_WR)
+                self.connection.settimeout(0.2)
+                deadline = time.monotonic() + 0.5
+                for _ in range(64):  # at most 4 MiB and 0.5 s (+ one 0.2 s read)
+                    if not self.connection.recv(65536) or time.monotonic() > deadline:
+                        break
+        except OSError:
+            pass
+
     def setup(self) -> None:
         # StreamRequestHandler puts `timeout` on the socket: every read (the next request line of
         # a kept-alive connection included) gives up after it, and handle_one_request closes.
@@ -173,6 +192,7 @@ class _Handler(BaseHTTPRequestHandler):
         except _Refused as e:
             code, out = e.code, {"Error": str(e)}
             self.close_connection = True  # the body (if any) was not read: the stream is unusable
+            self._unread = True
             metrics.refused.labels(reason=e.metric).inc()
             jsonlog.event(log, "request_refused", logging.WARNING, verb=name, code=code, reason=str(e))
         except BadInput as e:

@@ -87,13 +87,13 @@ def closed_by_peer(sock: socket.socket, within: float) -> bool:
 
 
 def test_idle_connections_are_closed_and_their_threads_end(serve) -> None:
-    server = serve(idle_timeout=2.0, max_connections=400)
+    server = serve(idle_timeout=5.0, max_connections=400)
     before = threading.active_count()
     socks = [connect(server) for _ in range(300)]
     try:
         assert eventually(lambda: threading.active_count() >= before + 250, 10)
-        # all of them closed by the server once idle for 2 s, and their threads gone
-        assert all(closed_by_peer(s, 5) for s in socks)
+        # all of them closed by the server once idle for 5 s, and their threads gone
+        assert all(closed_by_peer(s, 15) for s in socks)
         assert eventually(lambda: threading.active_count() <= before + 2, 10), threading.active_count()
     finally:
         for s in socks:
@@ -214,7 +214,7 @@ def test_bodies_past_the_in_flight_budget_are_refused_unread(serve) -> None:
 
 
 def test_a_stalled_body_is_a_408_and_frees_its_budget(serve) -> None:
-    server = serve(body_timeout=0.5, idle_timeout=0.3)
+    server = serve(body_timeout=0.5, idle_timeout=1.0)
     sock = connect(server)
     try:
         sock.sendall(request(FILTER[:10], length=len(FILTER)))
