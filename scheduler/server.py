@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -30,6 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from gputopo import jsonlog
 from scheduler import defaults
 from scheduler.extender import Extender
+from scheduler.httplimits import BUSY_RESPONSE, Budget, Limits, Refused
 from scheduler.model import BadInput, parse_node_names, parse_pod
 from scheduler.state import BindError
 
@@ -87,15 +88,6 @@ VERBS: dict[str, tuple[str, Callable[[Extender, Any], tuple[int, Any]]]] = {
     defaults.PRIORITIZE_PATH: ("prioritize", _prioritize),
     defaults.BIND_PATH: ("bind", _bind),
 }
-
-
-class _Refused(Exception):
-    """A request refused by the server's own limits: answered with `code` and the reason."""
-
-    def __init__(self, code: int, reason: str, metric: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.metric = metric
 
 
 _READ_CHUNK = 1024 * 1024
@@ -189,7 +181,7 @@ class _Handler(BaseHTTPRequestHandler):
             reserved = self._reserve()
             args = self._read_json()
             code, out = fn(self.server.extender, args)
-        except _Refused as e:
+        except Refused as e:
             code, out = e.code, {"Error": str(e)}
             self.close_connection = True  # the body (if any) was not read: the stream is unusable
             self._unread = True
@@ -206,7 +198,7 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             # the answer (in non-cache mode it holds node objects of the request) is written:
             # the body and its decoded form are garbage from here
-            self.server.release(reserved)
+            self.server.budget.release(reserved)
             metrics.latency.labels(verb=name).observe(time.perf_counter() - start)
             metrics.requests.labels(verb=name, code=str(code)).inc()
 
@@ -232,11 +224,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             raise BadInput("Content-Length is required (a number of bytes)")
         if size > self.server.max_body:
-            raise _Refused(
+            raise Refused(
                 413, f"request body of {size} bytes exceeds {self.server.max_body}", "body_too_large"
             )
-        if not self.server.reserve(size):
-            raise _Refused(
+        if not self.server.budget.reserve(size):
+            raise Refused(
                 503,
                 f"busy: {self.server.max_inflight_body} bytes of request bodies already in flight; retry",
                 "inflight_bytes",
@@ -251,18 +243,18 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             while got < size:
                 if time.monotonic() > deadline:
-                    raise _Refused(
+                    raise Refused(
                         408,
                         f"request body not received within {self.server.body_timeout:g} s",
                         "body_timeout",
                     )
                 chunk = self.rfile.read1(min(_READ_CHUNK, size - got))
                 if not chunk:
-                    raise _Refused(400, f"request body ended after {got} of {size} bytes", "body_short")
+                    raise Refused(400, f"request body ended after {got} of {size} bytes", "body_short")
                 chunks.append(chunk)
                 got += len(chunk)
         except TimeoutError:
-            raise _Refused(
+            raise Refused(
                 408, f"request body stalled for {self.server.idle_timeout:g} s", "body_timeout"
             ) from None
         return b"".join(chunks)
@@ -277,24 +269,6 @@ class _Handler(BaseHTTPRequestHandler):
             raise BadInput(f"malformed JSON: {e}") from None
 
 
-_BUSY_BODY = orjson.dumps({"Error": "busy: too many open connections; retry"})
-_BUSY = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-    b"Connection: close\r\nContent-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\n\r\n" + _BUSY_BODY
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """The server's bounds; defaults in scheduler/defaults.py, explained in docs/scheduler.md."""
-
-    max_body: int = defaults.MAX_BODY_BYTES
-    max_inflight_body: int = defaults.MAX_INFLIGHT_BODY_BYTES
-    max_connections: int = defaults.MAX_CONNECTIONS
-    idle_timeout: float = defaults.IDLE_TIMEOUT_S
-    body_timeout: float = defaults.BODY_TIMEOUT_S
-
-
 class ExtenderHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -307,25 +281,12 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         self.idle_timeout = limits.idle_timeout
         self.body_timeout = limits.body_timeout
         self._connections = threading.BoundedSemaphore(limits.max_connections)
-        self._budget = threading.Lock()
-        self._inflight = 0
+        self.budget = Budget(limits.max_inflight_body)
         super().__init__(address, _Handler)
 
     @property
     def inflight_body_bytes(self) -> int:
-        return self._inflight
-
-    def reserve(self, size: int) -> bool:
-        """Take `size` bytes of the in-flight body budget; False (take nothing) if it would overflow."""
-        with self._budget:
-            if self._inflight + size > self.max_inflight_body:
-                return False
-            self._inflight += size
-            return True
-
-    def release(self, size: int) -> None:
-        with self._budget:
-            self._inflight -= size
+        return self.budget.taken
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """One thread per connection, but only `max_connections` of them: past that the
@@ -334,7 +295,7 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
             self.extender.metrics.refused.labels(reason="connections").inc()
             try:
                 request.settimeout(0.5)
-                request.sendall(_BUSY)
+                request.sendall(BUSY_RESPONSE)
             except OSError:
                 pass
             self.shutdown_request(request)
