@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -177,7 +178,39 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if publication is not None:
         publication.stop()
     daemon.stop()
+    _abandon_stragglers(SHUTDOWN_JOIN_SECONDS)
     return 0
+
+
+# After a signal the socket is gone and the server stopped; an RPC handler still running then
+# (gRPC cannot interrupt Python code) would hold interpreter exit, which joins every worker
+# thread. It gets this long, then the process exits without it: kubelet retries a call whose
+# connection dropped, and nothing of ours is left half-written (the socket is already removed).
+SHUTDOWN_JOIN_SECONDS = 0.5
+
+
+def _abandon_stragglers(seconds: float) -> None:
+    """Give non-daemon threads `seconds` in all to end; if some still run, flush and _exit(0)."""
+    deadline = time.monotonic() + seconds
+    me = threading.current_thread()
+    for t in threading.enumerate():
+        if t is not me and not t.daemon:
+            t.join(max(0.0, deadline - time.monotonic()))
+    left = sorted(t.name for t in threading.enumerate() if t is not me and not t.daemon and t.is_alive())
+    if not left:
+        return
+    jsonlog.event(
+        log,
+        "shutdown_abandoned_threads",
+        logging.WARNING,
+        threads=left[:10],
+        count=len(left),
+        reason=f"still running {seconds} s after the server stopped (an RPC in flight); exiting anyway",
+    )
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _fail(message: str, code: int, publication: NodePublication | None) -> int:

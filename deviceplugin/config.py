@@ -18,13 +18,21 @@ from typing import Any, NoReturn
 
 import yaml
 
-from deviceplugin import defaults
+from deviceplugin import defaults, strategies
 from deviceplugin.backend import BandwidthOverrides
 from gputopo.links import PCIE_LEVELS
 from gputopo.policy import DEFAULT_POLICY, POLICY_NAMES
+from gputopo.userfile import (
+    MAX_CONFIG_BYTES,
+    MAX_HEALTH_FILE_BYTES,
+    UserFileError,
+    check_kubeconfig,
+    check_regular,
+    read_text,
+)
 
 CONFIG_VERSION = "v1"
-STRATEGIES = ("envvar", "cdi")
+STRATEGIES = strategies.STRATEGIES  # the names --device-list-strategy accepts (plus "cdi")
 PUBLISH_MODES = ("auto", "true", "false")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # sun_path of a unix socket holds 108 bytes including the terminating NUL.
@@ -61,6 +69,9 @@ class PluginConfig:
     config_dir: str | None = None
     node_config_label: str = defaults.NODE_CONFIG_LABEL
     node_config: str | None = None
+    pass_device_specs: bool = False
+    nvidia_driver_root: str = "/"
+    cdi_annotation_prefix: str = strategies.CDI_ANNOTATION_PREFIX
 
     @property
     def socket_path(self) -> str:
@@ -255,6 +266,11 @@ def _config_name(value: Any) -> str | None:
     return text
 
 
+def _strategy_list(value: Any) -> str:
+    """`envvar,cdi-cri` (canonical order, comma-joined: the status API reports it as text)."""
+    return ",".join(strategies.parse_strategies(value))
+
+
 def _log_level(value: Any) -> str:
     return _choice(LOG_LEVELS)(value)
 
@@ -316,8 +332,9 @@ OPTIONS: tuple[Option, ...] = (
         "--device-list-strategy",
         "GPUTOPO_DEVICE_LIST_STRATEGY",
         "deviceListStrategy",
-        _choice(STRATEGIES),
-        "how Allocate hands GPUs to the container: envvar (NVIDIA_VISIBLE_DEVICES) or cdi",
+        _strategy_list,
+        "how Allocate hands GPUs to the container, a comma list as NVIDIA's plugin takes: "
+        "envvar, volume-mounts, cdi-annotations, cdi-cri (cdi = cdi-cri)",
     ),
     Option(
         "ignored_xids",
@@ -444,6 +461,31 @@ OPTIONS: tuple[Option, ...] = (
         _config_name,
         "name of this node's config in --config-dir, instead of reading the node label",
     ),
+    Option(
+        "pass_device_specs",
+        "--pass-device-specs",
+        "GPUTOPO_PASS_DEVICE_SPECS",
+        "passDeviceSpecs",
+        _bool,
+        "also list /dev/nvidia<minor> and the control devices in Allocate (runtimes without the NVIDIA hook)",
+        boolean=True,
+    ),
+    Option(
+        "nvidia_driver_root",
+        "--nvidia-driver-root",
+        "GPUTOPO_NVIDIA_DRIVER_ROOT",
+        "nvidiaDriverRoot",
+        _socket_path,
+        "root of the driver's /dev on the host, for device specs (the GPU Operator: /run/nvidia/driver)",
+    ),
+    Option(
+        "cdi_annotation_prefix",
+        "--cdi-annotation-prefix",
+        "GPUTOPO_CDI_ANNOTATION_PREFIX",
+        "cdiAnnotationPrefix",
+        strategies.parse_annotation_prefix,
+        "key prefix of cdi-annotations (default cdi.k8s.io/)",
+    ),
 )
 CONFIG_ENV = "GPUTOPO_CONFIG"
 
@@ -477,11 +519,10 @@ def build_parser() -> argparse.ArgumentParser:
 def read_config_file(path: str) -> dict[str, Any]:
     """The YAML file's settings by field name; unknown keys and a missing version are errors,
     so a typo never silently falls back to a default."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
-    except OSError as e:
-        raise ConfigError(f"config file {path}: {e.strerror or e}") from None
+    try:  # a FIFO, a device or a huge file is refused here, never read (gputopo.userfile)
+        doc = yaml.safe_load(read_text(path, MAX_CONFIG_BYTES))
+    except UserFileError as e:
+        raise ConfigError(f"config file {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path}: not valid YAML: {str(e).splitlines()[0]}") from None
     except UnicodeDecodeError as e:
@@ -533,4 +574,23 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> PluginConfig
         raise ConfigError("--publish=true needs a node name (--node-name or NODE_NAME)")
     if config.health_file and not config.topology:
         raise ConfigError("--health-file needs --topology (it drives the file backend)")
+    _check_files(config)
     return config
+
+
+def _check_files(config: PluginConfig) -> None:
+    """Named files that are there must be regular and small enough (gputopo.userfile): a FIFO
+    would hang the first read, /dev/zero exhaust memory. A health file may appear later (it is
+    watched), so only one that exists is checked; the topology is checked where it is read."""
+    checks: list[tuple[str, Callable[[], None]]] = []
+    if config.kubeconfig:
+        checks.append(("--kubeconfig", lambda: check_kubeconfig(config.kubeconfig or "")))
+    if config.health_file and os.path.lexists(config.health_file):
+        checks.append(
+            ("--health-file", lambda: check_regular(config.health_file or "", MAX_HEALTH_FILE_BYTES))
+        )
+    for flag, check in checks:
+        try:
+            check()
+        except UserFileError as e:
+            raise ConfigError(f"{flag} {e}") from None

@@ -8,14 +8,15 @@ Topology source: anything `gputopo.topofile.load_topology` accepts (a preset nam
 §3 JSON file, or `nvidia-smi topo -m` text). `discover()` reads it again on every call, so a
 test can swap the layout and ask the daemon to re-probe.
 
-Health file (optional): one JSON object, keys are GPU UUIDs or GPU indices (as strings),
-values say what happened to that GPU::
+Health file (optional, at most 1 MiB, a regular file): one JSON object, keys are GPU UUIDs or
+GPU indices written in ASCII digits without leading zeros (`"3"`, never `"03"` or `"٣"`), values
+say what happened to that GPU::
 
     {"GPU-1234...": "Unhealthy", "3": {"xid": 79}, "0": "Healthy"}
 
 * `"Unhealthy"` / `"Healthy"` (any case) state the health directly (HealthEvent.healthy);
-* `{"xid": N}` reports an XID error as NVML would (HealthEvent.xid); the health tracker decides
-  whether that XID matters, exactly as for real hardware.
+* `{"xid": N}` reports an XID error as NVML would (HealthEvent.xid), N an integer 0..65535; the
+  health tracker decides whether that XID matters, exactly as for real hardware.
 
 The file is polled every `poll_interval` seconds; whenever its (mtime, size, inode) changes,
 every entry is emitted again, in file order. A missing, unreadable or malformed file (or one
@@ -28,20 +29,25 @@ from __future__ import annotations
 import json
 import logging
 import os
-import stat
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from deviceplugin.backend import BandwidthOverrides, HealthEvent
 from gputopo import jsonlog
-from gputopo.numerals import ascii_uint
 from gputopo.topofile import load_topology
 from gputopo.topology import Topology
+from gputopo.userfile import MAX_HEALTH_FILE_BYTES, read_text
 
 log = logging.getLogger("deviceplugin.filebackend")
 
 _Signature = tuple[int, int, int]
+_INDEX_RE = re.compile(r"0|[1-9][0-9]{0,8}")
+# XIDs NVIDIA documents run below 200 today; the cap leaves room for new ones and keeps a stray
+# 400-digit number out of the tracker, the logs and the metrics.
+MAX_XID = 65535
+MAX_LOGGED_BAD_ENTRIES = 8
 _STATES = "state must be 'Healthy', 'Unhealthy' or {\"xid\": N}"
 
 
@@ -130,13 +136,10 @@ class FileBackend:
     def _read_events(self) -> list[HealthEvent]:
         assert self.health_file is not None
         try:
-            # O_NONBLOCK: opening a FIFO would otherwise wait for a writer, and watching with it
-            fd = os.open(self.health_file, os.O_RDONLY | os.O_NONBLOCK)
-            with open(fd, encoding="utf-8") as f:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise OSError(f"{self.health_file} is not a regular file")
-                data = json.load(f)
-        except (OSError, ValueError, RecursionError) as e:  # ValueError: bad UTF-8 or JSON
+            # gputopo.userfile: a FIFO (which would block the watcher), a device or a file over
+            # MAX_HEALTH_FILE_BYTES is refused before anything is read
+            data = json.loads(read_text(self.health_file, MAX_HEALTH_FILE_BYTES))
+        except (ValueError, RecursionError) as e:  # UserFileError, bad JSON
             jsonlog.event(
                 log,
                 "health_file_invalid",
@@ -155,18 +158,31 @@ class FileBackend:
             )
             return []
         events: list[HealthEvent] = []
+        bad = 0
         for key, value in data.items():
             try:
                 events.append(parse_health_entry(self._topology, str(key), value))
             except HealthFileError as e:
+                bad += 1
+                if bad > MAX_LOGGED_BAD_ENTRIES:  # one log line per bad entry, a few at most
+                    continue
                 jsonlog.event(
                     log,
                     "health_entry_invalid",
                     logging.WARNING,
                     path=self.health_file,
-                    key=key,
+                    key=_clip(key),
                     reason=f"{e}; entry ignored",
                 )
+        if bad > MAX_LOGGED_BAD_ENTRIES:
+            jsonlog.event(
+                log,
+                "health_entries_invalid",
+                logging.WARNING,
+                path=self.health_file,
+                count=bad,
+                reason=f"{bad} invalid entries ignored; the first {MAX_LOGGED_BAD_ENTRIES} were logged",
+            )
         return events
 
 
@@ -178,26 +194,32 @@ def parse_health_entry(topology: Topology, key: str, value: Any) -> HealthEvent:
         if state in ("healthy", "unhealthy"):
             reason = f"health file says {value.strip()}"
             return HealthEvent(uuid=uuid, reason=reason, healthy=state == "healthy")
-        raise HealthFileError(f"GPU {key!r}: {_STATES}, got {value!r}")
+        raise HealthFileError(f"GPU {_clip(key)}: {_STATES}, got {_clip(value)}")
     if isinstance(value, dict) and set(value) == {"xid"}:
         xid = value["xid"]
-        if isinstance(xid, int) and not isinstance(xid, bool) and xid >= 0:
+        if isinstance(xid, int) and not isinstance(xid, bool) and 0 <= xid <= MAX_XID:
             return HealthEvent(uuid=uuid, reason=f"XID {xid} (health file)", xid=xid)
-        raise HealthFileError(f"GPU {key!r}: xid must be a non-negative integer, got {xid!r}")
-    raise HealthFileError(f"GPU {key!r}: {_STATES}, got {value!r}")
+        raise HealthFileError(f"GPU {_clip(key)}: xid must be an integer 0..{MAX_XID}, got {_clip(xid)}")
+    raise HealthFileError(f"GPU {_clip(key)}: {_STATES}, got {_clip(value)}")
 
 
 def _resolve_gpu(topology: Topology, key: str) -> str:
     if key in topology.index_by_uuid:
         return key
-    # plain ASCII digits, short enough for int(): a bad key must be a bad entry, never the end
-    # of watching ("²" is a digit int() refuses, "٣" one it reads as 3)
-    index = ascii_uint(key, max_digits=9)
-    if index is not None and index < topology.n:
-        return topology.gpus[index].uuid
+    # The documented index form only: ASCII digits in canonical form. str.isdecimal alone would
+    # take "٣" (Arabic-Indic three) as GPU 3, and int() takes "01" as GPU 1: a key that is not
+    # exactly an index's name is a typo, not a GPU. Short, so int() never sees 4300 digits.
+    if _INDEX_RE.fullmatch(key) and int(key) < topology.n:
+        return topology.gpus[int(key)].uuid
     raise HealthFileError(
-        f"unknown GPU {key!r}: not a UUID or index (0..{topology.n - 1}) of {topology.name}"
+        f"unknown GPU {_clip(key)}: not a UUID or index (0..{topology.n - 1}) of {topology.name}"
     )
+
+
+def _clip(value: Any, width: int = 80) -> str:
+    """repr of a value from the file, cut so one bad entry cannot make a huge log line."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[:width]}... ({len(text)} chars)"
 
 
 def _signature(path: str) -> _Signature | None:

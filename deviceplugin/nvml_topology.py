@@ -156,7 +156,17 @@ class TopologyProbe:
             model=_text(nvml.nvmlDeviceGetName(handle)),
             pci_bus_id=bus_id,
             numa=self._numa(handle, bus_id),
+            minor=self._minor(handle),
         )
+
+    def _minor(self, handle: Any) -> int | None:
+        """/dev/nvidia<minor> of the card (device specs); None when NVML cannot say."""
+        get = getattr(self._nvml, "nvmlDeviceGetMinorNumber", None)
+        try:
+            minor = get(handle) if get is not None else None
+        except Exception:
+            return None
+        return minor if isinstance(minor, int) and 0 <= minor < 1 << 20 else None
 
     def _numa(self, handle: Any, bus_id: str) -> int | None:
         path = os.path.join(self.sysfs_root, "bus", "pci", "devices", _bus_key(bus_id), "numa_node")

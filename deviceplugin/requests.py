@@ -26,8 +26,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from deviceplugin.defaults import MAX_REQUEST_IDS
 from deviceplugin.state import Snapshot
-from gputopo.allocator import AllocationError, Choice
+from gputopo.allocator import MAX_GPUS, AllocationError, Choice
 
 
 class RequestError(ValueError):
@@ -45,13 +46,24 @@ class PreferredAnswer:
 
 
 def _duplicates(ids: Sequence[str]) -> list[str]:
+    """IDs listed more than once, in first-repeat order; linear (sets, not list scans)."""
     seen: set[str] = set()
-    dups: list[str] = []
+    dups: dict[str, None] = {}  # insertion-ordered set
     for i in ids:
-        if i in seen and i not in dups:
-            dups.append(i)
+        if i in seen:
+            dups[i] = None
         seen.add(i)
-    return dups
+    return list(dups)
+
+
+def _bounded(field: str, ids: Sequence[str]) -> None:
+    """No node offers more than MAX_GPUS devices, so a longer list is not kubelet's: refuse
+    it before any per-ID work (MAX_REQUEST_IDS is 4 x MAX_GPUS, see deviceplugin/defaults.py)."""
+    if len(ids) > MAX_REQUEST_IDS:
+        raise RequestError(
+            f"{field} lists {len(ids)} devices; at most {MAX_REQUEST_IDS} are accepted "
+            f"(a node has at most {MAX_GPUS} GPUs)"
+        )
 
 
 def _clip(device_id: str, width: int = 64) -> str:
@@ -66,7 +78,10 @@ def _short(ids: Sequence[str], limit: int = 4) -> str:
 
 
 def preferred(snap: Snapshot, available: Sequence[str], must: Sequence[str], size: int) -> PreferredAnswer:
-    """Translate one ContainerPreferredAllocationRequest and ask the node policy."""
+    """Translate one ContainerPreferredAllocationRequest and ask the node policy (which
+    validates sizes); lists longer than a node could offer are refused before any per-ID work."""
+    _bounded("available_deviceIDs", available)
+    _bounded("must_include_deviceIDs", must)
     if dups := _duplicates(available):
         raise RequestError(f"available_deviceIDs lists {_short(dups)} more than once")
     if dups := _duplicates(must):
@@ -77,6 +92,7 @@ def preferred(snap: Snapshot, available: Sequence[str], must: Sequence[str], siz
     if unknown_must := [m for m in must if snap.index_of(m) is None]:
         raise RequestError(f"must_include_deviceIDs {_short(unknown_must)} unknown to this plugin")
     ignored = tuple(a for a in available if snap.index_of(a) is None)
+    unknown = set(ignored)  # membership below is per offered ID: a set keeps it linear
     free = sorted(i for a in available if (i := snap.index_of(a)) is not None)
     must_idx = sorted(i for m in must if (i := snap.index_of(m)) is not None)
     try:
@@ -88,7 +104,7 @@ def preferred(snap: Snapshot, available: Sequence[str], must: Sequence[str], siz
         device_ids=tuple(gpus[i].uuid for i in sorted(choice.indices)),
         choice=choice,
         ignored=ignored,
-        unhealthy_offered=tuple(a for a in available if a not in ignored and not snap.healthy(a)),
+        unhealthy_offered=tuple(a for a in available if a not in unknown and not snap.healthy(a)),
     )
 
 
@@ -114,6 +130,7 @@ def allocate_ids(snap: Snapshot, ids: Sequence[str]) -> tuple[str, ...]:
     """Validate one ContainerAllocateRequest; the IDs in GPU index order."""
     if not ids:
         raise RequestError("devices_ids is empty")
+    _bounded("devices_ids", ids)
     if dups := _duplicates(ids):
         raise RequestError(f"devices_ids lists {_short(dups)} more than once")
     if unknown := [i for i in ids if snap.index_of(i) is None]:

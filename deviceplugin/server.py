@@ -115,6 +115,7 @@ class PluginServer:
         self._registration = registration
         self._max_workers = max_workers
         self._server: grpc.Server | None = None
+        self._executor: futures.ThreadPoolExecutor | None = None
         self._service: DevicePluginService | None = None
         self._stopping = threading.Event()
         self._socket_id: FileId | None = None
@@ -154,8 +155,9 @@ class PluginServer:
             # half the threads at most for streams: the other half always answers unary RPCs
             max_streams=max(1, self._max_workers // 2),
         )
+        executor = futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="plugin-rpc")
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="plugin-rpc"),
+            executor,
             # kubelet waits on every call during pod admission: favour latency over throughput
             options=[("grpc.optimization_target", "latency")],
         )
@@ -170,7 +172,7 @@ class PluginServer:
         except RuntimeError as e:
             raise ServerError(f"cannot listen on {self.path}: {e}") from None
         server.start()
-        self._server, self._service = server, service
+        self._server, self._service, self._executor = server, service, executor
         self._socket_id = file_id(self.path)
         self.generation += 1
         jsonlog.event(
@@ -223,6 +225,11 @@ class PluginServer:
         server, self._server = self._server, None
         if server is not None:
             server.stop(grace).wait(grace + 1.0)
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            # grpc.Server.stop leaves the pool it was given running: end its idle workers now
+            # (a handler still running finishes on its own; shutdown never waits for it)
+            executor.shutdown(wait=False, cancel_futures=True)
         if self._socket_id is not None and file_id(self.path) == self._socket_id:
             try:
                 os.unlink(self.path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -21,6 +21,7 @@ from deviceplugin.metrics import Metrics
 from deviceplugin.registration import RegistrationInfo, plugin_options
 from deviceplugin.requests import PreferredAnswer, RequestError, allocate_ids, preferred
 from deviceplugin.state import Snapshot, SnapshotStore
+from deviceplugin.strategies import Handover, parse_strategies, probe_device_specs
 from gputopo import jsonlog
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gputopo_proto.status.v1 import status_pb2, status_pb2_grpc
@@ -34,6 +35,31 @@ OBJECTIVE = "ring bandwidth, then least disruption of what stays free, then pair
 STREAM_POLL_SECONDS = 0.25
 
 
+# A decision log line names the IDs of its request; a refused request may carry thousands, each
+# up to the message size: the line keeps this many IDs, each cut to this many characters.
+MAX_LOGGED_IDS = 20
+MAX_LOGGED_ID_CHARS = 80
+
+
+def logged_ids(ids: Sequence[str]) -> list[str]:
+    """`ids` for a log line, bounded: the first MAX_LOGGED_IDS (each clipped), then a count."""
+    out = [
+        i if len(i) <= MAX_LOGGED_ID_CHARS else f"{i[:MAX_LOGGED_ID_CHARS]}...({len(i)} chars)"
+        for i in ids[:MAX_LOGGED_IDS]
+    ]
+    if len(ids) > MAX_LOGGED_IDS:
+        out.append(f"... and {len(ids) - MAX_LOGGED_IDS} more")
+    return out
+
+
+def _too_many_containers(n: int) -> str | None:
+    """Every container request names at least one device, so more requests than the longest
+    device list a node can offer are not kubelet's (defaults.MAX_REQUEST_IDS)."""
+    if n > defaults.MAX_REQUEST_IDS:
+        return f"{n} container_requests; at most {defaults.MAX_REQUEST_IDS} are accepted"
+    return None
+
+
 def device_list(snap: Snapshot) -> api_pb2.ListAndWatchResponse:
     out = api_pb2.ListAndWatchResponse()
     for gpu in snap.gpus:
@@ -41,6 +67,23 @@ def device_list(snap: Snapshot) -> api_pb2.ListAndWatchResponse:
         if gpu.numa is not None:
             dev.topology.nodes.add(ID=gpu.numa)
     return out
+
+
+def handover(config: PluginConfig) -> Handover:
+    """The configured device list strategies (and device specs), built once per server: the
+    control devices are looked up here, never inside Allocate."""
+    return Handover(
+        strategies=parse_strategies(config.device_list_strategy),
+        specs=probe_device_specs(config.nvidia_driver_root) if config.pass_device_specs else None,
+        annotation_prefix=config.cdi_annotation_prefix,
+        cdi_kind=defaults.CDI_KIND,
+    )
+
+
+def _minor(snap: Snapshot, uuid: str) -> int:
+    """The card's /dev/nvidia<minor>: NVML's minor number, else its index."""
+    gpu = snap.gpus[snap.index_of(uuid) or 0]
+    return gpu.minor if gpu.minor is not None else gpu.index
 
 
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
@@ -70,6 +113,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._preferred_invalid = metrics.allocations.labels("GetPreferredAllocation", "invalid")
         self._allocate_ok = metrics.allocations.labels("Allocate", "ok")
         self._allocate_invalid = metrics.allocations.labels("Allocate", "invalid")
+        self._handover = handover(config)
 
     @property
     def watchers(self) -> int:
@@ -89,6 +133,25 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             problem = f"already {self._max_streams} ListAndWatch streams open; close one first"
             jsonlog.event(log, "list_and_watch_refused", logging.WARNING, reason=problem)
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, problem)
+        # The slot is freed the moment the RPC ends (client gone, cancelled, deadline): gRPC runs
+        # this callback then, while the generator itself would only notice at its next poll. A
+        # client that reconnects at once must find its old slot free.
+        ended = threading.Event()
+        freed = [False]
+
+        def free() -> None:
+            with self._lock:
+                if not freed[0]:
+                    freed[0] = True
+                    self._watchers -= 1
+
+        def on_done() -> None:
+            free()
+            ended.set()
+            self._store.wake()  # and the generator stops waiting now, giving its thread back
+
+        if not context.add_callback(on_done):  # the RPC already ended
+            on_done()
         try:
             snap = self._store.current()
             last = device_list(snap)
@@ -102,8 +165,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             )
             yield last
             version = snap.version
-            while not self._stopping.is_set() and context.is_active():
-                newer = self._store.wait_newer(version, STREAM_POLL_SECONDS)
+            while not self._stopping.is_set() and not ended.is_set() and context.is_active():
+                newer = self._store.wait_newer(version, STREAM_POLL_SECONDS, ended)
                 if newer is None:
                     if self._store.closed:
                         break
@@ -123,8 +186,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 )
                 yield listing
         finally:
-            with self._lock:
-                self._watchers -= 1
+            free()
 
     def GetPreferredAllocation(
         self, request: api_pb2.PreferredAllocationRequest, context: grpc.ServicerContext
@@ -134,6 +196,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         # Every container is answered before anything is counted or logged as chosen: a bad
         # container_requests[n] rejects the whole RPC, so the ones before it were not chosen.
         decided: list[tuple[list[str], list[str], int, PreferredAnswer, float]] = []
+        if problem := _too_many_containers(len(request.container_requests)):
+            self._preferred_invalid.inc()
+            jsonlog.event(log, "preferred_allocation_rejected", logging.WARNING, reason=problem)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         for n, creq in enumerate(request.container_requests):
             available = list(creq.available_deviceIDs)
             must = list(creq.must_include_deviceIDs)
@@ -153,8 +219,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                     log,
                     "preferred_allocation_failed",
                     logging.ERROR,
-                    offered=available,
-                    must=must,
+                    offered=logged_ids(available),
+                    must=logged_ids(must),
                     size=size,
                     reason=problem,
                 )
@@ -165,8 +231,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                     log,
                     "preferred_allocation_rejected",
                     logging.WARNING,
-                    offered=available,
-                    must=must,
+                    offered=logged_ids(available),
+                    must=logged_ids(must),
                     size=size,
                     reason=problem,
                 )
@@ -182,16 +248,16 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 log,
                 "preferred_allocation",
                 policy=snap.allocator.name,
-                offered=available,
-                must=must,
+                offered=logged_ids(available),
+                must=logged_ids(must),
                 size=size,
                 chosen=list(answer.device_ids),
                 indices=list(c.indices),
                 ring_mbps=c.ring_mbps,
                 disruption=[list(d) for d in c.disruption],
                 pair_sum_mbps=c.pair_sum_mbps,
-                ignored_unknown=list(answer.ignored),
-                unhealthy_offered=list(answer.unhealthy_offered),
+                ignored_unknown=logged_ids(answer.ignored),
+                unhealthy_offered=logged_ids(answer.unhealthy_offered),
                 micros=round(elapsed * 1e6),
                 reason=OBJECTIVE,
             )
@@ -203,6 +269,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         # Validate every container first: a rejected RPC allocates nothing, so nothing is counted.
         checked: list[tuple[str, ...]] = []
         owner: dict[str, int] = {}  # a GPU goes to one container, never to two of one request
+        if problem := _too_many_containers(len(request.container_requests)):
+            self._allocate_invalid.inc()
+            jsonlog.event(log, "allocate_rejected", logging.WARNING, reason=problem)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         for n, creq in enumerate(request.container_requests):
             try:
                 ids = allocate_ids(snap, list(creq.devices_ids))
@@ -214,16 +284,16 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 self._allocate_invalid.inc()
                 problem = f"container_requests[{n}]: {e}"
                 jsonlog.event(
-                    log, "allocate_rejected", logging.WARNING, devices=list(creq.devices_ids), reason=problem
+                    log,
+                    "allocate_rejected",
+                    logging.WARNING,
+                    devices=logged_ids(creq.devices_ids),
+                    reason=problem,
                 )
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         for ids in checked:
             resp = out.container_responses.add()
-            if self._config.device_list_strategy == "cdi":
-                for uuid in ids:
-                    resp.cdi_devices.add(name=f"{defaults.CDI_KIND}={uuid}")
-            else:
-                resp.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(ids)
+            self._handover.fill(resp, ids, [_minor(snap, i) for i in ids])
             self._allocate_ok.inc()
             jsonlog.event(
                 log,

@@ -104,13 +104,28 @@ class SnapshotStore:
             self._notify(listener, snap)
         return snap
 
-    def wait_newer(self, version: int, timeout: float) -> Snapshot | None:
-        """The current snapshot once its version exceeds `version`; None on timeout or close."""
+    def wait_newer(
+        self, version: int, timeout: float, cancelled: threading.Event | None = None
+    ) -> Snapshot | None:
+        """The current snapshot once its version exceeds `version`; None on timeout, close, or
+        once `cancelled` is set (and `wake()` called): a stream whose client left ends at once."""
         with self._cond:
-            self._cond.wait_for(lambda: self._closed or self._current.version > version, timeout)
+            self._cond.wait_for(
+                lambda: (
+                    self._closed
+                    or self._current.version > version
+                    or (cancelled is not None and cancelled.is_set())
+                ),
+                timeout,
+            )
             if self._closed or self._current.version <= version:
                 return None
             return self._current
+
+    def wake(self) -> None:
+        """Make every waiter re-check its condition (after setting its `cancelled` event)."""
+        with self._cond:
+            self._cond.notify_all()
 
     def close(self) -> None:
         """End every waiting stream; later waits return None at once."""

@@ -46,6 +46,7 @@ from gputopo.network import (
 )
 from gputopo.topofile import list_presets, load_topology
 from gputopo.topology import Topology, TopologyError
+from gputopo.userfile import MAX_CLUSTER_BYTES, UserFileError, read_text
 
 _TOP_KEYS = ("levels", "nodes", "podgroups", "pods")
 _NODE_KEYS = ("name", "labels", "gpus", "allocated")
@@ -168,11 +169,10 @@ def load_cluster(
     path: str, *, load: TopologyLoader = load_topology, pool: AllocatorPool | None = None
 ) -> ClusterSnapshot:
     """Read a YAML or JSON snapshot file; topology paths in it are relative to its folder."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ClusterError(f"{path}: cannot read: {e}") from None
+    try:  # a FIFO, a device or a huge file is refused here, never read (gputopo.userfile)
+        text = read_text(path, MAX_CLUSTER_BYTES)
+    except UserFileError as e:
+        raise ClusterError(f"cannot read cluster snapshot {e}") from None
     data = decode_document(text, path)
     return parse_cluster(data, base_dir=os.path.dirname(os.path.abspath(path)), load=load, pool=pool)
 

@@ -36,6 +36,7 @@ from typing import Any
 from gputopo.links import Link, LinkError, parse_code
 from gputopo.numerals import ascii_uint
 from gputopo.topology import GPU, Topology, TopologyError
+from gputopo.userfile import MAX_TOPOLOGY_BYTES, UserFileError, read_text
 
 #: Header columns after the device columns, longest first so multi-word names win.
 AFFINITY_COLUMNS: tuple[str, ...] = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
@@ -269,14 +270,13 @@ def load_topology(source: str) -> Topology:
         raise TopologyError("empty topology source: give a preset name or a file path")
     if os.sep not in source and source in list_presets():
         return load_preset(source)
-    if not os.path.isfile(source):
+    if not os.path.lexists(source):
         hint = "" if os.sep in source or "." in source else f"; presets: {', '.join(list_presets())}"
         raise TopologyError(f"topology {source!r} is neither a preset nor a readable file{hint}")
-    try:
-        with open(source, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TopologyError(f"cannot read topology file {source!r}: {e}") from None
+    try:  # a FIFO, a device or a huge file is refused here, never read (gputopo.userfile)
+        text = read_text(source, MAX_TOPOLOGY_BYTES)
+    except UserFileError as e:
+        raise TopologyError(f"cannot read topology file {e}") from None
     base = os.path.splitext(os.path.basename(source))[0] or "topology"
     try:
         return parse_topology(text, name=base)

@@ -30,6 +30,9 @@ class GPU:
     model: str = ""
     pci_bus_id: str = ""
     numa: int | None = None
+    # The driver's minor number: the card is /dev/nvidia<minor>. NVML reports it; None means the
+    # same as `index` (files and presets). Not part of the topology formats (to_dict).
+    minor: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from kubernetes import client, config
 
+from gputopo.userfile import check_kubeconfig
+
 
 class KubeConfigError(Exception):
     """No usable API server configuration; the message says why, on one line."""
@@ -20,6 +22,7 @@ def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
     cfg = client.Configuration()
     try:
         if kubeconfig:
+            check_kubeconfig(kubeconfig)  # a FIFO would hang the client's open, /dev/zero its read
             config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
         else:
             try:

@@ -26,6 +26,16 @@ DEFAULT_LEVELS = network.DEFAULT_LEVELS
 
 # Limits and timings of the sidecar.
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a full 5,000-node NodeList is ~30 MiB
+# Bounds of the HTTP server (docs/scheduler.md "Limits"): a connection idle this long is
+# closed. kube-scheduler's client keeps connections alive up to 90 s idle (Go's
+# IdleConnTimeout via utilnet.SetTransportDefaults); when the server closes first, Go drops the
+# connection from its pool and dials a new one, retrying a request that raced the close.
+IDLE_TIMEOUT_S = 60.0
+BODY_TIMEOUT_S = 30.0  # a whole request body must arrive within this (kube-scheduler: httpTimeout 30s)
+MAX_CONNECTIONS = 64  # open connections (one thread each); kube-scheduler uses a handful
+# Bodies being read, decoded and answered at once, all connections together: one full-size body
+# (decoded, a body costs several times its bytes: a 60 MiB NodeNames list peaked near 500 MB).
+MAX_INFLIGHT_BODY_BYTES = MAX_BODY_BYTES
 MAX_GPUS_PER_POD = 1024
 RESERVATION_TTL_S = gangs.RESERVATION_TTL_S  # a gang plan's capacity is held this long without binds
 ANNOTATION_MAX_AGE_S = 900.0  # older topology annotations are treated as unknown

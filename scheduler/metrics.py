@@ -51,3 +51,9 @@ class Metrics:
             "Reservations broken because their GPUs were no longer free on the node",
             registry=self.registry,
         )
+        self.refused = Counter(
+            "gputopo_extender_refused",
+            "Connections and requests refused by the server's own limits, by reason",
+            ["reason"],
+            registry=self.registry,
+        )

@@ -4,14 +4,23 @@ Only translation happens here (design.md §6, PascalCase keys, both nodeCacheCap
 Anything a client sends that cannot be understood is answered with HTTP 400 and a JSON body
 `{"Error": reason}` — the verb's own error field — and nothing reaches the Extender; an
 unexpected failure is a 500 with the same shape, logged, and the server keeps serving.
+
+Bounded (docs/scheduler.md "Limits"): at most `max_connections` connections at once (each
+holds a thread; more are answered 503 and closed without a thread), an idle connection is closed
+after `idle_timeout` seconds, a body must arrive within `body_timeout` (408), a body over
+`max_body` is 413 unread, and bodies being read and decoded together stay under
+`max_inflight_body` (503 unread): memory does not grow with the number of clients.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -22,6 +31,7 @@ from gputopo import jsonlog
 from gputopo.numerals import ascii_uint
 from scheduler import defaults
 from scheduler.extender import Extender
+from scheduler.httplimits import BUSY_RESPONSE, Budget, Limits, Refused
 from scheduler.model import BadInput, parse_node_names, parse_pod
 from scheduler.state import BindError
 
@@ -81,10 +91,37 @@ VERBS: dict[str, tuple[str, Callable[[Extender, Any], tuple[int, Any]]]] = {
 }
 
 
+_READ_CHUNK = 1024 * 1024
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
     server: ExtenderHTTPServer
+
+    _unread = False  # a refused request's body is still on the wire
+
+    def finish(self) -> None:
+        """Close gently after a refusal that left the body unread: closing a socket with unread
+        input sends a TCP reset, which can destroy the refusal before the client reads it. So:
+        answer, half-close, swallow a little of the body (bounded in bytes and time), close."""
+        try:
+            super().finish()  # flushes the answer
+            if self._unread:
+                self.connection.shutdown(socket.SHUT_WR)
+                self.connection.settimeout(0.2)
+                deadline = time.monotonic() + 0.5
+                for _ in range(64):  # at most 4 MiB and 0.5 s (+ one 0.2 s read)
+                    if not self.connection.recv(65536) or time.monotonic() > deadline:
+                        break
+        except OSError:
+            pass
+
+    def setup(self) -> None:
+        # StreamRequestHandler puts `timeout` on the socket: every read (the next request line of
+        # a kept-alive connection included) gives up after it, and handle_one_request closes.
+        self.timeout = self.server.idle_timeout  # type: ignore[misc]  # per connection, on purpose
+        super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug(format, *args)
@@ -105,6 +142,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
         self.send_response(code)
+        if self.close_connection:  # tell the client, so it does not send its next call here
+            self.send_header("Connection", "close")
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -138,9 +177,17 @@ class _Handler(BaseHTTPRequestHandler):
         metrics = self.server.extender.metrics
         start = time.perf_counter()
         code = 500
+        reserved = 0
         try:
+            reserved = self._reserve()
             args = self._read_json()
             code, out = fn(self.server.extender, args)
+        except Refused as e:
+            code, out = e.code, {"Error": str(e)}
+            self.close_connection = True  # the body (if any) was not read: the stream is unusable
+            self._unread = True
+            metrics.refused.labels(reason=e.metric).inc()
+            jsonlog.event(log, "request_refused", logging.WARNING, verb=name, code=code, reason=str(e))
         except BadInput as e:
             code, out = 400, {"Error": str(e)}
             jsonlog.event(log, "bad_request", logging.WARNING, verb=name, reason=str(e))
@@ -150,6 +197,9 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             self._json(code, out)
         finally:
+            # the answer (in non-cache mode it holds node objects of the request) is written:
+            # the body and its decoded form are garbage from here
+            self.server.budget.release(reserved)
             metrics.latency.labels(verb=name).observe(time.perf_counter() - start)
             metrics.requests.labels(verb=name, code=str(code)).inc()
 
@@ -161,20 +211,57 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _drain(self) -> None:
         length = self._length()
-        if length is not None and length <= self.server.max_body:
+        if length is not None and length <= _READ_CHUNK:  # larger: not worth reading, just close
             self.rfile.read(length)
         else:
             self.close_connection = True
 
-    def _read_json(self) -> Any:
+    def _reserve(self) -> int:
+        """Count this body against the in-flight budget before reading a byte of it."""
         size = self._length()
         if size is None:
             self.close_connection = True
             raise BadInput("Content-Length is required (a number of bytes)")
         if size > self.server.max_body:
-            self.close_connection = True
-            raise BadInput(f"request body of {size} bytes exceeds {self.server.max_body}")
-        body = self.rfile.read(size)
+            raise Refused(
+                413, f"request body of {size} bytes exceeds {self.server.max_body}", "body_too_large"
+            )
+        if not self.server.budget.reserve(size):
+            raise Refused(
+                503,
+                f"busy: {self.server.max_inflight_body} bytes of request bodies already in flight; retry",
+                "inflight_bytes",
+            )
+        return size
+
+    def _read_body(self, size: int) -> bytes:
+        """Exactly `size` bytes, which must all arrive within the server's body timeout."""
+        deadline = time.monotonic() + self.server.body_timeout
+        chunks: list[bytes] = []
+        got = 0
+        try:
+            while got < size:
+                if time.monotonic() > deadline:
+                    raise Refused(
+                        408,
+                        f"request body not received within {self.server.body_timeout:g} s",
+                        "body_timeout",
+                    )
+                chunk = self.rfile.read1(min(_READ_CHUNK, size - got))
+                if not chunk:
+                    raise Refused(400, f"request body ended after {got} of {size} bytes", "body_short")
+                chunks.append(chunk)
+                got += len(chunk)
+        except TimeoutError:
+            raise Refused(
+                408, f"request body stalled for {self.server.idle_timeout:g} s", "body_timeout"
+            ) from None
+        return b"".join(chunks)
+
+    def _read_json(self) -> Any:
+        size = self._length()
+        assert size is not None  # _reserve checked it
+        body = self._read_body(size)
         try:
             return orjson.loads(body)  # 3-4x faster than json on a 5,000-name NodeNames list
         except orjson.JSONDecodeError as e:
@@ -186,10 +273,52 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 256  # kube-scheduler calls in parallel; the default backlog of 5 resets them
 
-    def __init__(self, address: tuple[str, int], extender: Extender, max_body: int) -> None:
+    def __init__(self, address: tuple[str, int], extender: Extender, limits: Limits) -> None:
         self.extender = extender
-        self.max_body = max_body
+        self.max_body = limits.max_body
+        self.max_inflight_body = limits.max_inflight_body
+        self.idle_timeout = limits.idle_timeout
+        self.body_timeout = limits.body_timeout
+        self._connections = threading.BoundedSemaphore(limits.max_connections)
+        self.budget = Budget(limits.max_inflight_body)
         super().__init__(address, _Handler)
+
+    @property
+    def inflight_body_bytes(self) -> int:
+        return self.budget.taken
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """One thread per connection, but only `max_connections` of them: past that the
+        connection gets a 503 from the accept loop and is closed, no thread started."""
+        if not self._connections.acquire(blocking=False):
+            self.extender.metrics.refused.labels(reason="connections").inc()
+            try:
+                request.settimeout(0.5)
+                request.sendall(BUSY_RESPONSE)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._connections.release()
+            raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """socketserver prints a traceback to stderr; a client hanging up mid-answer is routine
+        (debug), anything else one JSON error line."""
+        err = sys.exc_info()[1]
+        if isinstance(err, (ConnectionError, TimeoutError)):
+            jsonlog.event(log, "client_gone", logging.DEBUG, reason=f"{type(err).__name__}: {err}")
+        else:
+            jsonlog.event(log, "connection_failed", logging.ERROR, reason=f"{type(err).__name__}: {err}")
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._connections.release()
 
 
 class Server:
@@ -201,8 +330,12 @@ class Server:
         host: str = defaults.DEFAULT_HOST,
         port: int = defaults.DEFAULT_PORT,
         max_body: int = defaults.MAX_BODY_BYTES,
+        limits: Limits | None = None,
     ) -> None:
-        self.httpd = ExtenderHTTPServer((host, port), extender, max_body)
+        limits = limits or Limits()
+        if max_body != defaults.MAX_BODY_BYTES:
+            limits = replace(limits, max_body=max_body)
+        self.httpd = ExtenderHTTPServer((host, port), extender, limits)
         self._thread: threading.Thread | None = None
 
     @property

@@ -248,8 +248,8 @@ def mutated(draw: st.DrawFn) -> str | bytes:
         elif how == "swap":
             value = parent[last]
             parent[last] = draw(st.sampled_from([str(value), [value], {"v": value}, None, not value]))
-        elif isinstance(parent[last], str) and " " in parent[last]:  # one code of a links row
-            codes = parent[last].split()
+        elif isinstance(parent[last], str) and parent[last].split() and " " in parent[last]:
+            codes = parent[last].split()  # one code of a links row
             codes[draw(st.integers(0, len(codes) - 1))] = draw(_nasty_strings)
             parent[last] = " ".join(codes)
         if not isinstance(doc, (dict, list)):

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deviceplugin.backend import Backend, HealthEvent
 from deviceplugin.filebackend import FileBackend, HealthFileError, parse_health_entry
@@ -181,3 +183,97 @@ def test_parse_health_entry_rules() -> None:
     for key, value in (("4", "Unhealthy"), ("0", None), ("0", {"xid": True}), ("0", 3)):
         with pytest.raises(HealthFileError):
             parse_health_entry(topo, key, value)
+
+
+@pytest.mark.parametrize("key", ["٣", "03", "+3", " 3", "3 ", "\uff13", "-0", "0x3", "²", "1" * 40])
+def test_index_keys_are_canonical_ascii_only(key: str) -> None:
+    """The documented index form is ASCII digits without leading zeros: "٣" (Arabic-Indic
+    three) and "03" used to be taken as GPU 3."""
+    topo = load_preset("hgx-h100")
+    with pytest.raises(HealthFileError, match="unknown GPU"):
+        parse_health_entry(topo, key, "Unhealthy")
+    assert parse_health_entry(topo, "3", "Unhealthy").uuid == topo.gpus[3].uuid
+    assert parse_health_entry(topo, "0", "Unhealthy").uuid == topo.gpus[0].uuid
+
+
+def test_xid_numbers_are_range_checked() -> None:
+    from deviceplugin.filebackend import MAX_XID
+
+    topo = load_preset("hgx-h100")
+    assert parse_health_entry(topo, "0", {"xid": MAX_XID}).xid == MAX_XID
+    for xid in (MAX_XID + 1, 10**400, -1):
+        with pytest.raises(HealthFileError, match=f"0..{MAX_XID}") as info:
+            parse_health_entry(topo, "0", {"xid": xid})
+        assert len(str(info.value)) < 200  # a 400-digit number is clipped in the message
+
+
+def test_a_fifo_device_or_oversized_health_file_changes_nothing(
+    caplog: pytest.LogCaptureFixture, health: Path, watch: Watch
+) -> None:
+    """Swapped in while the plugin runs: refused without reading (the watcher neither blocks
+    on the FIFO nor reads /dev/zero), warned, GPU health unchanged, watching goes on."""
+    from gputopo.userfile import MAX_HEALTH_FILE_BYTES
+
+    caplog.set_level(logging.WARNING, logger="deviceplugin.filebackend")
+    fifo = health.with_suffix(".fifo")
+    os.mkfifo(fifo)
+    os.replace(fifo, health)
+    watch.assert_quiet(0.2)
+    health.unlink()
+    os.symlink("/dev/zero", health)
+    watch.assert_quiet(0.2)
+    health.unlink()
+    big = health.with_suffix(".big")
+    big.write_text(json.dumps({"1": "Unhealthy"}))
+    with open(big, "a") as f:
+        f.truncate(MAX_HEALTH_FILE_BYTES + 1)  # valid JSON prefix, then too big
+    os.replace(big, health)
+    watch.assert_quiet(0.2)
+    reasons = [r.fields["reason"] for r in caplog.records if r.getMessage() == "health_file_invalid"]  # type: ignore[attr-defined]
+    assert any("FIFO" in r for r in reasons) and any("character device" in r for r in reasons)
+    assert any("larger than the 1 MiB allowed" in r for r in reasons)
+    write(health, json.dumps({"2": "Unhealthy"}))  # and a good file is read again
+    assert watch.take(1)[0].uuid == UUID[2].uuid
+
+
+def test_bad_entries_are_logged_a_few_at_most(
+    caplog: pytest.LogCaptureFixture, health: Path, watch: Watch
+) -> None:
+    from deviceplugin.filebackend import MAX_LOGGED_BAD_ENTRIES
+
+    caplog.set_level(logging.WARNING, logger="deviceplugin.filebackend")
+    write(health, json.dumps({**{f"GPU-bad-{i}": "Unhealthy" for i in range(5000)}, "5": "Unhealthy"}))
+    assert watch.take(1)[0].uuid == UUID[5].uuid
+    names = [r.getMessage() for r in caplog.records]
+    assert names.count("health_entry_invalid") == MAX_LOGGED_BAD_ENTRIES
+    assert names.count("health_entries_invalid") == 1
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=400)
+@given(
+    key=st.one_of(
+        st.text(max_size=12), st.integers(-5, 20).map(str), st.sampled_from([g.uuid for g in UUID])
+    ),
+    value=st.one_of(
+        _JSON,
+        st.sampled_from(["Healthy", "unhealthy", " UNHEALTHY "]),
+        st.integers().map(lambda x: {"xid": x}),
+    ),
+)
+def test_parse_health_entry_is_total(key: str, value: object) -> None:
+    """Any key and JSON value give a HealthEvent for a known GPU or a HealthFileError."""
+    topo = load_preset("hgx-h100")
+    try:
+        event = parse_health_entry(topo, key, value)
+    except HealthFileError as e:
+        assert len(str(e)) < 400
+        return
+    assert event.uuid in topo.index_by_uuid
+    assert event.xid is None or 0 <= event.xid <= 65535

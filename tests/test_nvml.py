@@ -514,3 +514,21 @@ def test_probe_without_nvml_is_one_line(capsys: pytest.CaptureFixture[str]) -> N
     assert nvml_probe.main([], nvml=fake) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("nvml_probe: NVML init failed")
+
+
+def test_minor_numbers_come_from_nvml_when_it_has_them(no_sysfs: str) -> None:
+    """Device specs name /dev/nvidia<minor>; the driver's minor need not equal NVML's index."""
+    fake = model_from(load_preset("rtx8000-4"), pcie={}, switch=False, version=pynvml.NVML_NVLINK_VERSION_2_0)
+    t = NvmlBackend(nvml=fake, sysfs_root=no_sysfs).discover()
+    assert [g.minor for g in t.gpus] == [None] * 4  # an NVML without the call: the index is used
+
+    minors = {0: 3, 1: 2, 2: 1, 3: 7}
+    fake.nvmlDeviceGetMinorNumber = lambda h: minors[h]  # type: ignore[attr-defined]
+    t = NvmlBackend(nvml=fake, sysfs_root=no_sysfs).discover()
+    assert [g.minor for g in t.gpus] == [3, 2, 1, 7]
+
+    def broken(h: int) -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    fake.nvmlDeviceGetMinorNumber = broken  # type: ignore[attr-defined]
+    assert [g.minor for g in NvmlBackend(nvml=fake, sysfs_root=no_sysfs).discover().gpus] == [None] * 4

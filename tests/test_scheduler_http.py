@@ -222,7 +222,7 @@ def test_bad_bind_input_is_a_400_with_the_error_field(serve, doc: dict, message:
 def test_size_limits_paths_and_probes(serve) -> None:
     client, _ = serve(cluster(), max_body=1000)
     status, _, out = client.raw("POST", "/filter", b"x" * 2000)
-    assert status == 400 and "exceeds" in json.loads(out)["Error"]
+    assert status == 413 and "exceeds" in json.loads(out)["Error"]
     status, _, out = client.raw("POST", "/nope", b"{}")
     assert status == 404
     assert client.raw("GET", "/healthz")[0] == 200
@@ -232,7 +232,8 @@ def test_size_limits_paths_and_probes(serve) -> None:
     assert status == 200 and ctype.startswith("text/plain")
     body = text.decode()
     assert 'gputopo_extender_request_seconds_count{verb="filter"}' in body
-    assert 'gputopo_extender_requests_total{code="400",verb="filter"} 1.0' in body
+    assert 'gputopo_extender_requests_total{code="413",verb="filter"} 1.0' in body
+    assert 'gputopo_extender_refused_total{reason="body_too_large"} 1.0' in body
 
 
 def gang_pod(name: str, gpus: int = 8, group: str = "g1") -> dict:

@@ -313,5 +313,5 @@ def test_load_topology_missing_file_and_empty(tmp_path: Path) -> None:
         load_topology(str(tmp_path / "nope.json"))
     with pytest.raises(TopologyError, match="empty topology source"):
         load_topology(" ")
-    with pytest.raises(TopologyError, match="neither a preset nor a readable file"):
-        load_topology(str(tmp_path))  # a directory
+    with pytest.raises(TopologyError, match="is a directory, not a regular file"):
+        load_topology(str(tmp_path))

@@ -189,6 +189,8 @@ def _check_plot_path(path: str) -> None:
         raise UsageError("--plot: give a PNG file name")
     if target.is_dir():
         raise UsageError(f"--plot {path}: is a directory")
+    if target.exists() and not target.is_file():  # a FIFO would block the write, a device eat it
+        raise UsageError(f"--plot {path}: exists and is not a regular file")
     if not target.parent.exists():
         raise UsageError(f"--plot {path}: directory {target.parent} does not exist")
 

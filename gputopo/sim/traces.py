@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gputopo.sim.workload import Job, pods_for
+from gputopo.userfile import MAX_TRACE_BYTES, UserFileError, open_regular
 
 _ALIBABA = ("name", "num_gpu", "gpu_milli")
 _ALIBABA_TIMES = ("creation_time", "deletion_time", "scheduled_time")
@@ -54,7 +56,8 @@ def read_trace(path: str | Path) -> Trace:
     try:
         # utf-8-sig: spreadsheets start CSV files with a byte order mark that would otherwise
         # become part of the first column's name.
-        with p.open(newline="", encoding="utf-8-sig") as fh:
+        # open_regular: a FIFO or a device (/dev/zero) is refused, never read; size capped
+        with os.fdopen(open_regular(str(p), MAX_TRACE_BYTES), newline="", encoding="utf-8-sig") as fh:
             reader = csv.DictReader(fh)
             header = [h.strip() for h in (reader.fieldnames or [])]
             twice = sorted({h for h in header if h and header.count(h) > 1})
@@ -64,6 +67,8 @@ def read_trace(path: str | Path) -> Trace:
                 return _read_alibaba(p, reader, timed=all(c in header for c in _ALIBABA_TIMES))
             if all(c in header for c in _JOBS):
                 return _read_jobs(p, reader)
+    except UserFileError as e:
+        raise TraceError(f"cannot read trace {e}") from None
     except OSError as e:
         raise TraceError(f"cannot read trace {p}: {e.strerror or e}") from None
     except UnicodeDecodeError:
