@@ -396,7 +396,14 @@ class Cluster:
         self.kubeconfig = self.folder / "kubeconfig.json"
         proc = self.procs.start(
             "apiserver",
-            [sys.executable, str(REALK8S / "apiserver_standin.py"), "--port", "0", "--kubeconfig", str(self.kubeconfig)],
+            [
+                sys.executable,
+                str(REALK8S / "apiserver_standin.py"),
+                "--port",
+                "0",
+                "--kubeconfig",
+                str(self.kubeconfig),
+            ],
         )
         port = int(_wait_line(proc, r"fake apiserver on 127\.0\.0\.1:(\d+)", 20).group(1))
         self.api = Api(f"http://127.0.0.1:{port}")
@@ -406,7 +413,14 @@ class Cluster:
         restart the same one, since kube-scheduler's config names it."""
         proc = self.procs.start(
             "sidecar",
-            [sys.executable, "-m", "scheduler", *sidecar_args(self.sidecar_port), "--kubeconfig", str(self.kubeconfig)],
+            [
+                sys.executable,
+                "-m",
+                "scheduler",
+                *sidecar_args(self.sidecar_port),
+                "--kubeconfig",
+                str(self.kubeconfig),
+            ],
         )
         m = _wait_line(proc, r'"event":"listening".*?"url":"http://127\.0\.0\.1:(\d+)"', 30)
         self.sidecar_port = int(m.group(1))
@@ -454,7 +468,9 @@ class Cluster:
         self.api.patch(f"/api/v1/nodes/{name}", patch)
 
     def add_podgroup(self, ns: str, name: str, min_member: int) -> None:
-        self.api.create(f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups", podgroup(name, min_member))
+        self.api.create(
+            f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups", podgroup(name, min_member)
+        )
 
     def add_pods(self, ns: str, *pods: dict[str, Any]) -> None:
         for p in pods:
@@ -512,13 +528,22 @@ class Cluster:
             raise AssertionError(f"{e}; events {got}\n{self.procs.logs()}") from None
         return got
 
+    def attempts(self, ns: str, pod: str) -> int:
+        """How many scheduling cycles kube-scheduler has ended with `pod` unschedulable, from its
+        log (-v=2 prints each; the API's Events are aggregated into series and do not say)."""
+        assert self.scheduler is not None
+        needle = f'"Unable to schedule pod; no fit; waiting" pod="{ns}/{pod}"'
+        return self.scheduler.text().count(needle)
+
     def reset(self) -> None:
         """Delete what the tests created (pods first, so no bind races a deleted node)."""
         for ns in sorted(self._namespaces):
             for name in self.api.pods(ns):
                 self.api.delete(f"/api/v1/namespaces/{ns}/pods/{name}")
             for g in self.api.get(f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups")["items"]:
-                self.api.delete(f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups/{g['metadata']['name']}")
+                self.api.delete(
+                    f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups/{g['metadata']['name']}"
+                )
         for name in sorted(self._nodes):
             self.api.delete(f"/api/v1/nodes/{name}")
         self._nodes.clear()
@@ -546,7 +571,9 @@ class DeviceManager:
     """`kubelet-devicemanager`: kubelet's device and topology managers, one JSON command per
     stdin line, one JSON answer per stdout line."""
 
-    def __init__(self, procs: Procs, bindir: Path, folder: Path, *, policy: str = "none", numa: int = 2) -> None:
+    def __init__(
+        self, procs: Procs, bindir: Path, folder: Path, *, policy: str = "none", numa: int = 2
+    ) -> None:
         self.procs = procs
         self.proc = procs.start(
             "kubelet",
