@@ -590,13 +590,20 @@ class DeviceManager:
             ],
             stdin=subprocess.PIPE,
         )
+        started = self.read(30)
+        if started.get("event") != "started":
+            raise AssertionError(f"kubelet-devicemanager did not start: {started}\n{self.proc.tail()}")
 
     def ask(self, command: dict[str, Any], timeout: float = 15.0) -> dict[str, Any]:
         stdin: IO[bytes] | None = self.proc.popen.stdin
-        stdout: IO[bytes] | None = self.proc.popen.stdout
-        assert stdin is not None and stdout is not None
+        assert stdin is not None
         stdin.write(json.dumps(command).encode() + b"\n")
         stdin.flush()
+        return self.read(timeout, command)
+
+    def read(self, timeout: float, command: object = "its start") -> dict[str, Any]:
+        stdout: IO[bytes] | None = self.proc.popen.stdout
+        assert stdout is not None
         line = _readline(stdout, timeout)
         if not line:
             raise AssertionError(f"kubelet-devicemanager gave no answer to {command}:\n{self.proc.tail()}")
