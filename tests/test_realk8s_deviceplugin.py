@@ -7,6 +7,7 @@ the real topology manager (GetPreferredAllocation, then Allocate). Skips without
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -130,3 +131,27 @@ def test_a_gpu_marked_unhealthy_in_the_health_file_leaves_kubelets_healthy_set(n
     assert out["admit"] and sick not in out["devices"], out
     health.write_text(json.dumps({sick: "Healthy"}))
     assert node.wait_healthy(8, timeout=10)["ok"]
+
+
+def test_plugin_and_kubelet_restarts_keep_each_pods_devices(node: Node) -> None:
+    """The plugin restarted (SIGTERM, start): kubelet takes its devices as healthy again, and new
+    pods get only GPUs no running pod holds. kubelet restarted: its checkpoint and the pods it
+    adopts keep their devices; a freed pod's GPUs go to the next one."""
+    km = node.start_kubelet()
+    plugin = node.start_plugin()
+    assert node.wait_healthy(8, timeout=20)["ok"]
+    first = set(node.ask({"op": "alloc", "pod": "p1", "n": 4})["devices"])
+    node.procs.kill(plugin, signal.SIGTERM)
+    assert plugin.popen.returncode == 0, plugin.tail()
+    assert node.wait_healthy(0, timeout=10)["ok"], "kubelet noticed the plugin is gone"
+    node.start_plugin()
+    assert node.wait_healthy(8, timeout=10)["ok"]
+    second = set(node.ask({"op": "alloc", "pod": "p2", "n": 4})["devices"])
+    assert len(second) == 4 and not first & second
+    assert km.ask({"op": "restart"}, timeout=20)["ok"]
+    state = km.ask({"op": "adopt", "pods": ["p1", "p2"]})
+    assert {k: set(v) for k, v in state["pods"].items()} == {"p1": first, "p2": second}
+    assert node.wait_healthy(8, timeout=10)["ok"]
+    assert not node.ask({"op": "alloc", "pod": "p3", "n": 1})["admit"], "every GPU is held"
+    assert node.ask({"op": "free", "pod": "p1"})["ok"]
+    assert set(node.ask({"op": "alloc", "pod": "p3", "n": 4})["devices"]) == first
