@@ -155,3 +155,15 @@ def test_plugin_and_kubelet_restarts_keep_each_pods_devices(node: Node) -> None:
     assert not node.ask({"op": "alloc", "pod": "p3", "n": 1})["admit"], "every GPU is held"
     assert node.ask({"op": "free", "pod": "p1"})["ok"]
     assert set(node.ask({"op": "alloc", "pod": "p3", "n": 4})["devices"]) == first
+
+
+def test_the_cdi_strategy_reaches_the_container_as_cdi_devices(node: Node) -> None:
+    """--device-list-strategy cdi: kubelet passes the pod's GPUs on as CDI device names (the
+    container runtime resolves them), and no NVIDIA_VISIBLE_DEVICES."""
+    node.start_kubelet()
+    node.start_plugin("--device-list-strategy", "cdi")
+    assert node.wait_healthy(8, timeout=20)["ok"]
+    out = node.ask({"op": "alloc", "pod": "p1", "n": 2})
+    assert out["admit"], out
+    assert sorted(out["cdi"]) == sorted(f"nvidia.com/gpu={u}" for u in out["devices"])
+    assert "NVIDIA_VISIBLE_DEVICES" not in (out["env"] or {})
