@@ -224,22 +224,6 @@ class Api:
         """pod name -> node name ('' while unbound)."""
         return {n: (p.get("spec") or {}).get("nodeName") or "" for n, p in self.pods(ns).items()}
 
-    def events(self, ns: str) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for path in (f"/apis/events.k8s.io/v1/namespaces/{ns}/events", f"/api/v1/namespaces/{ns}/events"):
-            with contextlib.suppress(ApiError):
-                out.extend(self.get(path)["items"])
-        return out
-
-    def failed_scheduling(self, ns: str, pod: str) -> list[str]:
-        """Messages of kube-scheduler's FailedScheduling events about `pod`."""
-        msgs = []
-        for e in self.events(ns):
-            regarding = e.get("regarding") or e.get("involvedObject") or {}
-            if regarding.get("name") == pod and e.get("reason") == "FailedScheduling":
-                msgs.append(e.get("note") or e.get("message") or "")
-        return msgs
-
 
 # ------------------------------------------------------------------------------- objects
 
@@ -376,6 +360,9 @@ def scheduler_flags() -> list[str]:
 
 # ------------------------------------------------------------------------------- a cluster
 
+_REFUSAL = re.compile(r'\] "(Unable to schedule pod; no fit; waiting|Error scheduling pod; retrying)"')
+_KV = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
 
 @dataclass
 class Cluster:
@@ -509,31 +496,38 @@ class Cluster:
         placed = self.wait_until(ns, cond, timeout, f"{list(names)} bound")
         return {n: placed[n] for n in names}
 
+    def refusals(self, ns: str, pod: str) -> list[str]:
+        """Why kube-scheduler's cycles for `pod` ended without a node, one message per cycle, from
+        its log (-v=2, deploy's verbosity, prints each): "no fit" (the filters and the extender's
+        reasons) or "retrying" (an error, e.g. the extender unreachable). The API's Events carry
+        only the first messages: later ones are folded into an event series."""
+        assert self.scheduler is not None
+        out = []
+        for line in self.scheduler.text().splitlines():
+            if _REFUSAL.search(line):
+                fields = dict(_KV.findall(line))
+                if fields.get("pod") == f"{ns}/{pod}":
+                    out.append(fields.get("err", "").replace('\\"', '"'))
+        return out
+
     def wait_refused(
         self, ns: str, names: Sequence[str], match: str = "", timeout: float = 20.0
     ) -> dict[str, list[str]]:
-        """kube-scheduler's FailedScheduling messages, once each of `names` has one matching the
-        regular expression `match`."""
+        """`refusals()` of each of `names`, once each has one matching the regular expression
+        `match`; AssertionError with what was seen and the log tails at `timeout`."""
         got: dict[str, list[str]] = {}
         rx = re.compile(match)
 
         def done() -> bool:
             got.clear()
-            got.update({n: self.api.failed_scheduling(ns, n) for n in names})
+            got.update({n: self.refusals(ns, n) for n in names})
             return all(any(rx.search(m) for m in got[n]) for n in names)
 
         try:
-            wait_for(done, timeout, f"FailedScheduling events for {list(names)} matching {match!r}", 0.2)
+            wait_for(done, timeout, f"kube-scheduler refusing {list(names)} with {match!r}", 0.2)
         except AssertionError as e:
-            raise AssertionError(f"{e}; events {got}\n{self.procs.logs()}") from None
+            raise AssertionError(f"{e}; refusals {got}\n{self.procs.logs()}") from None
         return got
-
-    def attempts(self, ns: str, pod: str) -> int:
-        """How many scheduling cycles kube-scheduler has ended with `pod` unschedulable, from its
-        log (-v=2 prints each; the API's Events are aggregated into series and do not say)."""
-        assert self.scheduler is not None
-        needle = f'"Unable to schedule pod; no fit; waiting" pod="{ns}/{pod}"'
-        return self.scheduler.text().count(needle)
 
     def reset(self) -> None:
         """Delete what the tests created (pods first, so no bind races a deleted node)."""

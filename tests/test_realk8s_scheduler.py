@@ -50,15 +50,6 @@ def leaf_of(k8s: rk.Cluster, node: str) -> str:
     return k8s.api.get(f"/api/v1/nodes/{node}")["metadata"]["labels"][LEAF]
 
 
-def sidecar_events(k8s: rk.Cluster, event: str) -> list[str]:
-    """The sidecar's JSON log lines of one event kind (all its runs in this module)."""
-    lines = []
-    for p in k8s.procs.procs:
-        if p.name == "sidecar":
-            lines += [ln for ln in p.text().splitlines() if f'"event":"{event}"' in ln]
-    return lines
-
-
 def test_single_gpu_pods_land_only_where_the_plugin_says_gpus_are_free(k8s: rk.Cluster, ns: str) -> None:
     """kube-scheduler alone counts 8 free GPUs on both nodes (no pod requests them); the
     annotation of s0 says all 8 are in use (by pods outside this scheduler): only s1 is used."""
@@ -106,9 +97,9 @@ def test_a_gang_that_fits_nowhere_binds_nothing(k8s: rk.Cluster, ns: str) -> Non
     k8s.add_pods(ns, *(rk.pod(m, 8, gang="g") for m in members))
     k8s.wait_refused(ns, members, match="does not fit")
     # a cluster event (a node label update) sends every parked member through the extender again
-    before = {m: k8s.attempts(ns, m) for m in members}
+    before = {m: len(k8s.refusals(ns, m)) for m in members}
     k8s.patch_node(f"{ns}-a0", {"metadata": {"labels": {"example.com/touched": "1"}}})
-    rk.wait_for(lambda: all(k8s.attempts(ns, m) > before[m] for m in members), 15, "the members retried")
+    rk.wait_for(lambda: all(len(k8s.refusals(ns, m)) > before[m] for m in members), 15, "the members retried")
     assert k8s.api.placement(ns) == dict.fromkeys(members, "")
 
 
@@ -144,9 +135,7 @@ def test_a_sidecar_killed_mid_gang_still_places_the_gang_whole(k8s: rk.Cluster, 
         ns, rk.pod("g-1", 8, gang="g", node_selector=gate), rk.pod("g-2", 8, gang="g", node_selector=gate)
     )
     k8s.add_pods(ns, rk.pod("g-0", 8, gang="g"))
-    placed = k8s.wait_until(
-        ns, lambda p: p["g-0"] or k8s.api.failed_scheduling(ns, "g-0"), what="g-0 bound or refused"
-    )
+    placed = k8s.wait_until(ns, lambda p: p["g-0"] or k8s.refusals(ns, "g-0"), what="g-0 bound or refused")
     if not placed["g-0"]:
         # The sidecar's watch had not shown it g-1/g-2 yet ("waiting for members"): the held
         # members never reach the extender, so no bind follows that would bring g-0 back; a
