@@ -42,6 +42,7 @@ GPU = "nvidia.com/gpu"
 TOPOLOGY_KEY = "gputopo.io/topology"
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 SCHEDULER_NAME = "gputopo-scheduler"
+HOLD_GATE = "example.com/created-together"
 
 T = TypeVar("T")
 
@@ -462,6 +463,21 @@ class Cluster:
     def add_pods(self, ns: str, *pods: dict[str, Any]) -> None:
         for p in pods:
             self.api.create(f"/api/v1/namespaces/{ns}/pods", p)
+
+    def add_gang(self, ns: str, group: str, *pods: dict[str, Any]) -> None:
+        """A PodGroup (minMember = len(pods)) and its pods, all created before kube-scheduler
+        may try any: each is created behind a scheduling gate, then every gate is lifted. A
+        member tried while its peers are still being created is refused "waiting for members"
+        and parked, and the later members' adds are no cluster event that brings it back."""
+        self.add_podgroup(ns, group, len(pods))
+        for p in pods:
+            gated = json.loads(json.dumps(p))
+            gated["spec"]["schedulingGates"] = [{"name": HOLD_GATE}]
+            self.api.create(f"/api/v1/namespaces/{ns}/pods", gated)
+        for p in pods:
+            self.api.patch(
+                f"/api/v1/namespaces/{ns}/pods/{p['metadata']['name']}", {"spec": {"schedulingGates": None}}
+            )
 
     def wait_until(
         self, ns: str, cond: Callable[[dict[str, str]], bool], timeout: float = 20.0, what: str = ""

@@ -78,9 +78,8 @@ def test_a_2x8_gang_lands_whole_in_the_one_leaf_that_holds_it(k8s: rk.Cluster, n
         rk.node(f"{ns}-c0", "leaf-c"),
         rk.node(f"{ns}-c1", "leaf-c"),
     )
-    k8s.add_podgroup(ns, "g", 2)
     members = names("g", 2)
-    k8s.add_pods(ns, *(rk.pod(m, 8, gang="g") for m in members))
+    k8s.add_gang(ns, "g", *(rk.pod(m, 8, gang="g") for m in members))
     placed = k8s.wait_bound(ns, members)
     assert sorted(placed.values()) == [f"{ns}-c0", f"{ns}-c1"]
 
@@ -92,9 +91,8 @@ def test_a_gang_that_fits_nowhere_binds_nothing(k8s: rk.Cluster, ns: str) -> Non
         rk.node(f"{ns}-b0", "leaf-b"),
         rk.node(f"{ns}-b1", "leaf-b", allocated=range(4)),
     )
-    k8s.add_podgroup(ns, "g", 3)
     members = names("g", 3)
-    k8s.add_pods(ns, *(rk.pod(m, 8, gang="g") for m in members))
+    k8s.add_gang(ns, "g", *(rk.pod(m, 8, gang="g") for m in members))
     k8s.wait_refused(ns, members, match="does not fit")
     # a cluster event (a node label update) sends every parked member through the extender again
     before = {m: len(k8s.refusals(ns, m)) for m in members}
@@ -111,9 +109,8 @@ def test_a_gang_that_did_not_fit_is_placed_whole_once_a_node_is_added(k8s: rk.Cl
     "retry in 1s" from its own back-off and kube-scheduler parks the gang again until the next
     event, so the added node is never used."""
     k8s.add_nodes(rk.node(f"{ns}-a0", "leaf-a"), rk.node(f"{ns}-b0", "leaf-b"))
-    k8s.add_podgroup(ns, "g", 3)
     members = names("g", 3)
-    k8s.add_pods(ns, *(rk.pod(m, 8, gang="g") for m in members))
+    k8s.add_gang(ns, "g", *(rk.pod(m, 8, gang="g") for m in members))
     k8s.wait_refused(ns, members, match="does not fit")
     k8s.add_nodes(rk.node(f"{ns}-a1", "leaf-a"))
     placed = k8s.wait_bound(ns, members, timeout=15)
@@ -129,15 +126,16 @@ def test_a_sidecar_killed_mid_gang_still_places_the_gang_whole(k8s: rk.Cluster, 
     gate = {"example.com/gate": "open"}
     nodes = [rk.node(f"{ns}-{leaf[-1]}{i}", leaf) for leaf in ("leaf-a", "leaf-b") for i in range(3)]
     k8s.add_nodes(*nodes)
-    k8s.add_podgroup(ns, "g", 3)
-    # the held members first, so the sidecar has seen all three when g-0 is filtered
-    k8s.add_pods(
-        ns, rk.pod("g-1", 8, gang="g", node_selector=gate), rk.pod("g-2", 8, gang="g", node_selector=gate)
+    k8s.add_gang(
+        ns,
+        "g",
+        rk.pod("g-0", 8, gang="g"),
+        rk.pod("g-1", 8, gang="g", node_selector=gate),
+        rk.pod("g-2", 8, gang="g", node_selector=gate),
     )
-    k8s.add_pods(ns, rk.pod("g-0", 8, gang="g"))
     placed = k8s.wait_until(ns, lambda p: p["g-0"] or k8s.refusals(ns, "g-0"), what="g-0 bound or refused")
     if not placed["g-0"]:
-        # The sidecar's watch had not shown it g-1/g-2 yet ("waiting for members"): the held
+        # The sidecar's watch lagged behind ("waiting for members"): the held
         # members never reach the extender, so no bind follows that would bring g-0 back; a
         # node label update is the cluster event that does.
         k8s.patch_node(nodes[0]["metadata"]["name"], {"metadata": {"labels": {"example.com/touched": "1"}}})
@@ -177,9 +175,8 @@ def test_issue9_item7_a_gang_avoids_the_leaf_with_a_node_kube_scheduler_will_not
         rk.node(a[2], "leaf-a", **blocked),
         *(rk.node(n, "leaf-b") for n in b),
     )
-    k8s.add_podgroup(ns, "g", 3)
     members = names("g", 3)
-    k8s.add_pods(ns, *(rk.pod(m, 8, gang="g") for m in members))
+    k8s.add_gang(ns, "g", *(rk.pod(m, 8, gang="g") for m in members))
     placed = k8s.wait_bound(ns, members, forbidden=set(a))
     assert sorted(placed.values()) == b
 
@@ -191,8 +188,7 @@ def test_issue9_item8_a_gang_selecting_a_leaf_is_placed_there(k8s: rk.Cluster, n
     a = [f"{ns}-a{i}" for i in range(2)]
     b = [f"{ns}-b{i}" for i in range(2)]
     k8s.add_nodes(*(rk.node(n, "leaf-a") for n in a), *(rk.node(n, "leaf-b") for n in b))
-    k8s.add_podgroup(ns, "g", 2)
     members = names("g", 2)
-    k8s.add_pods(ns, *(rk.pod(m, 8, gang="g", node_selector={LEAF: "leaf-b"}) for m in members))
+    k8s.add_gang(ns, "g", *(rk.pod(m, 8, gang="g", node_selector={LEAF: "leaf-b"}) for m in members))
     placed = k8s.wait_bound(ns, members, forbidden=set(a), timeout=10)
     assert sorted(placed.values()) == b
