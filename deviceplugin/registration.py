@@ -12,6 +12,13 @@ re-registration target) and reacts to exactly two facts:
 Register is only ever sent while our server is serving, because kubelet dials the plugin back
 inside Register and refuses a plugin it cannot reach. Failed attempts back off exponentially
 (0.2 s doubling to 5 s), so a stale kubelet.sock nobody listens on costs almost nothing.
+
+The folder stays watched while a Register is in flight: kubelet answers only once its dial
+back succeeds or times out (10 s). When kubelet starts twice in a row, the second start deletes
+the socket we just served while our Register waits on the first kubelet's dial, which can then
+never succeed; waiting it out left kubelet without our devices for 10 s (issue 9 item 12). So
+an attempt whose socket or kubelet.sock changes under it is cancelled at the next poll and the
+watch goes on at once (serve again, register with the new kubelet).
 """
 
 from __future__ import annotations
@@ -83,6 +90,10 @@ def register_with_kubelet(config: PluginConfig, timeout: float = defaults.REGIST
         api_pb2_grpc.RegistrationStub(channel).Register(register_request(config), timeout=timeout)
 
 
+class _Abandoned(Exception):
+    """A Register in flight that can no longer succeed (the folder changed under it)."""
+
+
 def _kubelet_change(before: FileId | None, now: FileId | None) -> str:
     if now is None:
         return (
@@ -112,7 +123,7 @@ class KubeletWatcher:
         self._config = config
         self._server = server
         self._metrics = metrics
-        self._register = register or (lambda: register_with_kubelet(config))
+        self._register = register or self._register_watching
         self._clock = clock
         self._wall = wall
         self._interval = interval
@@ -189,9 +200,38 @@ class KubeletWatcher:
             return
         self._attempt()
 
+    def _register_watching(self) -> None:
+        """One Register, as `register_with_kubelet`, polling the folder while it is in flight:
+        raises `_Abandoned` (after cancelling it) when our socket or kubelet.sock changed."""
+        config = self._config
+        with grpc.insecure_channel(f"unix://{config.kubelet_socket}") as channel:
+            call = api_pb2_grpc.RegistrationStub(channel).Register.future(
+                register_request(config), timeout=defaults.REGISTER_TIMEOUT_SECONDS
+            )
+            while True:
+                try:
+                    call.result(timeout=self._interval)
+                    return
+                except grpc.FutureTimeoutError:
+                    pass
+                if self._stop.is_set():
+                    why = "the plugin is stopping"
+                elif not self._server.socket_intact():
+                    why = "our socket was deleted or replaced while kubelet dialled it back (kubelet restarted again)"
+                elif file_id(config.kubelet_socket) != self._kubelet_id:
+                    why = "kubelet.sock changed while Register was in flight (kubelet restarted again)"
+                else:
+                    continue
+                call.cancel()
+                raise _Abandoned(why)
+
     def _attempt(self) -> None:
         try:
             self._register()
+        except _Abandoned as e:
+            # not a failure of kubelet's: no back-off, the next poll serves and registers again
+            jsonlog.event(log, "register_abandoned", kubelet=self._config.kubelet_socket, reason=str(e))
+            return
         except grpc.RpcError as e:
             reason = f"{e.code().name}: {e.details()}" if isinstance(e, grpc.Call) else str(e)
             self._failed(reason)

@@ -48,11 +48,18 @@ class FakeKubelet:
         self.registrations: list[Registration] = []
         self.refusals: list[str] = []
         self.refuse_next = 0  # refuse this many Register calls with UNAVAILABLE
+        # when set, Register waits for `hold` before dialling back (kubelet's dial of a plugin
+        # socket that is gone waits up to 10 s); `held` tells the test a Register is waiting
+        self.hold: threading.Event | None = None
+        self.held = threading.Event()
         self._cv = threading.Condition()
         self._server: grpc.Server | None = None
 
     # --- the Registration service -------------------------------------------------------------
     def Register(self, request: api_pb2.RegisterRequest, context: grpc.ServicerContext) -> api_pb2.Empty:
+        if self.hold is not None:
+            self.held.set()
+            self.hold.wait(30)
         with self._cv:
             if self.refuse_next > 0:
                 self.refuse_next -= 1

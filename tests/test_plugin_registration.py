@@ -161,3 +161,26 @@ def test_a_restart_racing_shutdown_never_serves_again(folder: Path) -> None:
         assert not sock.exists(), "a server was started after the final stop"
         with pytest.raises(ServerError, match="stopped"):
             server.start()
+
+
+def test_a_second_kubelet_start_during_register_does_not_wait_out_the_dial_back(folder: Path) -> None:
+    """Issue 9 item 12: kubelet A restarts and the plugin's Register to it hangs in A's dial
+    back; then kubelet B starts (new kubelet.sock, our socket deleted) while A never answers.
+    The plugin must give up on A and register with B at once, not after the 10 s timeout."""
+    sock = folder / "gputopo-gpu.sock"
+    with fake_kubelet(folder) as a, running_daemon(folder, "dgx1-v100") as daemon:
+        assert a.wait(1, 10) is not None
+        a.hold = threading.Event()
+        try:
+            a.restart(delete_sockets=True)
+            assert a.held.wait(5), "the plugin registered again with the restarted kubelet"
+            with fake_kubelet(folder, start=False) as b:
+                sock.unlink()  # B's start: every socket in the folder goes, kubelet.sock is B's
+                b.start()
+                started = time.monotonic()
+                reg = b.wait(1, 5)
+                assert reg is not None, f"never registered with the second kubelet: {b.refusals}"
+                assert reg.at - started < 2.0
+                assert eventually(lambda: daemon.registration().registered)
+        finally:
+            a.hold.set()
