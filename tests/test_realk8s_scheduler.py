@@ -101,7 +101,6 @@ def test_a_gang_that_fits_nowhere_binds_nothing(k8s: rk.Cluster, ns: str) -> Non
     assert k8s.api.placement(ns) == dict.fromkeys(members, "")
 
 
-@pytest.mark.xfail(reason="issue 9 items 7/8: fixed by the lifecycle branch", strict=False)
 def test_a_gang_that_did_not_fit_is_placed_whole_once_a_node_is_added(k8s: rk.Cluster, ns: str) -> None:
     """The refused members wait in kube-scheduler's unschedulable queue; the Node add is the
     cluster event that brings them back, and the gang then fits (leaf-a: 2 nodes, leaf-b: 1).
@@ -151,7 +150,6 @@ def test_a_sidecar_killed_mid_gang_still_places_the_gang_whole(k8s: rk.Cluster, 
     assert {leaf_of(k8s, n) for n in placed.values()} == {leaf_of(k8s, first)}
 
 
-@pytest.mark.xfail(reason="issue 9 items 7/8: fixed by the lifecycle branch", strict=False)
 @pytest.mark.parametrize(
     "blocked",
     [
@@ -181,7 +179,6 @@ def test_issue9_item7_a_gang_avoids_the_leaf_with_a_node_kube_scheduler_will_not
     assert sorted(placed.values()) == b
 
 
-@pytest.mark.xfail(reason="issue 9 items 7/8: fixed by the lifecycle branch", strict=False)
 def test_issue9_item8_a_gang_selecting_a_leaf_is_placed_there(k8s: rk.Cluster, ns: str) -> None:
     """Both leaves empty; the members' nodeSelector names leaf-b, so kube-scheduler offers only
     leaf-b's nodes: the plan must be made there."""
