@@ -562,3 +562,37 @@ def test_kube_scheduler_tag_is_a_kustomize_image_override(tmp_path: Path) -> Non
     assert images["kube-scheduler"] == "registry.k8s.io/kube-scheduler:v1.31.4"
     assert images["device-plugin"] == f"registry.example.com/gdp:{project_version()}"
     assert images["extender"] == images_of(render(""))["extender"]
+
+
+def test_the_overlay_docs_operator_md_shows_renders_as_it_says(tmp_path: Path) -> None:
+    """docs/operator.md's example overlay, applied from a copy next to a checkout of the repo."""
+    text = (ROOT / "docs" / "operator.md").read_text()
+    block = re.search(r"```yaml\n# my-gputopo/kustomization.yaml\n(.*?)```", text, re.S)
+    assert block is not None, "the example overlay is gone from docs/operator.md"
+    doc = yaml.safe_load(block.group(1))
+    (base,) = doc["resources"]
+    assert base.startswith("../gputopo/deploy")
+    doc["resources"] = [os.path.relpath(ROOT / base.removeprefix("../gputopo/"), tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(doc))
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60, check=True
+    )
+    images = images_of(tuple(d for d in yaml.safe_load_all(out.stdout) if d))
+    version = project_version()
+    assert images == {
+        "device-plugin": f"registry.example.com/gputopo/gputopo-device-plugin:{version}",
+        "extender": f"registry.example.com/gputopo/gputopo-scheduler-extender:{version}",
+        "kube-scheduler": "registry.k8s.io/kube-scheduler:v1.32.9",
+    }
+
+
+def test_default_kube_scheduler_is_the_release_the_real_scheduler_tests_run() -> None:
+    readme = ROOT.parent / "shared" / "realk8s" / "README.md"
+    if not readme.exists():
+        pytest.skip("../shared is absent (a newcomer's clone)")
+    tested = re.search(r"## kube-scheduler \((v[0-9.]+)\)", readme.read_text())
+    assert tested is not None
+    assert images_of(render(""))["kube-scheduler"] == f"registry.k8s.io/kube-scheduler:{tested.group(1)}"
