@@ -77,11 +77,11 @@ def render_chart(
     helm-python-sdk's `Chart.render` does not expose Helm's `kube_version`/`api_versions` render
     options (its `lint` does); the native call underneath accepts them, so they are passed there.
     """
+    files = render_chart_files(json.dumps(values or {}), kube_version, namespace, api_versions)
     return tuple(
         doc
-        for text in render_chart_files(
-            json.dumps(values or {}), kube_version, namespace, api_versions
-        ).values()
+        for path, text in files.items()
+        if not path.endswith("NOTES.txt")  # shown to the user, not sent to the API server
         for doc in yaml.safe_load_all(text)
         if doc
     )

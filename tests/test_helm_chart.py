@@ -466,3 +466,13 @@ def test_dashboard_configmap_carries_the_file() -> None:
     cm = one(render_chart(MONITORING), "ConfigMap", "gputopo-grafana-dashboard")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(cm["data"]["gputopo.json"]) == dashboard()
+
+
+def test_install_notes_say_what_was_left_out_and_which_kube_scheduler() -> None:
+    from tests.manifests import render_chart_files
+
+    old = render_chart_files("{}", "v1.29.1", NAMESPACE, ())["gputopo/templates/NOTES.txt"]
+    new = render_chart_files("{}", "v1.33.2", NAMESPACE, ())["gputopo/templates/NOTES.txt"]
+    assert "registry.k8s.io/kube-scheduler:v1.29.1" in old and "admission policy" in old
+    assert "registry.k8s.io/kube-scheduler:v1.33.2" in new and "admission policy" not in new
+    assert "nvidia.com/gpu.deploy.device-plugin=false" in new
