@@ -206,6 +206,9 @@ def normalised(docs: tuple[Obj, ...]) -> dict[tuple[str, str, str], Obj]:
         meta = doc["metadata"]
         for k in HELM_ONLY_LABELS:
             meta.get("labels", {}).pop(k, None)
+        meta.get("annotations", {}).pop("helm.sh/resource-policy", None)
+        if meta.get("annotations") == {}:
+            del meta["annotations"]
         if doc["kind"] == "ConfigMap" and meta["name"].startswith("gputopo-scheduler-config"):
             meta["name"] = "gputopo-scheduler-config"
             doc["data"] = {k: yaml.safe_load(v) for k, v in doc["data"].items()}
@@ -247,6 +250,11 @@ SAME_SETTINGS = {
     "base": ("", {"gpuOperator": {"enabled": False}}, "v1.35.4"),
     "gpu-operator": ("overlays/gpu-operator", {}, "v1.35.4"),
     "kubernetes-1.28": ("overlays/kubernetes-1.28", {"gpuOperator": {"enabled": False}}, "v1.28.15"),
+    "with-podgroup-crd": (
+        "overlays/with-podgroup-crd",
+        {"gpuOperator": {"enabled": False}, "podGroupCRD": {"enabled": True}},
+        "v1.35.4",
+    ),
 }
 
 
@@ -476,3 +484,12 @@ def test_install_notes_say_what_was_left_out_and_which_kube_scheduler() -> None:
     assert "registry.k8s.io/kube-scheduler:v1.29.1" in old and "admission policy" in old
     assert "registry.k8s.io/kube-scheduler:v1.33.2" in new and "admission policy" not in new
     assert "nvidia.com/gpu.deploy.device-plugin=false" in new
+
+
+def test_the_charts_podgroup_crd_is_the_kustomize_components() -> None:
+    """Helm cannot read deploy/, so the chart carries a copy; it must not drift."""
+    chart_copy = (CHART / "files" / "podgroup-crd.yaml").read_bytes()
+    assert chart_copy == (ROOT / "deploy" / "components" / "podgroup-crd" / "podgroup-crd.yaml").read_bytes()
+    crd = one(render_chart({"podGroupCRD": {"enabled": True}}), "CustomResourceDefinition")
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert "CustomResourceDefinition" not in {d["kind"] for d in render_chart({})}
