@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run demo test lint imports types proto bench clean
+.PHONY: install run demo test lint imports types proto bench images clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,14 @@ proto: $(STAMP)
 
 bench: $(STAMP)
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+# The two images under the names deploy/ and charts/gputopo use; set REGISTRY to yours, then
+# push both and point the install at it (docs/operator.md). VERSION is the project version.
+REGISTRY ?= ghcr.io/gputopo
+VERSION  ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+images:
+	docker build -f Dockerfile.plugin    --build-arg VERSION=$(VERSION) -t $(REGISTRY)/gputopo-device-plugin:$(VERSION) .
+	docker build -f Dockerfile.scheduler --build-arg VERSION=$(VERSION) -t $(REGISTRY)/gputopo-scheduler-extender:$(VERSION) .
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache .import_linter_cache .hypothesis

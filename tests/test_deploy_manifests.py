@@ -10,8 +10,11 @@ gang labels) are checked against the daemons' own defaults and parsers instead o
 from __future__ import annotations
 
 import copy
+import os
+import re
 import shutil
 import subprocess
+import tomllib
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -37,10 +40,20 @@ jsonschema = pytest.importorskip(
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
-KUSTOMIZATIONS = ("", "overlays/gpu-operator", "overlays/with-podgroup-crd", "overlays/example-site")
+KUSTOMIZATIONS = (
+    "",
+    "overlays/gpu-operator",
+    "overlays/with-podgroup-crd",
+    "overlays/example-site",
+    "overlays/kubernetes-1.28",
+)
 EXAMPLES = ("gang-training-job.yaml", "single-4gpu-pod.yaml")
-# The oldest Kubernetes the manifests claim (docs/operator.md) and the newest schemas shipped.
-K8S_VERSIONS = ("1.28.0", kv.latest_version())
+# The oldest Kubernetes the manifests claim (docs/operator.md), the first that serves the
+# admission policy (admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy), the newest shipped.
+K8S_VERSIONS = ("1.28.0", "1.30.0", kv.latest_version())
+# Each variant from the oldest Kubernetes it is for: all but one carry the admission policy.
+OLDEST = {"deploy/overlays/kubernetes-1.28": "1.28.0"} | {f"deploy/examples/{e}": "1.28.0" for e in EXAMPLES}
+POLICY_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 SCHEDULER_NAME = "gputopo-scheduler"
 # kube-scheduler's explicit default Score plugin weights (default_plugins.go) sum to 12; final
 # extender contribution is Score (0..10) x weight x (MaxNodeScore 100 / MaxExtenderPriority 10).
@@ -100,6 +113,8 @@ def all_objects() -> Iterator[tuple[str, dict[str, Any]]]:
 def test_every_object_is_valid_against_the_kubernetes_schemas(version: str) -> None:
     checked = 0
     for where, doc in all_objects():
+        if tuple(map(int, version.split("."))) < tuple(map(int, OLDEST.get(where, "1.30.0").split("."))):
+            continue
         label = f"{where}: {doc['kind']}/{doc['metadata']['name']}"
         if doc["apiVersion"] == f"{sched_defaults.PODGROUP_GROUP}/{sched_defaults.PODGROUP_VERSION}":
             # Not a built-in kind: checked against the CRD's own schema instead.
@@ -131,7 +146,13 @@ def test_the_schema_check_rejects_a_misspelt_field() -> None:
 
 @pytest.mark.parametrize("path", KUSTOMIZATIONS)
 def test_every_namespaced_object_lives_in_gputopo_system_or_kube_system(path: str) -> None:
-    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+    cluster_scoped = {
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        *POLICY_KINDS,
+    }
     docs = render(path)
     assert one(docs, "Namespace")["metadata"]["name"] == "gputopo-system"
     for doc in docs:
@@ -153,6 +174,23 @@ def test_overlays_add_only_what_they_name() -> None:
     assert {(d["kind"], d["metadata"]["name"]) for d in operator} == {
         (d["kind"], d["metadata"]["name"]) for d in base
     }
+    # Beside the GPU Operator, exactly the nodes where its own device plugin is switched off.
+    terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms == [
+        {
+            "matchExpressions": [
+                {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]},
+                {"key": "nvidia.com/gpu.deploy.device-plugin", "operator": "In", "values": ["false"]},
+            ]
+        }
+    ]
+    old_k8s = render("overlays/kubernetes-1.28")
+    assert {(d["kind"], d["metadata"]["name"]) for d in old_k8s} == {
+        (d["kind"], d["metadata"]["name"]) for d in base if d["kind"] not in POLICY_KINDS
+    }
+    assert {d["kind"] for d in base} >= POLICY_KINDS
     with_crd = render("overlays/with-podgroup-crd")
     assert len(with_crd) == len(base) + 1
     assert "CustomResourceDefinition" not in {d["kind"] for d in base}
@@ -458,3 +496,106 @@ def test_critical_priority_classes_are_covered_by_a_quota_in_their_namespace() -
     }
     assert used == {"system-node-critical", "system-cluster-critical"}
     assert used <= covered
+
+
+# ------------------------------------------------------------------ images
+
+
+def project_version() -> str:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def images_of(docs: tuple[dict[str, Any], ...]) -> dict[str, str]:
+    """container name -> image, over both workloads."""
+    return {
+        c["name"]: c["image"]
+        for d in docs
+        if d["kind"] in ("Deployment", "DaemonSet")
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+
+
+@pytest.mark.parametrize("path", [p for p in KUSTOMIZATIONS if p != "overlays/example-site"])
+def test_images_are_the_project_version_and_a_kube_scheduler_release(path: str) -> None:
+    version = project_version()
+    images = images_of(render(path))
+    assert images["device-plugin"] == f"ghcr.io/gputopo/gputopo-device-plugin:{version}"
+    assert images["extender"] == f"ghcr.io/gputopo/gputopo-scheduler-extender:{version}"
+    m = re.fullmatch(r"registry\.k8s\.io/kube-scheduler:v1\.(\d+)\.(\d+)", images["kube-scheduler"])
+    assert m is not None, images["kube-scheduler"]
+    assert int(m.group(1)) >= 28
+    for dockerfile in ("Dockerfile.plugin", "Dockerfile.scheduler"):
+        assert f"ARG VERSION={version}\n" in (ROOT / dockerfile).read_text()
+
+
+def test_make_images_builds_the_names_the_manifests_pull() -> None:
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    out = subprocess.run(
+        [make, "-n", "images"], cwd=ROOT, capture_output=True, text=True, timeout=30, check=True
+    )
+    tags = set(re.findall(r"-t (\S+)", out.stdout))
+    images = images_of(render(""))
+    assert tags == {images["device-plugin"], images["extender"]}
+
+
+def test_kube_scheduler_tag_is_a_kustomize_image_override(tmp_path: Path) -> None:
+    """What docs/operator.md tells operators to write in their overlay."""
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(DEPLOY, tmp_path)],
+                "images": [
+                    {"name": "registry.k8s.io/kube-scheduler", "newTag": "v1.31.4"},
+                    {"name": "ghcr.io/gputopo/gputopo-device-plugin", "newName": "registry.example.com/gdp"},
+                ],
+            }
+        )
+    )
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60, check=True
+    )
+    images = images_of(tuple(d for d in yaml.safe_load_all(out.stdout) if d))
+    assert images["kube-scheduler"] == "registry.k8s.io/kube-scheduler:v1.31.4"
+    assert images["device-plugin"] == f"registry.example.com/gdp:{project_version()}"
+    assert images["extender"] == images_of(render(""))["extender"]
+
+
+def test_the_overlay_docs_operator_md_shows_renders_as_it_says(tmp_path: Path) -> None:
+    """docs/operator.md's example overlay, applied from a copy next to a checkout of the repo."""
+    text = (ROOT / "docs" / "operator.md").read_text()
+    block = re.search(r"```yaml\n# my-gputopo/kustomization.yaml\n(.*?)```", text, re.S)
+    assert block is not None, "the example overlay is gone from docs/operator.md"
+    doc = yaml.safe_load(block.group(1))
+    (base,) = doc["resources"]
+    assert base.startswith("../gputopo/deploy")
+    doc["resources"] = [os.path.relpath(ROOT / base.removeprefix("../gputopo/"), tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(doc))
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60, check=True
+    )
+    images = images_of(tuple(d for d in yaml.safe_load_all(out.stdout) if d))
+    version = project_version()
+    assert images == {
+        "device-plugin": f"registry.example.com/gputopo/gputopo-device-plugin:{version}",
+        "extender": f"registry.example.com/gputopo/gputopo-scheduler-extender:{version}",
+        "kube-scheduler": "registry.k8s.io/kube-scheduler:v1.32.9",
+    }
+
+
+def test_default_kube_scheduler_is_the_release_the_real_scheduler_tests_run() -> None:
+    readme = ROOT.parent / "shared" / "realk8s" / "README.md"
+    if not readme.exists():
+        pytest.skip("../shared is absent (a newcomer's clone)")
+    tested = re.search(r"## kube-scheduler \((v[0-9.]+)\)", readme.read_text())
+    assert tested is not None
+    assert images_of(render(""))["kube-scheduler"] == f"registry.k8s.io/kube-scheduler:{tested.group(1)}"

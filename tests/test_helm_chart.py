@@ -1,0 +1,504 @@
+"""charts/gputopo rendered by Helm's own engine, checked like deploy/ and against deploy/.
+
+Helm's Go SDK renders the chart in process (helm-python-sdk, no `helm` binary, no cluster),
+with `.Capabilities.KubeVersion` set per Kubernetes version as `helm install` sets it from the
+API server. Every object is validated strictly against that version's OpenAPI schemas
+(kubernetes-validate), the chart and the kustomize variants must render the same objects for
+the same settings (compared whole, after removing what only Helm adds), values.schema.json must
+refuse bad values, and the dashboard may only query series the daemons export.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import tomllib
+from typing import Any
+
+import pytest
+import yaml
+
+from deviceplugin import config as plugin_config
+from deviceplugin.metrics import Metrics as PluginMetrics
+from scheduler.__main__ import parser as sidecar_parser
+from scheduler.metrics import Metrics as SidecarMetrics
+from tests.manifests import CHART, NAMESPACE, ROOT, container, kustomize, one, render_chart
+
+kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed")
+jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
+helm = pytest.importorskip("helm_python", reason="helm-python-sdk is not installed (pip install .[dev])")
+
+Obj = dict[str, Any]
+# (what `helm install` would see from the API server, the kube-scheduler tag it must pick)
+CLUSTERS = {
+    "v1.28.15": "v1.28.15",
+    "v1.29.4": "v1.29.4",
+    "v1.30.5-gke.1014001": "v1.30.5",
+    "v1.31.4": "v1.31.4",
+    "v1.32.3-eks-4096722": "v1.32.3",
+    "v1.33.5": "v1.33.5",
+    "v1.34.1+k3s1": "v1.34.1",
+    "v1.35.4": "v1.35.4",
+    "v1.36.1": "v1.36.1",
+}
+POLICY_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+MONITORING = {"metrics": {"serviceMonitor": {"enabled": True}, "grafanaDashboard": {"enabled": True}}}
+
+# The fields of the Prometheus Operator's ServiceMonitor (monitoring.coreos.com/v1) the chart
+# writes, strict: a misspelt field would be dropped silently by the operator.
+SERVICE_MONITOR_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {"type": "object", "required": ["name", "namespace"]},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["selector", "endpoints"],
+            "properties": {
+                "jobLabel": {"type": "string"},
+                "namespaceSelector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"any": {"type": "boolean"}, "matchNames": {"type": "array"}},
+                },
+                "selector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "matchExpressions": {"type": "array"},
+                    },
+                },
+                "endpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "port": {"type": "string"},
+                            "path": {"type": "string"},
+                            "scheme": {"enum": ["http", "https"]},
+                            "interval": {
+                                "type": "string",
+                                "pattern": "^(0|(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+                            },
+                            "scrapeTimeout": {"type": "string"},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def k8s_minor(version: str) -> str:
+    major, minor = re.match(r"v?(\d+)\.(\d+)", version).groups()  # type: ignore[union-attr]
+    return f"{major}.{minor}.0"
+
+
+# ------------------------------------------------------------------ renders per Kubernetes version
+
+
+@pytest.mark.parametrize("cluster", list(CLUSTERS))
+def test_every_rendered_object_is_valid_for_that_kubernetes(cluster: str) -> None:
+    docs = render_chart(MONITORING, kube_version=cluster)
+    schema_version = k8s_minor(cluster)
+    for doc in docs:
+        label = f"{doc['kind']}/{doc['metadata']['name']}"
+        if doc["kind"] == "ServiceMonitor":
+            jsonschema.validate(doc, SERVICE_MONITOR_SCHEMA)
+            continue
+        try:
+            kv.validate(doc, schema_version, strict=True)
+        except kv.ValidationError as e:
+            pytest.fail(f"{label} is not valid Kubernetes {schema_version}: {e.message} at {list(e.path)}")
+    kinds = {d["kind"] for d in docs}
+    has_policy = tuple(map(int, schema_version.split(".")[:2])) >= (1, 30)
+    assert (kinds >= POLICY_KINDS) == has_policy, f"{cluster}: the admission policy exists from 1.30 on"
+    assert len(docs) == (21 if has_policy else 19), sorted((d["kind"], d["metadata"]["name"]) for d in docs)
+
+
+def test_strict_validation_catches_a_misspelt_field() -> None:
+    """Guards the test above."""
+    ds = copy.deepcopy(one(render_chart({}), "DaemonSet"))
+    ds["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
+    with pytest.raises(kv.ValidationError):
+        kv.validate(ds, "1.35.0", strict=True)
+    sm = copy.deepcopy(one(render_chart(MONITORING), "ServiceMonitor"))
+    sm["spec"]["endpoints"][0]["intervall"] = "30s"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(sm, SERVICE_MONITOR_SCHEMA)
+
+
+@pytest.mark.parametrize(("cluster", "tag"), list(CLUSTERS.items()))
+def test_kube_scheduler_follows_the_clusters_version(cluster: str, tag: str) -> None:
+    spec = one(render_chart({}, kube_version=cluster), "Deployment")["spec"]["template"]["spec"]
+    assert container(spec, "kube-scheduler")["image"] == f"registry.k8s.io/kube-scheduler:{tag}"
+
+
+def test_a_set_kube_scheduler_tag_wins_over_the_clusters_version() -> None:
+    values = {
+        "images": {"kubeScheduler": {"repository": "mirror.example.com/kube-scheduler", "tag": "v1.31.9"}}
+    }
+    spec = one(render_chart(values, kube_version="v1.33.1"), "Deployment")["spec"]["template"]["spec"]
+    assert container(spec, "kube-scheduler")["image"] == "mirror.example.com/kube-scheduler:v1.31.9"
+
+
+def test_gputopo_images_default_to_the_charts_app_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert chart["appVersion"] == version
+    docs = render_chart({})
+    plugin = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    extender = container(one(docs, "Deployment")["spec"]["template"]["spec"], "extender")
+    assert plugin["image"] == f"ghcr.io/gputopo/gputopo-device-plugin:{version}"
+    assert extender["image"] == f"ghcr.io/gputopo/gputopo-scheduler-extender:{version}"
+    values = {
+        "images": {
+            "devicePlugin": {"repository": "r.example.com/gdp", "tag": "dev-1", "pullPolicy": "Always"}
+        }
+    }
+    plugin = one(render_chart(values), "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    assert (plugin["image"], plugin["imagePullPolicy"]) == ("r.example.com/gdp:dev-1", "Always")
+
+
+def test_admission_policy_switch() -> None:
+    def kinds(values: Obj, version: str) -> set[str]:
+        return {d["kind"] for d in render_chart(values, kube_version=version)}
+
+    assert not POLICY_KINDS & kinds({"admissionPolicy": {"enabled": False}}, "v1.35.0")
+    assert (
+        kinds({"admissionPolicy": {"enabled": True}}, "v1.29.0") >= POLICY_KINDS
+    )  # v1beta1 users: their call
+    assert not POLICY_KINDS & kinds({}, "v1.29.9")
+
+
+def test_helm_lint_finds_no_warning() -> None:
+    result = helm.lint(CHART, strict=True, kube_version="1.30.0")
+    assert not result["errors"], result
+    assert all(m["severity"] < 2 for m in result["messages"]), result["messages"]
+
+
+# ------------------------------------------------------------------ chart == kustomize
+
+
+HELM_ONLY_LABELS = {
+    "helm.sh/chart",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+}
+
+
+def normalised(docs: tuple[Obj, ...]) -> dict[tuple[str, str, str], Obj]:
+    """Objects by (kind, namespace, name), without what only one of the two tools adds.
+
+    Helm adds its labels and a checksum annotation that rolls the pod on a config change;
+    kustomize rolls it by a content hash in the ConfigMap's name instead. Config files are
+    compared parsed, so comments may differ but no setting.
+    """
+    out: dict[tuple[str, str, str], Obj] = {}
+    for doc in copy.deepcopy(docs):
+        meta = doc["metadata"]
+        for k in HELM_ONLY_LABELS:
+            meta.get("labels", {}).pop(k, None)
+        meta.get("annotations", {}).pop("helm.sh/resource-policy", None)
+        if meta.get("annotations") == {}:
+            del meta["annotations"]
+        if doc["kind"] == "ConfigMap" and meta["name"].startswith("gputopo-scheduler-config"):
+            meta["name"] = "gputopo-scheduler-config"
+            doc["data"] = {k: yaml.safe_load(v) for k, v in doc["data"].items()}
+        if doc["kind"] in ("Deployment", "DaemonSet"):
+            tmeta = doc["spec"]["template"]["metadata"]
+            tmeta["annotations"] = {
+                k: v for k, v in tmeta.get("annotations", {}).items() if not k.startswith("checksum/")
+            }
+            for vol in doc["spec"]["template"]["spec"].get("volumes", []):
+                if vol.get("configMap", {}).get("name", "").startswith("gputopo-scheduler-config"):
+                    vol["configMap"]["name"] = "gputopo-scheduler-config"
+        out[(doc["kind"], meta.get("namespace", ""), meta["name"])] = doc
+    return out
+
+
+def differences(chart: tuple[Obj, ...], kust: tuple[Obj, ...]) -> list[str]:
+    """Every object or field in which the two renders differ; empty when they agree."""
+    a, b = normalised(chart), normalised(tuple(d for d in kust if d["kind"] != "Namespace"))
+    diffs = [f"only in the chart: {k}" for k in a.keys() - b.keys()]
+    diffs += [f"only in kustomize: {k}" for k in b.keys() - a.keys()]
+
+    def walk(x: Any, y: Any, path: str) -> None:
+        if isinstance(x, dict) and isinstance(y, dict):
+            for k in x.keys() | y.keys():
+                walk(x.get(k, "<absent>"), y.get(k, "<absent>"), f"{path}.{k}")
+        elif isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+            for i, (xi, yi) in enumerate(zip(x, y, strict=True)):
+                walk(xi, yi, f"{path}[{i}]")
+        elif x != y:
+            diffs.append(f"{path}: chart {json.dumps(x)} != kustomize {json.dumps(y)}")
+
+    for k in a.keys() & b.keys():
+        walk(a[k], b[k], f"{k[0]}/{k[2]}")
+    return sorted(diffs)
+
+
+# The kube-scheduler tag kustomize pins, and the cluster version that makes the chart pick it.
+SAME_SETTINGS = {
+    "base": ("", {"gpuOperator": {"enabled": False}}, "v1.35.4"),
+    "gpu-operator": ("overlays/gpu-operator", {}, "v1.35.4"),
+    "kubernetes-1.28": ("overlays/kubernetes-1.28", {"gpuOperator": {"enabled": False}}, "v1.28.15"),
+    "with-podgroup-crd": (
+        "overlays/with-podgroup-crd",
+        {"gpuOperator": {"enabled": False}, "podGroupCRD": {"enabled": True}},
+        "v1.35.4",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SAME_SETTINGS))
+def test_chart_and_kustomize_render_the_same_objects(case: str) -> None:
+    path, values, cluster = SAME_SETTINGS[case]
+    assert differences(render_chart(values, kube_version=cluster), kustomize(path)) == []
+
+
+def test_the_comparison_notices_a_difference() -> None:
+    """Guards the test above: one changed setting, one missing object, each is reported."""
+    chart = render_chart({"gpuOperator": {"enabled": False}, "plugin": {"metricsPort": 9500}})
+    diffs = differences(chart, kustomize(""))
+    assert any("GPUTOPO_METRICS_PORT" in d or "9500" in d for d in diffs), diffs
+    no_quota = render_chart({"gpuOperator": {"enabled": False}, "criticalPodsQuota": {"enabled": False}})
+    assert "only in kustomize: ('ResourceQuota', 'gputopo-system', 'gputopo-critical-pods')" in differences(
+        no_quota, kustomize("")
+    )
+
+
+# ------------------------------------------------------------------ values
+
+
+BAD_VALUES = {
+    "unknown key": {"replicas": 2},
+    "misspelt nested key": {"plugin": {"tolerationz": []}},
+    "tag with a space": {"images": {"extender": {"repository": "x/y", "tag": "a b", "pullPolicy": "Always"}}},
+    "port 0": {"plugin": {"metricsPort": 0}},
+    "metrics port on the extender's own port": {"scheduler": {"metricsPort": 8888}},
+    "admission policy maybe": {"admissionPolicy": {"enabled": "maybe"}},
+    "relative kubelet root": {"plugin": {"kubeletRoot": "var/lib/kubelet"}},
+    "config name with a slash": {"plugin": {"config": {"a/b": {}}}},
+    "pull policy": {"images": {"kubeScheduler": {"repository": "x", "tag": "", "pullPolicy": "Sometimes"}}},
+    "env var name": {"plugin": {"env": [{"name": "1BAD", "value": "x"}]}},
+}
+
+
+@pytest.mark.parametrize("what", list(BAD_VALUES))
+def test_values_schema_refuses_bad_values(what: str) -> None:
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError):
+        chart.validate_schema(BAD_VALUES[what])
+
+
+def test_default_values_pass_the_schema() -> None:
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema({})
+        chart.validate_schema(yaml.safe_load((CHART / "values.yaml").read_text()))
+
+
+def test_node_selection_tolerations_resources_and_priority_are_values() -> None:
+    values = {
+        "gpuOperator": {"enabled": False},
+        "plugin": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}],
+            "nodeSelector": {"pool": "a100"},
+            "tolerations": [
+                {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
+            ],
+            "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+            "priorityClassName": "gpu-critical",
+            "runtimeClassName": "nvidia-cdi",
+        },
+        "scheduler": {"priorityClassName": "sched-critical", "nodeSelector": {"role": "infra"}},
+    }
+    docs = render_chart(values)
+    spec = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert terms == values["plugin"]["nodeSelectorTerms"]
+    assert spec["nodeSelector"] == {"pool": "a100"} and spec["runtimeClassName"] == "nvidia-cdi"
+    assert (
+        spec["tolerations"] == values["plugin"]["tolerations"] and spec["priorityClassName"] == "gpu-critical"
+    )
+    # Helm merges maps: a key the operator leaves out keeps its default (null removes it).
+    assert spec["containers"][0]["resources"] == {
+        "requests": {"cpu": "10m", "memory": "64Mi"},
+        "limits": {"cpu": "1", "memory": "256Mi"},
+    }
+    sched = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert sched["priorityClassName"] == "sched-critical" and sched["nodeSelector"] == {"role": "infra"}
+    quota = one(docs, "ResourceQuota")["spec"]["scopeSelector"]["matchExpressions"][0]["values"]
+    assert quota == ["gpu-critical", "sched-critical"], "the quota must admit the classes in use"
+
+
+def test_kubelet_root_moves_every_path_the_plugin_uses() -> None:
+    spec = one(render_chart({"plugin": {"kubeletRoot": "/var/lib/k0s/kubelet/"}}), "DaemonSet")["spec"][
+        "template"
+    ]["spec"]
+    c = spec["containers"][0]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["GPUTOPO_KUBELET_DIR"] == "/var/lib/k0s/kubelet/device-plugins"
+    assert env["GPUTOPO_POD_RESOURCES_SOCKET"] == "/var/lib/k0s/kubelet/pod-resources/kubelet.sock"
+    assert {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v} == {
+        "/var/lib/k0s/kubelet/device-plugins",
+        "/var/lib/k0s/kubelet/pod-resources",
+    }
+    assert {m["mountPath"] for m in c["volumeMounts"]} >= {
+        "/var/lib/k0s/kubelet/device-plugins",
+        "/var/lib/k0s/kubelet/pod-resources",
+    }
+
+
+def test_extra_env_and_args_reach_the_daemons_which_accept_them() -> None:
+    values = {
+        "plugin": {
+            "env": [{"name": "GPUTOPO_LOG_LEVEL", "value": "debug"}],
+            "extraArgs": ["--health-recovery-seconds=120"],
+        },
+        "scheduler": {"extraArgs": ["--levels=kubernetes.io/hostname,topology.kubernetes.io/zone"]},
+    }
+    docs = render_chart(values)
+    plugin = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value", "gpu-node-7") for e in plugin["env"]}
+    cfg = plugin_config.load_config(plugin["args"], env)
+    assert cfg.log_level == "debug" and cfg.health_recovery_seconds == 120
+    extender = container(one(docs, "Deployment")["spec"]["template"]["spec"], "extender")
+    args = sidecar_parser().parse_args(extender["args"])
+    assert args.levels == "kubernetes.io/hostname,topology.kubernetes.io/zone"
+
+
+def test_per_node_plugin_configs_are_one_configmap_mounted_at_the_config_dir() -> None:
+    configs = {"dgx-h100": {"nvlinkGbpsPerLink": 25}, "pcie-l40s": {"pcieGbps": {"PIX": 24}}}
+    docs = render_chart({"plugin": {"config": configs}})
+    cm = one(docs, "ConfigMap", "gputopo-device-plugin-config")
+    assert {k: yaml.safe_load(v) for k, v in cm["data"].items()} == {
+        f"{k}.yaml": v for k, v in configs.items()
+    }
+    ds = one(docs, "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    (vol,) = [v for v in spec["volumes"] if v.get("configMap", {}).get("name") == cm["metadata"]["name"]]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["GPUTOPO_CONFIG_DIR"] == mount["mountPath"] == "/etc/gputopo/config.d" and mount["readOnly"]
+    assert env["GPUTOPO_NODE_CONFIG_LABEL"] == "gputopo.io/config"
+    assert "checksum/plugin-config" in ds["spec"]["template"]["metadata"]["annotations"]
+    # Without configs nothing of it is rendered.
+    assert not [d for d in render_chart({}) if d["metadata"]["name"] == "gputopo-device-plugin-config"]
+
+
+# ------------------------------------------------------------------ monitoring
+
+
+def test_service_monitor_finds_both_daemons_metrics_ports() -> None:
+    docs = render_chart(MONITORING)
+    sm = one(docs, "ServiceMonitor")
+    selector = sm["spec"]["selector"]["matchLabels"]
+    services = [
+        d for d in docs if d["kind"] == "Service" and selector.items() <= d["metadata"]["labels"].items()
+    ]
+    assert {s["metadata"]["name"] for s in services} == {
+        "gputopo-device-plugin-metrics",
+        "gputopo-scheduler-metrics",
+    }
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == [NAMESPACE]
+    (endpoint,) = sm["spec"]["endpoints"]
+    for svc in services:
+        (port,) = [p for p in svc["spec"]["ports"] if p["name"] == endpoint["port"]]
+        workload = next(
+            d
+            for d in docs
+            if d["kind"] in ("DaemonSet", "Deployment")
+            and svc["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        )
+        declared = {
+            p["name"]: p["containerPort"]
+            for c in workload["spec"]["template"]["spec"]["containers"]
+            for p in c.get("ports", [])
+        }
+        assert declared[port["targetPort"]] == port["port"]
+    assert not {"ServiceMonitor", "Service"} & {d["kind"] for d in render_chart({})}
+
+
+def exported_series() -> set[str]:
+    """Every series name the plugin and the sidecar expose, as Prometheus stores them."""
+    suffixes = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
+    names: set[str] = set()
+    for registry in (PluginMetrics().registry, SidecarMetrics().registry):
+        for family in registry.collect():
+            names |= {family.name + s for s in suffixes.get(family.type, ("",))}
+    return names
+
+
+def dashboard() -> Obj:
+    return json.loads((CHART / "dashboards" / "gputopo.json").read_text())
+
+
+def test_dashboard_queries_only_series_the_daemons_export() -> None:
+    exported = exported_series()
+    queried: set[str] = set()
+    for panel in dashboard()["panels"]:
+        for target in panel.get("targets", []):
+            queried |= set(re.findall(r"\b(gputopo_[a-z0-9_]+)", target["expr"]))
+    assert queried, "the dashboard queries nothing"
+    assert queried <= exported, f"not exported: {sorted(queried - exported)}"
+    # Every family of today's metrics has a panel (a series added later needs one added too).
+    for family in (
+        "gputopo_devices",
+        "gputopo_preferred_allocation_seconds",
+        "gputopo_extender_request_seconds",
+        "gputopo_gang_plans",
+        "gputopo_reservations_active",
+        "gputopo_binds",
+    ):
+        assert any(q.startswith(family) for q in queried), family
+
+
+def test_dashboard_panels_use_the_datasource_variable_and_do_not_overlap() -> None:
+    d = dashboard()
+    assert [v["name"] for v in d["templating"]["list"]] == ["datasource"]
+    cells: set[tuple[int, int]] = set()
+    for panel in d["panels"]:
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == "${datasource}"
+        g = panel["gridPos"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not mine & cells, f"panel {panel['title']!r} overlaps another"
+        cells |= mine
+
+
+def test_dashboard_configmap_carries_the_file() -> None:
+    cm = one(render_chart(MONITORING), "ConfigMap", "gputopo-grafana-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["gputopo.json"]) == dashboard()
+
+
+def test_install_notes_say_what_was_left_out_and_which_kube_scheduler() -> None:
+    from tests.manifests import render_chart_files
+
+    old = render_chart_files("{}", "v1.29.1", NAMESPACE, ())["gputopo/templates/NOTES.txt"]
+    new = render_chart_files("{}", "v1.33.2", NAMESPACE, ())["gputopo/templates/NOTES.txt"]
+    assert "registry.k8s.io/kube-scheduler:v1.29.1" in old and "admission policy" in old
+    assert "registry.k8s.io/kube-scheduler:v1.33.2" in new and "admission policy" not in new
+    assert "nvidia.com/gpu.deploy.device-plugin=false" in new
+
+
+def test_the_charts_podgroup_crd_is_the_kustomize_components() -> None:
+    """Helm cannot read deploy/, so the chart carries a copy; it must not drift."""
+    chart_copy = (CHART / "files" / "podgroup-crd.yaml").read_bytes()
+    assert chart_copy == (ROOT / "deploy" / "components" / "podgroup-crd" / "podgroup-crd.yaml").read_bytes()
+    crd = one(render_chart({"podGroupCRD": {"enabled": True}}), "CustomResourceDefinition")
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert "CustomResourceDefinition" not in {d["kind"] for d in render_chart({})}
