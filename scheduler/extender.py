@@ -97,9 +97,14 @@ class Extender:
             self._memo = ChoiceMemo()
         return self._memo
 
+    def _levels(self, snap: Snapshot) -> tuple[str, ...]:
+        """The cluster's own levels (its Topology objects) when it defines any, else ours."""
+        return snap.levels or self.levels
+
     def _network(self, snap: Snapshot) -> NetworkIndex:
         if self._index is None or self._index_key != snap.version:
-            self._index = NetworkIndex.build(((n.name, n.labels) for n in snap.nodes.values()), self.levels)
+            levels = self._levels(snap)
+            self._index = NetworkIndex.build(((n.name, n.labels) for n in snap.nodes.values()), levels)
             self._index_key = snap.version
         return self._index
 
@@ -328,16 +333,17 @@ class Extender:
                 return f"members already bound span {len(domains)} domains of required level {required}"
             (where,) = domains
             candidates = [v for v in candidates if v.labels.get(required, v.name) == where]
+        levels = index.levels
         if known:
-            for level in self.levels:
+            for level in levels:
                 values = {snap.nodes[n].labels.get(level, n) for n in known}
                 if len(values) == 1:
                     (value,) = values
                     near = [v for v in candidates if v.labels.get(level, v.name) == value]
-                    plan = plan_gang(spec, near, self.levels, index=index, memo=self._memo_now())
+                    plan = plan_gang(spec, near, levels, index=index, memo=self._memo_now())
                     if isinstance(plan, GangPlan):
                         return plan
-        plan = plan_gang(spec, candidates, self.levels, index=index, memo=self._memo_now())
+        plan = plan_gang(spec, candidates, levels, index=index, memo=self._memo_now())
         return plan if isinstance(plan, GangPlan) else plan.reason
 
     # -------------------------------------------------------------------------- prioritize

@@ -25,6 +25,7 @@ from gputopo import jsonlog
 from gputopo.allocator import MAX_GPUS
 from gputopo.annotation import AnnotationError, decode
 from scheduler import defaults
+from scheduler.apikinds import Discovery, ExtraKinds, Kind
 from scheduler.model import BadInput, NodeInfo, PodInfo, Snapshot, node_gpu_capacity, parse_pod
 from scheduler.state import BindError
 
@@ -34,6 +35,10 @@ log = logging.getLogger("gputopo.scheduler.kube")
 OBSERVED_TTL_S = 300.0
 #: How often snapshot() re-judges annotation freshness when nothing else changed.
 STALENESS_RECHECK_S = 5.0
+#: Objects per list page (`limit`/`continue`): one page in memory at a time on the server side.
+PAGE_SIZE = 500
+#: Pods that finished hold nothing: the API server leaves them out of lists and watches.
+ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 def _raw(resp: Any) -> Any:
@@ -59,6 +64,7 @@ class _Reflector:
         backoff_s: tuple[float, float],
         on_listed: Callable[[], None],
         absent_ok: bool = False,
+        page_size: int = PAGE_SIZE,
     ) -> None:
         self.kind = kind
         self.list_fn = list_fn
@@ -69,6 +75,9 @@ class _Reflector:
         self.backoff_s = backoff_s
         self.on_listed = on_listed
         self.absent_ok = absent_ok
+        self.page_size = page_size
+        self.pages = 0  # list pages read, all lists together
+        self._absent = False  # logged as absent already: say it once, not every retry
         self.resource_version = ""
         self.lists = 0
         self.watches = 0
@@ -103,9 +112,11 @@ class _Reflector:
                     need_list = True
                     continue
                 if e.status == 404 and self.absent_ok:
-                    jsonlog.event(
-                        log, "kind_absent", kind=self.kind, reason="CRD not installed; retrying later"
-                    )
+                    if not self._absent:
+                        jsonlog.event(
+                            log, "kind_absent", kind=self.kind, reason="not served; retried quietly"
+                        )
+                    self._absent = True
                     self.on_listed()
                     need_list = True
                     self.stop.wait(self.backoff_s[1])
@@ -135,9 +146,24 @@ class _Reflector:
                 delay = min(delay * 2, self.backoff_s[1])
 
     def _list(self) -> None:
-        body = _raw(self.list_fn(_preload_content=False))
-        items = body.get("items") or []
-        self.resource_version = (body.get("metadata") or {}).get("resourceVersion", "")
+        """Page by page (`limit`/`continue`); an expired continue token is a 410: relist."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            kw: dict[str, Any] = {"limit": self.page_size}
+            if token:
+                kw["_continue"] = token
+            body = _raw(self.list_fn(_preload_content=False, **kw))
+            self.pages += 1
+            items.extend(body.get("items") or [])
+            meta = body.get("metadata") or {}
+            token = meta.get("continue") or ""
+            if not token or self.stop.is_set():
+                break
+        self.resource_version = meta.get("resourceVersion", "")
+        if self._absent:
+            jsonlog.event(log, "kind_present", kind=self.kind, reason="served now")
+            self._absent = False
         self.replace_all(items)
         self.lists += 1
         jsonlog.event(log, "listed", kind=self.kind, count=len(items), resource_version=self.resource_version)
@@ -183,6 +209,9 @@ class KubeState:
         watch_timeout_s: int = 300,
         backoff_s: tuple[float, float] = (0.5, 30.0),
         bind_timeout_s: float = 30.0,
+        page_size: int = PAGE_SIZE,
+        topology_levels: bool = True,
+        default_levels: tuple[str, ...] = defaults.DEFAULT_LEVELS,
     ) -> None:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
@@ -203,11 +232,16 @@ class KubeState:
         self._stale: set[str] = set()
         self._pod_gpus: dict[str, int] = {}
         self._snap_parts: tuple[dict[str, NodeInfo], dict[str, PodInfo], dict[str, int]] | None = None
+        self._raw_pods: dict[str, PodInfo] = {}  # pods before group objects are resolved in
         self._nodes_dirty = self._pods_dirty = self._groups_dirty = True
         self._stop = threading.Event()
         self._listed: set[str] = set()
         self._threads: list[threading.Thread] = []
-        common = {"watch_timeout_s": watch_timeout_s, "backoff_s": backoff_s}
+        # Topology objects define the levels unless the operator set --levels.
+        self.topology_levels = topology_levels
+        self.default_levels = default_levels
+        self.extra = ExtraKinds(self.custom, Discovery(api_client), lambda: self._changed("groups"))
+        common = {"watch_timeout_s": watch_timeout_s, "backoff_s": backoff_s, "page_size": page_size}
         self.reflectors = [
             _Reflector(
                 "nodes",
@@ -220,7 +254,7 @@ class KubeState:
             ),
             _Reflector(
                 "pods",
-                self.core.list_pod_for_all_namespaces,
+                self._list_active_pods,
                 self._replace_pods,
                 self._apply_pod,
                 self._stop,
@@ -237,7 +271,31 @@ class KubeState:
                 absent_ok=True,
                 **common,
             ),
+            *(self._extra_reflector(k, common) for k in self.extra.kinds),
         ]
+
+    def _extra_reflector(self, kind: Kind, common: dict[str, Any]) -> _Reflector:
+        def replace_all(items: list[dict[str, Any]]) -> None:
+            with self._lock:
+                self.extra.replace_all(kind, items)
+
+        def apply(event: str, obj: dict[str, Any]) -> None:
+            with self._lock:
+                self.extra.apply(kind, event, obj)
+
+        return _Reflector(
+            kind.name,
+            self.extra.list_fn(kind),
+            replace_all,
+            apply,
+            self._stop,
+            on_listed=lambda: self._mark(kind.name),
+            absent_ok=True,
+            **common,
+        )
+
+    def _list_active_pods(self, **kwargs: Any) -> Any:
+        return self.core.list_pod_for_all_namespaces(field_selector=ACTIVE_PODS, **kwargs)
 
     def _list_podgroups(self, **kwargs: Any) -> Any:
         return self.custom.list_cluster_custom_object(
@@ -268,7 +326,7 @@ class KubeState:
 
     def ready(self) -> bool:
         with self._lock:
-            return {"nodes", "pods", "podgroups"} <= self._listed
+            return {"nodes", "pods", "podgroups"} | self.extra.names <= self._listed
 
     def _mark(self, kind: str) -> None:
         with self._lock:
@@ -383,12 +441,15 @@ class KubeState:
     def _replace_groups(self, items: list[dict[str, Any]]) -> None:
         groups = dict(self._group(o) for o in items)
         with self._lock:
+            for o in items:
+                self.extra.note_legacy("ADDED", o)
             self._min = {k: v for k, v in groups.items() if v is not None}
             self._changed("groups")
 
     def _apply_group(self, kind: str, obj: dict[str, Any]) -> None:
         key, value = self._group(obj)
         with self._lock:
+            self.extra.note_legacy(kind, obj)
             if kind == "DELETED" or value is None:
                 self._min.pop(key, None)
             else:
@@ -428,17 +489,33 @@ class KubeState:
                 pods = {k: p for k, (p, _) in self._observed.items()}
                 pods.update(self._pods)
                 pod_gpus = dict(self._pod_gpus)
+                self._raw_pods = pods
             else:
-                pods, pod_gpus = prev[1], prev[2]
+                pods, pod_gpus = self._raw_pods, prev[2]
+            pods = self.extra.resolve(pods)  # what group objects say: minimums, topology keys
             changed = prev is None or nodes is not prev[0] or pods is not prev[1] or self._groups_dirty
             if changed:
                 self._version += 1
             self._nodes_dirty = self._pods_dirty = self._groups_dirty = False
             self._stale = stale
             self._snap_parts = (nodes, pods, pod_gpus)
-            self._snap = Snapshot(nodes, pods, dict(self._min), self._version, pod_gpus)
+            levels = self.extra.levels(self.default_levels) if self.topology_levels else ()
+            mins = {**self.extra.min_members(), **self._min}
+            self._snap = Snapshot(nodes, pods, mins, self._version, pod_gpus, levels)
             self._snap_at = now
             return self._snap
+
+    # ------------------------------------------------------------------ for Events
+
+    def group_ref(self, gang_key: str) -> Any:
+        """The object defining a gang (apiVersion, kind, namespace, name, uid), if known."""
+        with self._lock:
+            return self.extra.ref(gang_key)
+
+    def pod_uid(self, pod_key: str) -> str:
+        with self._lock:
+            pod = self._pods.get(pod_key) or (self._observed.get(pod_key) or (None, 0))[0]
+            return pod.uid if pod is not None else ""
 
     # ------------------------------------------------------------------ bind
 
