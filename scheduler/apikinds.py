@@ -11,6 +11,7 @@ feed the snapshot: gang minimums and group-level topology keys are resolved into
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -57,17 +58,20 @@ def absent(kind: Kind) -> ApiException:
 class Discovery:
     """Served versions per API group, from `GET /apis`, reused for DISCOVERY_TTL_S."""
 
-    def __init__(self, api_client: client.ApiClient, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, api_client: client.ApiClient, timeout_s: float = 10.0, ttl_s: float = DISCOVERY_TTL_S
+    ) -> None:
         self.apis = client.ApisApi(api_client)
         self.timeout_s = timeout_s
+        self.ttl_s = ttl_s
         self._lock = threading.Lock()
-        self._at = -DISCOVERY_TTL_S
+        self._at = -math.inf
         self._served: dict[str, set[str]] = {}
 
     def version(self, kind: Kind) -> str:
         """The version of `kind` to use, or `absent(kind)` raised."""
         with self._lock:
-            if time.monotonic() - self._at >= DISCOVERY_TTL_S:
+            if time.monotonic() - self._at >= self.ttl_s:
                 resp = self.apis.get_api_versions(_preload_content=False, _request_timeout=self.timeout_s)
                 try:
                     doc = json.loads(resp.data)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gputopo import jsonlog
 from gputopo.allocator import AllocationError
@@ -181,6 +181,7 @@ class Extender:
             now = self.clock()
             self.state.observe(pod)
             snap, views = self._current(now)
+            pod = _with_resolved_gang(pod, snap)
             if pod.gang is not None and pod.gpus > 0:
                 return self._filter_gang(pod, names, snap, views, now)
         return self._filter_single(pod, names, views)
@@ -484,6 +485,15 @@ class Extender:
             return view.allocator.choose(sorted(view.free), size).indices
         except AllocationError as e:
             raise BindError(f"{node}: {e}") from None
+
+
+def _with_resolved_gang(pod: PodInfo, snap: Snapshot) -> PodInfo:
+    """The pod with its gang as the cluster state resolved it (minimum and topology key from
+    the gang's group object, scheduler/apikinds.py); kube-scheduler's copy has only the pod."""
+    known = snap.pods.get(pod.key)
+    if pod.gang is None or known is None or known.gang is None or known.gang.key != pod.gang.key:
+        return pod
+    return pod if known.gang == pod.gang else replace(pod, gang=known.gang)
 
 
 def _caught_up(snap: Snapshot, a: Assumed) -> bool:

@@ -212,6 +212,7 @@ class KubeState:
         page_size: int = PAGE_SIZE,
         topology_levels: bool = True,
         default_levels: tuple[str, ...] = defaults.DEFAULT_LEVELS,
+        discovery_ttl_s: float = 10.0,
     ) -> None:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
@@ -240,7 +241,9 @@ class KubeState:
         # Topology objects define the levels unless the operator set --levels.
         self.topology_levels = topology_levels
         self.default_levels = default_levels
-        self.extra = ExtraKinds(self.custom, Discovery(api_client), lambda: self._changed("groups"))
+        self.extra = ExtraKinds(
+            self.custom, Discovery(api_client, ttl_s=discovery_ttl_s), lambda: self._changed("groups")
+        )
         common = {"watch_timeout_s": watch_timeout_s, "backoff_s": backoff_s, "page_size": page_size}
         self.reflectors = [
             _Reflector(

@@ -79,10 +79,7 @@ class FakeAPI:
         }
         self.served: dict[str, str] = {}
         for name, version in versions.items():
-            group, _, plural = EXTRA_KINDS[name]
-            self.paths[f"/apis/{group}/{version}/{plural}"] = name
-            self.served[name] = version
-            self.objects[name] = {}
+            self.serve_kind(name, version)
         self.events: list[dict[str, Any]] = []  # core/v1 Events created
         self.page_snapshots: dict[str, tuple[int, list[dict[str, Any]]]] = {}
         self.bookmark_every_s = 0.2
@@ -140,6 +137,14 @@ class FakeAPI:
         with self.cond:
             codes = self.fail.get(endpoint)
             return codes.pop(0) if codes else None
+
+    def serve_kind(self, name: str, version: str | None = None) -> None:
+        """Start serving an optional kind (a CRD installed while the sidecar runs)."""
+        group, default, plural = EXTRA_KINDS[name]
+        with self.cond:
+            self.paths[f"/apis/{group}/{version or default}/{plural}"] = name
+            self.served[name] = version or default
+            self.objects.setdefault(name, {})
 
     def watch_requests(self, kind: str) -> list[str]:
         return [q for k, q in self.requests if k == f"watch:{kind}"]
@@ -207,7 +212,7 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         q = {k: v[-1] for k, v in parse_qs(url.query).items()}
         kind = self._kind(url.path)
-        if url.path == "/apis":
+        if url.path in ("/apis", "/apis/"):
             api.requests.append(("discovery", ""))
             self._json(200, api.discovery())
             return
