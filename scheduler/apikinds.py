@@ -11,6 +11,7 @@ feed the snapshot: gang minimums and group-level topology keys are resolved into
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 import time
@@ -21,9 +22,12 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from gputopo import jsonlog
 from scheduler import sources
 from scheduler.model import PodInfo
 from scheduler.sources import Group, GroupParser
+
+log = logging.getLogger("gputopo.scheduler.kube")
 
 #: How long one discovery answer is reused: relists of several kinds share it.
 DISCOVERY_TTL_S = 10.0
@@ -253,4 +257,12 @@ def _object_key(obj: Mapping[str, Any]) -> str | None:
 def _parse_topology(obj: Mapping[str, Any]) -> tuple[str, tuple[str, ...]] | None:
     key = _object_key(obj)
     levels = sources.topology_levels(obj)
+    if key is not None and levels is None:
+        jsonlog.event(
+            log,
+            "topology_ignored",
+            logging.WARNING,
+            topology=key,
+            reason="spec.levels must be 1..16 distinct node-label keys",
+        )
     return (key, levels) if key is not None and levels is not None else None

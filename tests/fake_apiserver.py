@@ -81,6 +81,7 @@ class FakeAPI:
         for name, version in versions.items():
             self.serve_kind(name, version)
         self.events: list[dict[str, Any]] = []  # core/v1 Events created
+        self.watch_queries: list[tuple[str, str]] = []  # (kind, query string) of every watch
         self.page_snapshots: dict[str, tuple[int, list[dict[str, Any]]]] = {}
         self.bookmark_every_s = 0.2
         self.history: list[tuple[int, str, str, dict[str, Any]]] = []
@@ -222,6 +223,7 @@ class _Handler(BaseHTTPRequestHandler):
         selector = q.get("fieldSelector", "")
         if kind is not None and q.get("watch") in ("true", "1"):
             api.requests.append((f"watch:{kind}", q.get("resourceVersion", "")))
+            api.watch_queries.append((kind, url.query))
             self._watch(
                 kind,
                 int(q.get("resourceVersion") or 0),
