@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from prometheus_client import start_http_server
 
@@ -23,9 +23,13 @@ from gputopo import jsonlog
 from gputopo.cluster import ClusterError, load_cluster
 from gputopo.network import LevelError, validate_levels
 from scheduler import defaults
+from scheduler.events import EventEmitter
 from scheduler.extender import Extender
 from scheduler.server import Server
 from scheduler.state import ClusterState, from_cluster
+
+if TYPE_CHECKING:
+    from scheduler.kube import KubeState
 
 
 class _Parser(argparse.ArgumentParser):
@@ -91,7 +95,7 @@ def _fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
-def _live_state(kubeconfig: str | None, max_age: float) -> ClusterState:
+def _live_state(kubeconfig: str | None, max_age: float, *, topology_levels: bool = True) -> ClusterState:
     from kubernetes import client, config
 
     from scheduler.kube import KubeState
@@ -107,7 +111,10 @@ def _live_state(kubeconfig: str | None, max_age: float) -> ClusterState:
                 config.load_kube_config(client_configuration=cfg)
     except (config.ConfigException, OSError, ValueError, TypeError) as e:
         _fail(f"cannot load Kubernetes configuration: {e}")
-    state = KubeState(client.ApiClient(cfg), clock=time.time, max_age_s=max_age)
+    # --levels given: those levels; otherwise the cluster's Kueue/KAI Topology objects may set them
+    state = KubeState(
+        client.ApiClient(cfg), clock=time.time, max_age_s=max_age, topology_levels=topology_levels
+    )
     state.start()
     return state
 
@@ -133,8 +140,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         levels = levels or snapshot.levels
         state = file_state
     else:
-        state = _live_state(args.kubeconfig, args.annotation_max_age)
-    extender = Extender(state, levels or defaults.DEFAULT_LEVELS, clock=time.time, ttl_s=args.reservation_ttl)
+        state = _live_state(args.kubeconfig, args.annotation_max_age, topology_levels=levels is None)
+    events = None
+    core = getattr(state, "core", None)
+    if core is not None:  # live: Events where operators look (kubectl describe pod / podgroup)
+        kube = cast("KubeState", state)
+        events = EventEmitter(core.api_client, pod_uid=kube.pod_uid, group_ref=kube.group_ref)
+    extender = Extender(
+        state, levels or defaults.DEFAULT_LEVELS, clock=time.time, ttl_s=args.reservation_ttl, events=events
+    )
     host, port = args.listen
     try:
         server = Server(extender, host, port)

@@ -19,6 +19,7 @@ from gputopo.allocator import AllocationError
 from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, node_scores, plan_gang
 from gputopo.network import NetworkIndex
 from scheduler import defaults
+from scheduler.events import EventSink, NullEvents
 from scheduler.metrics import Metrics
 from scheduler.model import BadInput, PodInfo, Snapshot
 from scheduler.reservations import Reservation, Reservations
@@ -48,6 +49,7 @@ class _Backoff:
 @dataclass(frozen=True)
 class _Wait:
     reason: str
+    event: str = "GangWaiting"  # the Event reason shown on the pod ("" = none)
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,10 @@ class Extender:
         metrics: Metrics | None = None,
         ttl_s: float = defaults.RESERVATION_TTL_S,
         backoff_s: tuple[float, float] = defaults.GANG_BACKOFF_S,
+        events: EventSink | None = None,
     ) -> None:
         self.state = state
+        self.events = events or NullEvents()  # Kubernetes Events of gang decisions
         self.levels = tuple(levels)
         self.clock = clock
         self.metrics = metrics or Metrics()
@@ -172,6 +176,7 @@ class Extender:
         released = self.reservations.release_gang(gang)
         if plan is not None or released:
             jsonlog.event(log, "plan_dropped", gang=gang, reason=reason, released=len(released))
+            self.events.emit("", gang, "GangPlanDropped", f"plan of gang {gang} dropped: {reason}")
             self.metrics.plans.labels(result="dropped").inc()
 
     # ------------------------------------------------------------------------------ filter
@@ -226,6 +231,8 @@ class Extender:
         gang = pod.gang.key
         if isinstance(decision, _Wait):
             jsonlog.event(log, "filter_gang", pod=pod.key, gang=gang, result="wait", reason=decision.reason)
+            if decision.event:
+                self.events.emit(pod.key, gang, decision.event, decision.reason)
             return FilterResult([], {}, {n: decision.reason for n in names})
         node = decision.node
         reason = f"gang {gang} planned on {node}"
@@ -234,6 +241,7 @@ class Extender:
             reason = f"gang {gang} planned on {node}, which this scheduling cycle did not offer"
             out.unresolvable.update({n: reason for n in names})
         jsonlog.event(log, "filter_gang", pod=pod.key, gang=gang, result="planned", node=node, reason=reason)
+        self.events.emit(pod.key, gang, "GangPlanned", _planned_message(self.plans.get(gang), gang, node))
         return out
 
     def _members(self, gang: str, snap: Snapshot) -> list[PodInfo]:
@@ -274,14 +282,14 @@ class Extender:
             return _Wait(f"gang {gang} waiting for members {len(members)}/{need}")
         back = self._backoff.get(gang)
         if back is not None and now < back.until:
-            return _Wait(f"{back.reason} (retry in {back.until - now:.0f}s)")
+            return _Wait(f"{back.reason} (retry in {back.until - now:.0f}s)", "GangUnschedulable")
         # Members without GPUs count towards minMember but need no placement.
         pending = [m for m in members if not m.node and m.key not in self._assumed and m.gpus > 0]
         bound_nodes = {m.node for m in members if m.node} | {
             self._assumed[m.key].node for m in members if m.key in self._assumed
         }
         if pod.key not in {m.key for m in pending}:
-            return _Wait(f"pod {pod.key} is already bound")
+            return _Wait(f"pod {pod.key} is already bound", "")
         spec = GangSpec(
             gang,
             tuple(Member(m.key, m.gpus) for m in pending),
@@ -296,7 +304,7 @@ class Extender:
             jsonlog.event(
                 log, "plan_failed", gang=gang, members=len(pending), reason=result, retry_in_s=delay
             )
-            return _Wait(f"gang {gang} does not fit: {result}")
+            return _Wait(f"gang {gang} does not fit: {result}", "GangUnschedulable")
         self._backoff.pop(gang, None)
         self.plans[gang] = result
         gpus_of = {m.key: m.gpus for m in pending}
@@ -432,6 +440,7 @@ class Extender:
                     self._replan_partial(pod, gang)
             self.metrics.binds.labels(result="failed").inc()
             jsonlog.event(log, "bind", logging.WARNING, pod=key, node=node, result="failed", reason=str(e))
+            self.events.emit(key, gang, "BindFailed", f"binding to {node} failed: {e}")
             raise
         except BaseException:
             with self._lock:
@@ -462,6 +471,7 @@ class Extender:
         """A bind refused before any API call, logged and counted like a failed one."""
         self.metrics.binds.labels(result="failed").inc()
         jsonlog.event(log, "bind", logging.WARNING, pod=key, node=node, result="refused", reason=reason)
+        self.events.emit(key, None, "BindRefused", f"bind to {node} refused: {reason}")
         return BindError(reason)
 
     def _replan_partial(self, pod: PodInfo, gang: str) -> None:
@@ -485,6 +495,16 @@ class Extender:
             return view.allocator.choose(sorted(view.free), size).indices
         except AllocationError as e:
             raise BindError(f"{node}: {e}") from None
+
+
+def _planned_message(plan: GangPlan | None, gang: str, node: str) -> str:
+    if plan is None:  # steered to where its bind already went
+        return f"gang {gang}: this pod goes to {node}"
+    nodes = len({p.node for p in plan.placements})
+    return (
+        f"gang {gang} planned at level {plan.level}, domain {plan.domain}: this pod on {node} "
+        f"({len(plan.placements)} pending members on {nodes} nodes)"
+    )
 
 
 def _with_resolved_gang(pod: PodInfo, snap: Snapshot) -> PodInfo:

@@ -82,6 +82,7 @@ class FakeAPI:
             self.serve_kind(name, version)
         self.events: list[dict[str, Any]] = []  # core/v1 Events created
         self.watch_queries: list[tuple[str, str]] = []  # (kind, query string) of every watch
+        self.event_gate: threading.Event | None = None  # when set, event writes wait for it
         self.page_snapshots: dict[str, tuple[int, list[dict[str, Any]]]] = {}
         self.bookmark_every_s = 0.2
         self.history: list[tuple[int, str, str, dict[str, Any]]] = []
@@ -357,6 +358,8 @@ class _Handler(BaseHTTPRequestHandler):
         ev = re.fullmatch(r"/api/v1/namespaces/([^/]+)/events", urlparse(self.path).path)
         if ev:
             api.requests.append(("event", ev.group(1)))
+            if api.event_gate is not None:
+                api.event_gate.wait(timeout=30)
             fault = api.take_fault("event")
             if fault:
                 self._status(fault, "Injected", "injected failure creating an event")
