@@ -150,7 +150,7 @@ class _Reflector:
         items: list[dict[str, Any]] = []
         token = ""
         while True:
-            kw: dict[str, Any] = {"limit": self.page_size}
+            kw: dict[str, Any] = {"limit": self.page_size} if self.page_size > 0 else {}
             if token:
                 kw["_continue"] = token
             body = _raw(self.list_fn(_preload_content=False, **kw))
