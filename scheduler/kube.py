@@ -111,11 +111,11 @@ class _Reflector:
                     jsonlog.event(log, "watch_expired", kind=self.kind, reason="410 Gone: relisting")
                     need_list = True
                     continue
-                if e.status == 404 and self.absent_ok:
+                if e.status in (403, 404) and self.absent_ok:
+                    # 403: our RBAC lacks the kind (an older chart); serve without it, say why
                     if not self._absent:
-                        jsonlog.event(
-                            log, "kind_absent", kind=self.kind, reason="not served; retried quietly"
-                        )
+                        why = "not served" if e.status == 404 else "forbidden: RBAC lacks get/list/watch"
+                        jsonlog.event(log, "kind_absent", kind=self.kind, reason=f"{why}; retried quietly")
                     self._absent = True
                     self.on_listed()
                     need_list = True

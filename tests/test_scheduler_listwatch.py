@@ -100,3 +100,23 @@ def test_watches_ask_for_bookmarks_and_resume_from_them() -> None:
             assert state.reflectors[0].lists == 1
         finally:
             state.stop()
+
+
+def test_an_optional_kind_our_rbac_cannot_read_is_absent_not_fatal(caplog) -> None:
+    """An older chart without the new RBAC rules: 403 on a kind is logged once, and the
+    sidecar becomes ready and serves without it."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="gputopo.scheduler")
+    with fk.running(fk.FakeAPI(serve=("volcano-podgroups",))) as (api, _, api_client):
+        api.put("nodes", fk.node("n1"))
+        api.inject("list:volcano-podgroups", *([403] * 50))
+        state = start(api_client, discovery_ttl_s=0.1)
+        try:
+            wait_until(lambda: len(api.list_requests("volcano-podgroups")) >= 3)
+            absent = [r.fields for r in caplog.records if r.getMessage() == "kind_absent"]
+            mine = [f for f in absent if f["kind"] == "volcano-podgroups"]
+            assert len(mine) == 1 and "forbidden" in mine[0]["reason"]
+            assert state.ready() and "n1" in state.snapshot().nodes
+        finally:
+            state.stop()
