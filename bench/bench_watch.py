@@ -127,7 +127,17 @@ def main() -> int:
     me = [sys.executable, __file__]
     t0 = time.perf_counter()
     server = subprocess.Popen(
-        [*me, "--role", "serve", "--nodes", str(args.nodes), "--pods", str(args.pods), "--finished", str(args.finished)],
+        [
+            *me,
+            "--role",
+            "serve",
+            "--nodes",
+            str(args.nodes),
+            "--pods",
+            str(args.pods),
+            "--finished",
+            str(args.finished),
+        ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -135,14 +145,20 @@ def main() -> int:
     )
     assert server.stdout is not None
     url = server.stdout.readline().strip()
-    print(f"stand-in: {args.nodes} nodes, {args.pods} pods ({args.finished:.0%} finished), "
-          f"filled in {time.perf_counter() - t0:.0f}s at {url}")
+    print(
+        f"stand-in: {args.nodes} nodes, {args.pods} pods ({args.finished:.0%} finished), "
+        f"filled in {time.perf_counter() - t0:.0f}s at {url}"
+    )
     rows = []
     try:
         for size in (int(s) for s in args.pages.split(",")):
             res = subprocess.run(
                 [*me, "--role", "measure", "--url", url, "--page-size", str(size)],
-                capture_output=True, text=True, env=env, timeout=900, check=True,
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=900,
+                check=True,
             )
             rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
     finally:
@@ -150,7 +166,9 @@ def main() -> int:
         server.wait(timeout=30)
     base = rows[0]
     print()
-    print("| lists | start-up s | node pages | pod pages | nodes | pods kept | RSS after ready MiB | peak RSS MiB | start-up vs baseline |")
+    print(
+        "| lists | start-up s | node pages | pod pages | nodes | pods kept | RSS after ready MiB | peak RSS MiB | start-up vs baseline |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         name = "unpaginated (baseline)" if r["page_size"] == 0 else f"pages of {r['page_size']}"

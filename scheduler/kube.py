@@ -116,6 +116,7 @@ class _Reflector:
                     if not self._absent:
                         why = "not served" if e.status == 404 else "forbidden: RBAC lacks get/list/watch"
                         jsonlog.event(log, "kind_absent", kind=self.kind, reason=f"{why}; retried quietly")
+                        self.replace_all([])  # a CRD removed takes its objects with it
                     self._absent = True
                     self.on_listed()
                     need_list = True

@@ -48,7 +48,10 @@ def objects_and_pods(name: str) -> tuple[list[tuple[str, dict]], list[dict]]:
             else:
                 template = doc["spec"]["template"]
                 made = [
-                    {"metadata": copy.deepcopy(template.get("metadata", {})), "spec": copy.deepcopy(template["spec"])}
+                    {
+                        "metadata": copy.deepcopy(template.get("metadata", {})),
+                        "spec": copy.deepcopy(template["spec"]),
+                    }
                     for _ in range(doc["spec"]["parallelism"])
                 ]
                 for i, p in enumerate(made):
@@ -70,7 +73,10 @@ def test_example_places_its_gang_over_the_api_stand_in(live_with, name) -> None:
     gang_key, level = CASES[name]
     objects, pods = objects_and_pods(name)
     assert len(pods) == 2 and all(p["spec"]["schedulerName"] == "gputopo-scheduler" for p in pods)
-    nodes = [(f"n{i}", {**{k: "ab"[i // 2] for k in LABELS}, "cloud.provider.com/topology-block": "b"}) for i in range(4)]
+    nodes = [
+        (f"n{i}", {**{k: "ab"[i // 2] for k in LABELS}, "cloud.provider.com/topology-block": "b"})
+        for i in range(4)
+    ]
     live = live_with(nodes=nodes, objects=objects, pods=pods)
     gang = live.state.snapshot().pods[f"ml/{pods[0]['metadata']['name']}"].gang
     assert gang.key == gang_key and (gang.min_member or live.state.snapshot().min_members[gang_key]) == 2

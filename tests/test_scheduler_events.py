@@ -177,3 +177,24 @@ def test_a_slow_event_api_never_blocks_a_verb_and_writes_are_bounded(caplog) -> 
         s.clock[0] += 31
         s.client.post("/filter", args(pods[0], NAMES))
         wait_until(lambda: s.emitter.written > 0, timeout=10)
+
+
+def test_a_scheduler_plugins_podgroup_gets_the_events_too() -> None:
+    pods = [fk.pod("ml", "sp-0", 8, labels={"scheduling.x-k8s.io/pod-group": "legacy"})]
+    with run(pods) as s:
+        s.api.put(
+            "podgroups",
+            {
+                "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+                "kind": "PodGroup",
+                "metadata": {"namespace": "ml", "name": "legacy", "uid": "legacy-uid"},
+                "spec": {"minMember": 2},
+            },
+        )
+        wait_until(lambda: s.state.snapshot().min_members.get("ml/legacy") == 2)
+        s.client.post("/filter", args(pods[0], NAMES))
+        assert s.emitter.flush()
+        (group_event,) = [e for e in s.api.events if e["involvedObject"]["kind"] == "PodGroup"]
+        assert group_event["involvedObject"]["uid"] == "legacy-uid"
+        assert group_event["involvedObject"]["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
+        assert group_event["reason"] == "GangWaiting"

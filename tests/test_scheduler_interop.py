@@ -306,3 +306,13 @@ def test_precedence_when_a_pod_names_several_gangs_and_levels(live_with) -> None
     assert (ga.required_level, ga.preferred_level, ga.level_source) == (TIER1, None, "group")
     assert (gb.required_level, gb.preferred_level, gb.level_source) == (None, TIER0, "gputopo")
     assert plan_of(live, a[0], "ml/podgroup:train") == (TIER1, "s"), "the PodGroup's required level"
+
+
+def test_a_kind_that_goes_away_takes_its_gangs_with_it(live_with) -> None:
+    pg = {"metadata": {"namespace": "ml", "name": "vc"}, "spec": {"minMember": 2}}
+    live = live_with(serve=("volcano-podgroups",), objects=[("volcano-podgroups", pg)])
+    assert live.state.snapshot().min_members == {"ml/volcano:vc": 2}
+    live.api.paths = {p: k for p, k in live.api.paths.items() if k != "volcano-podgroups"}
+    live.api.served.pop("volcano-podgroups")
+    live.api.break_watches()
+    wait_until(lambda: live.state.snapshot().min_members == {})
