@@ -163,6 +163,12 @@ class ExtraKinds:
             store[parsed[0]] = parsed[1]
         self._bump()
 
+    def replace_legacy(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A relist of scheduler-plugins PodGroups: forget the identities of the ones gone."""
+        self._legacy_refs = {}
+        for o in items:
+            self.note_legacy("ADDED", o)
+
     def note_legacy(self, event: str, obj: Mapping[str, Any]) -> None:
         """Remember a scheduler-plugins PodGroup's identity, so Events can name it."""
         groups = sources.groups_scheduler_plugins(obj, "scheduling.x-k8s.io/v1alpha1")

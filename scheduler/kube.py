@@ -445,8 +445,7 @@ class KubeState:
     def _replace_groups(self, items: list[dict[str, Any]]) -> None:
         groups = dict(self._group(o) for o in items)
         with self._lock:
-            for o in items:
-                self.extra.note_legacy("ADDED", o)
+            self.extra.replace_legacy(items)
             self._min = {k: v for k, v in groups.items() if v is not None}
             self._changed("groups")
 
