@@ -80,7 +80,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--levels",
         metavar="KEY,KEY,...",
-        help="network levels, smallest domain first (default: the file's, else design.md §5)",
+        help="network levels, smallest domain first (default: the file's; live: the cluster's Topology objects, then the recognised levels)",
     )
     p.add_argument("--reservation-ttl", type=_positive, default=defaults.RESERVATION_TTL_S, metavar="SECONDS")
     p.add_argument(
