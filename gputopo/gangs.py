@@ -70,6 +70,9 @@ class Wait:
     """Not now: the member is refused in this cycle, with the reason kube-scheduler shows."""
 
     reason: str
+    #: the Kubernetes Event reason a sidecar shows on the pod ("" = none): waiting for quorum,
+    #: or unschedulable (fits nowhere now)
+    event: str = "GangWaiting"
 
 
 @dataclass(frozen=True)
@@ -239,11 +242,11 @@ class GangTracker:
         if waiting is not None:
             return waiting
         if not any(m.pod == ask.pod and not m.node for m in ask.members):
-            return Wait(f"pod {ask.pod} is already bound")
+            return Wait(f"pod {ask.pod} is already bound", "")
         offered = frozenset(offer)
         back = self._backoff.get(gang)
         if back is not None and now < back.until and back.views is views and back.offer == offered:
-            return Wait(f"{back.reason} (retry in {back.until - now:.0f}s)")
+            return Wait(f"{back.reason} (retry in {back.until - now:.0f}s)", "GangUnschedulable")
         made = self.plan(ask, offered, views, index, now)
         if isinstance(made, Wait):
             return made
@@ -274,7 +277,7 @@ class GangTracker:
         # Members without GPUs count towards minMember but need no placement.
         pending = sorted((m for m in ask.members if not m.node and m.gpus > 0), key=lambda m: m.pod)
         if not pending:
-            return Wait(f"gang {gang} has no pending member that needs GPUs")
+            return Wait(f"gang {gang} has no pending member that needs GPUs", "")
         spec = GangSpec(
             gang,
             tuple(Member(m.pod, m.gpus) for m in pending),
@@ -289,7 +292,7 @@ class GangTracker:
             reason = f"gang {gang} does not fit: {result}"
             self._backoff[gang] = _Backoff(now + delay, delay, reason, views, offer)
             self._emit("plan_failed", gang, result, members=len(pending), retry_in_s=delay)
-            return Wait(reason)
+            return Wait(reason, "GangUnschedulable")
         self._backoff.pop(gang, None)
         self.plans[gang] = result
         self._offers[gang] = offer
@@ -331,18 +334,18 @@ class GangTracker:
             (where,) = domains
             candidates = [v for v in candidates if domain_of(v.name, v.labels, required) == where]
         if labels:
-            for level in self.levels:
+            for level in index.levels:
                 values = {domain_of(n, lab, level) for n, lab in labels.items()}
                 if len(values) == 1:
                     (value,) = values
                     near = [v for v in candidates if domain_of(v.name, v.labels, level) == value]
                     if near:
-                        plan = plan_gang(spec, near, self.levels, index=index, memo=self.memo())
+                        plan = plan_gang(spec, near, index.levels, index=index, memo=self.memo())
                         if isinstance(plan, GangPlan):
                             return plan
         if not candidates:
             return "no node offered by kube-scheduler can take a member"
-        plan = plan_gang(spec, candidates, self.levels, index=index, memo=self.memo())
+        plan = plan_gang(spec, candidates, index.levels, index=index, memo=self.memo())
         return plan if isinstance(plan, GangPlan) else plan.reason
 
     # ------------------------------------------------------------------ bind

@@ -31,6 +31,34 @@ ZONE = "topology.kubernetes.io/zone"
 #: Smallest domain first: one node, its NVLink domain, leaf switch, spine, core, zone.
 DEFAULT_LEVELS: tuple[str, ...] = (HOSTNAME, ACCELERATOR, LEAF, SPINE, CORE, ZONE)
 
+# NVIDIA Topograph >= 1.0 (pkg/topology/topology.go): an accelerator domain with an optional
+# sub-domain nested in it, and a fabric of any depth, tier 0 being the switch nearest the node.
+XCLR_SUB_DOMAIN = "accelerator.topograph.run/sub-domain"
+XCLR_DOMAIN = "accelerator.topograph.run/domain"
+FABRIC_TIER_PREFIX = "fabric.topograph.run/tier-"
+FABRIC_TIERS = 8  # tiers recognised by default (Kueue allows 8 levels, fabrics have 2-4)
+#: NVIDIA GPU operator's NVLink partition label (`<ClusterUUID>.<CliqueID>`), written on
+#: Multi-Node NVLink systems; Topograph's DRA provider reads it as the accelerator domain.
+GPU_CLIQUE = "nvidia.com/gpu.clique"
+
+#: Every level family the sidecar recognises by default, smallest domain first and the newest
+#: family first within each kind of domain: Topograph >= 1.0, then its releases before 1.0
+#: (design.md §5). A node carries one family, so the other family's levels are one-node domains
+#: to it and change nothing. The clique comes after both accelerator labels: it decides only
+#: for nodes that have neither, as the NVLink domain.
+RECOGNISED_LEVELS: tuple[str, ...] = (
+    HOSTNAME,
+    XCLR_SUB_DOMAIN,
+    XCLR_DOMAIN,
+    ACCELERATOR,
+    GPU_CLIQUE,
+    *(f"{FABRIC_TIER_PREFIX}{n}" for n in range(FABRIC_TIERS)),
+    LEAF,
+    SPINE,
+    CORE,
+    ZONE,
+)
+
 #: Pseudo-level (and its single domain) for "the whole cluster": the last resort of a preferred
 #: constraint. `*` can never be a label key, so it cannot collide with a configured level.
 CLUSTER = "*"

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from prometheus_client import start_http_server
 
@@ -24,10 +24,14 @@ from gputopo.cluster import ClusterError, load_cluster
 from gputopo.network import LevelError, validate_levels
 from gputopo.numerals import ascii_uint
 from scheduler import defaults
+from scheduler.events import EventEmitter
 from scheduler.extender import Extender
 from scheduler.metrics import Metrics
 from scheduler.server import Server
 from scheduler.state import ClusterState, from_cluster
+
+if TYPE_CHECKING:
+    from scheduler.kube import KubeState
 
 
 class _Parser(argparse.ArgumentParser):
@@ -79,7 +83,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--levels",
         metavar="KEY,KEY,...",
-        help="network levels, smallest domain first (default: the file's, else design.md §5)",
+        help="network levels, smallest domain first (default: the file's; live: the cluster's Topology objects, then the recognised levels)",
     )
     p.add_argument("--reservation-ttl", type=_positive, default=defaults.RESERVATION_TTL_S, metavar="SECONDS")
     p.add_argument(
@@ -94,7 +98,9 @@ def _fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
-def _live_state(kubeconfig: str | None, max_age: float, metrics: Metrics) -> ClusterState:
+def _live_state(
+    kubeconfig: str | None, max_age: float, metrics: Metrics, *, topology_levels: bool = True
+) -> ClusterState:
     from gputopo_kube import KubeConfigError, api_client
     from scheduler.kube import KubeState
 
@@ -102,7 +108,10 @@ def _live_state(kubeconfig: str | None, max_age: float, metrics: Metrics) -> Clu
         client = api_client(kubeconfig)
     except KubeConfigError as e:
         _fail(f"cannot load Kubernetes configuration: {e}")
-    state = KubeState(client, clock=time.time, max_age_s=max_age, metrics=metrics)
+    # --levels given: those levels; otherwise the cluster's Kueue/KAI Topology objects may set them
+    state = KubeState(
+        client, clock=time.time, max_age_s=max_age, metrics=metrics, topology_levels=topology_levels
+    )
     state.start()
     return state
 
@@ -129,9 +138,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         levels = levels or snapshot.levels
         state = file_state
     else:
-        state = _live_state(args.kubeconfig, args.annotation_max_age, metrics)
+        state = _live_state(args.kubeconfig, args.annotation_max_age, metrics, topology_levels=levels is None)
+    events = None
+    core = getattr(state, "core", None)
+    if core is not None:  # live: Events where operators look (kubectl describe pod / podgroup)
+        kube = cast("KubeState", state)
+        events = EventEmitter(core.api_client, pod_uid=kube.pod_uid, group_ref=kube.group_ref)
     extender = Extender(
-        state, levels or defaults.DEFAULT_LEVELS, clock=time.time, ttl_s=args.reservation_ttl, metrics=metrics
+        state,
+        levels or defaults.DEFAULT_LEVELS,
+        clock=time.time,
+        ttl_s=args.reservation_ttl,
+        metrics=metrics,
+        events=events,
     )
     host, port = args.listen
     try:

@@ -94,7 +94,9 @@ class ClusterCache:
 
     def network(self, snap: Snapshot) -> NetworkIndex:
         if self._index is None or self._index_key != snap.version:
-            self._index = NetworkIndex.build(((n.name, n.labels) for n in snap.nodes.values()), self.levels)
+            # the cluster's own levels (its Kueue/KAI Topology objects) when it defines any, else ours
+            levels = snap.levels or self.levels
+            self._index = NetworkIndex.build(((n.name, n.labels) for n in snap.nodes.values()), levels)
             self._index_key = snap.version
         return self._index
 

@@ -22,7 +22,9 @@ PREFERRED_TOPOLOGY_ANNOTATION = "gputopo.io/preferred-topology"
 PODGROUP_GROUP = "scheduling.x-k8s.io"
 PODGROUP_VERSION = "v1alpha1"
 PODGROUP_PLURAL = "podgroups"
-DEFAULT_LEVELS = network.DEFAULT_LEVELS
+#: The sidecar recognises Topograph's current and pre-1.0 label families and the GPU clique;
+#: a cluster's Kueue / KAI `Topology` objects put their own levels first (scheduler/apikinds.py).
+DEFAULT_LEVELS = network.RECOGNISED_LEVELS
 
 # Limits and timings of the sidecar.
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a full 5,000-node NodeList is ~30 MiB

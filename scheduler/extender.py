@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gputopo import jsonlog
 from gputopo.allocator import AllocationError
@@ -23,6 +23,7 @@ from gputopo.placement import node_scores
 from gputopo.reservations import Assumed, Reservations
 from scheduler import defaults
 from scheduler.cache import ClusterCache
+from scheduler.events import EventSink, NullEvents
 from scheduler.metrics import Metrics
 from scheduler.model import BadInput, PodInfo, Snapshot
 from scheduler.nodeguard import NodeGuard
@@ -53,8 +54,10 @@ class Extender:
         metrics: Metrics | None = None,
         ttl_s: float = defaults.RESERVATION_TTL_S,
         backoff_s: tuple[float, float] = defaults.GANG_BACKOFF_S,
+        events: EventSink | None = None,
     ) -> None:
         self.state = state
+        self.events = events or NullEvents()  # Kubernetes Events of gang decisions
         self.levels = tuple(levels)
         self.clock = clock
         self.metrics = metrics or Metrics()
@@ -89,6 +92,9 @@ class Extender:
             result = _PLAN_RESULT.get(e.kind)
             if result is not None:
                 self.metrics.plans.labels(result=result).inc()
+            reason = _EVENT_REASON.get(e.kind)
+            if reason is not None:  # on the gang's group object (PodGroup, Workload, ...)
+                self.events.emit("", e.gang, reason, _event_message(e))
         self.metrics.reservations.set(len(self.gangs.reservations))
 
     def _current(self, now: float) -> tuple[Snapshot, dict[str, NodeView]]:
@@ -142,6 +148,7 @@ class Extender:
             now = self.clock()
             self.state.observe(pod)
             snap, views = self._current(now)
+            pod = _with_resolved_gang(pod, snap)
             if pod.gang is not None and pod.gpus > 0:
                 return self._filter_gang(pod, names, snap, views, now)
             fit = self.cache.fit(views, pod.gpus) if pod.gpus else None
@@ -177,6 +184,8 @@ class Extender:
             self._log_events()
         if not isinstance(decision, Planned):
             jsonlog.event(log, "filter_gang", pod=pod.key, gang=gang, result="wait", reason=decision.reason)
+            if decision.event:
+                self.events.emit(pod.key, gang, decision.event, decision.reason)
             return FilterResult([], {}, {n: decision.reason for n in names})
         node, reason = decision.node, decision.reason
         out = FilterResult([node] if node in names else [], {}, {n: reason for n in names if n != node})
@@ -184,6 +193,7 @@ class Extender:
             reason = f"gang {gang} planned on {node}, which this scheduling cycle did not offer"
             out.unresolvable.update({n: reason for n in names})
         jsonlog.event(log, "filter_gang", pod=pod.key, gang=gang, result="planned", node=node, reason=reason)
+        self.events.emit(pod.key, gang, "GangPlanned", _planned_message(self.plans.get(gang), gang, node))
         return out
 
     # -------------------------------------------------------------------------- prioritize
@@ -264,6 +274,7 @@ class Extender:
                 self._log_events()
             self.metrics.binds.labels(result="failed").inc()
             jsonlog.event(log, "bind", logging.WARNING, pod=key, node=node, result="failed", reason=str(e))
+            self.events.emit(key, gang, "BindFailed", f"binding to {node} failed: {e}")
             raise
         except BaseException:
             with self._lock:
@@ -281,6 +292,7 @@ class Extender:
         """A bind refused before any API call, logged and counted like a failed one."""
         self.metrics.binds.labels(result="failed").inc()
         jsonlog.event(log, "bind", logging.WARNING, pod=key, node=node, result="refused", reason=reason)
+        self.events.emit(key, None, "BindRefused", f"bind to {node} refused: {reason}")
         return BindError(reason)
 
     def _replan_partial(self, pod: PodInfo, gang: str) -> None:
@@ -303,6 +315,41 @@ class Extender:
             return view.allocator.choose(sorted(view.free), size).indices
         except AllocationError as e:
             raise BindError(f"{node}: {e}") from None
+
+
+#: Tracker event kinds -> the reason of the Kubernetes Event written on the gang's group object.
+_EVENT_REASON = {
+    "plan": "GangPlanned",
+    "plan_failed": "GangUnschedulable",
+    "plan_dropped": "GangPlanDropped",
+    "replan": "GangReplanned",
+}
+
+
+def _event_message(e: Event) -> str:
+    where = ""
+    if e.kind == "plan" and "level" in e.fields:
+        where = f" at level {e.fields['level']}, domain {e.fields.get('domain')}"
+    return f"gang {e.gang}{where}: {e.reason}"
+
+
+def _planned_message(plan: GangPlan | None, gang: str, node: str) -> str:
+    if plan is None:  # steered to where its bind already went
+        return f"gang {gang}: this pod goes to {node}"
+    nodes = len({p.node for p in plan.placements})
+    return (
+        f"gang {gang} planned at level {plan.level}, domain {plan.domain}: this pod on {node} "
+        f"({len(plan.placements)} pending members on {nodes} nodes)"
+    )
+
+
+def _with_resolved_gang(pod: PodInfo, snap: Snapshot) -> PodInfo:
+    """The pod with its gang as the cluster state resolved it (minimum and topology key from
+    the gang's group object, scheduler/apikinds.py); kube-scheduler's copy has only the pod."""
+    known = snap.pods.get(pod.key)
+    if pod.gang is None or known is None or known.gang is None or known.gang.key != pod.gang.key:
+        return pod
+    return pod if known.gang == pod.gang else replace(pod, gang=known.gang)
 
 
 def _log_event(e: Event) -> None:

@@ -25,10 +25,11 @@ from gputopo.allocator import MAX_GPUS
 from gputopo.annotation import AnnotationError, decode
 from scheduler import defaults
 from scheduler.accounting import PodAccounting, record_prediction
+from scheduler.apikinds import Discovery, ExtraKinds, Kind
 from scheduler.metrics import Metrics
 from scheduler.model import BadInput, NodeInfo, PodInfo, Snapshot, node_gpu_capacity, parse_pod
 from scheduler.nodeguard import NodeGuard, describe
-from scheduler.reflector import Reflector, raw_json
+from scheduler.reflector import PAGE_SIZE, Reflector, raw_json
 from scheduler.state import BindError
 
 log = logging.getLogger("gputopo.scheduler.kube")
@@ -37,6 +38,8 @@ log = logging.getLogger("gputopo.scheduler.kube")
 OBSERVED_TTL_S = 300.0
 #: How often snapshot() re-judges annotation freshness when nothing else changed.
 STALENESS_RECHECK_S = 5.0
+#: Pods that finished hold nothing: the API server leaves them out of lists and watches.
+ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 class KubeState:
@@ -55,6 +58,10 @@ class KubeState:
         bind_timeout_s: float = 30.0,
         metrics: Metrics | None = None,
         event_timeout_s: float = 5.0,
+        page_size: int = PAGE_SIZE,
+        topology_levels: bool = True,
+        default_levels: tuple[str, ...] = defaults.DEFAULT_LEVELS,
+        discovery_ttl_s: float = 10.0,
     ) -> None:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
@@ -80,13 +87,24 @@ class KubeState:
         self._stale: set[str] = set()
         self._pod_gpus: dict[str, int] = {}
         self._snap_parts: tuple[dict[str, NodeInfo], dict[str, PodInfo], dict[str, int]] | None = None
+        self._raw_pods: dict[str, PodInfo] = {}  # pods before group objects are resolved in
         self._nodes_dirty = self._pods_dirty = self._groups_dirty = True
         self._ended: tuple[int, dict[str, frozenset[str]]] | None = None  # (accounting version, map)
         self._snap_ended: dict[str, frozenset[str]] | None = None
         self._stop = threading.Event()
         self._listed: set[str] = set()
         self._threads: list[threading.Thread] = []
-        common: dict[str, Any] = {"watch_timeout_s": watch_timeout_s, "backoff_s": backoff_s}
+        # Topology objects define the levels unless the operator set --levels.
+        self.topology_levels = topology_levels
+        self.default_levels = default_levels
+        self.extra = ExtraKinds(
+            self.custom, Discovery(api_client, ttl_s=discovery_ttl_s), lambda: self._changed("groups")
+        )
+        common: dict[str, Any] = {
+            "watch_timeout_s": watch_timeout_s,
+            "backoff_s": backoff_s,
+            "page_size": page_size,
+        }
         self.reflectors = [
             Reflector(
                 "nodes",
@@ -99,7 +117,7 @@ class KubeState:
             ),
             Reflector(
                 "pods",
-                self.core.list_pod_for_all_namespaces,
+                self._list_active_pods,
                 self._replace_pods,
                 self._apply_pod,
                 self._stop,
@@ -116,7 +134,31 @@ class KubeState:
                 absent_ok=True,
                 **common,
             ),
+            *(self._extra_reflector(k, common) for k in self.extra.kinds),
         ]
+
+    def _extra_reflector(self, kind: Kind, common: dict[str, Any]) -> Reflector:
+        def replace_all(items: list[dict[str, Any]]) -> None:
+            with self._lock:
+                self.extra.replace_all(kind, items)
+
+        def apply(event: str, obj: dict[str, Any]) -> None:
+            with self._lock:
+                self.extra.apply(kind, event, obj)
+
+        return Reflector(
+            kind.name,
+            self.extra.list_fn(kind),
+            replace_all,
+            apply,
+            self._stop,
+            on_listed=lambda: self._mark(kind.name),
+            absent_ok=True,
+            **common,
+        )
+
+    def _list_active_pods(self, **kwargs: Any) -> Any:
+        return self.core.list_pod_for_all_namespaces(field_selector=ACTIVE_PODS, **kwargs)
 
     def _list_podgroups(self, **kwargs: Any) -> Any:
         return self.custom.list_cluster_custom_object(
@@ -147,7 +189,7 @@ class KubeState:
 
     def ready(self) -> bool:
         with self._lock:
-            return {"nodes", "pods", "podgroups"} <= self._listed
+            return {"nodes", "pods", "podgroups"} | self.extra.names <= self._listed
 
     def _mark(self, kind: str) -> None:
         with self._lock:
@@ -320,12 +362,14 @@ class KubeState:
     def _replace_groups(self, items: list[dict[str, Any]]) -> None:
         groups = dict(self._group(o) for o in items)
         with self._lock:
+            self.extra.replace_legacy(items)
             self._min = {k: v for k, v in groups.items() if v is not None}
             self._changed("groups")
 
     def _apply_group(self, kind: str, obj: dict[str, Any]) -> None:
         key, value = self._group(obj)
         with self._lock:
+            self.extra.note_legacy(kind, obj)
             if kind == "DELETED" or value is None:
                 self._min.pop(key, None)
             else:
@@ -365,8 +409,10 @@ class KubeState:
                 pods = {k: p for k, (p, _) in self._observed.items()}
                 pods.update(self._pods)
                 pod_gpus = dict(self._pod_gpus)
+                self._raw_pods = pods
             else:
-                pods, pod_gpus = prev[1], prev[2]
+                pods, pod_gpus = self._raw_pods, prev[2]
+            pods = self.extra.resolve(pods)  # what group objects say: minimums, topology keys
             self.accounting.prune(self._nodes, now)
             if self._ended is None or self._ended[0] != self.accounting.version:
                 self._ended = (self.accounting.version, self.accounting.ended_by_node())
@@ -378,9 +424,23 @@ class KubeState:
             self._stale = stale
             self._snap_parts = (nodes, pods, pod_gpus)
             self._snap_ended = self._ended[1]
-            self._snap = Snapshot(nodes, pods, dict(self._min), self._version, pod_gpus, self._snap_ended)
+            levels = self.extra.levels(self.default_levels) if self.topology_levels else ()
+            mins = {**self.extra.min_members(), **self._min}
+            self._snap = Snapshot(nodes, pods, mins, self._version, pod_gpus, self._snap_ended, levels)
             self._snap_at = now
             return self._snap
+
+    # ------------------------------------------------------------------ for Events
+
+    def group_ref(self, gang_key: str) -> Any:
+        """The object defining a gang (apiVersion, kind, namespace, name, uid), if known."""
+        with self._lock:
+            return self.extra.ref(gang_key)
+
+    def pod_uid(self, pod_key: str) -> str:
+        with self._lock:
+            pod = self._pods.get(pod_key) or (self._observed.get(pod_key) or (None, 0))[0]
+            return pod.uid if pod is not None else ""
 
     # ------------------------------------------------------------------ bind
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from gputopo.annotation import NodeTopology
 from gputopo.numerals import ascii_uint
-from scheduler import defaults
+from scheduler import defaults, sources
 
 
 class BadInput(ValueError):
@@ -28,6 +28,8 @@ class GangRef:
     min_member: int | None  # from the light label; None = read it from the PodGroup object
     required_level: str | None = None
     preferred_level: str | None = None
+    source: str = ""  # the API that named the gang (scheduler/sources.py)
+    level_source: str = ""  # the annotation family the levels came from; "" = none
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class Snapshot:
     pod_gpus: Mapping[str, int] = field(default_factory=dict)  # node -> GPUs its bound, active pods hold
     #: node -> pods seen ending there whose GPUs its annotation still lists: those count as free
     ended: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    levels: tuple[str, ...] = ()  # network levels the cluster defines (Topology objects); () = configured
 
 
 def _obj(value: Any, where: str) -> Mapping[str, Any]:
@@ -166,23 +169,21 @@ def parse_pod(raw: Any, resource: str = defaults.RESOURCE_NAME) -> PodInfo:
         gpus=gpus,
         node=node,
         phase=phase,
-        gang=_gang(namespace, labels, annotations),
+        gang=_gang(namespace, labels, annotations, spec),
     )
 
 
-def _gang(namespace: str, labels: Mapping[str, str], annotations: Mapping[str, str]) -> GangRef | None:
-    required = annotations.get(defaults.REQUIRED_TOPOLOGY_ANNOTATION) or None
-    preferred = annotations.get(defaults.PREFERRED_TOPOLOGY_ANNOTATION) or None
-    group = labels.get(defaults.POD_GROUP_LABEL)
-    if group:
-        return GangRef(f"{namespace}/{group}", None, required, preferred)
-    group = labels.get(defaults.LIGHT_GROUP_LABEL)
-    if group:
-        raw = labels.get(defaults.LIGHT_MIN_LABEL, "")
-        if not _digits(raw) or not 1 <= int(raw) <= 100_000:
-            raise BadInput(f"label {defaults.LIGHT_MIN_LABEL} must be a positive integer, got {raw!r}")
-        return GangRef(f"{namespace}/{group}", int(raw), required, preferred)
-    return None
+def _gang(
+    namespace: str, labels: Mapping[str, str], annotations: Mapping[str, str], spec: Mapping[str, Any]
+) -> GangRef | None:
+    """The pod's gang from whichever API names it, by one precedence (scheduler/sources.py)."""
+    try:
+        g = sources.pod_gang(namespace, labels, annotations, spec)
+    except sources.SourceError as e:
+        raise BadInput(str(e)) from None
+    if g is None:
+        return None
+    return GangRef(g.key, g.min_member, g.required_level, g.preferred_level, g.source, g.level_source)
 
 
 def parse_node_names(args: Mapping[str, Any]) -> tuple[list[str], bool]:

@@ -2,7 +2,8 @@
 
 client-go's reflector, for `scheduler.kube.KubeState`: a broken watch resumes from the last
 resourceVersion seen, a 410 Gone relists, a missing CRD (PodGroups) is retried later, and API
-errors back off. Objects stay raw JSON dicts (no model deserialisation). Never raises out of
+errors back off; lists are paged (`limit`/`continue`) and a kind our RBAC may not read (403) is
+absent, logged once. Objects stay raw JSON dicts (no model deserialisation). Never raises out of
 its thread.
 """
 
@@ -21,6 +22,9 @@ from gputopo import jsonlog
 from scheduler.nodeguard import describe
 
 log = logging.getLogger("gputopo.scheduler.kube")
+
+#: Objects per list page (`limit`): bounds each response the API server builds and sends.
+PAGE_SIZE = 500
 
 
 def raw_json(resp: Any) -> Any:
@@ -46,6 +50,7 @@ class Reflector:
         backoff_s: tuple[float, float],
         on_listed: Callable[[], None],
         absent_ok: bool = False,
+        page_size: int = PAGE_SIZE,
     ) -> None:
         self.kind = kind
         self.list_fn = list_fn
@@ -56,6 +61,9 @@ class Reflector:
         self.backoff_s = backoff_s
         self.on_listed = on_listed
         self.absent_ok = absent_ok
+        self.page_size = page_size
+        self.pages = 0  # list pages read, all lists together
+        self._absent = False  # logged as absent already: say it once, not every retry
         self.resource_version = ""
         self.lists = 0
         self.watches = 0
@@ -89,10 +97,13 @@ class Reflector:
                     jsonlog.event(log, "watch_expired", kind=self.kind, reason="410 Gone: relisting")
                     need_list = True
                     continue
-                if e.status == 404 and self.absent_ok:
-                    jsonlog.event(
-                        log, "kind_absent", kind=self.kind, reason="CRD not installed; retrying later"
-                    )
+                if e.status in (403, 404) and self.absent_ok:
+                    # 403: our RBAC lacks the kind (an older chart); serve without it, say why
+                    if not self._absent:
+                        why = "not served" if e.status == 404 else "forbidden: RBAC lacks get/list/watch"
+                        jsonlog.event(log, "kind_absent", kind=self.kind, reason=f"{why}; retried quietly")
+                        self.replace_all([])  # a CRD removed takes its objects with it
+                    self._absent = True
                     self.on_listed()
                     need_list = True
                     self.stop.wait(self.backoff_s[1])
@@ -122,9 +133,24 @@ class Reflector:
                 delay = min(delay * 2, self.backoff_s[1])
 
     def _list(self) -> None:
-        body = raw_json(self.list_fn(_preload_content=False))
-        items = body.get("items") or []
-        self.resource_version = (body.get("metadata") or {}).get("resourceVersion", "")
+        """Page by page (`limit`/`continue`); an expired continue token is a 410: relist."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            kw: dict[str, Any] = {"limit": self.page_size} if self.page_size > 0 else {}
+            if token:
+                kw["_continue"] = token
+            body = raw_json(self.list_fn(_preload_content=False, **kw))
+            self.pages += 1
+            items.extend(body.get("items") or [])
+            meta = body.get("metadata") or {}
+            token = meta.get("continue") or ""
+            if not token or self.stop.is_set():
+                break
+        self.resource_version = meta.get("resourceVersion", "")
+        if self._absent:
+            jsonlog.event(log, "kind_present", kind=self.kind, reason="served now")
+            self._absent = False
         self.replace_all(items)
         self.lists += 1
         jsonlog.event(log, "listed", kind=self.kind, count=len(items), resource_version=self.resource_version)

@@ -1,9 +1,13 @@
 """A small stand-in for the Kubernetes API server, for tests through the official client.
 
-It answers only what gputopo uses: list and watch of Nodes, Pods and PodGroups (with
-resourceVersions, bookmarks-free streaming, 410 Gone for a too-old version, and watches that
-can be broken on demand), pod reads, `pods/binding`, Event creation, and Node PATCH. Failures can be injected
-per endpoint so tests can exercise retries, re-plans and resumption.
+It answers only what gputopo uses: list and watch of Nodes, Pods, PodGroups and the optional
+kinds of scheduler/apikinds.py (served only when a test asks for them, listed in `GET /apis`
+discovery), with resourceVersions, paginated lists (`limit`/`continue`, a consistent snapshot
+per list, expirable tokens -> 410), `status.phase` field selectors (a watched object that stops
+matching arrives as DELETED, as from the real API server), watch bookmarks when asked for, 410
+Gone for a too-old version, and watches that can be broken on demand; pod reads,
+`pods/binding`, Node PATCH and Event creation. Failures can be injected per endpoint so tests
+can exercise retries, re-plans and resumption.
 """
 
 from __future__ import annotations
@@ -23,6 +27,35 @@ from kubernetes import client
 
 PODGROUPS = "/apis/scheduling.x-k8s.io/v1alpha1/podgroups"
 
+#: Optional kinds a test can serve: name -> (group, default version, plural).
+EXTRA_KINDS: dict[str, tuple[str, str, str]] = {
+    "k8s-podgroups": ("scheduling.k8s.io", "v1alpha2", "podgroups"),
+    "k8s-workloads": ("scheduling.k8s.io", "v1alpha1", "workloads"),
+    "volcano-podgroups": ("scheduling.volcano.sh", "v1beta1", "podgroups"),
+    "kueue-topologies": ("kueue.x-k8s.io", "v1beta1", "topologies"),
+    "kai-topologies": ("kai.scheduler", "v1alpha1", "topologies"),
+}
+
+
+def _field(obj: Any, path: str) -> str:
+    for part in path.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return "" if obj is None else str(obj)
+
+
+def matches(obj: dict[str, Any], selector: str) -> bool:
+    """A field selector of `a.b!=x` / `a.b=x` terms, all of which must hold."""
+    for term in filter(None, selector.split(",")):
+        if "!=" in term:
+            path, _, value = term.partition("!=")
+            if _field(obj, path) == value:
+                return False
+        else:
+            path, _, value = term.replace("==", "=").partition("=")
+            if _field(obj, path) != value:
+                return False
+    return True
+
 
 def _key(obj: dict[str, Any]) -> str:
     meta = obj["metadata"]
@@ -33,10 +66,25 @@ def _key(obj: dict[str, Any]) -> str:
 class FakeAPI:
     """The store, its event history and the injected faults."""
 
-    def __init__(self, *, podgroups_crd: bool = True) -> None:
+    def __init__(self, *, podgroups_crd: bool = True, serve: dict[str, str] | tuple[str, ...] = ()) -> None:
         self.cond = threading.Condition()
         self.rv = 100
         self.objects: dict[str, dict[str, dict[str, Any]]] = {"nodes": {}, "pods": {}, "podgroups": {}}
+        # optional kinds served: name -> version; a dict picks versions, a tuple the defaults
+        versions = serve if isinstance(serve, dict) else {k: EXTRA_KINDS[k][1] for k in serve}
+        self.paths: dict[str, str] = {
+            "/api/v1/nodes": "nodes",
+            "/api/v1/pods": "pods",
+            PODGROUPS: "podgroups",
+        }
+        self.served: dict[str, str] = {}
+        for name, version in versions.items():
+            self.serve_kind(name, version)
+        self.events: list[dict[str, Any]] = []  # core/v1 Events created
+        self.watch_queries: list[tuple[str, str]] = []  # (kind, query string) of every watch
+        self.event_gate: threading.Event | None = None  # when set, event writes wait for it
+        self.page_snapshots: dict[str, tuple[int, list[dict[str, Any]]]] = {}
+        self.bookmark_every_s = 0.2
         self.history: list[tuple[int, str, str, dict[str, Any]]] = []
         self.compacted = 0  # watches from a resourceVersion below this get 410
         self.generation = 0  # bumped to break every open watch
@@ -93,8 +141,41 @@ class FakeAPI:
             codes = self.fail.get(endpoint)
             return codes.pop(0) if codes else None
 
+    def serve_kind(self, name: str, version: str | None = None) -> None:
+        """Start serving an optional kind (a CRD installed while the sidecar runs)."""
+        group, default, plural = EXTRA_KINDS[name]
+        with self.cond:
+            self.paths[f"/apis/{group}/{version or default}/{plural}"] = name
+            self.served[name] = version or default
+            self.objects.setdefault(name, {})
+
     def watch_requests(self, kind: str) -> list[str]:
         return [q for k, q in self.requests if k == f"watch:{kind}"]
+
+    def list_requests(self, kind: str) -> list[str]:
+        """The query string of every list request of `kind` (one per page)."""
+        return [q for k, q in self.requests if k == f"list:{kind}"]
+
+    def expire_continue_tokens(self) -> None:
+        with self.cond:
+            self.page_snapshots.clear()
+
+    def discovery(self) -> dict[str, Any]:
+        groups: dict[str, list[str]] = {"scheduling.x-k8s.io": ["v1alpha1"]} if self.podgroups_crd else {}
+        for name, version in self.served.items():
+            groups.setdefault(EXTRA_KINDS[name][0], []).append(version)
+        return {
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [
+                {
+                    "name": g,
+                    "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
+                    "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]},
+                }
+                for g, vs in groups.items()
+            ],
+        }
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -127,38 +208,39 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def _kind(self, path: str) -> str | None:
-        return {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods", PODGROUPS: "podgroups"}.get(path)
+        return self.server.api.paths.get(path)
 
     def do_GET(self) -> None:
         api = self.server.api
         url = urlparse(self.path)
         q = {k: v[-1] for k, v in parse_qs(url.query).items()}
         kind = self._kind(url.path)
+        if url.path in ("/apis", "/apis/"):
+            api.requests.append(("discovery", ""))
+            self._json(200, api.discovery())
+            return
         if kind == "podgroups" and not api.podgroups_crd:
             self._status(404, "NotFound", "the server could not find the requested resource")
             return
+        selector = q.get("fieldSelector", "")
         if kind is not None and q.get("watch") in ("true", "1"):
             api.requests.append((f"watch:{kind}", q.get("resourceVersion", "")))
-            self._watch(kind, int(q.get("resourceVersion") or 0), float(q.get("timeoutSeconds") or 30))
+            api.watch_queries.append((kind, url.query))
+            self._watch(
+                kind,
+                int(q.get("resourceVersion") or 0),
+                float(q.get("timeoutSeconds") or 30),
+                selector,
+                q.get("allowWatchBookmarks") in ("true", "1"),
+            )
             return
         if kind is not None:
-            api.requests.append((f"list:{kind}", ""))
+            api.requests.append((f"list:{kind}", url.query))
             fault = api.take_fault(f"list:{kind}")
             if fault:
                 self._status(fault, "Injected")
                 return
-            with api.cond:
-                items = [copy.deepcopy(o) for o in api.objects[kind].values()]
-                rv = api.rv
-            self._json(
-                200,
-                {
-                    "kind": "List",
-                    "apiVersion": "v1",
-                    "metadata": {"resourceVersion": str(rv)},
-                    "items": items,
-                },
-            )
+            self._list(kind, q, selector)
             return
         m = re.fullmatch(r"/api/v1/nodes/([^/]+)", url.path)
         if m:  # read_node (the plugin's per-node config label)
@@ -180,14 +262,45 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._status(404, "NotFound", url.path)
 
-    def _watch(self, kind: str, since: int, timeout: float) -> None:
+    def _list(self, kind: str, q: dict[str, str], selector: str) -> None:
+        """One page: the first request takes a consistent snapshot, `continue` tokens walk it."""
+        api = self.server.api
+        token = q.get("continue", "")
+        limit = int(q.get("limit") or 0)
+        if token:
+            with api.cond:
+                snap = api.page_snapshots.get(token.split(":")[0])
+            if snap is None:
+                self._status(410, "Expired", "the provided continue parameter is too old")
+                return
+            rv, items = snap
+            offset = int(token.split(":")[1])
+        else:
+            with api.cond:
+                items = [copy.deepcopy(o) for _, o in sorted(api.objects[kind].items())]
+                rv = api.rv
+            items = [o for o in items if matches(o, selector)] if selector else items
+            offset = 0
+        page = items[offset : offset + limit] if limit else items[offset:]
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        if limit and offset + limit < len(items):
+            with api.cond:
+                sid = token.split(":")[0] if token else f"s{len(api.page_snapshots)}-{rv}"
+                api.page_snapshots[sid] = (rv, items)
+            meta["continue"] = f"{sid}:{offset + limit}"
+            meta["remainingItemCount"] = len(items) - offset - limit
+        self._json(200, {"kind": "List", "apiVersion": "v1", "metadata": meta, "items": page})
+
+    def _watch(
+        self, kind: str, since: int, timeout: float, selector: str = "", bookmarks: bool = False
+    ) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         self.close_connection = True
         try:
-            self._stream(kind, since, timeout)
+            self._stream(kind, since, timeout, selector, bookmarks)
             self.wfile.write(b"0\r\n\r\n")
         except OSError:
             pass
@@ -197,7 +310,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 
-    def _stream(self, kind: str, since: int, timeout: float) -> None:
+    def _stream(self, kind: str, since: int, timeout: float, selector: str, bookmarks: bool) -> None:
         api = self.server.api
         if since and since < api.compacted:
             self._chunk(
@@ -216,19 +329,35 @@ class _Handler(BaseHTTPRequestHandler):
         with api.cond:
             gen = api.generation
         sent = since
+        quiet_since = time.monotonic()
         while True:
             with api.cond:
                 if api.generation != gen or self.server.closing:
                     return
                 pending = [e for e in api.history if e[0] > sent and e[1] == kind]
+                now_rv = api.rv
                 if not pending:
-                    if time.monotonic() >= deadline:
-                        return
-                    api.cond.wait(timeout=0.05)
-                    continue
+                    now = time.monotonic()
+                    if bookmarks and (now >= deadline or now - quiet_since >= api.bookmark_every_s):
+                        quiet_since = now
+                        if now_rv > sent:  # "nothing of your kind up to here": resume from it
+                            sent = now_rv
+                            bookmark = {"kind": kind, "metadata": {"resourceVersion": str(now_rv)}}
+                            pending = [(now_rv, kind, "BOOKMARK", bookmark)]
+                    if not pending:
+                        if now >= deadline:
+                            return
+                        api.cond.wait(timeout=0.05)
+                        continue
             for rv, _, etype, obj in pending:
+                if selector and etype != "BOOKMARK" and not matches(obj, selector):
+                    if etype == "ADDED":
+                        sent = rv
+                        continue
+                    etype = "DELETED"  # it left the selection, as the real API server reports it
                 self._chunk({"type": etype, "object": obj})
-                sent = rv
+                sent = max(sent, rv)
+                quiet_since = time.monotonic()
 
     def _body(self) -> Any:
         length = int(self.headers.get("Content-Length") or 0)
@@ -240,11 +369,14 @@ class _Handler(BaseHTTPRequestHandler):
         ev = re.fullmatch(r"/api/v1/namespaces/([^/]+)/events", urlparse(self.path).path)
         if ev:
             api.requests.append(("event", f"{ev.group(1)}/{(body.get('involvedObject') or {}).get('name')}"))
+            if api.event_gate is not None:
+                api.event_gate.wait(timeout=30)
             fault = api.take_fault("event")
             if fault:
                 self._status(fault, "Injected", "injected failure creating an event")
                 return
-            api.events.append(body)
+            with api.cond:
+                api.events.append(body)
             self._json(201, body)
             return
         m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/binding", urlparse(self.path).path)

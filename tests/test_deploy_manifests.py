@@ -335,6 +335,17 @@ def test_sidecar_can_read_what_it_watches_and_bind_but_not_write_objects() -> No
             assert not allows(rules, "", resource, verb), f"the extender role must not {verb} {resource}"
 
 
+def test_sidecar_can_read_every_optional_kind_and_write_events() -> None:
+    from scheduler.apikinds import KINDS
+
+    rules = rbac_rules(render(""), "gputopo-scheduler")
+    for kind in KINDS:
+        for verb in ("get", "list", "watch"):
+            assert allows(rules, kind.group, kind.plural, verb), f"{verb} {kind.plural}.{kind.group}"
+    assert allows(rules, "", "events", "create")
+    assert not allows(rules, "", "events", "delete")
+
+
 # ------------------------------------------------------------------ device plugin
 
 

@@ -1,0 +1,277 @@
+"""The optional API kinds the sidecar reads beside Nodes and Pods, found through discovery.
+
+Each kind belongs to an API group a cluster may or may not serve (Kubernetes' alpha Workload
+API, Volcano, Kueue, KAI Scheduler). At every (re)list the group's served versions are looked
+up in the API server's discovery document (`GET /apis`, cached briefly); a group that is not
+served is logged once (`kind_absent`) and retried quietly, never an error. The parsed objects
+feed the snapshot: gang minimums and group-level topology keys are resolved into the pods'
+`GangRef`s, Topology objects into the level list (scheduler/sources.py has the parsers).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from gputopo import jsonlog
+from scheduler import sources
+from scheduler.model import PodInfo
+from scheduler.sources import Group, GroupParser
+
+log = logging.getLogger("gputopo.scheduler.kube")
+
+#: How long one discovery answer is reused: relists of several kinds share it.
+DISCOVERY_TTL_S = 10.0
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One optional kind: where it lives and how its objects are read."""
+
+    name: str  # reflector name ("k8s-podgroups"), in logs and readiness
+    group: str
+    versions: tuple[str, ...]  # in order of preference; the first one served is used
+    plural: str
+    parse: GroupParser | None  # gang objects; None = a Topology (a level list)
+
+
+KINDS: tuple[Kind, ...] = (
+    Kind("k8s-podgroups", "scheduling.k8s.io", ("v1alpha2",), "podgroups", sources.groups_k8s_podgroup),
+    Kind("k8s-workloads", "scheduling.k8s.io", ("v1alpha1",), "workloads", sources.groups_k8s_workload),
+    Kind("volcano-podgroups", "scheduling.volcano.sh", ("v1beta1",), "podgroups", sources.groups_volcano),
+    Kind("kueue-topologies", "kueue.x-k8s.io", ("v1beta2", "v1beta1", "v1alpha1"), "topologies", None),
+    Kind("kai-topologies", "kai.scheduler", ("v1alpha1",), "topologies", None),
+)
+
+
+def absent(kind: Kind) -> ApiException:
+    """What a list of a kind whose group the API server does not serve raises (a 404)."""
+    e = ApiException(status=404, reason=f"{kind.group} {'/'.join(kind.versions)} is not served")
+    return e
+
+
+class Discovery:
+    """Served versions per API group, from `GET /apis`, reused for DISCOVERY_TTL_S."""
+
+    def __init__(
+        self, api_client: client.ApiClient, timeout_s: float = 10.0, ttl_s: float = DISCOVERY_TTL_S
+    ) -> None:
+        self.apis = client.ApisApi(api_client)
+        self.timeout_s = timeout_s
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._at = -math.inf
+        self._served: dict[str, set[str]] = {}
+
+    def version(self, kind: Kind) -> str:
+        """The version of `kind` to use, or `absent(kind)` raised."""
+        with self._lock:
+            if time.monotonic() - self._at >= self.ttl_s:
+                get: Any = self.apis.get_api_versions  # a raw response: _preload_content=False
+                resp = get(_preload_content=False, _request_timeout=self.timeout_s)
+                try:
+                    doc = json.loads(resp.data)
+                finally:
+                    resp.release_conn()
+                self._served = _served(doc)
+                self._at = time.monotonic()
+            served = self._served.get(kind.group, set())
+        for v in kind.versions:
+            if v in served:
+                return v
+        raise absent(kind)
+
+
+def _served(doc: Any) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    groups = doc.get("groups") if isinstance(doc, Mapping) else None
+    for g in groups if isinstance(groups, list) else []:
+        if not isinstance(g, Mapping) or not isinstance(g.get("name"), str):
+            continue
+        raw = g.get("versions")
+        versions: list[Any] = raw if isinstance(raw, list) else []
+        out[g["name"]] = {
+            v["version"] for v in versions if isinstance(v, Mapping) and isinstance(v.get("version"), str)
+        }
+    return out
+
+
+class ExtraKinds:
+    """The objects of every optional kind, and what the snapshot derives from them.
+
+    Every mutating method is called with the owner's lock held (KubeState's), and calls
+    `changed()` so the next snapshot is rebuilt."""
+
+    def __init__(
+        self, custom: client.CustomObjectsApi, discovery: Discovery, changed: Callable[[], None]
+    ) -> None:
+        self.custom = custom
+        self.discovery = discovery
+        self.changed = changed
+        self.kinds = KINDS
+        self._versions: dict[str, str] = {}
+        self._groups: dict[str, dict[str, list[Group]]] = {k.name: {} for k in KINDS if k.parse}
+        self._topologies: dict[str, dict[str, tuple[str, ...]]] = {k.name: {} for k in KINDS if not k.parse}
+        self._legacy_refs: dict[str, dict[str, str]] = {}
+        self._version = 0
+        self._index: tuple[int, dict[str, Group]] | None = None
+        self._resolved: tuple[object, int, dict[str, PodInfo]] | None = None
+
+    @property
+    def names(self) -> set[str]:
+        return {k.name for k in self.kinds}
+
+    def list_fn(self, kind: Kind) -> Callable[..., Any]:
+        """The list/watch call of one kind, at the version discovery says is served now."""
+
+        def call(**kw: Any) -> Any:
+            version = self.discovery.version(kind)
+            self._versions[kind.name] = version
+            return self.custom.list_cluster_custom_object(kind.group, version, kind.plural, **kw)
+
+        return call
+
+    # -- store (caller holds the lock) --------------------------------------------------------
+
+    def replace_all(self, kind: Kind, items: Iterable[dict[str, Any]]) -> None:
+        if kind.parse is not None:
+            self._groups[kind.name] = dict(filter(None, (self._parse_group(kind, o) for o in items)))
+        else:
+            self._topologies[kind.name] = dict(filter(None, (_parse_topology(o) for o in items)))
+        self._bump()
+
+    def apply(self, kind: Kind, event: str, obj: dict[str, Any]) -> None:
+        name = _object_key(obj)
+        if name is None:
+            return
+        parsed: tuple[str, Any] | None
+        if kind.parse is not None:
+            parsed = None if event == "DELETED" else self._parse_group(kind, obj)
+            store: dict[str, Any] = self._groups[kind.name]
+        else:
+            parsed = None if event == "DELETED" else _parse_topology(obj)
+            store = self._topologies[kind.name]
+        if parsed is None:
+            store.pop(name, None)
+        else:
+            store[parsed[0]] = parsed[1]
+        self._bump()
+
+    def replace_legacy(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A relist of scheduler-plugins PodGroups: forget the identities of the ones gone."""
+        self._legacy_refs = {}
+        for o in items:
+            self.note_legacy("ADDED", o)
+
+    def note_legacy(self, event: str, obj: Mapping[str, Any]) -> None:
+        """Remember a scheduler-plugins PodGroup's identity, so Events can name it."""
+        groups = sources.groups_scheduler_plugins(obj, "scheduling.x-k8s.io/v1alpha1")
+        key = _object_key(obj)
+        if key is None:
+            return
+        if event == "DELETED" or not groups or groups[0].ref is None:
+            self._legacy_refs.pop(key, None)
+        else:
+            self._legacy_refs[key] = dict(groups[0].ref)
+
+    def _parse_group(self, kind: Kind, obj: Mapping[str, Any]) -> tuple[str, list[Group]] | None:
+        key = _object_key(obj)
+        if key is None:
+            return None
+        assert kind.parse is not None
+        api_version = f"{kind.group}/{self._versions.get(kind.name, kind.versions[0])}"
+        return key, kind.parse(obj, api_version)
+
+    def _bump(self) -> None:
+        self._version += 1
+        self.changed()
+
+    # -- derived (caller holds the lock) -----------------------------------------------------
+
+    def group_index(self) -> dict[str, Group]:
+        if self._index is None or self._index[0] != self._version:
+            index: dict[str, Group] = {}
+            for name in sorted(self._groups):
+                for _, gs in sorted(self._groups[name].items()):
+                    for g in gs:
+                        index.setdefault(g.key, g)
+            self._index = (self._version, index)
+        return self._index[1]
+
+    def min_members(self) -> dict[str, int]:
+        return {k: g.min_member for k, g in self.group_index().items()}
+
+    def levels(self, defaults: tuple[str, ...]) -> tuple[str, ...]:
+        """() when the cluster has no Topology object (the configured levels apply)."""
+        lists = [lv for name in sorted(self._topologies) for _, lv in sorted(self._topologies[name].items())]
+        return sources.merge_levels(lists, defaults) if lists else ()
+
+    def resolve(self, pods: dict[str, PodInfo]) -> dict[str, PodInfo]:
+        """The pods with what their group objects say filled in: the minimum (Workload replicas
+        count by their Workload's pod group) and the group's topology key as the required level
+        unless gputopo's own annotations set the levels. The same dict when nothing applies."""
+        cached = self._resolved
+        if cached is not None and cached[0] is pods and cached[1] == self._version:
+            return cached[2]
+        index = self.group_index()
+        out = pods
+        if index:
+            changed: dict[str, PodInfo] = {}
+            for key, p in pods.items():
+                g = p.gang
+                if g is None:
+                    continue
+                group = index.get(g.key) or index.get(sources.workload_key(g.key))
+                if group is None:
+                    continue
+                new = g
+                if new.min_member is None:
+                    new = replace(new, min_member=group.min_member)
+                if group.required_level and g.level_source != "gputopo":
+                    new = replace(
+                        new, required_level=group.required_level, preferred_level=None, level_source="group"
+                    )
+                if new is not g:
+                    changed[key] = replace(p, gang=new)
+            if changed:
+                out = {**pods, **changed}
+        self._resolved = (pods, self._version, out)
+        return out
+
+    def ref(self, gang_key: str) -> Mapping[str, str] | None:
+        """The object (apiVersion, kind, namespace, name, uid) that defines a gang, if any."""
+        group = self.group_index().get(gang_key) or self.group_index().get(sources.workload_key(gang_key))
+        if group is not None:
+            return group.ref
+        return self._legacy_refs.get(gang_key)
+
+
+def _object_key(obj: Mapping[str, Any]) -> str | None:
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+        return None
+    ns = meta.get("namespace") or ""
+    return f"{ns}/{meta['name']}" if isinstance(ns, str) and ns else meta["name"]
+
+
+def _parse_topology(obj: Mapping[str, Any]) -> tuple[str, tuple[str, ...]] | None:
+    key = _object_key(obj)
+    levels = sources.topology_levels(obj)
+    if key is not None and levels is None:
+        jsonlog.event(
+            log,
+            "topology_ignored",
+            logging.WARNING,
+            topology=key,
+            reason="spec.levels must be 1..16 distinct node-label keys",
+        )
+    return (key, levels) if key is not None and levels is not None else None

@@ -1,0 +1,209 @@
+"""Kubernetes Events for the sidecar's gang decisions, where operators look for them.
+
+`kubectl describe pod` (and `kubectl describe` of the PodGroup) then shows why a gang member
+waits: the gang is waiting for its quorum, was planned at a level and domain, was planned again
+after a plan broke, or does not fit (with the planner's reason); binds refused say why too.
+
+The extender calls `emit(pod_key, gang_key, reason, message)` at its decision points, under its
+lock, so `emit` never blocks and never raises: it rate-limits (one event per reason per object
+per `interval_s`), puts the event on a bounded queue (the oldest is dropped when full) and
+returns. One background thread writes core/v1 Events through the official client, each call
+bounded by a timeout; a failed write is logged (once per `interval_s`) and forgotten.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from kubernetes import client
+
+from gputopo import jsonlog
+
+log = logging.getLogger("gputopo.scheduler.events")
+
+COMPONENT = "gputopo-scheduler"
+#: Event reasons (CamelCase, as Kubernetes components write them) and their type.
+WARNING_REASONS = frozenset({"GangUnschedulable", "BindRefused", "BindFailed"})
+MAX_MESSAGE = 1024  # the API server refuses longer event messages
+
+
+class EventSink(Protocol):
+    def emit(self, pod_key: str, gang_key: str | None, reason: str, message: str) -> None:
+        """Record a decision about a pod (and its gang's group object); never blocks."""
+        ...
+
+
+class NullEvents:
+    """No API server (snapshot file mode, tests of the planner): events go nowhere."""
+
+    def emit(self, pod_key: str, gang_key: str | None, reason: str, message: str) -> None:
+        pass
+
+
+class EventEmitter:
+    """Rate-limited, queued core/v1 Event writer (see the module docstring)."""
+
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        *,
+        pod_uid: Callable[[str], str],
+        group_ref: Callable[[str], Mapping[str, str] | None],
+        interval_s: float = 30.0,
+        queue_size: int = 1000,
+        timeout_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.pod_uid = pod_uid
+        self.group_ref = group_ref
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.instance = socket.gethostname()
+        self._lock = threading.Lock()
+        self._queue: collections.deque[tuple[str, str | None, str, str]] = collections.deque(
+            maxlen=queue_size
+        )
+        self._last: dict[tuple[str, str], float] = {}  # (object key, reason) -> last emitted
+        self._dropped_plans: set[str] = set()  # gangs whose plan broke: the next plan is a re-plan
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._failed_at = -interval_s
+        self.written = self.suppressed = self.overflowed = self.failed = 0
+        self._thread = threading.Thread(target=self._run, name="event-writer", daemon=True)
+        self._thread.start()
+
+    # -- the extender's side: cheap, under its lock ---------------------------------------------
+
+    def emit(self, pod_key: str, gang_key: str | None, reason: str, message: str) -> None:
+        now = self.clock()
+        with self._lock:
+            if reason == "GangPlanDropped" and gang_key:
+                if len(self._dropped_plans) > 10_000:
+                    self._dropped_plans.clear()
+                self._dropped_plans.add(gang_key)
+            elif reason == "GangPlanned" and gang_key in self._dropped_plans:
+                self._dropped_plans.discard(gang_key)
+                reason = "GangReplanned"
+                message = f"{message} (after the previous plan broke)"
+            keys = [
+                k for k in (f"pod:{pod_key}" if pod_key else "", f"gang:{gang_key}" if gang_key else "") if k
+            ]
+            fresh = [
+                k for k in keys if now - self._last.get((k, reason), -self.interval_s) >= self.interval_s
+            ]
+            if not fresh:
+                self.suppressed += 1
+                return
+            if len(self._last) > 50_000:
+                self._last = {k: t for k, t in self._last.items() if now - t < self.interval_s}
+            for k in fresh:
+                self._last[(k, reason)] = now
+            if len(self._queue) == self._queue.maxlen:
+                self.overflowed += 1
+            self._queue.append(
+                (
+                    pod_key if f"pod:{pod_key}" in fresh else "",
+                    gang_key if f"gang:{gang_key}" in fresh else None,
+                    reason,
+                    message,
+                )
+            )
+        self._wake.set()
+
+    # -- the writer thread ---------------------------------------------------------------------
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=timeout_s)
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until the queue is empty (tests, shutdown); False on timeout."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            with self._lock:
+                if not self._queue and not self._busy:
+                    return True
+            time.sleep(0.01)
+        return False
+
+    _busy = False
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(timeout=1.0)
+            self._wake.clear()
+            while True:
+                with self._lock:
+                    if not self._queue:
+                        self._busy = False
+                        break
+                    item = self._queue.popleft()
+                    self._busy = True
+                try:
+                    self._write(*item)
+                except Exception as e:  # never let one event stop the writer
+                    self._failed(f"{type(e).__name__}: {e}")
+
+    def _write(self, pod_key: str, gang_key: str | None, reason: str, message: str) -> None:
+        targets: list[dict[str, str]] = []
+        if pod_key:
+            ns, _, name = pod_key.partition("/")
+            targets.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "namespace": ns,
+                    "name": name,
+                    "uid": self.pod_uid(pod_key),
+                }
+            )
+        ref = self.group_ref(gang_key) if gang_key else None
+        if ref is not None:
+            targets.append(dict(ref))
+        for target in targets:
+            body = self._event(target, reason, message)
+            try:
+                create: Any = self.core.create_namespaced_event  # a raw response: _preload_content=False
+                resp = create(
+                    target["namespace"], body, _preload_content=False, _request_timeout=self.timeout_s
+                )
+                resp.release_conn()
+                self.written += 1
+            except Exception as e:
+                self._failed(f"{type(e).__name__}: {getattr(e, 'status', '')} {getattr(e, 'reason', e)}")
+
+    def _event(self, target: Mapping[str, str], reason: str, message: str) -> dict[str, Any]:
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        involved = {k: v for k, v in target.items() if v}
+        return {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{target['name'][:200]}.", "namespace": target["namespace"]},
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message[:MAX_MESSAGE],
+            "type": "Warning" if reason in WARNING_REASONS else "Normal",
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+
+    def _failed(self, why: str) -> None:
+        self.failed += 1
+        now = self.clock()
+        if now - self._failed_at >= self.interval_s:
+            self._failed_at = now
+            jsonlog.event(log, "event_write_failed", logging.WARNING, reason=why, failed_so_far=self.failed)
