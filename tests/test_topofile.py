@@ -315,3 +315,21 @@ def test_load_topology_missing_file_and_empty(tmp_path: Path) -> None:
         load_topology(" ")
     with pytest.raises(TopologyError, match="neither a preset nor a readable file"):
         load_topology(str(tmp_path))  # a directory
+
+
+SHARED_TOPOLOGIES = Path(__file__).resolve().parents[2] / "shared" / "topologies"
+
+
+@pytest.mark.skipif(not SHARED_TOPOLOGIES.is_dir(), reason="the shared fixtures sit beside the checkout")
+def test_every_preset_equals_its_shared_fixture() -> None:
+    for name in list_presets():
+        fixture = SHARED_TOPOLOGIES / f"{name}.json"
+        if fixture.is_file():
+            shared = parse_topology_json(fixture.read_text(encoding="utf-8"), name=name)
+            assert load_preset(name).to_dict() == shared.to_dict(), name
+
+
+def test_gb200_tray_runs_nvlink5_at_50_gbps_per_link() -> None:
+    t = load_preset("gb200-tray")
+    assert t.settings.nvlink_gbps_per_link == 50.0
+    assert t.gbps(0, 3) == 900.0  # NV18 x 50 GB/s: 900 GB/s per GPU, one direction
