@@ -21,7 +21,7 @@ from deviceplugin.metrics import Metrics
 from deviceplugin.registration import RegistrationInfo, plugin_options
 from deviceplugin.requests import PreferredAnswer, RequestError, allocate_ids, preferred
 from deviceplugin.state import Snapshot, SnapshotStore
-from gputopo import jsonlog
+from gputopo import __version__, jsonlog
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gputopo_proto.status.v1 import status_pb2, status_pb2_grpc
 
@@ -270,6 +270,7 @@ class StatusService(status_pb2_grpc.StatusServicer):
             node_name=cfg.node_name or "",
             device_list_strategy=cfg.device_list_strategy,
             watchers=self._watchers(),
+            version=__version__,
             registration=status_pb2.RegistrationStatus(
                 registered=reg.registered,
                 last_registration_unix=reg.last_registration_unix or 0.0,
