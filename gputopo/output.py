@@ -67,6 +67,16 @@ def ago(seconds: float | None) -> str:
     return f"{_span(seconds)} ago"
 
 
+def short_age(seconds: float | None) -> str:
+    """An age as kubectl's AGE column prints it ("42s", "3m", "5h", "2d"; "-" when unknown), one
+    word so tables stay easy to cut with awk."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    if seconds < 0:
+        return "future"
+    return _span(seconds).replace(" min", "m").replace(" ", "")
+
+
 def _span(seconds: float) -> str:
     if seconds < 90:
         return f"{seconds:.0f} s"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gputopo.output import ago, table
+from gputopo.output import ago, short_age, table
 
 
 @pytest.mark.parametrize(
@@ -41,3 +41,14 @@ def test_table_aligns_every_column_but_the_last(rows: list[list[str]]) -> None:
     for line, r in zip(lines[1:], rows, strict=True):
         prefix = r[0].ljust(widths[0]) + "  " + r[1].ljust(widths[1]) + "  "
         assert line == (prefix + r[2]).rstrip()
+
+
+def test_short_age_is_one_word_as_kubectl_prints_it() -> None:
+    assert [short_age(s) for s in (42, 180, 5 * 3600, 3 * 86400, None, -5)] == [
+        "42s",
+        "3m",
+        "5h",
+        "3d",
+        "-",
+        "future",
+    ]
