@@ -300,6 +300,7 @@ def why_document(
         "pod": f"{_str(meta.get('namespace'))}/{me['name']}",
         "phase": me["phase"],
         "node": me["node"],
+        "decision": "",  # below, once the events are sorted
         "predicted_gpus": me["predicted_gpus"],
         "annotations": gputopo_annotations,
         "gang": None,
