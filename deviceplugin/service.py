@@ -176,6 +176,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         for available, must, size, answer, elapsed in decided:
             self._metrics.preferred_seconds.observe(elapsed)
             self._preferred_ok.inc()
+            self._metrics.observe_ring("GetPreferredAllocation", snap.allocator, answer.choice.indices)
             out.container_responses.add(deviceIDs=answer.device_ids)
             c = answer.choice
             jsonlog.event(
@@ -224,6 +225,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             else:
                 resp.envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(ids)
             self._allocate_ok.inc()
+            indices = [snap.index_of(i) for i in ids]
+            self._metrics.observe_ring("Allocate", snap.allocator, [i for i in indices if i is not None])
             jsonlog.event(
                 log,
                 "allocate",

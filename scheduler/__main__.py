@@ -129,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         state = _live_state(args.kubeconfig, args.annotation_max_age)
     extender = Extender(state, levels or defaults.DEFAULT_LEVELS, clock=time.time, ttl_s=args.reservation_ttl)
+    annotation_times = getattr(state, "annotation_times", None)  # live mode only: a file's ages mean nothing
+    if annotation_times is not None:
+        extender.metrics.track_annotation_ages(annotation_times, time.time)
     host, port = args.listen
     try:
         server = Server(extender, host, port)
