@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run demo test lint imports types proto bench clean
+.PHONY: install run demo test lint imports types proto bench diagram clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ test: $(STAMP)
 
 proto: $(STAMP)
 	PATH=$(abspath $(BIN)):$$PATH sh proto/generate.sh
+
+# The README's architecture picture, from the import-linter layers and the imports in the code
+# (tests/test_architecture.py fails when the committed picture differs).
+diagram: $(STAMP)
+	$(BIN)/python tools/architecture.py --write
 
 bench: $(STAMP)
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done

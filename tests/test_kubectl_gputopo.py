@@ -336,7 +336,10 @@ def test_why_a_gang_member_waits_with_the_latest_reason(cluster, capsys, monkeyp
         ["train-2", "Pending", "-", "-"],
     ]
     events = [line.split() for line in lines[lines.index("events (oldest first):") + 1 :]]
-    assert events[0][:2] == ["AGE", "OBJECT"] and [e[1] for e in events[1:]] == ["podgroup/train", "pod/train-1"]
+    assert events[0][:2] == ["AGE", "OBJECT"] and [e[1] for e in events[1:]] == [
+        "podgroup/train",
+        "pod/train-1",
+    ]
     reasons = [e[3] for e in events[1:]]
     assert reasons == ["GangWaiting", "GangRefused"], "oldest first; another pod's events are not shown"
     code, out, _ = run(capsys, kubeconfig, "why", "pod/train-0", "-o", "yaml")

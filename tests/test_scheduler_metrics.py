@@ -14,8 +14,8 @@ from scheduler.kube import KubeState
 from scheduler.metrics import AGE_BUCKETS, Metrics
 from scheduler.server import Server
 from tests import fake_apiserver as fk
-from tests.test_scheduler_live import KEY, NOW, annotation, wait_until
 from tests.test_scheduler_http import Client
+from tests.test_scheduler_live import KEY, NOW, annotation, wait_until
 
 
 def samples(client: Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
