@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--compute-s", type=float, default=0.2, help="compute time per step, s (default 0.2)")
     g = parser.add_argument_group("output")
-    add_output_arguments(g, wide=False)
+    add_output_arguments(g)  # wide: the table, then the communication model's constants
     g.add_argument("--plot", metavar="PNG", help="also draw the comparison into this PNG (needs matplotlib)")
     g.add_argument("--progress", action="store_true", help="show a progress bar even when stderr is no TTY")
 
@@ -106,6 +106,11 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
         out.write(dump(document(results, header, comm), args.output) + "\n")
     else:
         out.write(render_table(results, header) + "\n")
+        if args.output == "wide":
+            model = document(results, header, comm)["comm_model"]
+            levels = ", ".join(f"{k.rsplit('/', 1)[-1]} {v:g}" for k, v in model.pop("level_gbps").items())
+            constants = ", ".join(f"{k} {v:g}" for k, v in model.items() if isinstance(v, (int, float)))
+            out.write(f"communication model: {constants}; GB/s per GPU by level: {levels}\n")
     if args.plot is not None:
         try:
             write_plot(results, args.plot, f"{header['workload']} on {header['cluster']}")
