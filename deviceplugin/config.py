@@ -21,6 +21,7 @@ import yaml
 from deviceplugin import defaults
 from deviceplugin.backend import BandwidthOverrides
 from gputopo.links import PCIE_LEVELS
+from gputopo.output import add_version_argument
 
 CONFIG_VERSION = "v1"
 STRATEGIES = ("envvar", "cdi")
@@ -402,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--config", help=f"versioned YAML config file (version: {CONFIG_VERSION}); env {CONFIG_ENV}"
     )
+    add_version_argument(parser)
     for opt in OPTIONS:
         text = f"{opt.help} (env {opt.env}, file key {opt.key})"
         if opt.boolean:

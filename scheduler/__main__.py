@@ -23,6 +23,7 @@ from gputopo import jsonlog
 from gputopo.cluster import ClusterError, load_cluster
 from gputopo.network import LevelError, validate_levels
 from gputopo.numerals import ascii_uint
+from gputopo.output import add_version_argument
 from scheduler import defaults
 from scheduler.extender import Extender
 from scheduler.server import Server
@@ -55,6 +56,7 @@ def _positive(text: str) -> float:
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m scheduler", description="gputopo kube-scheduler extender")
+    add_version_argument(p)
     p.add_argument(
         "--listen",
         type=_listen,

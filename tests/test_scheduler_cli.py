@@ -130,3 +130,8 @@ def test_metrics_listen_port_taken_exits_1(tmp_path: Path) -> None:
         )
     assert out.returncode == 1
     assert out.stderr.strip().endswith("Address already in use") or "cannot listen" in out.stderr
+
+
+def test_version() -> None:
+    out = run("--version")
+    assert out.returncode == 0 and out.stdout.strip() == "python -m scheduler 0.1.0"
