@@ -203,22 +203,26 @@ def same_gang(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
     return (a["source"], a["name"], a.get("pod_group")) == (b["source"], b["name"], b.get("pod_group"))
 
 
+def _count(value: Any) -> int | None:
+    """A quorum as the API carries it: a positive integer (not a bool, not a string)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def min_member(gang: Mapping[str, Any], obj: Mapping[str, Any] | None) -> int | None:
     """The gang's quorum from its object (PodGroup minMember, Workload API gang.minCount)."""
     if gang.get("min_member") is not None:
-        return int(gang["min_member"])
+        return _count(gang["min_member"])
     if obj is None:
         return None
     spec = _map(obj.get("spec"))
-    if isinstance(spec.get("minMember"), int):
-        return int(spec["minMember"])
-    gang_policy = _map(_map(spec.get("schedulingPolicy")).get("gang"))
-    if isinstance(gang_policy.get("minCount"), int):
-        return int(gang_policy["minCount"])
-    for group in spec.get("podGroups") or []:
+    if (count := _count(spec.get("minMember"))) is not None:
+        return count
+    if (count := _count(_map(_map(spec.get("schedulingPolicy")).get("gang")).get("minCount"))) is not None:
+        return count
+    groups = spec.get("podGroups")
+    for group in groups if isinstance(groups, list) else []:
         if isinstance(group, Mapping) and group.get("name") == gang.get("pod_group"):
-            count = _map(_map(group.get("policy")).get("gang")).get("minCount")
-            return int(count) if isinstance(count, int) else None
+            return _count(_map(_map(group.get("policy")).get("gang")).get("minCount"))
     return None
 
 

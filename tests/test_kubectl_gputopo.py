@@ -18,9 +18,13 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from gputopo.allocator import AllocatorPool
 from gputopo.annotation import encode, make
 from gputopo.topofile import load_preset
+from kubectl_gputopo import views
 from kubectl_gputopo.cli import main
 from tests import fake_apiserver as fk
 
@@ -434,3 +438,91 @@ def test_the_console_script_kubectl_finds(cluster) -> None:
         timeout=60,
     )
     assert out.returncode == 0 and "No GPU nodes found" in out.stdout and out.stderr == ""
+
+
+# ---------------------------------------------------------------------------- totality
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def shaped(keys: list[str]) -> st.SearchStrategy[dict]:
+    """Objects with the keys the views read, holding anything."""
+    return st.fixed_dictionaries({}, optional={k: JSON for k in keys})
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    meta=shaped(["name", "labels", "annotations"]),
+    status=JSON,
+    text=st.one_of(st.text(max_size=40), JSON.map(json.dumps)),
+)
+def test_any_node_is_a_row_or_none(meta: dict, status: object, text: str) -> None:
+    meta = dict(meta)
+    if isinstance(meta.get("annotations"), dict):
+        meta["annotations"] = {**meta["annotations"], KEY: text}
+    row = views.node_row(
+        {"metadata": meta, "status": status},
+        now=NOW,
+        max_age_s=900,
+        pool=AllocatorPool(),
+        resource="nvidia.com/gpu",
+    )
+    if row is not None:
+        assert row["status"] and views.render_nodes([row], wide=True).count("\n") == 3
+
+
+GANG_KEYS = [
+    views.POD_GROUP_LABEL,
+    views.LIGHT_GROUP_LABEL,
+    views.LIGHT_MIN_LABEL,
+    views.VOLCANO_GROUP_ANNOTATION,
+]
+POD = st.fixed_dictionaries(
+    {},
+    optional={
+        "metadata": st.fixed_dictionaries(
+            {},
+            optional={
+                "name": JSON,
+                "namespace": JSON,
+                "labels": st.dictionaries(st.sampled_from(GANG_KEYS), JSON) | JSON,
+                "annotations": st.dictionaries(
+                    st.sampled_from([*GANG_KEYS, views.PREDICTED_ANNOTATION]), JSON
+                )
+                | JSON,
+            },
+        ),
+        "spec": shaped(["nodeName", "schedulingGroup", "workloadRef"]),
+        "status": shaped(["phase"]),
+    },
+)
+GANG_OBJECT = st.none() | st.fixed_dictionaries(
+    {}, optional={"kind": JSON, "spec": shaped(["minMember", "schedulingPolicy", "podGroups"])}
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pod=POD,
+    events=st.lists(
+        shaped(["involvedObject", "reason", "message", "type", "lastTimestamp", "count", "source"]),
+        max_size=3,
+    ),
+    obj=GANG_OBJECT,
+)
+def test_any_pod_and_events_give_a_decision(pod: dict, events: list[dict], obj: dict | None) -> None:
+    gang = views.gang_of(pod)
+    doc = views.why_document(pod, gang=gang, gang_object=obj, members=[pod], events=events)
+    assert doc["decision"].startswith(("bound to ", "waits: "))
+    views.render_why(doc, now=NOW, wide=True)
+
+
+@settings(max_examples=500, deadline=None)
+@given(obj=GANG_OBJECT, pod_group=JSON)
+def test_any_gang_object_gives_a_quorum_or_none(obj: dict | None, pod_group: object) -> None:
+    quorum = views.min_member({"pod_group": pod_group}, obj)
+    assert quorum is None or (type(quorum) is int and quorum > 0)
