@@ -23,6 +23,11 @@ PODGROUP_APIS = {
 }
 
 
+#: Nodes per list request, and the most pages `nodes` reads (a bound, not a cluster limit).
+PAGE = 500
+MAX_PAGES = 400
+
+
 class ApiError(Exception):
     """The API server could not answer; the message says why, on one line. `status` is the
     HTTP status when the server answered (404: no such object, or no such API)."""
@@ -67,8 +72,18 @@ class Reader:
             raise ApiError(f"cannot reach the API server: {_one_line(str(reason))}") from None
 
     def nodes(self, selector: str | None = None) -> list[dict[str, Any]]:
-        kwargs = {"label_selector": selector} if selector else {}
-        return _items(self._call(self.core.list_node, **kwargs))
+        """Every node, in pages of PAGE (limit/continue), so 20,000 nodes are 40 small answers
+        rather than one large one the API server must hold in memory at once."""
+        kwargs: dict[str, Any] = {"label_selector": selector} if selector else {}
+        out: list[dict[str, Any]] = []
+        token = ""
+        for _ in range(MAX_PAGES):
+            page = _obj(self._call(self.core.list_node, limit=PAGE, _continue=token or None, **kwargs))
+            out += _items(page)
+            token = (page.get("metadata") or {}).get("continue") or ""
+            if not isinstance(token, str) or not token:
+                return out
+        raise ApiError(f"more than {MAX_PAGES * PAGE} nodes: narrow the listing with -l")
 
     def node(self, name: str) -> dict[str, Any]:
         return _obj(self._call(self.core.read_node, name))

@@ -31,6 +31,15 @@ POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 LIGHT_GROUP_LABEL = "pod-group.scheduling.sigs.k8s.io/name"
 LIGHT_MIN_LABEL = "pod-group.scheduling.sigs.k8s.io/min-available"
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+#: Pod annotations that ask for a network level (gputopo's own, Kueue's, KAI Scheduler's).
+CONSTRAINT_ANNOTATIONS = (
+    "gputopo.io/required-topology",
+    "gputopo.io/preferred-topology",
+    "kueue.x-k8s.io/podset-required-topology",
+    "kueue.x-k8s.io/podset-preferred-topology",
+    "kai.scheduler/topology-required-placement",
+    "kai.scheduler/topology-preferred-placement",
+)
 
 
 def _map(value: Any) -> Mapping[str, Any]:
@@ -306,6 +315,11 @@ def why_document(
         "node": me["node"],
         "decision": "",  # below, once the events are sorted
         "predicted_gpus": me["predicted_gpus"],
+        "constraints": {
+            k: v
+            for k, v in _map(meta.get("annotations")).items()
+            if k in CONSTRAINT_ANNOTATIONS and isinstance(v, str)
+        },
         "annotations": gputopo_annotations,
         "gang": None,
         "events": rows,
@@ -339,6 +353,8 @@ def render_why(doc: Mapping[str, Any], *, now: float, wide: bool = False) -> str
         lines.append(
             f"predicted GPUs: {doc['predicted_gpus']} on {doc['node'] or '?'} ({PREDICTED_ANNOTATION})"
         )
+    if doc["constraints"]:
+        lines.append("asks for: " + ", ".join(f"{k}={v}" for k, v in doc["constraints"].items()))
     gang = doc.get("gang")
     if gang:
         quorum = "?" if gang["min_member"] is None else str(gang["min_member"])

@@ -42,14 +42,21 @@ class _Handler(fk._Handler):
         url = urlparse(self.path)
         q = {k: v[-1] for k, v in parse_qs(url.query).items()}
         path = url.path
-        if path == "/api/v1/nodes" and q.get("labelSelector"):
-            want = dict(part.split("=", 1) for part in q["labelSelector"].split(","))
+        if path == "/api/v1/nodes" and "watch" not in q:
+            want = dict(part.split("=", 1) for part in q.get("labelSelector", "").split(",") if part)
             with api.cond:
-                items = [
-                    n for n in api.objects["nodes"].values()
-                    if all(n["metadata"]["labels"].get(k) == v for k, v in want.items())
-                ]  # fmt: skip
-            self._json(200, {"kind": "NodeList", "metadata": {"resourceVersion": "1"}, "items": items})
+                items = sorted(
+                    (n for n in api.objects["nodes"].values()
+                     if all(n["metadata"]["labels"].get(k) == v for k, v in want.items())),
+                    key=lambda n: n["metadata"]["name"],
+                )  # fmt: skip
+            start = int(q.get("continue") or 0)
+            limit = int(q.get("limit") or len(items) or 1)
+            meta = {"resourceVersion": "1"}
+            if start + limit < len(items):
+                meta["continue"] = str(start + limit)
+            api.requests.append(("list:nodes", q.get("continue", "")))
+            self._json(200, {"kind": "NodeList", "metadata": meta, "items": items[start : start + limit]})
             return
         if m := re.fullmatch(r"/api/v1/nodes/([^/]+)", path):
             node = api.objects["nodes"].get(m.group(1))
@@ -301,7 +308,8 @@ def test_why_a_gang_member_waits_with_the_latest_reason(cluster, capsys, monkeyp
             annotations={"gputopo.io/predicted-gpus": "0,1,2,3,4,5,6,7"},
         ),
     )
-    api.put("pods", fk.pod("ml", "train-1", 8, labels=labels))
+    leaf = {"gputopo.io/required-topology": "network.topology.nvidia.com/leaf"}
+    api.put("pods", fk.pod("ml", "train-1", 8, labels=labels, annotations=leaf))
     api.put("pods", fk.pod("ml", "train-2", 8, labels=labels))
     api.put("pods", fk.pod("ml", "solo", 1))
     api.put("pods", fk.pod("other", "train-9", 8, labels=labels))  # another namespace: not a member
@@ -329,6 +337,7 @@ def test_why_a_gang_member_waits_with_the_latest_reason(cluster, capsys, monkeyp
     assert code == 0 and err == ""
     lines = out.splitlines()
     assert lines[0] == "pod ml/train-1: Pending, waits: GangRefused: no leaf has 3 nodes with 8 free GPUs"
+    assert lines.pop(1) == "asks for: gputopo.io/required-topology=network.topology.nvidia.com/leaf"
     assert lines[1].startswith(
         "gang ml/train (from label scheduling.x-k8s.io/pod-group; PodGroup found): 1 of 3"
     )
@@ -526,3 +535,16 @@ def test_any_pod_and_events_give_a_decision(pod: dict, events: list[dict], obj: 
 def test_any_gang_object_gives_a_quorum_or_none(obj: dict | None, pod_group: object) -> None:
     quorum = views.min_member({"pod_group": pod_group}, obj)
     assert quorum is None or (type(quorum) is int and quorum > 0)
+
+
+def test_nodes_are_listed_in_pages(cluster, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    api, kubeconfig = cluster
+    monkeypatch.setattr("kubectl_gputopo.api.PAGE", 2)
+    for i in range(5):
+        api.put("nodes", fk.node(f"n{i}", annotations={KEY: ann(f"n{i}", at=NOW)}))
+    code, out, _ = run(capsys, kubeconfig, "nodes", "-o", "json")
+    assert code == 0 and [r["name"] for r in json.loads(out)] == [f"n{i}" for i in range(5)]
+    assert [c for k, c in api.requests if k == "list:nodes"] == ["", "2", "4"], "limit/continue pages"
+    monkeypatch.setattr("kubectl_gputopo.api.MAX_PAGES", 2)
+    code, out, err = run(capsys, kubeconfig, "nodes")
+    assert (code, out) == (1, "") and "more than 4 nodes: narrow the listing with -l" in err
