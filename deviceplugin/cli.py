@@ -45,7 +45,7 @@ def render_status(doc: dict[str, Any], *, now: float, wide: bool = False) -> str
     reg = doc.get("registration") or {}
     folder = str(doc.get("kubelet_dir", ""))
     lines = [
-        f"plugin version: {doc.get('version') or 'unknown (older than 0.1.0)'}",
+        f"plugin version: {doc.get('version') or 'unknown (this plugin does not report it)'}",
         f"node: {doc.get('node_name') or '-'}",
         f"resource: {doc.get('resource_name', '')}",
         f"backend: {doc.get('backend', '')}  topology: {doc.get('topology_name', '')}",
