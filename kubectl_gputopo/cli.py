@@ -16,6 +16,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from kubernetes import client
+
 from gputopo import annotation
 from gputopo.allocator import MAX_GPUS, AllocatorPool
 from gputopo.cli import render_topo, topo_document
@@ -101,8 +103,6 @@ def _reader(args: argparse.Namespace) -> tuple[Reader, str]:
     except KubeConfigError as e:
         raise UsageError(str(e)) from None
     cfg.retries = 0  # one answer or one error line, not three silent retries
-    from kubernetes import client
-
     return Reader(client.ApiClient(cfg), timeout=args.request_timeout), args.namespace or namespace
 
 
@@ -125,9 +125,9 @@ def _nodes(reader: Reader, args: argparse.Namespace, now: float) -> int:
 def _topo(reader: Reader, args: argparse.Namespace, now: float) -> int:
     name = args.node
     node = reader.node(name)
-    text = ((node.get("metadata") or {}).get("annotations") or {}).get(views.TOPOLOGY_ANNOTATION)
+    raw = views.annotations_of(node).get(views.TOPOLOGY_ANNOTATION)
     try:
-        value = annotation.decode(text, now=now, max_age_s=math.inf)
+        value = annotation.decode(raw if isinstance(raw, str) else None, now=now, max_age_s=math.inf)
     except annotation.AnnotationError as e:
         print(f"{PROG}: node {name}: {views.TOPOLOGY_ANNOTATION}: {e}", file=sys.stderr)
         return 1

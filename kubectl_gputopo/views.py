@@ -54,6 +54,11 @@ def _str(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An object's annotations; {} when the object is shaped otherwise."""
+    return _map(_meta(obj).get("annotations"))
+
+
 # ---------------------------------------------------------------------------- nodes
 
 
