@@ -25,7 +25,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check gputopo deviceplugin scheduler gputopo_kube kubectl_gputopo tests bench
+	$(BIN)/ruff format --check gputopo deviceplugin scheduler gputopo_kube kubectl_gputopo tests bench tools
 
 # Layers (pyproject.toml [tool.importlinter]): core below the daemons, daemons independent,
 # no gRPC / NVML / Kubernetes / HTTP-server library in the core.

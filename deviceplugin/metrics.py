@@ -90,6 +90,8 @@ class Metrics:
             ["health"],
             registry=self.registry,
         )
+        self._health_lock = threading.Lock()
+        self._health_labels: set[tuple[str, str]] = set()
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -110,10 +112,17 @@ class Metrics:
         self.ring_share.labels(rpc).observe(ring / best if best > 0 else 0.0)
 
     def export_health(self, gpus: Iterable[tuple[int, str, bool]]) -> None:
-        """Per-GPU health from (index, uuid, healthy); GPUs gone from the topology disappear."""
-        self.gpu_healthy.clear()
-        for index, uuid, healthy in gpus:
-            self.gpu_healthy.labels(str(index), uuid).set(1 if healthy else 0)
+        """Per-GPU health from (index, uuid, healthy); GPUs gone from the topology disappear
+        (removed one by one, so a scrape never sees the set empty in between)."""
+        with self._health_lock:
+            now: set[tuple[str, str]] = set()
+            for index, uuid, healthy in gpus:
+                key = (str(index), uuid)
+                now.add(key)
+                self.gpu_healthy.labels(*key).set(1 if healthy else 0)
+            for key in self._health_labels - now:
+                self.gpu_healthy.remove(*key)
+            self._health_labels = now
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> bool:
         """Expose /metrics; a port in use is logged, not fatal: devices matter more than metrics."""

@@ -115,3 +115,13 @@ def test_ring_each_allocation_got_in_gbps_and_as_share_of_the_best(plugin) -> No
     assert m[("gputopo_allocation_ring_share_sum", alloc)] == 0.5
     assert m[("gputopo_allocation_ring_share_bucket", (("le", "0.25"), *alloc))] == 0
     assert m[("gputopo_allocation_ring_share_bucket", (("le", "0.5"), *alloc))] == 1
+
+
+def test_gpus_gone_from_the_topology_leave_the_health_gauge() -> None:
+    from deviceplugin.metrics import Metrics
+
+    m = Metrics()
+    m.export_health([(0, "GPU-a", True), (1, "GPU-b", False)])
+    m.export_health([(0, "GPU-a", False)])  # re-discovery found one GPU fewer
+    assert m.registry.get_sample_value("gputopo_gpu_healthy", {"gpu": "0", "uuid": "GPU-a"}) == 0.0
+    assert m.registry.get_sample_value("gputopo_gpu_healthy", {"gpu": "1", "uuid": "GPU-b"}) is None
