@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run demo test lint imports types proto bench images clean
+.PHONY: install run demo test lint imports types proto bench images diagram clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check gputopo deviceplugin scheduler gputopo_kube tests bench
+	$(BIN)/ruff format --check gputopo deviceplugin scheduler gputopo_kube kubectl_gputopo tests bench tools
 
 # Layers (pyproject.toml [tool.importlinter]): core below the daemons, daemons independent,
 # no gRPC / NVML / Kubernetes / HTTP-server library in the core.
@@ -45,6 +45,11 @@ test: $(STAMP)
 
 proto: $(STAMP)
 	PATH=$(abspath $(BIN)):$$PATH sh proto/generate.sh
+
+# The README's architecture picture, from the import-linter layers and the imports in the code
+# (tests/test_architecture.py fails when the committed picture differs).
+diagram: $(STAMP)
+	$(BIN)/python tools/architecture.py --write
 
 bench: $(STAMP)
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done

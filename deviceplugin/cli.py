@@ -10,13 +10,14 @@ them with `importlib.metadata` and imports nothing of this package (see gputopo/
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
+import time
 from typing import Any
 
 from gputopo.commands import UsageError
+from gputopo.output import add_output_arguments, ago, dump, is_machine, table, yes_no
 from gputopo.topology import Topology
 
 
@@ -34,24 +35,56 @@ def local_topology() -> Topology:
         raise UsageError(f"no --topology given and NVML is unavailable: {e}") from None
 
 
-def render_status(doc: dict[str, Any]) -> str:
-    """Plugin status for a person: settings, registration, then one aligned row per GPU."""
-    lines = [f"{k}: {v}" for k, v in doc.items() if not isinstance(v, (list, dict))]
-    for key, value in doc.items():
-        if isinstance(value, dict):
-            lines.append(f"{key}:")
-            lines += [f"  {k}: {v}" for k, v in value.items()]
+#: Reasons longer than this are cut in the table (`-o wide` prints them whole).
+REASON_WIDTH = 60
+
+
+def render_status(doc: dict[str, Any], *, now: float, wide: bool = False) -> str:
+    """Plugin status for a person: version, settings, registration with times as "3 min ago",
+    then one row per GPU aligned on its widest cell, the health reason (free text) last."""
+    reg = doc.get("registration") or {}
+    folder = str(doc.get("kubelet_dir", ""))
+    lines = [
+        f"plugin version: {doc.get('version') or 'unknown (this plugin does not report it)'}",
+        f"node: {doc.get('node_name') or '-'}",
+        f"resource: {doc.get('resource_name', '')}",
+        f"backend: {doc.get('backend', '')}  topology: {doc.get('topology_name', '')}",
+        f"device list strategy: {doc.get('device_list_strategy', '')}",
+        f"socket: {os.path.join(folder, str(doc.get('socket_name', '')))}",
+        f"kubelet streams: {doc.get('watchers', 0)}",
+    ]
+    last = float(reg.get("last_registration_unix") or 0.0)
+    registered = f"registered: {yes_no(reg.get('registered'))}"
+    if last > 0:
+        count = int(reg.get("count") or 0)
+        registered += f" (last {ago(now - last)}, {count} time{'' if count == 1 else 's'} since start)"
+    lines.append(registered)
+    if reg.get("last_error"):
+        failed = int(reg.get("failed_attempts") or 0)
+        lines.append(
+            f"registration error: {reg['last_error']} ({failed} failed attempt{'' if failed == 1 else 's'})"
+        )
     devices = doc.get("devices") or []
     if devices:
-        lines += ["devices:", f"  {'GPU':<5}{'health':<12}{'NUMA':<6}{'UUID':<42}model"]
+        header = ["GPU", "health", "NUMA", "UUID", "model", *(["PCI bus id"] if wide else []), "reason"]
+        rows = []
         for d in devices:
-            health = "Healthy" if d.get("healthy") else "Unhealthy"
-            if d.get("health_reason"):
-                health += f" ({d['health_reason']})"
-            numa = "-" if d.get("numa") is None or d.get("numa", -1) < 0 else str(d["numa"])
-            lines.append(
-                f"  {d.get('index', '?')!s:<5}{health:<12}{numa:<6}{d.get('uuid', ''):<42}{d.get('model', '')}"
+            numa = d.get("numa")
+            reason = str(d.get("health_reason") or "")
+            if not wide and len(reason) > REASON_WIDTH:
+                reason = reason[: REASON_WIDTH - 1] + "…"
+            rows.append(
+                [
+                    str(d.get("index", "?")),
+                    "Healthy" if d.get("healthy") else "Unhealthy",
+                    "-" if numa is None or numa < 0 else str(numa),
+                    str(d.get("uuid", "")),
+                    str(d.get("model") or "-"),
+                    *([str(d.get("pci_bus_id") or "-")] if wide else []),
+                    reason or "-",
+                ]
             )
+        lines += ["devices:", *table(header, rows, indent="  ")]
     return "\n".join(lines)
 
 
@@ -64,7 +97,7 @@ class StatusCommand:
         parser.add_argument("--socket", help="plugin socket path (default: the kubelet dir's gputopo socket)")
         parser.add_argument("--kubelet-dir", help="kubelet device-plugin folder")
         parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait (default 3)")
-        parser.add_argument("--json", action="store_true", help="machine-readable output")
+        add_output_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         from deviceplugin import defaults
@@ -83,7 +116,10 @@ class StatusCommand:
         except StatusUnavailable as e:
             print(f"gputopo: plugin not reachable at {socket}: {e}", file=sys.stderr)
             return 1
-        print(json.dumps(doc, indent=1) if args.json else render_status(doc))
+        if is_machine(args.output):
+            print(dump(doc, args.output))
+        else:
+            print(render_status(doc, now=time.time(), wide=args.output == "wide"))
         return 0
 
 

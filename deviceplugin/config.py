@@ -21,6 +21,7 @@ import yaml
 from deviceplugin import defaults, strategies
 from deviceplugin.backend import BandwidthOverrides
 from gputopo.links import PCIE_LEVELS
+from gputopo.output import add_version_argument
 from gputopo.policy import DEFAULT_POLICY, POLICY_NAMES
 from gputopo.userfile import (
     MAX_CONFIG_BYTES,
@@ -507,6 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--config", help=f"versioned YAML config file (version: {CONFIG_VERSION}); env {CONFIG_ENV}"
     )
+    add_version_argument(parser)
     for opt in OPTIONS:
         text = f"{opt.help} (env {opt.env}, file key {opt.key})"
         if opt.boolean:

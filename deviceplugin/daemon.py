@@ -108,6 +108,7 @@ class Daemon:
             policy=cfg.policy,
             reason="topology discovered; allocator built once for it",
         )
+        self.metrics.set_build(backend=cfg.backend_kind)
         self.metrics.serve(cfg.metrics_port)
         self.health = HealthLoop(self.backend, tracker, self.store, self.metrics, self._health_tick_seconds)
         self.health.export_gauges(self.store.current())

@@ -132,3 +132,4 @@ class HealthLoop:
         healthy = sum(1 for g in snap.gpus if snap.healthy(g.uuid))
         self._metrics.devices.labels("healthy").set(healthy)
         self._metrics.devices.labels("unhealthy").set(len(snap.gpus) - healthy)
+        self._metrics.export_health((g.index, g.uuid, snap.healthy(g.uuid)) for g in snap.gpus)

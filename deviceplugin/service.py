@@ -22,7 +22,7 @@ from deviceplugin.registration import RegistrationInfo, plugin_options
 from deviceplugin.requests import PreferredAnswer, RequestError, allocate_ids, preferred
 from deviceplugin.state import Snapshot, SnapshotStore
 from deviceplugin.strategies import Handover, parse_strategies, probe_device_specs
-from gputopo import jsonlog
+from gputopo import __version__, jsonlog
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from gputopo_proto.status.v1 import status_pb2, status_pb2_grpc
 
@@ -242,6 +242,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         for available, must, size, answer, elapsed in decided:
             self._metrics.preferred_seconds.observe(elapsed)
             self._preferred_ok.inc()
+            self._metrics.observe_ring("GetPreferredAllocation", snap.allocator.exact, answer.choice.indices)
             out.container_responses.add(deviceIDs=answer.device_ids)
             c = answer.choice
             jsonlog.event(
@@ -295,6 +296,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             resp = out.container_responses.add()
             self._handover.fill(resp, ids, [_minor(snap, i) for i in ids])
             self._allocate_ok.inc()
+            indices = [snap.index_of(i) for i in ids]
+            self._metrics.observe_ring("Allocate", snap.allocator.exact, [i for i in indices if i is not None])
             jsonlog.event(
                 log,
                 "allocate",
@@ -341,6 +344,7 @@ class StatusService(status_pb2_grpc.StatusServicer):
             node_name=cfg.node_name or "",
             device_list_strategy=cfg.device_list_strategy,
             watchers=self._watchers(),
+            version=__version__,
             registration=status_pb2.RegistrationStatus(
                 registered=reg.registered,
                 last_registration_unix=reg.last_registration_unix or 0.0,

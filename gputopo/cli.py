@@ -20,7 +20,9 @@ from typing import Any, NoReturn
 from gputopo.allocator import DISRUPTION_SIZES, MAX_GPUS, AllocationError, Allocator, AllocatorPool, Choice
 from gputopo.commands import Missing, UsageError, local_topology, plugin_commands
 from gputopo.numerals import ascii_uint
+from gputopo.output import add_output_arguments, add_version_argument, dump, is_machine
 from gputopo.policy import DEFAULT_POLICY, POLICY_NAMES, UnknownPolicyError, check_name, policy_by_name
+from gputopo.topofile import HostColumns
 from gputopo.topology import Topology, TopologyError
 
 
@@ -33,23 +35,28 @@ class _Parser(argparse.ArgumentParser):
 
 def _load(source: str | None) -> Topology:
     """A topology the allocator can take, from a preset/file, or from NVML when no --topology."""
-    topo = _read_topology(source)
+    return _load_detail(source)[0]
+
+
+def _load_detail(source: str | None) -> tuple[Topology, HostColumns | None]:
+    """`_load`, with the NIC and affinity columns of `nvidia-smi topo -m` text (else None)."""
+    topo, host = _read_topology(source)
     if topo.n > MAX_GPUS:  # a valid file, but every subcommand needs the allocator
         where = "--topology " + source if source is not None else "NVML"
         raise UsageError(f"{where}: {topo.n} GPUs; nodes of more than {MAX_GPUS} GPUs are not supported")
-    return topo
+    return topo, host
 
 
-def _read_topology(source: str | None) -> Topology:
+def _read_topology(source: str | None) -> tuple[Topology, HostColumns | None]:
     if source is not None:
-        from gputopo.topofile import load_topology
+        from gputopo.topofile import load_topology_detail
 
         try:
-            return load_topology(source)
+            return load_topology_detail(source)
         except (TopologyError, OSError) as e:
             text = str(e)  # the loader's message usually names the file already
             raise UsageError(text if source in text else f"--topology {source}: {text}") from None
-    return local_topology()  # NVML, through the plugin package's entry point
+    return local_topology(), None  # NVML, through the plugin package's entry point
 
 
 def _ids(text: str | None, topo: Topology, what: str) -> list[int] | None:
@@ -77,36 +84,65 @@ def _ids(text: str | None, topo: Topology, what: str) -> list[int] | None:
 # ---------------------------------------------------------------------------- topo
 
 
-def topo_document(topo: Topology) -> dict[str, Any]:
+def topo_document(topo: Topology, host: HostColumns | None = None) -> dict[str, Any]:
     alloc = Allocator(topo)
     doc = topo.to_dict()
     doc["bandwidth_gbps"] = [[topo.gbps(i, j) for j in range(topo.n)] for i in range(topo.n)]
     doc["best_ring_gbps"] = {str(k): alloc.best_ring_mbps(k) / 1000 for k in range(2, topo.n + 1)}
+    if host is not None:
+        doc["nics"] = [
+            {"label": label, "device": device, "links": [row[k] for row in host.gpu_nic]}
+            for k, (label, device) in enumerate(host.nics)
+        ]
+        doc["affinity"] = [dict(zip(host.affinity_columns, row, strict=True)) for row in host.affinity]
     return doc
 
 
-def render_topo(topo: Topology) -> str:
-    """`nvidia-smi topo -m` layout with each cell's GB/s, plus NUMA, model and best rings."""
+def render_topo(topo: Topology, host: HostColumns | None = None, *, wide: bool = False) -> str:
+    """`nvidia-smi topo -m` layout with each cell's GB/s, plus NUMA, model and best rings; from
+    `topo -m` text also its NIC columns (link code to each NIC) and its affinity columns."""
     alloc = Allocator(topo)
     n = topo.n
     cells = [
         ["X" if i == j else f"{topo.code(i, j)}/{topo.gbps(i, j):g}" for j in range(n)] for i in range(n)
     ]
     width = max(7, *(len(c) + 1 for row in cells for c in row))
+    nics = [label for label, _ in host.nics] if host else []
+    nic_w = max([5, *(len(c) + 1 for row in (host.gpu_nic if host else ()) for c in row)])
+    aff_cols = list(host.affinity_columns) if host else []
+    aff_w = (
+        [max(len(c), *(len(row[k]) for row in host.affinity)) + 2 for k, c in enumerate(aff_cols)]
+        if host
+        else []
+    )
     lines = [
         f"{topo.name}: {n} GPUs, NVLink {topo.settings.nvlink_gbps_per_link:g} GB/s per link, "
         f"NVSwitch: {'yes' if topo.nvswitch else 'no'}   (cell = link code / GB/s one direction)",
         "",
-        " " * 7 + "".join(f"GPU{j}".ljust(width) for j in range(n)) + "NUMA  Model",
+        " " * 7
+        + "".join(f"GPU{j}".ljust(width) for j in range(n))
+        + "".join(label.ljust(max(nic_w, len(label) + 1)) for label in nics)
+        + "NUMA  "
+        + "".join(c.ljust(w) for c, w in zip(aff_cols, aff_w, strict=True))
+        + "Model"
+        + ("  (then UUID, PCI bus id)" if wide else ""),
     ]
     for i in range(n):
         numa = "-" if topo.gpus[i].numa is None else str(topo.gpus[i].numa)
-        lines.append(
+        nic_cells = host.gpu_nic[i] if host else ()
+        aff_cells = host.affinity[i] if host else ()
+        row = (
             f"GPU{i}".ljust(7)
             + "".join(c.ljust(width) for c in cells[i])
+            + "".join(c.ljust(max(nic_w, len(label) + 1)) for c, label in zip(nic_cells, nics, strict=True))
             + numa.ljust(6)
+            + "".join((c or "-").ljust(w) for c, w in zip(aff_cells, aff_w, strict=True))
             + topo.gpus[i].model
+            + (f"  {topo.gpus[i].uuid}  {topo.gpus[i].pci_bus_id or '-'}" if wide else "")
         )
+        lines.append(row.rstrip())
+    if host and host.nics:
+        lines.append("NICs: " + ", ".join(f"{label}={dev}" if dev else label for label, dev in host.nics))
     lines += ["", "Best ring bandwidth an empty node offers, by request size:"]
     rings = "  ".join(f"{k}: {alloc.best_ring_mbps(k) / 1000:g} GB/s" for k in range(2, n + 1))
     lines.append("  " + (rings or "none: a single GPU has no ring"))
@@ -142,6 +178,8 @@ def render_prefer(
     must: list[int],
     chosen: Choice | None = None,
     policy: str = DEFAULT_POLICY,
+    *,
+    wide: bool = False,
 ) -> str:
     """`ranked` is gputopo's order; `chosen` what `policy` picks (gputopo's first by default)."""
     chosen = chosen if chosen is not None else ranked[0]
@@ -155,13 +193,16 @@ def render_prefer(
         f"leaves {_leftover(chosen)} (group size: best ring GB/s x disjoint groups); "
         f"pair sum {chosen.pair_sum_mbps / 1000:g} GB/s",
         "",
-        "rank  gpus                ring GB/s  leftover (size:best x groups)   pair-sum GB/s",
+        "rank  gpus                ring GB/s  leftover (size:best x groups)   pair-sum GB/s"
+        + ("  uuids" if wide else ""),
     ]
     for rank, c in enumerate(ranked, 1):
-        lines.append(
+        row = (
             f"{rank:<6}{','.join(map(str, c.indices)):<20}{c.ring_mbps / 1000:<11g}"
-            f"{_leftover(c):<32}{c.pair_sum_mbps / 1000:g}"
+            f"{_leftover(c):<32}{c.pair_sum_mbps / 1000:<15g}"
+            + (" ".join(topo.gpus[i].uuid for i in c.indices) if wide else "")
         )
+        lines.append(row.rstrip())
     lines.append("")
     lines.append(
         "Keys compare left to right: ring, then leftover groups (8, 4, 2), then pair sum, then lowest indices."
@@ -174,13 +215,14 @@ def render_prefer(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gputopo", description="Topology-aware GPU scheduling: node-level debug CLI.")
+    add_version_argument(parser)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("topo", help="print the link and bandwidth matrix")
     p.add_argument(
         "--topology", help="preset name, topology JSON or `nvidia-smi topo -m` text (default: NVML)"
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_output_arguments(p)
 
     p = sub.add_parser("prefer", help="what GetPreferredAllocation would pick, and why")
     p.add_argument(
@@ -195,10 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_POLICY,
         help=f"in-node policy to ask, as the plugin's --policy ({', '.join(POLICY_NAMES)}; default gputopo)",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_output_arguments(p)
 
     p = sub.add_parser("presets", help="list the built-in server topologies")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_output_arguments(p)
 
     from gputopo.sim import cli as sim_cli  # the simulator is part of the core: always there
 
@@ -216,8 +258,11 @@ def _run(args: argparse.Namespace) -> int:
     if plugin is not None:
         return int(plugin.run(args))
     if args.command == "topo":
-        topo = _load(args.topology)
-        print(json.dumps(topo_document(topo), indent=1) if args.json else render_topo(topo))
+        topo, host = _load_detail(args.topology)
+        if is_machine(args.output):
+            print(dump(topo_document(topo, host), args.output))
+        else:
+            print(render_topo(topo, host, wide=args.output == "wide"))
         return 0
     if args.command == "prefer":
         topo = _load(args.topology)
@@ -236,7 +281,7 @@ def _run(args: argparse.Namespace) -> int:
             chosen = policy_by_name(args.policy, topo, pool=pool).choose(free, args.size, must)
         except AllocationError as e:
             raise UsageError(str(e)) from None
-        if args.json:
+        if is_machine(args.output):
             doc = {
                 "topology": topo.name,
                 "size": args.size,
@@ -246,16 +291,27 @@ def _run(args: argparse.Namespace) -> int:
                 "chosen": chosen.explain() | {"uuids": [topo.gpus[i].uuid for i in chosen.indices]},
                 "alternatives": [c.explain() for c in ranked],
             }
-            print(json.dumps(doc, indent=1))
+            print(dump(doc, args.output))
         else:
-            print(render_prefer(topo, ranked, free, args.size, must, chosen, args.policy))
+            print(
+                render_prefer(
+                    topo, ranked, free, args.size, must, chosen, args.policy, wide=args.output == "wide"
+                )
+            )
         return 0
     if args.command == "presets":
         from gputopo.topofile import list_presets, load_preset
 
         rows = [load_preset(name) for name in list_presets()]
-        if args.json:
+        if args.output == "json":  # one line, as before `-o` existed
             print(json.dumps([{"name": t.name, "gpus": t.n, "description": t.description} for t in rows]))
+        elif args.output == "yaml":
+            print(dump([{"name": t.name, "gpus": t.n, "description": t.description} for t in rows], "yaml"))
+        elif args.output == "wide":
+            for t in rows:
+                nvlink = f"{t.settings.nvlink_gbps_per_link:g} GB/s/link"
+                switch = "NVSwitch" if t.nvswitch else "-"
+                print(f"{t.name:<26}{t.n:>3} GPUs  {nvlink:<16}{switch:<10}{t.description}")
         else:
             for t in rows:
                 print(f"{t.name:<26}{t.n:>3} GPUs  {t.description}")

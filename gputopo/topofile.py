@@ -30,6 +30,7 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -64,8 +65,25 @@ def parse_topology_json(source: str | bytes | Mapping[str, Any], *, name: str = 
         raise TopologyError(f"{name}: {e}") from None
 
 
+@dataclass(frozen=True)
+class HostColumns:
+    """What `nvidia-smi topo -m` text says beyond the GPU matrix, kept for `gputopo topo` to show:
+    the NICs (label and, from the NIC Legend, device name), each GPU's link code to each NIC, and
+    each GPU's affinity columns as printed (`CPU Affinity`, `NUMA Affinity`, `GPU NUMA ID`)."""
+
+    nics: tuple[tuple[str, str], ...]  # (label, device name or "" when the legend lacks it)
+    gpu_nic: tuple[tuple[str, ...], ...]  # [gpu][nic] -> code as printed (PIX, SYS, ...)
+    affinity_columns: tuple[str, ...]
+    affinity: tuple[tuple[str, ...], ...]  # [gpu][column] -> cell as printed ("" when missing)
+
+
 def parse_topo_text(text: str, *, name: str = "topo-m") -> Topology:
     """The plain text printed by `nvidia-smi topo -m` (see the module docstring for the rules)."""
+    return parse_topo_text_detail(text, name=name)[0]
+
+
+def parse_topo_text_detail(text: str, *, name: str = "topo-m") -> tuple[Topology, HostColumns]:
+    """`parse_topo_text`, plus the NIC and affinity columns the topology itself does not keep."""
     lines = _ANSI_RE.sub("", text).splitlines()
     start = _find_header(lines, name)
     header = lines[start].split()
@@ -115,8 +133,14 @@ def parse_topo_text(text: str, *, name: str = "topo-m") -> Topology:
     description = "parsed from nvidia-smi topo -m"
     if nics:
         description += "; NICs: " + ", ".join(f"{n}={legend[n]}" if n in legend else n for n in nics)
+    host = HostColumns(
+        nics=tuple((n, legend.get(n, "")) for n in nics),
+        gpu_nic=tuple(tuple(rows[g][col[n]] for n in nics) for g in gpu_labels),
+        affinity_columns=tuple(extra_columns),
+        affinity=tuple(tuple(e.get(c, "") for c in extra_columns) for e in extras),
+    )
     try:
-        return Topology(name=name, gpus=gpus, links=links, description=description)
+        return Topology(name=name, gpus=gpus, links=links, description=description), host
     except TopologyError as e:
         raise TopologyError(f"{name}: {e}") from None
 
@@ -261,7 +285,13 @@ def load_preset(name: str) -> Topology:
 
 
 def load_topology(source: str) -> Topology:
-    """A preset name, a JSON file or a `topo -m` text file.
+    """A preset name, a JSON file or a `topo -m` text file (see `load_topology_detail`)."""
+    return load_topology_detail(source)[0]
+
+
+def load_topology_detail(source: str) -> tuple[Topology, HostColumns | None]:
+    """A preset name, a JSON file or a `topo -m` text file, with the text's NIC and affinity
+    columns (None for presets and JSON, which have none).
 
     A bare word that names a preset is the preset, even if a file of that name sits in the
     working directory; anything else is a path whose content (not its extension) decides the
@@ -269,7 +299,7 @@ def load_topology(source: str) -> Topology:
     if not source or not source.strip():
         raise TopologyError("empty topology source: give a preset name or a file path")
     if os.sep not in source and source in list_presets():
-        return load_preset(source)
+        return load_preset(source), None
     if not os.path.lexists(source):
         hint = "" if os.sep in source or "." in source else f"; presets: {', '.join(list_presets())}"
         raise TopologyError(f"topology {source!r} is neither a preset nor a readable file{hint}")
@@ -279,6 +309,9 @@ def load_topology(source: str) -> Topology:
         raise TopologyError(f"cannot read topology file {e}") from None
     base = os.path.splitext(os.path.basename(source))[0] or "topology"
     try:
-        return parse_topology(text, name=base)
+        text = text.removeprefix("\ufeff")
+        if text.lstrip().startswith("{"):
+            return parse_topology_json(text, name=base), None
+        return parse_topo_text_detail(text, name=base)
     except TopologyError as e:
         raise TopologyError(f"{source}: {e}") from None

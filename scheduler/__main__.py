@@ -23,6 +23,7 @@ from gputopo import jsonlog
 from gputopo.cluster import ClusterError, load_cluster
 from gputopo.network import LevelError, validate_levels
 from gputopo.numerals import ascii_uint
+from gputopo.output import add_version_argument
 from scheduler import defaults
 from scheduler.events import EventEmitter
 from scheduler.extender import Extender
@@ -60,6 +61,7 @@ def _positive(text: str) -> float:
 
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m scheduler", description="gputopo kube-scheduler extender")
+    add_version_argument(p)
     p.add_argument(
         "--listen",
         type=_listen,
@@ -152,6 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics=metrics,
         events=events,
     )
+    annotation_times = getattr(state, "annotation_times", None)  # live mode only: a file's ages mean nothing
+    if annotation_times is not None:
+        extender.metrics.track_annotation_ages(annotation_times, time.time)
     host, port = args.listen
     try:
         server = Server(extender, host, port)

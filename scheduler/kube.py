@@ -378,6 +378,12 @@ class KubeState:
 
     # ------------------------------------------------------------------ snapshot
 
+    def annotation_times(self) -> list[float]:
+        """generatedAt of every node's decoded annotation, stale ones included (for the age
+        metric: the snapshot drops stale topologies, and those are the ones worth seeing)."""
+        with self._lock:
+            return [i.topology.generated_at for i in self._nodes.values() if i.topology is not None]
+
     def snapshot(self) -> Snapshot:
         now = self.clock()
         with self._lock:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 
 def gputopo(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -137,7 +139,10 @@ def test_status_reads_the_running_plugin(tmp_path) -> None:
         rel = gputopo("status", "--kubelet-dir", "dp", "--json", cwd=str(tmp_path))
         assert rel.returncode == 0 and rel.stderr == "" and json.loads(rel.stdout) == doc
         text = gputopo("status", "--kubelet-dir", str(folder))
-        assert text.returncode == 0 and "registered: False" in text.stdout
+        assert text.returncode == 0 and "registered: no" in text.stdout
+        assert "plugin version: 0.1.0" in text.stdout and doc["version"] == "0.1.0"
+        yml = gputopo("status", "--kubelet-dir", str(folder), "-o", "yaml")
+        assert yml.returncode == 0 and yaml.safe_load(yml.stdout)["devices"] == doc["devices"]
         rows = [line.split() for line in text.stdout.splitlines() if line.startswith("  ") and "GPU-" in line]
         assert [r[:2] for r in rows] == [
             ["0", "Healthy"],
@@ -165,3 +170,64 @@ def test_topology_error_names_the_file_once(tmp_path) -> None:
     bad.write_text('{"gpus": 5}')
     out = gputopo("topo", "--topology", str(bad))
     assert out.returncode == 2 and out.stderr.count(str(bad)) == 1
+
+
+@pytest.mark.parametrize("command", [(), ("topo",), ("prefer",), ("presets",), ("simulate",), ("status",)])
+def test_every_command_says_its_version(command: tuple[str, ...]) -> None:
+    out = gputopo(*command, "--version")
+    assert out.returncode == 0 and out.stdout.strip().endswith("0.1.0"), out.stderr
+    assert out.stdout.startswith(" ".join(("gputopo", *command)))
+
+
+def test_output_formats_agree_and_json_is_an_alias() -> None:
+    as_json = json.loads(gputopo("prefer", "--topology", "dgx1-v100", "--size", "2", "-o", "json").stdout)
+    alias = json.loads(gputopo("prefer", "--topology", "dgx1-v100", "--size", "2", "--json").stdout)
+    as_yaml = yaml.safe_load(gputopo("prefer", "--topology", "dgx1-v100", "--size", "2", "-o", "yaml").stdout)
+    assert as_json == alias == as_yaml and as_json["chosen"]["gpus"] == [0, 3]
+    wide = gputopo("prefer", "--topology", "dgx1-v100", "--size", "2", "-o", "wide").stdout
+    assert "GPU-dgx1-v100-0 GPU-dgx1-v100-3" in wide or "uuids" in wide
+    presets = gputopo("presets", "-o", "wide").stdout
+    assert any(line.startswith("gb200-tray") and "50 GB/s/link" in line for line in presets.splitlines())
+    bad = gputopo("topo", "--topology", "dgx1-v100", "-o", "xml")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "invalid choice" in bad.stderr
+
+
+def test_topo_keeps_the_nic_and_affinity_columns_of_topo_m_text() -> None:
+    source = str(Path(__file__).parent / "data" / "topo_text" / "dgx1-v100-4nic.txt")
+    out = gputopo("topo", "--topology", source)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    header = next(line.split() for line in lines if line.lstrip().startswith("GPU0"))
+    assert header[8:13] == ["NIC0", "NIC1", "NIC2", "NIC3", "NUMA"] and "Affinity" in header
+    gpu4 = next(line.split() for line in lines if line.startswith("GPU4"))
+    assert gpu4[9:13] == ["SYS", "SYS", "PIX", "PHB"] and gpu4[13:16] == ["1", "20-39,60-79", "1"]
+    assert "NICs: NIC0=mlx5_0, NIC1=mlx5_1, NIC2=mlx5_2, NIC3=mlx5_3" in lines
+    doc = json.loads(gputopo("topo", "--topology", source, "-o", "json").stdout)
+    assert doc["nics"][2] == {
+        "label": "NIC2",
+        "device": "mlx5_2",
+        "links": ["SYS"] * 4 + ["PIX", "PIX", "PHB", "PHB"],
+    }
+    assert doc["affinity"][7] == {"CPU Affinity": "20-39,60-79", "NUMA Affinity": "1"}
+    assert "nics" not in json.loads(gputopo("topo", "--topology", "dgx1-v100", "-o", "json").stdout)
+
+
+def test_status_table_stays_aligned_with_an_unhealthy_gpu() -> None:
+    from deviceplugin.cli import render_status
+
+    def gpu(i: int, healthy: bool, reason: str = "") -> dict:
+        return {"uuid": f"GPU-{i}", "index": i, "healthy": healthy, "numa": 0, "health_reason": reason,
+                "model": "H100", "pci_bus_id": f"0000:{i:02x}:00.0"}  # fmt: skip
+
+    reason = "XID 79 (GPU has fallen off the bus) " + "x" * 80
+    doc = {"version": "0.1.0", "registration": {"registered": True, "last_registration_unix": 820.0, "count": 1},
+           "devices": [gpu(0, True), gpu(1, False, reason), gpu(10, True)]}  # fmt: skip
+    text = render_status(doc, now=1000.0)
+    assert "registered: yes (last 3 min ago, 1 time since start)" in text
+    rows = [line for line in text.splitlines() if line.startswith("  ")]
+    starts = {line.index("GPU-") for line in rows[1:]}
+    assert len(starts) == 1 and rows[0].index("UUID") in starts, "the UUID column starts at one place"
+    assert rows[2].endswith("…") and len(rows[2]) < len(rows[0]) + 70, "long reasons are cut, last"
+    assert rows[2].split()[:2] == ["1", "Unhealthy"]
+    assert reason in render_status(doc, now=1000.0, wide=True)
+    assert "registered: no" in render_status({"registration": {"registered": False}}, now=0.0)

@@ -188,6 +188,9 @@ def test_wheel_carries_presets_and_protos_and_the_venv_no_pip(wheel_install: tup
         n.startswith("gputopo_proto/deviceplugin/v1beta1/") and n.endswith("_pb2_grpc.py") for n in names
     )
     assert "gputopo_kube/config.py" in names, "both daemons load their API server configuration there"
+    assert "kubectl_gputopo/cli.py" in names, "the wheel's kubectl-gputopo script has its package"
+    out = run([str(venv / "bin" / "kubectl-gputopo"), "--version"])
+    assert out.returncode == 0 and out.stdout.strip() == "kubectl gputopo 0.1.0", out.stderr
     assert not list((venv / "bin").glob("pip*")), "the runtime venv must not carry pip"
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 import copy
 import json
 import re
+import tempfile
 import tomllib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -382,9 +384,10 @@ def test_extra_env_and_args_reach_the_daemons_which_accept_them() -> None:
 def test_per_node_plugin_configs_are_one_configmap_mounted_at_the_config_dir() -> None:
     configs = {"dgx-h100": {"nvlinkGbpsPerLink": 25}, "pcie-l40s": {"pcieGbps": {"PIX": 24}}}
     docs = render_chart({"plugin": {"config": configs}})
-    cm = one(docs, "ConfigMap", "gputopo-device-plugin-config")
+    cm = one(docs, "ConfigMap", "gputopo-node-configs")
+    # keys are the config names the plugin's node label selects; values its config files
     assert {k: yaml.safe_load(v) for k, v in cm["data"].items()} == {
-        f"{k}.yaml": v for k, v in configs.items()
+        k: {"version": "v1", **v} for k, v in configs.items()
     }
     ds = one(docs, "DaemonSet")
     spec = ds["spec"]["template"]["spec"]
@@ -392,11 +395,22 @@ def test_per_node_plugin_configs_are_one_configmap_mounted_at_the_config_dir() -
     (vol,) = [v for v in spec["volumes"] if v.get("configMap", {}).get("name") == cm["metadata"]["name"]]
     (mount,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
     env = {e["name"]: e.get("value") for e in c["env"]}
-    assert env["GPUTOPO_CONFIG_DIR"] == mount["mountPath"] == "/etc/gputopo/config.d" and mount["readOnly"]
-    assert env["GPUTOPO_NODE_CONFIG_LABEL"] == "gputopo.io/config"
+    assert env["GPUTOPO_CONFIG_DIR"] == mount["mountPath"] == "/etc/gputopo/node-configs" and mount["readOnly"]
+    assert vol["configMap"]["optional"] is True
+    assert "GPUTOPO_NODE_CONFIG_LABEL" not in env  # the plugin's default label
     assert "checksum/plugin-config" in ds["spec"]["template"]["metadata"]["annotations"]
-    # Without configs nothing of it is rendered.
-    assert not [d for d in render_chart({}) if d["metadata"]["name"] == "gputopo-device-plugin-config"]
+    # the plugin's own loader reads what the chart renders
+    from deviceplugin.nodeconfig import config_names
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for k, v in cm["data"].items():
+            (Path(tmp) / k).write_text(v, encoding="utf-8")
+        assert config_names(tmp) == sorted(configs)
+    other = render_chart({"plugin": {"config": configs, "nodeConfigLabel": "example.com/gpu-profile"}})
+    c2 = one(other, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e.get("value") for e in c2["env"]}["GPUTOPO_NODE_CONFIG_LABEL"] == "example.com/gpu-profile"
+    # Without configs the ConfigMap is not rendered; the optional mount stays for one made elsewhere.
+    assert not [d for d in render_chart({}) if d["metadata"]["name"] == "gputopo-node-configs"]
 
 
 # ------------------------------------------------------------------ monitoring

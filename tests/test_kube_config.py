@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gputopo_kube import KubeConfigError, load_configuration
+from gputopo_kube import KubeConfigError, load_configuration, user_configuration
 from tests.kubelet_fake import short_tmpdir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,3 +98,48 @@ def test_the_plugin_that_must_publish_refuses_a_bad_kubeconfig_with_one_line(fol
     assert proc.returncode == 1
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and "node publication" in lines[0] and str(path) in lines[0], proc.stderr
+
+
+# ---------------------------------------------------------------- a person's kubeconfig (kubectl gputopo)
+
+
+def two_contexts(path: Path) -> Path:
+    path.write_text(
+        GOOD.replace(
+            "contexts: [{name: x, context: {cluster: c, user: u}}]",
+            "contexts: [{name: x, context: {cluster: c, user: u, namespace: ml}}, {name: y, context: {cluster: c, user: u}}]",
+        )
+    )
+    return path
+
+
+def test_user_configuration_takes_the_context_and_its_namespace(tmp_path: Path) -> None:
+    path = two_contexts(tmp_path / "kubeconfig")
+    cfg, namespace = user_configuration(str(path))
+    assert cfg.host == "https://10.0.0.1:6443" and namespace == "ml"
+    assert user_configuration(str(path), "y")[1] == "default", "a context without a namespace"
+    with pytest.raises(KubeConfigError) as info:
+        user_configuration(str(path), "nope")
+    assert "nope" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_user_configuration_reads_kubeconfig_before_in_cluster(tmp_path: Path) -> None:
+    """The opposite order of the daemons': in a debug pod with a kubeconfig, the kubeconfig wins;
+    with neither, one line says so."""
+    path = two_contexts(tmp_path / "kubeconfig")
+    code = "from gputopo_kube import user_configuration as u; c, n = u(); print(c.host, n)"
+    base = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KUBERNETES_SERVICE_HOST": "10.0.0.9",
+            "KUBERNETES_SERVICE_PORT": "443"}  # fmt: skip
+    env = dict(base, KUBECONFIG=os.pathsep.join([str(tmp_path / "missing"), str(path)]))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env
+    )
+    assert out.returncode == 0 and out.stdout.split() == ["https://10.0.0.1:6443", "ml"], out.stderr
+    code = (
+        "from gputopo_kube import KubeConfigError, user_configuration as u\n"
+        "try:\n    u()\nexcept KubeConfigError as e:\n    print(e)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, env=base
+    )
+    assert out.returncode == 0 and out.stdout.startswith("no kubeconfig") and out.stdout.count("\n") == 1

@@ -295,3 +295,10 @@ def test_topology_with_a_reserved_uuid_exits_2(folder: Path) -> None:
     last = err.decode().splitlines()[-1]
     assert last.startswith("deviceplugin: error: topology:") and "reserved" in last
     assert not (folder / defaults.SOCKET_NAME).exists()
+
+
+def test_version() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "deviceplugin", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "python -m deviceplugin 0.1.0"

@@ -107,7 +107,8 @@ def test_metrics_listen_serves_prometheus_beside_the_loopback_extender(tmp_path:
             if {"listening", "metrics_listening"} <= events:
                 break
         text = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=10).read().decode()
-        assert "gputopo_extender_request_seconds" in text
+        assert "gputopo_extender_request_seconds" in text and "gputopo_build_info{" in text
+        assert "gputopo_node_annotation_age_seconds" not in text, "a snapshot file's ages mean nothing"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     finally:
@@ -130,3 +131,57 @@ def test_metrics_listen_port_taken_exits_1(tmp_path: Path) -> None:
         )
     assert out.returncode == 1
     assert out.stderr.strip().endswith("Address already in use") or "cannot listen" in out.stderr
+
+
+def test_version() -> None:
+    out = run("--version")
+    assert out.returncode == 0 and out.stdout.strip() == "python -m scheduler 0.1.0"
+
+
+def test_live_mode_exports_annotation_ages_from_the_watched_nodes(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    from gputopo.annotation import encode, make
+    from gputopo.topofile import load_preset
+    from tests import fake_apiserver as fk
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        mport = s.getsockname()[1]
+    with fk.running() as (api, server, _):
+        text = encode(
+            make("n1", load_preset("dgx-a100"), generated_at=time.time() - 120, plugin_version="0.1.0")
+        )
+        api.put("nodes", fk.node("n1", annotations={"gputopo.io/topology": text}))
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            f"apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: '{server.url}'}}}}]\n"
+            "users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+            "current-context: x\n"
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "scheduler", "--kubeconfig", str(kubeconfig), "--listen", "127.0.0.1:0",
+             "--metrics-listen", f"127.0.0.1:{mport}"],
+            cwd=ROOT, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 30
+            body = ""
+            while "gputopo_node_annotation_age_seconds_gcount 1.0" not in body:
+                assert time.monotonic() < deadline, body[-2000:]
+                time.sleep(0.2)
+                try:
+                    body = (
+                        urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode()
+                    )
+                except OSError:
+                    continue
+            assert 'gputopo_node_annotation_age_seconds_bucket{le="60"} 0.0' in body
+            assert 'gputopo_node_annotation_age_seconds_bucket{le="300"} 1.0' in body
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=20) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

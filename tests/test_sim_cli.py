@@ -175,3 +175,18 @@ def test_the_generator_sizes_jobs_and_load_by_the_free_gpus_of_a_cluster_file(tm
         r = sim("--cluster", str(full), *args)
         assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
         assert "every GPU of the cluster is allocated" in r.stderr
+
+
+def test_yaml_output_is_the_json_document() -> None:
+    import yaml
+
+    args = ("--pods", "200", "--policies", "gputopo,kubelet-default")
+    as_json = json.loads(sim(*args, "-o", "json").stdout)
+    as_yaml = yaml.safe_load(sim(*args, "-o", "yaml").stdout)
+    for doc in (as_json, as_yaml):
+        for result in doc["results"]:
+            result.pop("seconds")  # wall time of the run itself
+    assert as_yaml == as_json and [r["policy"] for r in as_json["results"]] == ["gputopo", "kubelet-default"]
+    wide = sim(*args, "-o", "wide")
+    assert wide.returncode == 0 and "communication model: allreduce_bytes 1e+09, compute_s 0.2" in wide.stdout
+    assert "leaf 25" in wide.stdout.splitlines()[-1]

@@ -16,6 +16,7 @@ from gputopo.topofile import (
     load_preset,
     load_topology,
     parse_topo_text,
+    parse_topo_text_detail,
     parse_topology,
     parse_topology_json,
 )
@@ -80,6 +81,27 @@ def test_printed_text_parses_back(t: Topology, sep: str, nics: list[str]) -> Non
     back = parse_topo_text(format_topo_text(t, sep=sep, nics=nics), name="rt")
     assert codes(back) == codes(t)
     assert [g.numa for g in back.gpus] == [g.numa for g in t.gpus]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    topologies(min_gpus=1, max_gpus=8),
+    st.sampled_from(["    ", "\t"]),
+    st.lists(st.sampled_from(["mlx5_0", "mlx5_1", "ib0"]), max_size=3),
+)
+def test_the_nic_and_affinity_columns_are_kept(t: Topology, sep: str, nics: list[str]) -> None:
+    """What `gputopo topo` shows beyond the GPU matrix: every NIC with its legend name, each
+    GPU's code to it (format_topo_text prints SYS), and the affinity cells as printed."""
+    from gputopo.cli import render_topo
+
+    back, host = parse_topo_text_detail(format_topo_text(t, sep=sep, nics=nics), name="rt")
+    assert codes(back) == codes(t)
+    assert host.nics == tuple((f"NIC{k}", nic) for k, nic in enumerate(nics))
+    assert host.gpu_nic == tuple(("SYS",) * len(nics) for _ in range(t.n))
+    assert host.affinity_columns == ("CPU Affinity", "NUMA Affinity")
+    assert [row[1] for row in host.affinity] == ["N/A" if g.numa is None else str(g.numa) for g in t.gpus]
+    text = render_topo(back, host)
+    assert all(label in text for label, _ in host.nics) and "CPU Affinity" in text
 
 
 def test_printed_text_of_presets_parses_back() -> None:
@@ -315,3 +337,21 @@ def test_load_topology_missing_file_and_empty(tmp_path: Path) -> None:
         load_topology(" ")
     with pytest.raises(TopologyError, match="is a directory, not a regular file"):
         load_topology(str(tmp_path))
+
+
+SHARED_TOPOLOGIES = Path(__file__).resolve().parents[2] / "shared" / "topologies"
+
+
+@pytest.mark.skipif(not SHARED_TOPOLOGIES.is_dir(), reason="the shared fixtures sit beside the checkout")
+def test_every_preset_equals_its_shared_fixture() -> None:
+    for name in list_presets():
+        fixture = SHARED_TOPOLOGIES / f"{name}.json"
+        if fixture.is_file():
+            shared = parse_topology_json(fixture.read_text(encoding="utf-8"), name=name)
+            assert load_preset(name).to_dict() == shared.to_dict(), name
+
+
+def test_gb200_tray_runs_nvlink5_at_50_gbps_per_link() -> None:
+    t = load_preset("gb200-tray")
+    assert t.settings.nvlink_gbps_per_link == 50.0
+    assert t.gbps(0, 3) == 900.0  # NV18 x 50 GB/s: 900 GB/s per GPU, one direction

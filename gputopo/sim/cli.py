@@ -5,7 +5,6 @@ any simulation starts, so a typo never costs a minute of waiting."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from typing import Any, NoReturn, TextIO
 
 import numpy as np
 
+from gputopo.output import add_output_arguments, dump, is_machine
 from gputopo.sim.comm import CommModel
 from gputopo.sim.engine import Progress, RunConfig, compare
 from gputopo.sim.plot import PlotUnavailable, check_available, write_plot
@@ -101,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--compute-s", type=float, default=0.2, help="compute time per step, s (default 0.2)")
     g = parser.add_argument_group("output")
-    g.add_argument("--json", action="store_true", help="print a JSON document instead of the table")
+    add_output_arguments(g)  # wide: the table, then the communication model's constants
     g.add_argument("--plot", metavar="PNG", help="also draw the comparison into this PNG (needs matplotlib)")
     g.add_argument("--progress", action="store_true", help="show a progress bar even when stderr is no TTY")
 
@@ -130,16 +130,21 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     config = RunConfig(mode=mode, seed=args.seed, comm=comm, lifecycle=lifecycle)
     total_pods = sum(len(j.pods) for j in jobs)
     results = compare(cluster, jobs, policies, config, progress=_progress_factory(args, err, total_pods))
-    if args.json:
-        out.write(json.dumps(document(results, header, comm), indent=1) + "\n")
+    if is_machine(args.output):
+        out.write(dump(document(results, header, comm), args.output) + "\n")
     else:
         out.write(render_table(results, header) + "\n")
+        if args.output == "wide":
+            model = document(results, header, comm)["comm_model"]
+            levels = ", ".join(f"{k.rsplit('/', 1)[-1]} {v:g}" for k, v in model.pop("level_gbps").items())
+            constants = ", ".join(f"{k} {v:g}" for k, v in model.items() if isinstance(v, (int, float)))
+            out.write(f"communication model: {constants}; GB/s per GPU by level: {levels}\n")
     if args.plot is not None:
         try:
             write_plot(results, args.plot, f"{header['workload']} on {header['cluster']}")
         except OSError as e:  # the folder exists (checked up front) but does not take the file
             raise UsageError(f"--plot {args.plot}: cannot write: {e.strerror or e}") from None
-        if not args.json:
+        if not is_machine(args.output):
             out.write(f"plot written to {args.plot}\n")
     return 0
 

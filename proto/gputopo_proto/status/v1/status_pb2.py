@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$gputopo_proto/status/v1/status.proto\x12\x11gputopo.status.v1\"\x12\n\x10GetStatusRequest\"\x92\x01\n\x0c\x44\x65viceStatus\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x11\n\x04numa\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x15\n\rhealth_reason\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\x12\x12\n\npci_bus_id\x18\x07 \x01(\tB\x07\n\x05_numa\"\x84\x01\n\x12RegistrationStatus\x12\x12\n\nregistered\x18\x01 \x01(\x08\x12\x1e\n\x16last_registration_unix\x18\x02 \x01(\x01\x12\r\n\x05\x63ount\x18\x03 \x01(\x05\x12\x12\n\nlast_error\x18\x04 \x01(\t\x12\x17\n\x0f\x66\x61iled_attempts\x18\x05 \x01(\x05\"\xae\x02\n\x11GetStatusResponse\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x13\n\x0bkubelet_dir\x18\x02 \x01(\t\x12\x13\n\x0bsocket_name\x18\x03 \x01(\t\x12\x15\n\rtopology_name\x18\x04 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\x12\x11\n\tnode_name\x18\x06 \x01(\t\x12\x30\n\x07\x64\x65vices\x18\x07 \x03(\x0b\x32\x1f.gputopo.status.v1.DeviceStatus\x12;\n\x0cregistration\x18\x08 \x01(\x0b\x32%.gputopo.status.v1.RegistrationStatus\x12\x1c\n\x14\x64\x65vice_list_strategy\x18\t \x01(\t\x12\x10\n\x08watchers\x18\n \x01(\x05\x32\x62\n\x06Status\x12X\n\tGetStatus\x12#.gputopo.status.v1.GetStatusRequest\x1a$.gputopo.status.v1.GetStatusResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$gputopo_proto/status/v1/status.proto\x12\x11gputopo.status.v1\"\x12\n\x10GetStatusRequest\"\x92\x01\n\x0c\x44\x65viceStatus\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x11\n\x04numa\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x15\n\rhealth_reason\x18\x05 \x01(\t\x12\r\n\x05model\x18\x06 \x01(\t\x12\x12\n\npci_bus_id\x18\x07 \x01(\tB\x07\n\x05_numa\"\x84\x01\n\x12RegistrationStatus\x12\x12\n\nregistered\x18\x01 \x01(\x08\x12\x1e\n\x16last_registration_unix\x18\x02 \x01(\x01\x12\r\n\x05\x63ount\x18\x03 \x01(\x05\x12\x12\n\nlast_error\x18\x04 \x01(\t\x12\x17\n\x0f\x66\x61iled_attempts\x18\x05 \x01(\x05\"\xbf\x02\n\x11GetStatusResponse\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x13\n\x0bkubelet_dir\x18\x02 \x01(\t\x12\x13\n\x0bsocket_name\x18\x03 \x01(\t\x12\x15\n\rtopology_name\x18\x04 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\x12\x11\n\tnode_name\x18\x06 \x01(\t\x12\x30\n\x07\x64\x65vices\x18\x07 \x03(\x0b\x32\x1f.gputopo.status.v1.DeviceStatus\x12;\n\x0cregistration\x18\x08 \x01(\x0b\x32%.gputopo.status.v1.RegistrationStatus\x12\x1c\n\x14\x64\x65vice_list_strategy\x18\t \x01(\t\x12\x10\n\x08watchers\x18\n \x01(\x05\x12\x0f\n\x07version\x18\x0b \x01(\t2b\n\x06Status\x12X\n\tGetStatus\x12#.gputopo.status.v1.GetStatusRequest\x1a$.gputopo.status.v1.GetStatusResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,7 +38,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTRATIONSTATUS']._serialized_start=229
   _globals['_REGISTRATIONSTATUS']._serialized_end=361
   _globals['_GETSTATUSRESPONSE']._serialized_start=364
-  _globals['_GETSTATUSRESPONSE']._serialized_end=666
-  _globals['_STATUS']._serialized_start=668
-  _globals['_STATUS']._serialized_end=766
+  _globals['_GETSTATUSRESPONSE']._serialized_end=683
+  _globals['_STATUS']._serialized_start=685
+  _globals['_STATUS']._serialized_end=783
 # @@protoc_insertion_point(module_scope)

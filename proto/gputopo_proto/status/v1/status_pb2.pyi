@@ -43,7 +43,7 @@ class RegistrationStatus(_message.Message):
     def __init__(self, registered: _Optional[bool] = ..., last_registration_unix: _Optional[float] = ..., count: _Optional[int] = ..., last_error: _Optional[str] = ..., failed_attempts: _Optional[int] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("resource_name", "kubelet_dir", "socket_name", "topology_name", "backend", "node_name", "devices", "registration", "device_list_strategy", "watchers")
+    __slots__ = ("resource_name", "kubelet_dir", "socket_name", "topology_name", "backend", "node_name", "devices", "registration", "device_list_strategy", "watchers", "version")
     RESOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
     KUBELET_DIR_FIELD_NUMBER: _ClassVar[int]
     SOCKET_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class GetStatusResponse(_message.Message):
     REGISTRATION_FIELD_NUMBER: _ClassVar[int]
     DEVICE_LIST_STRATEGY_FIELD_NUMBER: _ClassVar[int]
     WATCHERS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     resource_name: str
     kubelet_dir: str
     socket_name: str
@@ -64,4 +65,5 @@ class GetStatusResponse(_message.Message):
     registration: RegistrationStatus
     device_list_strategy: str
     watchers: int
-    def __init__(self, resource_name: _Optional[str] = ..., kubelet_dir: _Optional[str] = ..., socket_name: _Optional[str] = ..., topology_name: _Optional[str] = ..., backend: _Optional[str] = ..., node_name: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ..., registration: _Optional[_Union[RegistrationStatus, _Mapping]] = ..., device_list_strategy: _Optional[str] = ..., watchers: _Optional[int] = ...) -> None: ...
+    version: str
+    def __init__(self, resource_name: _Optional[str] = ..., kubelet_dir: _Optional[str] = ..., socket_name: _Optional[str] = ..., topology_name: _Optional[str] = ..., backend: _Optional[str] = ..., node_name: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[DeviceStatus, _Mapping]]] = ..., registration: _Optional[_Union[RegistrationStatus, _Mapping]] = ..., device_list_strategy: _Optional[str] = ..., watchers: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
