@@ -297,7 +297,9 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             self._handover.fill(resp, ids, [_minor(snap, i) for i in ids])
             self._allocate_ok.inc()
             indices = [snap.index_of(i) for i in ids]
-            self._metrics.observe_ring("Allocate", snap.allocator.exact, [i for i in indices if i is not None])
+            self._metrics.observe_ring(
+                "Allocate", snap.allocator.exact, [i for i in indices if i is not None]
+            )
             jsonlog.event(
                 log,
                 "allocate",

@@ -395,7 +395,9 @@ def test_per_node_plugin_configs_are_one_configmap_mounted_at_the_config_dir() -
     (vol,) = [v for v in spec["volumes"] if v.get("configMap", {}).get("name") == cm["metadata"]["name"]]
     (mount,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
     env = {e["name"]: e.get("value") for e in c["env"]}
-    assert env["GPUTOPO_CONFIG_DIR"] == mount["mountPath"] == "/etc/gputopo/node-configs" and mount["readOnly"]
+    assert (
+        env["GPUTOPO_CONFIG_DIR"] == mount["mountPath"] == "/etc/gputopo/node-configs" and mount["readOnly"]
+    )
     assert vol["configMap"]["optional"] is True
     assert "GPUTOPO_NODE_CONFIG_LABEL" not in env  # the plugin's default label
     assert "checksum/plugin-config" in ds["spec"]["template"]["metadata"]["annotations"]
@@ -408,7 +410,9 @@ def test_per_node_plugin_configs_are_one_configmap_mounted_at_the_config_dir() -
         assert config_names(tmp) == sorted(configs)
     other = render_chart({"plugin": {"config": configs, "nodeConfigLabel": "example.com/gpu-profile"}})
     c2 = one(other, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
-    assert {e["name"]: e.get("value") for e in c2["env"]}["GPUTOPO_NODE_CONFIG_LABEL"] == "example.com/gpu-profile"
+    assert {e["name"]: e.get("value") for e in c2["env"]}[
+        "GPUTOPO_NODE_CONFIG_LABEL"
+    ] == "example.com/gpu-profile"
     # Without configs the ConfigMap is not rendered; the optional mount stays for one made elsewhere.
     assert not [d for d in render_chart({}) if d["metadata"]["name"] == "gputopo-node-configs"]
 

@@ -192,7 +192,9 @@ def test_nodes_lists_every_gpu_node_and_one_bad_annotation_costs_one_row(
         fk.node(
             "h100-1",
             {"pool": "h"},
-            annotations={KEY: ann("h100-1", "hgx-h100", at=NOW - 30, unhealthy=(7,), policy="best-effort-pairs")},
+            annotations={
+                KEY: ann("h100-1", "hgx-h100", at=NOW - 30, unhealthy=(7,), policy="best-effort-pairs")
+            },
         ),
     )
     api.put(
