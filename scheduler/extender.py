@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from gputopo import jsonlog
 from gputopo.allocator import AllocationError
+from gputopo.clusterobjective import ClusterObjective, DemandMix
 from gputopo.gang import GangPlan, NodeView
 from gputopo.gangs import Decision, Event, GangAsk, GangMember, GangTracker, Planned, Refused
 from gputopo.placement import node_scores
@@ -64,13 +65,17 @@ class Extender:
         self.ttl_s = ttl_s
         self.gangs = GangTracker(self.levels, ttl_s=ttl_s, backoff_s=backoff_s)
         self.cache = ClusterCache(self.levels, NodeGuard(self.metrics))
+        # single pods are ranked by the cluster-level objective (gputopo/clusterobjective.py)
+        # over the GPU demand of the pods this sidecar has been asked about
+        self.objective = ClusterObjective(DemandMix())
+        self._observed: dict[str, None] = {}  # pods already counted in the mix (bounded, oldest out)
         self._lock = threading.Lock()
         self._binding: set[str] = set()  # pods whose API call of a bind is in flight
         self._swept: object = None  # (snapshot version, assumed version) last swept
         # node scores per views object: (views, {(gpus, names): scores}); swapped whole
-        self._scores: tuple[dict[str, NodeView], dict[tuple[int, tuple[str, ...]], dict[str, int]]] | None = (
-            None
-        )
+        self._scores: (
+            tuple[dict[str, NodeView], dict[tuple[int, tuple[str, ...], int], dict[str, int]]] | None
+        ) = None
 
     @property
     def reservations(self) -> Reservations:
@@ -149,6 +154,7 @@ class Extender:
             self.state.observe(pod)
             snap, views = self._current(now)
             pod = _with_resolved_gang(pod, snap)
+            self._observe_demand(pod)
             if pod.gang is not None and pod.gpus > 0:
                 return self._filter_gang(pod, names, snap, views, now)
             fit = self.cache.fit(views, pod.gpus) if pod.gpus else None
@@ -168,6 +174,16 @@ class Extender:
             reason="nodes with enough free GPUs (reservations counted as taken)",
         )
         return FilterResult(ok, failed)
+
+    def _observe_demand(self, pod: PodInfo) -> None:
+        """Count a pod's GPU request in the demand mix once (caller holds the lock)."""
+        key = f"{pod.key}/{pod.uid}"
+        if pod.gpus <= 0 or key in self._observed:
+            return
+        if len(self._observed) >= 100_000:
+            del self._observed[next(iter(self._observed))]
+        self._observed[key] = None
+        self.objective.mix.observe(pod.gpus, gang=pod.gang is not None)
 
     def _filter_gang(
         self, pod: PodInfo, names: Sequence[str], snap: Snapshot, views: dict[str, NodeView], now: float
@@ -209,13 +225,18 @@ class Extender:
             return [(n, 10 if n == planned else 0) for n in names]
         if pod.gpus == 0:
             return [(n, 0) for n in names]
-        key = (pod.gpus, tuple(names))
+        key = (pod.gpus, tuple(names), self.objective.mix.version)
         cached = self._scores
         if cached is None or cached[0] is not views or len(cached[1]) > 64:
             cached = self._scores = (views, {})
         scores = cached[1].get(key)
         if scores is None:
-            scores = node_scores(pod.gpus, [views[n] for n in names if n in views], memo=self.gangs.memo())
+            scores = node_scores(
+                pod.gpus,
+                [views[n] for n in names if n in views],
+                memo=self.gangs.memo(),
+                objective=self.objective,
+            )
             cached[1][key] = scores
         jsonlog.event(
             log,

@@ -112,3 +112,39 @@ def test_scores_rank_every_fitting_node_and_refuse_the_rest(gpus: int, frees: li
         top = max(scores.values())
         winners = [n for n in effs if scores[n] == top]
         assert all(effs[n] >= 0.95 * max(effs.values()) - 1e-9 for n in winners)
+
+
+def test_the_sidecar_prioritizes_by_the_cluster_objective_over_http() -> None:
+    """Through the extender's real HTTP server: a 1-GPU pod is steered to the PCIe box, an
+    8-GPU ring to the NVSwitch box, and filtering a pod twice counts its demand once."""
+    from gputopo.cluster import parse_cluster
+    from scheduler import defaults
+    from scheduler.extender import Extender
+    from scheduler.server import Server
+    from scheduler.state import from_cluster
+    from tests import fake_apiserver as fk
+    from tests.test_scheduler_http import Client, args
+
+    nodes = [{"name": "h100", "gpus": "hgx-h100"}, {"name": "pcie", "gpus": "pcie8-plx"}]
+    state = from_cluster(parse_cluster({"nodes": nodes}))
+    ext = Extender(state, defaults.DEFAULT_LEVELS, clock=lambda: 1000.0)
+    server = Server(ext, "127.0.0.1", 0)
+    server.start()
+    try:
+        client = Client(server)
+        names = ["h100", "pcie"]
+
+        def best(gpus: int, name: str) -> str:
+            status, out = client.post("/prioritize", args(fk.pod("ml", name, gpus), names))
+            assert status == 200
+            scores = {h["Host"]: h["Score"] for h in out}
+            return max(scores, key=lambda n: scores[n])
+
+        assert best(1, "one") == "pcie"
+        assert best(8, "eight") == "h100"
+        before = ext.objective.mix.version
+        for _ in range(2):
+            client.post("/filter", args(fk.pod("ml", "again", 2), names))
+        assert ext.objective.mix.version == before + 1
+    finally:
+        server.stop()

@@ -69,7 +69,7 @@ def test_a_single_pod_goes_to_a_node_with_the_best_kube_scheduler_total(busy: li
         return
     assert isinstance(got, tuple)
     views = [policy._view(i, state.mask[i]) for i in fits]
-    ext = node_scores(size, views)
+    ext = node_scores(size, views, objective=policy.objective)  # the extender as deployed
     totals = {
         i: kubesched.total_score(ext[v.name], len(v.free) - size, v.gpu_count)
         for i, v in zip(fits, views, strict=True)

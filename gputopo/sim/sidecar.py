@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from gputopo import gangs, kubesched
 from gputopo.allocator import Allocator
+from gputopo.clusterobjective import ClusterObjective, DemandMix
 from gputopo.gang import ChoiceMemo, NodeView
 from gputopo.gangs import GangAsk, GangMember, GangTracker, Refused, Wait
 from gputopo.network import NetworkIndex
@@ -81,6 +82,10 @@ class SidecarPolicy:
         self._planner = planner
         self._binds = random.Random(rng.random())  # its own stream: failures do not shift choices
         self._memo = ChoiceMemo()
+        # single pods: the cluster-level objective over the demand seen so far (as the sidecar)
+        self.objective = ClusterObjective(DemandMix())
+        self.objective.learn(allocators)
+        self._seen_jobs: set[int] = set()
         self._views: dict[tuple[int, int], NodeView] = {}
         self._index = {node.name: i for i, node in enumerate(cluster.nodes)}
         self._names = [node.name for node in cluster.nodes]
@@ -128,7 +133,7 @@ class SidecarPolicy:
         if not classes:
             return Failure(f"no node has {size} free GPUs")
         views = [self._view(min(members), mask) for members, mask in classes]
-        scores = node_scores(size, views, memo=self._memo)
+        scores = node_scores(size, views, memo=self._memo, objective=self.objective)
         scored = [
             (kubesched.total_score(scores[v.name], len(v.free) - size, v.gpu_count), len(members))
             for v, (members, _) in zip(views, classes, strict=True)
@@ -144,6 +149,10 @@ class SidecarPolicy:
 
     def place(self, state: ClusterState, job: Job) -> list[Slot] | Failure:
         """All pods of the job, or a Failure; the state is left unchanged either way."""
+        if job.id not in self._seen_jobs:  # the sidecar sees each pod when it is first filtered
+            self._seen_jobs.add(job.id)
+            for size in job.pods:
+                self.objective.mix.observe(size, gang=job.is_gang)
         if not job.is_gang:
             got = self.place_pod(state, job.pods[0])
             return got if isinstance(got, Failure) else [got]
