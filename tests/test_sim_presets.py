@@ -156,3 +156,11 @@ def test_a_bad_preset_is_one_line_and_exit_2(args: list[str], message: str) -> N
     r = sim(*args)
     assert r.returncode == 2 and message in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
+
+
+def test_the_ideal_of_a_gang_of_8_gpu_pods_is_a_leaf_not_a_tray_rack() -> None:
+    """No 4-GPU tray holds an 8-GPU pod, so the ideal such a gang is measured against is one
+    H100 leaf (25 GB/s), not the 450 GB/s NVLink domain: in one leaf it runs at the ideal."""
+    c = preset_cluster("gb200-nvl")
+    s = simulate(c, [Job(id=0, submit=0.0, duration=100.0, pods=(8, 8, 8))], "gputopo", RunConfig())
+    assert s.gangs_one_leaf == 1.0 and s.job_time_ratio == pytest.approx(1.0)
