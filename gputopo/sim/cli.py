@@ -70,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="cluster snapshot (design.md §4); default: 2 spines x 4 leaves x 8 mixed nodes",
     )
     g.add_argument(
+        "--cluster-preset",
+        metavar="NAME",
+        help=f"a named cluster shape instead of a snapshot: {', '.join(_preset_names())} "
+        "(docs/simulator.md; default: the default preset)",
+    )
+    g.add_argument(
         "--policies", default=",".join(POLICIES), help=f"comma list (default: {','.join(POLICIES)})"
     )
     g.add_argument("--seed", type=int, default=0, help="seed of the generator, fill order and kubelet order")
@@ -110,24 +116,8 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     """Validate, simulate every policy on the same arrivals, print; raises UsageError on bad input."""
     out = out or sys.stdout
     err = err or sys.stderr
-    policies = _policies(args.policies)
-    if args.seed < 0:
-        raise UsageError(f"--seed must be a non-negative integer, got {args.seed}")
-    if args.pods > MAX_PODS:
-        raise UsageError(f"--pods must be at most {MAX_PODS:,}, got {args.pods:,}")
-    comm = _comm(args)
-    lifecycle = _lifecycle(args)
-    if args.plot is not None:  # `--plot ""` is a mistake to report, not "no plot"
-        _check_plot_path(args.plot)
-    cluster = _cluster(args.cluster)
-    if not _usable(cluster):
-        raise UsageError(f"--cluster {args.cluster}: every GPU of the cluster is allocated; nothing can run")
-    jobs, header, mode = _workload(args, cluster)
-    header["gang lifecycle"] = (
-        f"members created within {lifecycle.arrival_spread_s:g} s, reservation TTL "
-        f"{lifecycle.reservation_ttl_s:g} s, bind failure rate {lifecycle.bind_failure_rate:g}"
-    )
-    config = RunConfig(mode=mode, seed=args.seed, comm=comm, lifecycle=lifecycle)
+    cluster, jobs, header, config, policies = prepare(args)
+    comm = config.comm
     total_pods = sum(len(j.pods) for j in jobs)
     results = compare(cluster, jobs, policies, config, progress=_progress_factory(args, err, total_pods))
     if is_machine(args.output):
@@ -147,6 +137,34 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
         if not is_machine(args.output):
             out.write(f"plot written to {args.plot}\n")
     return 0
+
+
+def prepare(args: argparse.Namespace) -> tuple[SimCluster, list[Job], dict[str, Any], RunConfig, list[str]]:
+    """Everything a comparison needs, validated: the cluster, the jobs (same arrivals for
+    every policy), the table's header, the run's configuration and the policies. `run` and
+    bench/bench_targets.py both start here, so the harness measures what the CLI prints."""
+    policies = _policies(args.policies)
+    if args.seed < 0:
+        raise UsageError(f"--seed must be a non-negative integer, got {args.seed}")
+    if args.pods > MAX_PODS:
+        raise UsageError(f"--pods must be at most {MAX_PODS:,}, got {args.pods:,}")
+    comm = _comm(args)
+    lifecycle = _lifecycle(args)
+    if args.plot is not None:  # `--plot ""` is a mistake to report, not "no plot"
+        _check_plot_path(args.plot)
+    preset = getattr(args, "cluster_preset", None)
+    cluster = _cluster(args.cluster, preset)
+    if not _usable(cluster):
+        raise UsageError(f"--cluster {args.cluster}: every GPU of the cluster is allocated; nothing can run")
+    jobs, header, mode = _workload(args, cluster)
+    if preset is not None:
+        header["cluster"] = f"preset {preset}: {header['cluster']}"
+    header["gang lifecycle"] = (
+        f"members created within {lifecycle.arrival_spread_s:g} s, reservation TTL "
+        f"{lifecycle.reservation_ttl_s:g} s, bind failure rate {lifecycle.bind_failure_rate:g}"
+    )
+    config = RunConfig(mode=mode, seed=args.seed, comm=comm, lifecycle=lifecycle)
+    return cluster, jobs, header, config, policies
 
 
 def _policies(text: str) -> list[str]:
@@ -200,9 +218,23 @@ def _check_plot_path(path: str) -> None:
         raise UsageError(f"--plot {path}: directory {target.parent} does not exist")
 
 
-def _cluster(path: str | None) -> SimCluster:
-    from gputopo.sim.clusters import default_cluster, load_cluster_file
+def _preset_names() -> list[str]:
+    from gputopo.sim.clusters import CLUSTER_PRESETS
 
+    return list(CLUSTER_PRESETS)
+
+
+def _cluster(path: str | None, preset: str | None = None) -> SimCluster:
+    from gputopo.sim.clusters import CLUSTER_PRESETS, default_cluster, load_cluster_file, preset_cluster
+
+    if preset is not None:
+        if path is not None:
+            raise UsageError("--cluster and --cluster-preset: give one of them, not both")
+        if preset not in CLUSTER_PRESETS:
+            raise UsageError(
+                f"--cluster-preset {preset!r}: unknown preset (known: {', '.join(CLUSTER_PRESETS)})"
+            )
+        return preset_cluster(preset)
     if path is None:
         return default_cluster()
     try:

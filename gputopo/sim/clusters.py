@@ -1,16 +1,26 @@
-"""Clusters for the simulator: the embedded default and design.md §4 snapshot files.
+"""Clusters for the simulator: named shapes (presets) and design.md §4 snapshot files.
 
 Parsing a snapshot is gputopo.cluster's job (one parser for the scheduler and the simulator);
 this module only turns its result into the simulator's compact SimCluster, sharing one
 Topology object per distinct server model.
+
+The presets are the cluster shapes issue 10's targets are measured on: the default 64-node
+fat tree of three server kinds drawn at random, a 96-node one with seven kinds in every leaf
+(which kind of server a job gets becomes a choice inside each leaf, not only between leaves),
+and GB200 trays in NVL72-style NVLink domains beside HGX H100 leaves (a gang then has a level
+faster than its leaf). Each builds a ClusterSnapshot through gputopo.cluster.parse_cluster, so
+`preset_snapshot(name).to_dict()` is a snapshot file the scheduler's file mode reads as well.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
 
-from gputopo.cluster import ClusterSnapshot, generate_cluster, load_cluster
-from gputopo.network import HOSTNAME
+from gputopo.cluster import ClusterSnapshot, generate_cluster, load_cluster, parse_cluster
+from gputopo.network import ACCELERATOR, DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
 from gputopo.sim.state import SimCluster, SimNode
 from gputopo.topology import Topology
 
@@ -24,6 +34,98 @@ def default_cluster(
     """spines x leaves x nodes, each node drawn from DGX-1 V100, HGX H100 and PCIe-only servers
     (gputopo.cluster.generate_cluster, equal weights, fixed seed)."""
     return from_snapshot(generate_cluster(spines, leaves_per_spine, nodes_per_leaf, DEFAULT_PRESETS, seed))
+
+
+#: The seven server kinds of `mixed-leaf`, every one in every leaf: NVSwitch (DGX A100, HGX
+#: H100), hybrid cube mesh (DGX-1 V100), NVLink pairs over PCIe (A100 PCIe, L40S on 4 NUMA
+#: nodes) and PCIe only (behind PLX switches, RTX 4090 across the CPU sockets).
+MIXED_KINDS: tuple[str, ...] = (
+    "dgx-a100",
+    "hgx-h100",
+    "dgx1-v100",
+    "pcie8-plx",
+    "a100-pcie-nvlink-pairs",
+    "l40s-nv4-pairs-4numa",
+    "rtx4090-8-allsys",
+)
+#: GB200 trays (4 GPUs each) per NVL72 NVLink domain.
+NVL_TRAYS = 18
+
+
+def _default_snapshot() -> ClusterSnapshot:
+    return generate_cluster(2, 4, 8, DEFAULT_PRESETS, 0)
+
+
+def _mixed_leaf_snapshot() -> ClusterSnapshot:
+    """2 spines x 6 leaves x 8 nodes. Leaf k holds the seven kinds in an order rotated by k
+    (so no kind always has the lowest node name, which decides ties) plus an eighth node of
+    kind k mod 7: 14 nodes each of the first five kinds, 13 of the last two."""
+    nodes: list[dict[str, Any]] = []
+    for s in range(2):
+        for lf in range(6):
+            k = s * 6 + lf
+            kinds = [*MIXED_KINDS[k % 7 :], *MIXED_KINDS[: k % 7], MIXED_KINDS[k % 7]]
+            for n, kind in enumerate(kinds):
+                nodes.append(_node(f"s{s}-l{lf}-n{n}", kind, leaf=f"leaf-{s}-{lf}", spine=f"spine-{s}"))
+    return parse_cluster({"levels": list(DEFAULT_LEVELS), "nodes": nodes})
+
+
+def _gb200_nvl_snapshot() -> ClusterSnapshot:
+    """4 NVL72 racks of 18 GB200 trays (each rack one NVLink domain under its own leaf) and
+    3 leaves of 8 HGX H100 nodes; spine 0 has racks 0-1 and H100 leaf 0, spine 1 the rest.
+    The H100 nodes are there because a job of 8 GPUs is one 8-GPU pod (and a larger job a gang
+    of them), which no 4-GPU tray can hold: without them a third of the Helios jobs could
+    never run."""
+    nodes: list[dict[str, Any]] = []
+    for r in range(4):
+        for t in range(NVL_TRAYS):
+            name = f"nvl{r}-t{t:02d}"
+            nodes.append(
+                _node(name, "gb200-tray", leaf=f"leaf-nvl{r}", spine=f"spine-{r // 2}", nvl=f"nvl72-{r}")
+            )
+    for h in range(3):
+        for n in range(8):
+            nodes.append(
+                _node(f"h100-l{h}-n{n}", "hgx-h100", leaf=f"leaf-h100-{h}", spine=f"spine-{min(h, 1)}")
+            )
+    return parse_cluster({"levels": list(DEFAULT_LEVELS), "nodes": nodes})
+
+
+def _node(name: str, kind: str, *, leaf: str, spine: str, nvl: str | None = None) -> dict[str, Any]:
+    """One snapshot node; `nvl` is its multi-node NVLink domain (the accelerator level)."""
+    labels = {HOSTNAME: name, LEAF: leaf, SPINE: spine}
+    if nvl is not None:
+        labels[ACCELERATOR] = nvl
+    return {"name": name, "labels": labels, "gpus": kind}
+
+
+#: Cluster presets by name, with the one line `gputopo simulate --help` and docs show.
+CLUSTER_PRESETS: Mapping[str, tuple[Callable[[], ClusterSnapshot], str]] = MappingProxyType(
+    {
+        "default": (
+            _default_snapshot,
+            "64 nodes / 512 GPUs, 2 spines x 4 leaves x 8, DGX-1 V100 / HGX H100 / PCIe PLX drawn at random",
+        ),
+        "mixed-leaf": (
+            _mixed_leaf_snapshot,
+            "96 nodes / 768 GPUs, 2 spines x 6 leaves x 8, all 7 server kinds in every leaf",
+        ),
+        "gb200-nvl": (
+            _gb200_nvl_snapshot,
+            "96 nodes / 480 GPUs: 4 NVL72 NVLink domains of 18 GB200 trays + 3 leaves of 8 HGX H100",
+        ),
+    }
+)
+
+
+def preset_snapshot(name: str) -> ClusterSnapshot:
+    """The named preset as a snapshot; KeyError for an unknown name (callers list the known)."""
+    return CLUSTER_PRESETS[name][0]()
+
+
+def preset_cluster(name: str) -> SimCluster:
+    """The named preset in the simulator's form; KeyError for an unknown name."""
+    return from_snapshot(preset_snapshot(name))
 
 
 def load_cluster_file(path: str) -> SimCluster:

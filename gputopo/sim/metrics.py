@@ -147,7 +147,9 @@ class Recorder:
             level = self.cluster.common_level(nodes) if len(set(nodes)) > 1 else HOSTNAME
             ring_gbps = min(ring_gbps, self.comm.network_gbps(level))
             fewest_nodes = min(len(slots), -(-job.gpus // self._largest_node))
-            ideal_gbps = min(ideal_gbps, self.comm.network_gbps(self._ideal_level(fewest_nodes)))
+            ideal_gbps = min(
+                ideal_gbps, self.comm.network_gbps(self._ideal_level(fewest_nodes, max(job.pods)))
+            )
         if job.gpus < 2:
             return 1.0
         stretch = self.comm.step_s(job.gpus, ring_gbps) / self.comm.step_s(job.gpus, ideal_gbps)
@@ -213,22 +215,31 @@ class Recorder:
         )
 
 
-def _ideal_levels(cluster: SimCluster) -> Callable[[int], str | None]:
-    """For m nodes: the smallest level (above one node) with a domain of at least m nodes."""
-    sizes: list[tuple[str, int]] = []
-    for level in cluster.levels:
-        if level == HOSTNAME:
-            continue
-        counts: dict[str, int] = {}
-        for i in range(len(cluster.nodes)):
-            d = cluster.domain(i, level)
-            counts[d] = counts.get(d, 0) + 1
-        sizes.append((level, max(counts.values())))
+def _ideal_levels(cluster: SimCluster) -> Callable[[int, int], str | None]:
+    """For m nodes of pods up to `pod_gpus` GPUs: the smallest level (above one node) with a
+    domain of at least m nodes that can hold such a pod. Counting every node would promise a
+    gang of 8-GPU pods the NVLink domain of 4-GPU GB200 trays, an ideal no policy can reach."""
+    per_size: dict[int, list[tuple[str, int]]] = {}
 
-    def ideal(m: int) -> str | None:
+    def sizes(pod_gpus: int) -> list[tuple[str, int]]:
+        hit = per_size.get(pod_gpus)
+        if hit is None:
+            fits = [i for i, n in enumerate(cluster.nodes) if cluster.topologies[n.topology].n >= pod_gpus]
+            hit = per_size[pod_gpus] = []
+            for level in cluster.levels:
+                if level == HOSTNAME:
+                    continue
+                counts: dict[str, int] = {}
+                for i in fits:
+                    d = cluster.domain(i, level)
+                    counts[d] = counts.get(d, 0) + 1
+                hit.append((level, max(counts.values(), default=0)))
+        return hit
+
+    def ideal(m: int, pod_gpus: int = 1) -> str | None:
         if m <= 1:
             return HOSTNAME
-        for level, biggest in sizes:
+        for level, biggest in sizes(pod_gpus):
             if biggest >= m:
                 return level
         return None
