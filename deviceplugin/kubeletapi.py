@@ -4,7 +4,7 @@ The registration state the status service reports, the options the plugin announ
 in GetDevicePluginOptions and RegisterRequest) and the identity of a socket file. They live
 here, not in the watcher (`deviceplugin.registration`), so that the server and the servicers
 need not import the watcher that drives them: registration -> server -> service, no cycle
-(an import-linter contract holds it).
+(tests/test_plugin_layers.py holds it on the import graph).
 """
 
 from __future__ import annotations
