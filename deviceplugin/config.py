@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NoReturn
@@ -20,9 +19,10 @@ import yaml
 
 from deviceplugin import defaults, strategies
 from deviceplugin.backend import BandwidthOverrides
-from gputopo.links import PCIE_LEVELS
+from deviceplugin.configoptions import OPTIONS, Option
+from deviceplugin.configvalues import LOG_LEVELS, PUBLISH_MODES, STRATEGIES
 from gputopo.output import add_version_argument
-from gputopo.policy import DEFAULT_POLICY, POLICY_NAMES
+from gputopo.policy import DEFAULT_POLICY
 from gputopo.userfile import (
     MAX_CONFIG_BYTES,
     MAX_HEALTH_FILE_BYTES,
@@ -33,12 +33,8 @@ from gputopo.userfile import (
 )
 
 CONFIG_VERSION = "v1"
-STRATEGIES = strategies.STRATEGIES  # the names --device-list-strategy accepts (plus "cdi")
-PUBLISH_MODES = ("auto", "true", "false")
-LOG_LEVELS = ("debug", "info", "warning", "error")
 # sun_path of a unix socket holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
-_RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
 class ConfigError(ValueError):
@@ -93,401 +89,6 @@ class PluginConfig:
         return "file" if self.topology else "nvml"
 
 
-# --- value parsers: text from a flag or env var, or a YAML scalar/list ---------------------------
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError("must be a non-empty string")
-    if "\0" in value:  # only YAML can carry one; every path and name would fail later, less clearly
-        raise ValueError("must not contain a NUL character")
-    return value.strip()
-
-
-def _socket_path(value: Any) -> str:
-    """Absolute: gRPC reads `unix://a/b` as host `a`, so a relative path could never be served."""
-    return os.path.abspath(_text(value))
-
-
-def _optional_text(value: Any) -> str | None:
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    return _text(value)
-
-
-def _choice(options: Sequence[str]) -> Callable[[Any], str]:
-    def parse(value: Any) -> str:
-        text = _text(value).lower()
-        if text not in options:
-            raise ValueError(f"must be one of {', '.join(options)}, got {value!r}")
-        return text
-
-    return parse
-
-
-def _bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"must be true or false, got {value!r}")
-
-
-def _port(value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"must be a port number 0..65535, got {value!r}")
-    try:
-        port = int(str(value).strip())
-    except ValueError:
-        raise ValueError(f"must be a port number 0..65535, got {value!r}") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"must be a port number 0..65535, got {value!r}")
-    return port
-
-
-def _seconds(value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"must be a number of seconds >= 0, got {value!r}")
-    try:
-        seconds = float(str(value).strip())
-    except ValueError:
-        raise ValueError(f"must be a number of seconds >= 0, got {value!r}") from None
-    if not seconds >= 0 or seconds == float("inf"):
-        raise ValueError(f"must be a number of seconds >= 0, got {value!r}")
-    return seconds
-
-
-def _xids(value: Any) -> tuple[int, ...]:
-    items: list[Any]
-    if isinstance(value, (list, tuple)):
-        items = list(value)
-    elif isinstance(value, int) and not isinstance(value, bool):
-        items = [value]
-    elif isinstance(value, str):
-        items = [p for p in re.split(r"[,\s]+", value.strip()) if p]
-    else:
-        raise ValueError(f"must be a comma-separated list of XID numbers, got {value!r}")
-    out: list[int] = []
-    for item in items:
-        if isinstance(item, bool):
-            raise ValueError(f"{item!r} is not an XID number")
-        try:
-            xid = int(str(item))
-        except ValueError:
-            raise ValueError(f"{item!r} is not an XID number") from None
-        if xid < 0:
-            raise ValueError(f"{item!r} is not an XID number")
-        out.append(xid)
-    return tuple(sorted(set(out)))
-
-
-def _resource(value: Any) -> str:
-    text = _text(value)
-    if not _RESOURCE_RE.match(text) or len(text) > 253:
-        raise ValueError(f"must be an extended resource name like nvidia.com/gpu, got {value!r}")
-    return text
-
-
-def _socket_name(value: Any) -> str:
-    text = _text(value)
-    if "/" in text or text in (".", "..", defaults.KUBELET_SOCKET_NAME):
-        raise ValueError(
-            f"must be a plain file name other than {defaults.KUBELET_SOCKET_NAME}, got {value!r}"
-        )
-    return text
-
-
-def _gbps(value: Any) -> float | None:
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    if isinstance(value, bool):
-        raise ValueError(f"must be a positive number of GB/s, got {value!r}")
-    try:
-        gbps = float(str(value).strip())
-    except ValueError:
-        raise ValueError(f"must be a positive number of GB/s, got {value!r}") from None
-    if not 0 < gbps < float("inf"):
-        raise ValueError(f"must be a positive number of GB/s, got {value!r}")
-    return gbps
-
-
-def _pcie_gbps(value: Any) -> tuple[tuple[str, float], ...] | None:
-    """`PIX=24,PXB=20` (flag/env) or a mapping (YAML) of PCIe level -> GB/s."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    if isinstance(value, Mapping):
-        items = [(str(k), v) for k, v in value.items()]
-    elif isinstance(value, str):
-        items = []
-        for part in (p.strip() for p in value.split(",") if p.strip()):
-            level, sep, number = part.partition("=")
-            if not sep:
-                raise ValueError(f"must look like PIX=24,SYS=6, got {value!r}")
-            items.append((level.strip(), number.strip()))
-    else:
-        raise ValueError(f"must look like PIX=24,SYS=6, got {value!r}")
-    out: dict[str, float] = {}
-    for level, number in items:
-        name = level.upper()
-        if name not in PCIE_LEVELS:
-            raise ValueError(f"unknown PCIe level {level!r} (one of {', '.join(PCIE_LEVELS)})")
-        try:
-            gbps = _gbps(number)
-        except ValueError as e:
-            raise ValueError(f"{level}: {e}") from None
-        if gbps is None:
-            raise ValueError(f"{level} needs a number of GB/s")
-        out[name] = gbps
-    return tuple(sorted(out.items()))
-
-
-_LABEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-def _label_key(value: Any) -> str:
-    """A Kubernetes label key: optional DNS-subdomain prefix and '/', then a name of <= 63."""
-    text = _text(value)
-    prefix, _, name = text.rpartition("/")
-    if not _LABEL_NAME_RE.match(name) or (
-        prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.match(prefix))
-    ):
-        raise ValueError(f"must be a label key like gputopo.io/config, got {value!r}")
-    return text
-
-
-def _config_name(value: Any) -> str | None:
-    """A ConfigMap key (the name of one config in --config-dir)."""
-    text = _optional_text(value)
-    if text is not None and not re.fullmatch(r"[-._a-zA-Z0-9]{1,253}", text):
-        raise ValueError(f"must be a ConfigMap key (letters, digits, '-', '_', '.'), got {value!r}")
-    return text
-
-
-def _strategy_list(value: Any) -> str:
-    """`envvar,cdi-cri` (canonical order, comma-joined: the status API reports it as text)."""
-    return ",".join(strategies.parse_strategies(value))
-
-
-def _log_level(value: Any) -> str:
-    return _choice(LOG_LEVELS)(value)
-
-
-@dataclass(frozen=True, slots=True)
-class Option:
-    name: str  # PluginConfig field
-    flag: str  # --flag
-    env: str  # environment variable
-    key: str  # YAML key
-    parse: Callable[[Any], Any]
-    help: str
-    boolean: bool = False
-
-
-OPTIONS: tuple[Option, ...] = (
-    Option(
-        "kubelet_dir",
-        "--kubelet-dir",
-        "GPUTOPO_KUBELET_DIR",
-        "kubeletDir",
-        _socket_path,
-        "kubelet device-plugin folder holding kubelet.sock and the plugin's socket",
-    ),
-    Option(
-        "resource_name",
-        "--resource-name",
-        "GPUTOPO_RESOURCE_NAME",
-        "resourceName",
-        _resource,
-        "extended resource advertised to kubelet",
-    ),
-    Option(
-        "socket_name",
-        "--socket-name",
-        "GPUTOPO_SOCKET_NAME",
-        "socketName",
-        _socket_name,
-        "file name of the plugin's socket inside the kubelet folder",
-    ),
-    Option(
-        "topology",
-        "--topology",
-        "GPUTOPO_TOPOLOGY",
-        "topology",
-        _optional_text,
-        "topology JSON / `nvidia-smi topo -m` file or preset name; without it NVML is used",
-    ),
-    Option(
-        "health_file",
-        "--health-file",
-        "GPUTOPO_HEALTH_FILE",
-        "healthFile",
-        _optional_text,
-        "file backend only: file stating each GPU's health, watched for changes",
-    ),
-    Option(
-        "device_list_strategy",
-        "--device-list-strategy",
-        "GPUTOPO_DEVICE_LIST_STRATEGY",
-        "deviceListStrategy",
-        _strategy_list,
-        "how Allocate hands GPUs to the container, a comma list as NVIDIA's plugin takes: "
-        "envvar, volume-mounts, cdi-annotations, cdi-cri (cdi = cdi-cri)",
-    ),
-    Option(
-        "ignored_xids",
-        "--ignored-xids",
-        "GPUTOPO_IGNORED_XIDS",
-        "ignoredXids",
-        _xids,
-        "XID errors that do not make a GPU unhealthy (comma-separated)",
-    ),
-    Option(
-        "health_recovery_seconds",
-        "--health-recovery-seconds",
-        "GPUTOPO_HEALTH_RECOVERY_SECONDS",
-        "healthRecoverySeconds",
-        _seconds,
-        "an unhealthy GPU without new errors for this long is healthy again (0: never)",
-    ),
-    Option(
-        "fail_on_init_error",
-        "--fail-on-init-error",
-        "GPUTOPO_FAIL_ON_INIT_ERROR",
-        "failOnInitError",
-        _bool,
-        "exit non-zero when NVML cannot start (false: keep retrying)",
-        boolean=True,
-    ),
-    Option(
-        "metrics_port",
-        "--metrics-port",
-        "GPUTOPO_METRICS_PORT",
-        "metricsPort",
-        _port,
-        "Prometheus metrics port (0 disables)",
-    ),
-    Option(
-        "log_level",
-        "--log-level",
-        "GPUTOPO_LOG_LEVEL",
-        "logLevel",
-        _log_level,
-        "debug, info, warning or error",
-    ),
-    Option(
-        "node_name",
-        "--node-name",
-        "NODE_NAME",
-        "nodeName",
-        _optional_text,
-        "name of this node (downward API)",
-    ),
-    Option(
-        "pod_resources_socket",
-        "--pod-resources-socket",
-        "GPUTOPO_POD_RESOURCES_SOCKET",
-        "podResourcesSocket",
-        _socket_path,
-        "kubelet PodResources socket",
-    ),
-    Option(
-        "publish",
-        "--publish",
-        "GPUTOPO_PUBLISH",
-        "publish",
-        _choice(PUBLISH_MODES),
-        "keep the Node's gputopo.io/topology annotation current: true, false, or auto "
-        "(when a node name is set and the API server can be reached)",
-    ),
-    Option(
-        "kubeconfig",
-        "--kubeconfig",
-        "GPUTOPO_KUBECONFIG",
-        "kubeconfig",
-        _optional_text,
-        "kubeconfig for node publication (default: in-cluster service account)",
-    ),
-    Option(
-        "nvlink_gbps_per_link",
-        "--nvlink-gbps-per-link",
-        "GPUTOPO_NVLINK_GBPS_PER_LINK",
-        "nvlinkGbpsPerLink",
-        _gbps,
-        "one NVLink's GB/s, one direction (default: from NVML's NVLink version, else 25)",
-    ),
-    Option(
-        "pcie_gbps",
-        "--pcie-gbps",
-        "GPUTOPO_PCIE_GBPS",
-        "pcieGbps",
-        _pcie_gbps,
-        "PCIe GB/s per level, e.g. PIX=24,PXB=20,PHB=16,NODE=12,SYS=6 (default: those)",
-    ),
-    Option(
-        "policy",
-        "--policy",
-        "GPUTOPO_POLICY",
-        "policy",
-        _choice(POLICY_NAMES),
-        "in-node GPU choice: gputopo (default), or to A/B one node against what others run: "
-        "kubelet-default (kubelet's random order), best-effort-pairs (NVIDIA go-gpuallocator), "
-        "best-combo (HAMi)",
-    ),
-    Option(
-        "config_dir",
-        "--config-dir",
-        "GPUTOPO_CONFIG_DIR",
-        "configDir",
-        _optional_text,
-        "folder of named configs (a mounted ConfigMap: key = name, value = a config file); the "
-        "node's label picks one (docs/deviceplugin.md), used as --config; flags and env only",
-    ),
-    Option(
-        "node_config_label",
-        "--node-config-label",
-        "GPUTOPO_NODE_CONFIG_LABEL",
-        "nodeConfigLabel",
-        _label_key,
-        f"Node label naming this node's config in --config-dir (default {defaults.NODE_CONFIG_LABEL})",
-    ),
-    Option(
-        "node_config",
-        "--node-config",
-        "GPUTOPO_NODE_CONFIG",
-        "nodeConfig",
-        _config_name,
-        "name of this node's config in --config-dir, instead of reading the node label",
-    ),
-    Option(
-        "pass_device_specs",
-        "--pass-device-specs",
-        "GPUTOPO_PASS_DEVICE_SPECS",
-        "passDeviceSpecs",
-        _bool,
-        "also list /dev/nvidia<minor> and the control devices in Allocate (runtimes without the NVIDIA hook)",
-        boolean=True,
-    ),
-    Option(
-        "nvidia_driver_root",
-        "--nvidia-driver-root",
-        "GPUTOPO_NVIDIA_DRIVER_ROOT",
-        "nvidiaDriverRoot",
-        _socket_path,
-        "root of the driver's /dev on the host, for device specs (the GPU Operator: /run/nvidia/driver)",
-    ),
-    Option(
-        "cdi_annotation_prefix",
-        "--cdi-annotation-prefix",
-        "GPUTOPO_CDI_ANNOTATION_PREFIX",
-        "cdiAnnotationPrefix",
-        strategies.parse_annotation_prefix,
-        "key prefix of cdi-annotations (default cdi.k8s.io/)",
-    ),
-)
 CONFIG_ENV = "GPUTOPO_CONFIG"
 
 
@@ -596,3 +197,20 @@ def _check_files(config: PluginConfig) -> None:
             check()
         except UserFileError as e:
             raise ConfigError(f"{flag} {e}") from None
+
+
+__all__ = [
+    "CONFIG_ENV",
+    "CONFIG_VERSION",
+    "LOG_LEVELS",
+    "MAX_SOCKET_PATH",
+    "OPTIONS",
+    "PUBLISH_MODES",
+    "STRATEGIES",
+    "ConfigError",
+    "Option",
+    "PluginConfig",
+    "build_parser",
+    "load_config",
+    "read_config_file",
+]

@@ -15,8 +15,9 @@ from deviceplugin.backend import Backend
 from deviceplugin.config import PluginConfig
 from deviceplugin.health import HealthTracker
 from deviceplugin.healthloop import HealthLoop
+from deviceplugin.kubeletapi import RegistrationInfo
 from deviceplugin.metrics import Metrics
-from deviceplugin.registration import KubeletWatcher, RegistrationInfo
+from deviceplugin.registration import KubeletWatcher
 from deviceplugin.server import PluginServer
 from deviceplugin.state import Listener, SnapshotStore, make_snapshot
 from gputopo import jsonlog

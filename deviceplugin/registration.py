@@ -24,17 +24,17 @@ watch goes on at once (serve again, register with the new kubelet).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import grpc
 
 from deviceplugin import defaults
 from deviceplugin.config import PluginConfig
+from deviceplugin.kubeletapi import FileId, RegistrationInfo, file_id, plugin_options
 from deviceplugin.metrics import Metrics
 from gputopo import jsonlog
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
@@ -45,34 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("deviceplugin.registration")
 
 
-@dataclass(frozen=True, slots=True)
-class RegistrationInfo:
-    """Registration as the status service reports it."""
-
-    registered: bool = False
-    last_registration_unix: float | None = None
-    count: int = 0
-    last_error: str = ""
-    failed_attempts: int = 0
-
-
-FileId = tuple[int, int, int]  # (device, inode, ctime ns): a file replaced under the same name differs
-
-
 _UNSEEN: FileId = (-1, -1, -1)
-
-
-def file_id(path: str) -> FileId | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
-
-
-def plugin_options() -> api_pb2.DevicePluginOptions:
-    """The same options in GetDevicePluginOptions (what kubelet stores) and RegisterRequest."""
-    return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
 
 def register_request(config: PluginConfig) -> api_pb2.RegisterRequest:

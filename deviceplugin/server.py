@@ -20,8 +20,8 @@ from typing import Any
 import grpc
 
 from deviceplugin.config import PluginConfig
+from deviceplugin.kubeletapi import FileId, RegistrationInfo, file_id
 from deviceplugin.metrics import Metrics
-from deviceplugin.registration import FileId, RegistrationInfo, file_id
 from deviceplugin.service import DevicePluginService, StatusService
 from deviceplugin.state import SnapshotStore
 from gputopo import jsonlog

@@ -17,8 +17,8 @@ import grpc
 
 from deviceplugin import defaults
 from deviceplugin.config import PluginConfig
+from deviceplugin.kubeletapi import RegistrationInfo, plugin_options
 from deviceplugin.metrics import Metrics
-from deviceplugin.registration import RegistrationInfo, plugin_options
 from deviceplugin.requests import PreferredAnswer, RequestError, allocate_ids, preferred
 from deviceplugin.state import Snapshot, SnapshotStore
 from deviceplugin.strategies import Handover, parse_strategies, probe_device_specs

@@ -42,6 +42,9 @@ from gputopo.reservations import Reservation, Reservations
 RESERVATION_TTL_S = 120.0
 #: First and largest retry delay of a gang that fits nowhere (for an unchanged question).
 BACKOFF_S = (1.0, 60.0)
+#: Gangs whose first filter time is remembered (for the wait until their last bind); a gang
+#: deleted before it bound is never told, so the oldest are forgotten past this many.
+MAX_WAITING_GANGS = 100_000
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,7 @@ class GangTracker:
         self._backoff: dict[str, _Backoff] = {}
         self._events: list[Event] = []
         self._memo = ChoiceMemo()
+        self._first_seen: dict[str, float] = {}  # gang -> its first member's first filter
 
     # ------------------------------------------------------------------ events
 
@@ -223,6 +227,7 @@ class GangTracker:
     ) -> Decision:
         """The decision for one member's filter, `offer` being the nodes kube-scheduler sent."""
         gang = ask.gang
+        self._seen(gang, now)
         plan = self.plans.get(gang)
         if plan is not None:
             mine = next((p for p in plan.placements if p.pod == ask.pod), None)
@@ -367,22 +372,40 @@ class GangTracker:
         self.reservations.release_pod(pod)
         return r
 
-    def bound(self, pod: str, gang: str, now: float) -> None:
+    def bound(self, pod: str, gang: str, now: float) -> float | None:
         """A member bound: the gang is progressing, so its other reservations get a new TTL;
-        once no member holds a reservation the plan is complete."""
+        once no member holds a reservation the plan is complete. Returns, then, how long the
+        gang waited from its first member's first filter (`first_seen`) to this last bind
+        (None while members remain, or when the gang was never filtered here)."""
         self.reservations.renew_gang(gang, now + self.ttl_s)
         plan = self.plans.get(gang)
-        if plan is not None and not self.reservations.holds(gang):
-            del self.plans[gang]
-            self._offers.pop(gang, None)
-            self._emit(
-                "gang_bound",
-                gang,
-                "every planned member is bound",
-                level=plan.level,
-                domain=plan.domain,
-                members=len(plan.placements),
-            )
+        if plan is None or self.reservations.holds(gang):
+            return None
+        del self.plans[gang]
+        self._offers.pop(gang, None)
+        first = self._first_seen.pop(gang, None)
+        waited = None if first is None else max(0.0, now - first)
+        self._emit(
+            "gang_bound",
+            gang,
+            "every planned member is bound",
+            level=plan.level,
+            domain=plan.domain,
+            members=len(plan.placements),
+            waited_s=None if waited is None else round(waited, 3),
+        )
+        return waited
+
+    def first_seen(self, gang: str) -> float | None:
+        """When the gang's first member was first filtered (quorum first asked), until it binds."""
+        return self._first_seen.get(gang)
+
+    def _seen(self, gang: str, now: float) -> None:
+        if gang in self._first_seen:
+            return
+        if len(self._first_seen) >= MAX_WAITING_GANGS:  # oldest first: dicts keep insertion order
+            del self._first_seen[next(iter(self._first_seen))]
+        self._first_seen[gang] = now
 
     def bind_failed(self, pod: str, gang: str, node: str, reason: str) -> None:
         """The bind of a member failed: the plan is dropped (its capacity may be wrong now). The

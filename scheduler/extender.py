@@ -304,7 +304,9 @@ class Extender:
         with self._lock:
             self._binding.discard(key)
             if gang is not None:
-                self.gangs.bound(key, gang, self.clock())
+                waited = self.gangs.bound(key, gang, self.clock())
+                if waited is not None:  # the gang's last member: first filter to last bind
+                    self.metrics.gang_wait.observe(waited)
                 self._log_events()
         self.metrics.binds.labels(result="bound").inc()
         jsonlog.event(log, "bind", pod=key, node=node, gpus=list(gpus), gang=gang, result="bound")

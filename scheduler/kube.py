@@ -9,7 +9,6 @@ functions that parse kube-scheduler's requests. Binding goes through `pods/bindi
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 import time
@@ -18,21 +17,16 @@ from dataclasses import replace
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
-from gputopo import jsonlog
-from gputopo.allocator import MAX_GPUS
-from gputopo.annotation import AnnotationError, decode
 from scheduler import defaults
 from scheduler.accounting import PodAccounting, record_prediction
 from scheduler.apikinds import Discovery, ExtraKinds, Kind
+from scheduler.binding import create_binding
+from scheduler.kubeobjects import group_min, node_info, parsed_pod, relevant_pod
 from scheduler.metrics import Metrics
-from scheduler.model import BadInput, NodeInfo, PodInfo, Snapshot, node_gpu_capacity, parse_pod
-from scheduler.nodeguard import NodeGuard, describe
-from scheduler.reflector import PAGE_SIZE, Reflector, raw_json
-from scheduler.state import BindError
-
-log = logging.getLogger("gputopo.scheduler.kube")
+from scheduler.model import NodeInfo, PodInfo, Snapshot
+from scheduler.nodeguard import NodeGuard
+from scheduler.reflector import PAGE_SIZE, Reflector
 
 #: Pods kube-scheduler asked about but no watch has shown are remembered this long.
 OBSERVED_TTL_S = 300.0
@@ -211,51 +205,13 @@ class KubeState:
     # ------------------------------------------------------------------ nodes
 
     def _node_info(self, obj: dict[str, Any]) -> NodeInfo:
-        """The node as the sidecar sees it; never raises: whatever fails makes this one node
-        "unknown topology" (counted and logged once by the guard), never the watch or others."""
-        meta = obj.get("metadata") if isinstance(obj, dict) else None
-        name = meta.get("name") if isinstance(meta, dict) else None
-        name = name if isinstance(name, str) else ""
-        try:
-            info = self._node_info_unguarded(obj)
-        except Exception as e:
-            reason = f"node could not be read: {describe(e)}"
-            self.guard.rejected(name, "node", reason, error=True)
-            raw_labels = meta.get("labels") if isinstance(meta, dict) else None
-            labels = raw_labels if isinstance(raw_labels, dict) else {}
-            labels = {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}
-            try:
-                capacity = node_gpu_capacity(obj, self.resource)
-            except Exception:
-                capacity = 0
-            return NodeInfo(name, labels, capacity, None, reason)
-        if info.topology is None and info.topology_problem:
-            stage = "allocatable" if "allocatable" in info.topology_problem else "annotation"
-            self.guard.rejected(name, stage, info.topology_problem, quiet=True)  # extender logs it
-        return info
-
-    def _node_info_unguarded(self, obj: dict[str, Any]) -> NodeInfo:
-        meta = obj.get("metadata") or {}
-        name = meta.get("name", "")
-        labels = {k: v for k, v in (meta.get("labels") or {}).items() if isinstance(v, str)}
-        text = (meta.get("annotations") or {}).get(self.annotation_key)
-        capacity = node_gpu_capacity(obj, self.resource)
-        try:
-            topo = decode(text, now=self.clock(), max_age_s=math.inf)
-            if topo.node != name:
-                raise AnnotationError(f"annotation is for node {topo.node}")
-            if topo.topology.n > MAX_GPUS:  # the node allocator refuses it: count, don't crash
-                raise AnnotationError(
-                    f"{topo.topology.n} GPUs, more than the {MAX_GPUS} the allocator handles"
-                )
-            if len(topo.healthy) > capacity:  # kubelet gives at most allocatable: trust it
-                raise AnnotationError(
-                    f"annotation describes {len(topo.healthy)} healthy GPUs but the Node's allocatable "
-                    f"{self.resource} is {capacity}"
-                )
-            return NodeInfo(name, labels, capacity, topo)
-        except AnnotationError as e:
-            return NodeInfo(name, labels, capacity, None, str(e))
+        return node_info(
+            obj,
+            resource=self.resource,
+            annotation_key=self.annotation_key,
+            clock=self.clock,
+            guard=self.guard,
+        )
 
     def _replace_nodes(self, items: list[dict[str, Any]]) -> None:
         infos = [self._node_info(o) for o in items]
@@ -279,28 +235,10 @@ class KubeState:
 
     # ------------------------------------------------------------------ pods
 
-    @staticmethod
-    def _relevant(pod: PodInfo | None) -> PodInfo | None:
-        """The pods the planner needs: active ones with GPUs or in a gang."""
-        if pod is None:
-            return None
-        return pod if (pod.gpus > 0 or pod.gang is not None) and pod.active else None
+    _relevant = staticmethod(relevant_pod)
 
     def _parsed(self, obj: dict[str, Any]) -> PodInfo | None:
-        """The pod, active or not (None when unreadable, logged)."""
-        try:
-            pod = parse_pod(obj, self.resource)
-        except Exception as e:  # BadInput, or anything nobody foresaw: this pod only
-            meta = obj.get("metadata") or {}
-            jsonlog.event(
-                log,
-                "pod_ignored",
-                logging.WARNING,
-                pod=f"{meta.get('namespace')}/{meta.get('name')}",
-                reason=str(e) if isinstance(e, BadInput) else describe(e),
-            )
-            return None
-        return pod
+        return parsed_pod(obj, self.resource)
 
     def _account(self, parsed: PodInfo | None, old: PodInfo | None, gone: bool) -> None:
         """Ended pods free their GPUs; predictions are learned (scheduler/accounting.py)."""
@@ -351,23 +289,15 @@ class KubeState:
 
     # ------------------------------------------------------------------ podgroups
 
-    def _group(self, obj: dict[str, Any]) -> tuple[str, int | None]:
-        meta = obj.get("metadata") or {}
-        key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-        spec = obj.get("spec")
-        raw = spec.get("minMember") if isinstance(spec, dict) else None  # one odd object: that one only
-        ok = isinstance(raw, int) and not isinstance(raw, bool) and raw > 0
-        return key, raw if ok else None
-
     def _replace_groups(self, items: list[dict[str, Any]]) -> None:
-        groups = dict(self._group(o) for o in items)
+        groups = dict(group_min(o) for o in items)
         with self._lock:
             self.extra.replace_legacy(items)
             self._min = {k: v for k, v in groups.items() if v is not None}
             self._changed("groups")
 
     def _apply_group(self, kind: str, obj: dict[str, Any]) -> None:
-        key, value = self._group(obj)
+        key, value = group_min(obj)
         with self._lock:
             self.extra.note_legacy(kind, obj)
             if kind == "DELETED" or value is None:
@@ -456,34 +386,4 @@ class KubeState:
             with self._lock:
                 self.accounting.predict(pod.key, node, gpus, self.clock())
             record_prediction(self.core, pod, node, gpus, self.clock(), self.event_timeout_s)
-        body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace, uid=pod.uid or None),
-            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
-        )
-        try:
-            raw_json(
-                self.core.create_namespaced_pod_binding(
-                    pod.name,
-                    pod.namespace,
-                    body,
-                    _preload_content=False,
-                    _request_timeout=self.bind_timeout_s,
-                )
-            )
-        except ApiException as e:
-            if e.status == 409 and self._bound_to(pod, node):
-                return
-            raise BindError(f"API server refused the binding: {e.status} {e.reason}") from None
-        except Exception as e:
-            raise BindError(f"binding failed: {type(e).__name__}: {e}") from None
-
-    def _bound_to(self, pod: PodInfo, node: str) -> bool:
-        try:
-            raw = raw_json(
-                self.core.read_namespaced_pod(
-                    pod.name, pod.namespace, _preload_content=False, _request_timeout=self.bind_timeout_s
-                )
-            )
-        except Exception:
-            return False
-        return (raw.get("spec") or {}).get("nodeName") == node
+        create_binding(self.core, pod, node, self.bind_timeout_s)

@@ -181,7 +181,7 @@ def test_a_poisoned_cluster_costs_only_the_poisoned_nodes(live: Live, caplog) ->
 
 def test_a_crash_decoding_one_node_costs_only_that_node(live: Live, monkeypatch, caplog) -> None:
     """The guard holds even when decode itself breaks in a way nobody foresaw."""
-    import scheduler.kube as kube
+    import scheduler.kubeobjects as kube
 
     real = kube.decode
 

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gputopo import gangs
 from gputopo.allocator import AllocatorPool
 from gputopo.gang import NodeView
 from gputopo.gangs import GangAsk, GangMember, GangTracker, Planned, Refused, Wait
@@ -144,3 +145,29 @@ def test_plans_never_use_a_node_outside_the_offer_they_were_made_in(offer, later
         assert held <= (offer if mine in later else later), "a re-plan stays inside the later offer"
     else:
         assert len(later) < 3 and len(t.reservations) == 0
+
+
+def test_the_wait_runs_from_the_first_filter_to_the_last_bind() -> None:
+    t = GangTracker(LEVELS, ttl_s=100)
+    assert t.first_seen("ml/g") is None
+    t.filter(ask(0, count=2), NAMES, views(), INDEX, 10.0)  # quorum not met: first seen anyway
+    t.filter(ask(1), NAMES, views(), INDEX, 25.0)
+    assert t.first_seen("ml/g") == 10.0, "later filters keep the first time"
+    waits = []
+    for i in range(3):
+        t.permit(f"ml/w-{i}", "ml/g", 8, t.planned_node(f"ml/w-{i}", "ml/g") or "")
+        waits.append(t.bound(f"ml/w-{i}", "ml/g", 40.0 + i))
+    assert waits == [None, None, 32.0], "only the last member's bind ends the wait"
+    assert t.drain()[-1].fields["waited_s"] == 32.0
+    assert t.first_seen("ml/g") is None, "forgotten once bound: a new gang of that name starts over"
+
+
+def test_the_first_seen_times_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gangs deleted before they bind are never told: the oldest are forgotten, not kept for ever."""
+    monkeypatch.setattr(gangs, "MAX_WAITING_GANGS", 2)
+    t = GangTracker(LEVELS)
+    for k, name in enumerate(["ml/a", "ml/b", "ml/c"]):
+        t.filter(
+            GangAsk(name, f"{name}-0", (GangMember(f"{name}-0", 8),), 2), NAMES, views(), INDEX, float(k)
+        )
+    assert [t.first_seen(g) for g in ("ml/a", "ml/b", "ml/c")] == [None, 1.0, 2.0]

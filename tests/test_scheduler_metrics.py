@@ -15,7 +15,7 @@ from scheduler.metrics import AGE_BUCKETS, Metrics
 from scheduler.server import Server
 from tests import fake_apiserver as fk
 from tests.test_scheduler_http import Client
-from tests.test_scheduler_live import KEY, NOW, annotation, wait_until
+from tests.test_scheduler_live import KEY, LEAF, NOW, annotation, args, bind_body, wait_until
 
 
 def samples(client: Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -72,6 +72,61 @@ def test_build_info_annotation_ages_and_gang_wait_on_metrics() -> None:
             assert after[("gputopo_gang_wait_seconds_count", ())] == 1
             assert after[("gputopo_gang_wait_seconds_bucket", (("le", "60.0"),))] == 1
             assert after[("gputopo_gang_wait_seconds_bucket", (("le", "30.0"),))] == 0
+        finally:
+            server.stop()
+            state.stop()
+
+
+def test_gang_wait_is_observed_once_from_first_filter_to_last_bind_over_http() -> None:
+    """A 3-member gang (minMember 3): the first member is filtered at t0 and waits for quorum,
+    the other two arrive 30 s later, binds follow 60 s and 90 s after t0. The histogram gets one
+    sample, 90 s (first filter to last bind): nothing while members remain unbound."""
+    with fk.running() as (api, _, api_client):
+        clock = [NOW]
+        for i, leaf in enumerate(["l1", "l1", "l1", "l2"]):
+            api.put("nodes", fk.node(f"n{i}", {LEAF: leaf}, annotations={KEY: annotation(f"n{i}")}))
+        api.put(
+            "podgroups",
+            {
+                "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+                "kind": "PodGroup",
+                "metadata": {"namespace": "ml", "name": "g"},
+                "spec": {"minMember": 3},
+            },
+        )
+        pods = [fk.pod("ml", f"g-{i}", 8, labels={"scheduling.x-k8s.io/pod-group": "g"}) for i in range(3)]
+        api.put("pods", pods[0])
+        state = KubeState(api_client, clock=lambda: clock[0], watch_timeout_s=5, backoff_s=(0.05, 0.2))
+        metrics = Metrics()
+        ext = Extender(state, clock=lambda: clock[0], metrics=metrics)
+        server = Server(ext, "127.0.0.1", 0)
+        state.start()
+        try:
+            wait_until(state.ready)
+            server.start()
+            client = Client(server)
+            names = [f"n{i}" for i in range(4)]
+            _, out = client.post("/filter", args(pods[0], names))
+            assert out["NodeNames"] == [], "waits for quorum"
+            clock[0] += 30
+            for p in pods[1:]:
+                api.put("pods", p)
+            wait_until(lambda: len(state.snapshot().pods) == 3)
+            planned = {}
+            for p in pods:
+                _, out = client.post("/filter", args(p, names))
+                (planned[p["metadata"]["name"]],) = out["NodeNames"]
+            for k, name in enumerate(sorted(planned)):
+                clock[0] = NOW + 60 + 15 * k  # binds at +60, +75, +90 s
+                assert client.post("/bind", bind_body(name, planned[name])) == (200, {"Error": ""})
+                m = samples(client)
+                if k < 2:
+                    assert m[("gputopo_gang_wait_seconds_count", ())] == 0, "members remain unbound"
+            assert m[("gputopo_gang_wait_seconds_count", ())] == 1
+            assert m[("gputopo_gang_wait_seconds_sum", ())] == 90.0
+            assert m[("gputopo_gang_wait_seconds_bucket", (("le", "60.0"),))] == 0
+            assert m[("gputopo_gang_wait_seconds_bucket", (("le", "300.0"),))] == 1
+            assert ext.gangs.first_seen("ml/g") is None, "forgotten once bound"
         finally:
             server.stop()
             state.stop()

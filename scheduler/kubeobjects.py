@@ -1,0 +1,107 @@
+"""Raw Node, Pod and PodGroup JSON from the API server, read into the sidecar's model.
+
+`KubeState` (scheduler/kube.py) keeps the store; these functions read one object each, and
+each is total: whatever one object holds costs that object only (a node becomes "unknown
+topology", a pod is ignored and logged, a group's minimum is dropped), never the watch or the
+other objects. The same parsers read kube-scheduler's requests (scheduler/model.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+from gputopo import jsonlog
+from gputopo.allocator import MAX_GPUS
+from gputopo.annotation import AnnotationError, decode
+from scheduler.model import BadInput, NodeInfo, PodInfo, node_gpu_capacity, parse_pod
+from scheduler.nodeguard import NodeGuard, describe
+
+log = logging.getLogger("gputopo.scheduler.kube")  # the store's logger: one name for its events
+
+
+def node_info(
+    obj: dict[str, Any], *, resource: str, annotation_key: str, clock: Callable[[], float], guard: NodeGuard
+) -> NodeInfo:
+    """The node as the sidecar sees it; never raises: whatever fails makes this one node
+    "unknown topology" (counted and logged once by the guard), never the watch or others."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    name = name if isinstance(name, str) else ""
+    try:
+        info = _node_info_unguarded(obj, resource, annotation_key, clock)
+    except Exception as e:
+        reason = f"node could not be read: {describe(e)}"
+        guard.rejected(name, "node", reason, error=True)
+        raw_labels = meta.get("labels") if isinstance(meta, dict) else None
+        labels = raw_labels if isinstance(raw_labels, dict) else {}
+        labels = {k: v for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)}
+        try:
+            capacity = node_gpu_capacity(obj, resource)
+        except Exception:
+            capacity = 0
+        return NodeInfo(name, labels, capacity, None, reason)
+    if info.topology is None and info.topology_problem:
+        stage = "allocatable" if "allocatable" in info.topology_problem else "annotation"
+        guard.rejected(name, stage, info.topology_problem, quiet=True)  # extender logs it
+    return info
+
+
+def _node_info_unguarded(
+    obj: dict[str, Any], resource: str, annotation_key: str, clock: Callable[[], float]
+) -> NodeInfo:
+    meta = obj.get("metadata") or {}
+    name = meta.get("name", "")
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if isinstance(v, str)}
+    text = (meta.get("annotations") or {}).get(annotation_key)
+    capacity = node_gpu_capacity(obj, resource)
+    try:
+        topo = decode(text, now=clock(), max_age_s=math.inf)
+        if topo.node != name:
+            raise AnnotationError(f"annotation is for node {topo.node}")
+        if topo.topology.n > MAX_GPUS:  # the node allocator refuses it: count, don't crash
+            raise AnnotationError(f"{topo.topology.n} GPUs, more than the {MAX_GPUS} the allocator handles")
+        if len(topo.healthy) > capacity:  # kubelet gives at most allocatable: trust it
+            raise AnnotationError(
+                f"annotation describes {len(topo.healthy)} healthy GPUs but the Node's allocatable "
+                f"{resource} is {capacity}"
+            )
+        return NodeInfo(name, labels, capacity, topo)
+    except AnnotationError as e:
+        return NodeInfo(name, labels, capacity, None, str(e))
+
+
+def relevant_pod(pod: PodInfo | None) -> PodInfo | None:
+    """The pods the planner needs: active ones with GPUs or in a gang."""
+    if pod is None:
+        return None
+    return pod if (pod.gpus > 0 or pod.gang is not None) and pod.active else None
+
+
+def parsed_pod(obj: dict[str, Any], resource: str) -> PodInfo | None:
+    """The pod, active or not (None when unreadable, logged)."""
+    try:
+        pod = parse_pod(obj, resource)
+    except Exception as e:  # BadInput, or anything nobody foresaw: this pod only
+        meta = obj.get("metadata") or {}
+        jsonlog.event(
+            log,
+            "pod_ignored",
+            logging.WARNING,
+            pod=f"{meta.get('namespace')}/{meta.get('name')}",
+            reason=str(e) if isinstance(e, BadInput) else describe(e),
+        )
+        return None
+    return pod
+
+
+def group_min(obj: dict[str, Any]) -> tuple[str, int | None]:
+    """A PodGroup's key and its minMember (None when missing or not a positive integer)."""
+    meta = obj.get("metadata") or {}
+    key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+    spec = obj.get("spec")
+    raw = spec.get("minMember") if isinstance(spec, dict) else None  # one odd object: that one only
+    ok = isinstance(raw, int) and not isinstance(raw, bool) and raw > 0
+    return key, raw if ok else None
