@@ -200,7 +200,8 @@ def plan_gang(
     the same answer, slowly; it exists for the benchmark baseline and as a test oracle.
     Anything wrong with the gang itself is a NoPlan with its reason; a malformed node list
     or level list (the caller's own data) raises ValueError."""
-    levels = validate_levels(levels)
+    if index is None or type(levels) is not tuple or levels != index.levels:
+        levels = validate_levels(levels)  # an index's own levels were validated when it was built
     problem = _spec_problem(spec)
     if problem:
         return NoPlan(spec.key, problem)
@@ -214,13 +215,15 @@ def plan_gang(
     views: list[NodeView | None] = [None] * len(index.nodes)
     counts = [0] * len(index.nodes)
     largest = 0
+    position = index.position
     for v in nodes:
-        pos = index.position.get(v.name)
+        pos = position.get(v.name)
         if pos is None:
             raise ValueError(f"node {v.name!r} is not in the network index")
         views[pos] = v
         counts[pos] = len(v.free)
-        largest = max(largest, v.gpu_count)
+        if v.gpu_count > largest:
+            largest = v.gpu_count
     free = np.array(counts, dtype=np.int64)
     sizes = [m.gpus for m in spec.members]
     if max(sizes) > largest:
@@ -228,8 +231,9 @@ def plan_gang(
         return NoPlan(spec.key, f"pod {big.pod} asks for {big.gpus} GPUs; the largest node has {largest}")
     pb = _Problem(spec, index, views, free, sizes, memo if memo is not None else ChoiceMemo())
     miss: _Miss | None = None
-    for level in tried:
-        found = _plan_level(pb, level, prune)
+    for k, level in enumerate(tried):
+        # Only the last level's miss reaches the reason: the others skip working it out.
+        found = _plan_level(pb, level, prune, explain=k == len(tried) - 1)
         if isinstance(found, GangPlan):
             return found
         miss = found
@@ -262,7 +266,8 @@ def _levels_to_try(spec: GangSpec, levels: tuple[str, ...]) -> list[str] | str:
     return [*levels[start:], CLUSTER]
 
 
-def _plan_level(pb: _Problem, level: str, prune: bool) -> GangPlan | _Miss:
+def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> GangPlan | _Miss | None:
+    """The best plan inside one domain of `level`, else why not (None when not `explain`)."""
     lx = pb.index.level(level)
     dfree = pb.index.free_per_domain(level, pb.free)
     slots = pb.index.free_per_domain(level, pb.free // max(pb.sizes))
@@ -270,6 +275,8 @@ def _plan_level(pb: _Problem, level: str, prune: bool) -> GangPlan | _Miss:
     for s in sorted(set(pb.sizes)):
         need = sum(1 for g in pb.sizes if g >= s)
         ok &= pb.index.free_per_domain(level, pb.free // s) >= need
+    if prune and not explain and not ok.any():
+        return None  # no domain passes the necessary check: nothing to evaluate or explain
     if prune:
         domains = np.flatnonzero(ok)
         if pb.homogeneous:
@@ -297,6 +304,8 @@ def _plan_level(pb: _Problem, level: str, prune: bool) -> GangPlan | _Miss:
         if k == best_k:
             tied.append((d, k, packing))
     if not tied:
+        if not explain:
+            return None
         top = int(np.lexsort((np.arange(lx.count), -dfree, -slots, ~ok))[0])
         return _Miss(level, lx.names[top], int(dfree[top]), int(slots[top]), bool(ok[top]))
     lower = lower_levels(pb.index, level)

@@ -87,6 +87,8 @@ class SidecarPolicy:
         self._net = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
         self.tracker = GangTracker(cluster.levels, ttl_s=self.life.reservation_ttl_s)
         self._arrived: set[int] = set()  # gangs not yet placed whose members all exist
+        self._seen: list[int] = []  # free masks `_all_views` was last brought up to date with
+        self._all: dict[str, NodeView] = {}
         self.stats: Counter[str] = Counter()  # counts
         self._waited_s = 0.0  # summed quorum waits
 
@@ -118,23 +120,38 @@ class SidecarPolicy:
             hit = self._views[key] = NodeView(spec.name, spec.labels, n, free, self.allocators[spec.topology])
         return hit
 
+    def _all_views(self, state: ClusterState) -> dict[str, NodeView]:
+        """Every node's view, as a new dict (the tracker's back-off compares views by identity,
+        so each placement gets its own), refreshing only the nodes whose free mask changed."""
+        if len(self._seen) != len(state.mask):
+            self._seen = [-1] * len(state.mask)
+        seen, names = self._seen, self._names
+        for i, mask in enumerate(state.mask):
+            if seen[i] != mask:
+                seen[i] = mask
+                self._all[names[i]] = self._view(i, mask)
+        return dict(self._all)
+
     # ------------------------------------------------------------------ single pods
 
     def place_pod(self, state: ClusterState, size: int) -> Slot | Failure:
         """kube-scheduler's choice among the nodes with room, given the extender's scores."""
-        classes = [
-            (members, mask) for (_, mask), members in state.classes.items() if mask.bit_count() >= size
-        ]
+        classes: list[set[int]] = []
+        views: list[NodeView] = []
+        for (_, mask), members in state.classes.items():
+            if mask.bit_count() >= size:
+                classes.append(members)
+                views.append(self._view(min(members), mask))
         if not classes:
             return Failure(f"no node has {size} free GPUs")
-        views = [self._view(min(members), mask) for members, mask in classes]
         scores = node_scores(size, views, memo=self._memo)
+        total = kubesched.total_score
         scored = [
-            (kubesched.total_score(scores[v.name], len(v.free) - size, v.gpu_count), len(members))
-            for v, (members, _) in zip(views, classes, strict=True)
+            (total(scores[v.name], len(v.free) - size, v.gpu_count), len(members))
+            for v, members in zip(views, classes, strict=True)
         ]
         k = kubesched.select_host(scored, self.rng)
-        members, _ = classes[k]
+        members = classes[k]
         view = views[k]
         node = sorted(members)[self.rng.randrange(len(members))] if len(members) > 1 else min(members)
         assert view.allocator is not None
@@ -167,7 +184,7 @@ class SidecarPolicy:
         t, n = self.tracker, len(job.pods)
         pods = [f"{gang}-{k}" for k in range(n)]
         where: dict[str, str] = {}
-        views = {name: self._view(i, state.mask[i]) for i, name in enumerate(self._names)}
+        views = self._all_views(state)
 
         def ask(k: int, count: int = n) -> GangAsk:
             members = tuple(GangMember(pods[i], job.pods[i], where.get(pods[i], "")) for i in range(count))
