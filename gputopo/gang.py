@@ -270,13 +270,14 @@ def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> 
     """The best plan inside one domain of `level`, else why not (None when not `explain`)."""
     lx = pb.index.level(level)
     dfree = pb.index.free_per_domain(level, pb.free)
-    slots = pb.index.free_per_domain(level, pb.free // max(pb.sizes))
     ok = dfree >= pb.total  # necessary: GPUs, and slots of every size
     for s in sorted(set(pb.sizes)):
+        if prune and not explain and not ok.any():
+            return None  # no domain passes the necessary check: nothing to evaluate or explain
         need = sum(1 for g in pb.sizes if g >= s)
         ok &= pb.index.free_per_domain(level, pb.free // s) >= need
     if prune and not explain and not ok.any():
-        return None  # no domain passes the necessary check: nothing to evaluate or explain
+        return None
     if prune:
         domains = np.flatnonzero(ok)
         if pb.homogeneous:
@@ -306,6 +307,7 @@ def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> 
     if not tied:
         if not explain:
             return None
+        slots = pb.index.free_per_domain(level, pb.free // max(pb.sizes))
         top = int(np.lexsort((np.arange(lx.count), -dfree, -slots, ~ok))[0])
         return _Miss(level, lx.names[top], int(dfree[top]), int(slots[top]), bool(ok[top]))
     lower = lower_levels(pb.index, level)

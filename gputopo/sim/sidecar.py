@@ -82,6 +82,11 @@ class SidecarPolicy:
         self._binds = random.Random(rng.random())  # its own stream: failures do not shift choices
         self._memo = ChoiceMemo()
         self._views: dict[tuple[int, int], NodeView] = {}
+        #: (pod size, the state's class keys in order) -> (positions of the classes with room,
+        #: their views, kube-scheduler's totals): see `place_pod`
+        self._totals: dict[
+            tuple[int, tuple[tuple[int, int], ...]], tuple[list[int], list[NodeView], list[int]]
+        ] = {}
         self._index = {node.name: i for i, node in enumerate(cluster.nodes)}
         self._names = [node.name for node in cluster.nodes]
         self._net = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
@@ -136,22 +141,31 @@ class SidecarPolicy:
 
     def place_pod(self, state: ClusterState, size: int) -> Slot | Failure:
         """kube-scheduler's choice among the nodes with room, given the extender's scores."""
-        classes: list[set[int]] = []
-        views: list[NodeView] = []
-        for (_, mask), members in state.classes.items():
-            if mask.bit_count() >= size:
-                classes.append(members)
-                views.append(self._view(min(members), mask))
-        if not classes:
+        # A class's total depends on its (topology, free mask) and on which other classes are
+        # scored with it (scores are ranks), not on its members: the totals are kept per list
+        # of classes (in the state's order, which decides ties) and only the counts are fresh.
+        key = (size, tuple(state.classes))
+        hit = self._totals.get(key)
+        if hit is None:
+            positions: list[int] = []
+            views: list[NodeView] = []
+            for pos, ((_, mask), members) in enumerate(state.classes.items()):
+                if mask.bit_count() >= size:
+                    positions.append(pos)
+                    views.append(self._view(min(members), mask))
+            scores = node_scores(size, views, memo=self._memo) if views else {}
+            total = kubesched.total_score
+            totals = [total(scores[v.name], len(v.free) - size, v.gpu_count) for v in views]
+            if len(self._totals) > 50_000:
+                self._totals.clear()
+            hit = self._totals[key] = (positions, views, totals)
+        positions, views, totals = hit
+        if not positions:
             return Failure(f"no node has {size} free GPUs")
-        scores = node_scores(size, views, memo=self._memo)
-        total = kubesched.total_score
-        scored = [
-            (total(scores[v.name], len(v.free) - size, v.gpu_count), len(members))
-            for v, members in zip(views, classes, strict=True)
-        ]
+        classes = list(state.classes.values())
+        scored = [(t, len(classes[p])) for p, t in zip(positions, totals, strict=True)]
         k = kubesched.select_host(scored, self.rng)
-        members = classes[k]
+        members = classes[positions[k]]
         view = views[k]
         node = sorted(members)[self.rng.randrange(len(members))] if len(members) > 1 else min(members)
         assert view.allocator is not None
