@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -311,7 +312,9 @@ def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> 
         top = int(np.lexsort((np.arange(lx.count), -dfree, -slots, ~ok))[0])
         return _Miss(level, lx.names[top], int(dfree[top]), int(slots[top]), bool(ok[top]))
     lower = lower_levels(pb.index, level)
-    cands = [_evaluate(pb, d, k, packing, lx.members[d], int(dfree[d]), lower) for d, k, packing in tied]
+    cands = [
+        _evaluate(pb, level, d, k, packing, lx.members[d], int(dfree[d]), lower) for d, k, packing in tied
+    ]
     best = min(cands, key=_Candidate.rank)
     placements = [Placement("", "", ())] * len(pb.sizes)
     for i, pos, choice in best.assignment:
@@ -331,8 +334,13 @@ def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> 
     )
 
 
+#: Node views the domain evaluations of one memo may hold before they are dropped.
+_DOMAIN_VIEWS_HELD = 200_000
+
+
 def _evaluate(
     pb: _Problem,
+    level: str,
     d: int,
     k: int,
     packing: list[tuple[int, list[int]]],
@@ -341,7 +349,23 @@ def _evaluate(
     lower: Sequence[LevelIndex],
 ) -> _Candidate:
     if pb.homogeneous:
-        return _evaluate_equal(pb, d, k, positions, dfree, lower)
+        # Equal sizes: the answer is a function of the domain's node views (their free sets
+        # and allocators), the index and the shape; gangs planned one after another mostly
+        # meet the same views in every domain but the few that changed.
+        memo = pb.memo
+        if memo.domains_for is not pb.index or memo.domains_held > _DOMAIN_VIEWS_HELD:
+            memo.domains.clear()
+            memo.domains_for, memo.domains_held = pb.index, 0
+        held = tuple(pb.views[p] for p in positions.tolist())
+        key = (level, d, pb.sizes[0], len(pb.sizes), k, *(id(v) for v in held))
+        hit = memo.domains.get(key)
+        if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
+            assert isinstance(hit[1], _Candidate)
+            return hit[1]
+        got = _evaluate_equal(pb, d, k, positions, dfree, lower)
+        memo.domains[key] = (held, got)
+        memo.domains_held += len(held)
+        return got
     # Mixed sizes: keep the first-fit-decreasing packing; biggest members choose first.
     assignment: list[tuple[int, int, Choice | None]] = []
     for pos, members in packing:
