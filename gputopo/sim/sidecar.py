@@ -198,11 +198,11 @@ class SidecarPolicy:
         t, n = self.tracker, len(job.pods)
         pods = [f"{gang}-{k}" for k in range(n)]
         where: dict[str, str] = {}
+        members = [GangMember(pods[i], job.pods[i], "") for i in range(n)]  # node: once bound
         views = self._all_views(state)
 
         def ask(k: int, count: int = n) -> GangAsk:
-            members = tuple(GangMember(pods[i], job.pods[i], where.get(pods[i], "")) for i in range(count))
-            return GangAsk(gang, pods[k], members, n)
+            return GangAsk(gang, pods[k], tuple(members[:count]), n)
 
         now = 0.0
         if job.id not in self._arrived:  # members are created over the spread, once
@@ -253,6 +253,7 @@ class SidecarPolicy:
                 state.take(node, gpus)
                 slots[k] = (node, gpus)
                 where[pods[k]] = r.node
+                members[k] = GangMember(pods[k], size, r.node)
                 views[r.node] = self._view(node, state.mask[node])
                 t.bound(pods[k], gang, now)
         finally:
