@@ -81,9 +81,13 @@ class CommProfile:
 
 class DemandMix:
     """GPU demand by size class, decayed so it follows the workload (`half_life` GPUs of
-    observed demand halve the weight of what came before)."""
+    observed demand halve the weight of what came before). The shares callers read are frozen
+    for `refresh` observations at a time: they move slowly anyway, and the callers' caches of
+    scores (keyed on `version`) then survive between pods."""
 
-    def __init__(self, prior: Mapping[int, float] = DEFAULT_PRIOR, half_life: float = 20_000.0) -> None:
+    def __init__(
+        self, prior: Mapping[int, float] = DEFAULT_PRIOR, half_life: float = 20_000.0, refresh: int = 256
+    ) -> None:
         if half_life <= 0:
             raise ValueError("half_life must be positive")
         total = sum(prior.get(m, 0.0) for m in SIZE_CLASSES)
@@ -94,6 +98,10 @@ class DemandMix:
         self._single = {m: 100.0 * prior.get(m, 0.0) / total for m in SIZE_CLASSES}
         self._gang = 0.0
         self._version = 0
+        self._refresh = max(1, refresh)
+        self._pending = 0  # observations since the shares were frozen
+        self.observations = 0  # pods observed in all
+        self._frozen = self._shares()
 
     @property
     def version(self) -> int:
@@ -112,19 +120,27 @@ class DemandMix:
             self._gang += gpus
         else:
             self._single[size_class(gpus)] += gpus
-        self._version += 1
+        self._pending += 1
+        self.observations += 1
+        if self._pending >= self._refresh or self._version == 0:
+            self._pending = 0
+            self._frozen = self._shares()
+            self._version += 1
 
     def single(self, m: int) -> float:
         """Share of GPU demand from single-node pods of class m."""
-        return self._single.get(m, 0.0) / self._total()
+        return self._frozen[0].get(m, 0.0)
 
     def whole(self, m: int) -> float:
         """Share of GPU demand that needs room for class m, gang members counted as 8."""
-        extra = self._gang if m == SIZE_CLASSES[-1] else 0.0
-        return (self._single.get(m, 0.0) + extra) / self._total()
+        return self._frozen[1].get(m, 0.0)
 
-    def _total(self) -> float:
-        return sum(self._single.values()) + self._gang
+    def _shares(self) -> tuple[dict[int, float], dict[int, float]]:
+        total = sum(self._single.values()) + self._gang
+        single = {m: v / total for m, v in self._single.items()}
+        whole = dict(single)
+        whole[SIZE_CLASSES[-1]] = single.get(SIZE_CLASSES[-1], 0.0) + self._gang / total
+        return single, whole
 
 
 class ClusterObjective:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -200,7 +201,8 @@ def plan_gang(
     the same answer, slowly; it exists for the benchmark baseline and as a test oracle.
     Anything wrong with the gang itself is a NoPlan with its reason; a malformed node list
     or level list (the caller's own data) raises ValueError."""
-    levels = validate_levels(levels)
+    if index is None or type(levels) is not tuple or levels != index.levels:
+        levels = validate_levels(levels)  # an index's own levels were validated when it was built
     problem = _spec_problem(spec)
     if problem:
         return NoPlan(spec.key, problem)
@@ -214,13 +216,15 @@ def plan_gang(
     views: list[NodeView | None] = [None] * len(index.nodes)
     counts = [0] * len(index.nodes)
     largest = 0
+    position = index.position
     for v in nodes:
-        pos = index.position.get(v.name)
+        pos = position.get(v.name)
         if pos is None:
             raise ValueError(f"node {v.name!r} is not in the network index")
         views[pos] = v
         counts[pos] = len(v.free)
-        largest = max(largest, v.gpu_count)
+        if v.gpu_count > largest:
+            largest = v.gpu_count
     free = np.array(counts, dtype=np.int64)
     sizes = [m.gpus for m in spec.members]
     if max(sizes) > largest:
@@ -228,8 +232,9 @@ def plan_gang(
         return NoPlan(spec.key, f"pod {big.pod} asks for {big.gpus} GPUs; the largest node has {largest}")
     pb = _Problem(spec, index, views, free, sizes, memo if memo is not None else ChoiceMemo())
     miss: _Miss | None = None
-    for level in tried:
-        found = _plan_level(pb, level, prune)
+    for k, level in enumerate(tried):
+        # Only the last level's miss reaches the reason: the others skip working it out.
+        found = _plan_level(pb, level, prune, explain=k == len(tried) - 1)
         if isinstance(found, GangPlan):
             return found
         miss = found
@@ -262,14 +267,18 @@ def _levels_to_try(spec: GangSpec, levels: tuple[str, ...]) -> list[str] | str:
     return [*levels[start:], CLUSTER]
 
 
-def _plan_level(pb: _Problem, level: str, prune: bool) -> GangPlan | _Miss:
+def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> GangPlan | _Miss | None:
+    """The best plan inside one domain of `level`, else why not (None when not `explain`)."""
     lx = pb.index.level(level)
     dfree = pb.index.free_per_domain(level, pb.free)
-    slots = pb.index.free_per_domain(level, pb.free // max(pb.sizes))
     ok = dfree >= pb.total  # necessary: GPUs, and slots of every size
     for s in sorted(set(pb.sizes)):
+        if prune and not explain and not ok.any():
+            return None  # no domain passes the necessary check: nothing to evaluate or explain
         need = sum(1 for g in pb.sizes if g >= s)
         ok &= pb.index.free_per_domain(level, pb.free // s) >= need
+    if prune and not explain and not ok.any():
+        return None
     if prune:
         domains = np.flatnonzero(ok)
         if pb.homogeneous:
@@ -297,10 +306,15 @@ def _plan_level(pb: _Problem, level: str, prune: bool) -> GangPlan | _Miss:
         if k == best_k:
             tied.append((d, k, packing))
     if not tied:
+        if not explain:
+            return None
+        slots = pb.index.free_per_domain(level, pb.free // max(pb.sizes))
         top = int(np.lexsort((np.arange(lx.count), -dfree, -slots, ~ok))[0])
         return _Miss(level, lx.names[top], int(dfree[top]), int(slots[top]), bool(ok[top]))
     lower = lower_levels(pb.index, level)
-    cands = [_evaluate(pb, d, k, packing, lx.members[d], int(dfree[d]), lower) for d, k, packing in tied]
+    cands = [
+        _evaluate(pb, level, d, k, packing, lx.members[d], int(dfree[d]), lower) for d, k, packing in tied
+    ]
     best = min(cands, key=_Candidate.rank)
     placements = [Placement("", "", ())] * len(pb.sizes)
     for i, pos, choice in best.assignment:
@@ -320,8 +334,13 @@ def _plan_level(pb: _Problem, level: str, prune: bool) -> GangPlan | _Miss:
     )
 
 
+#: Node views the domain evaluations of one memo may hold before they are dropped.
+_DOMAIN_VIEWS_HELD = 200_000
+
+
 def _evaluate(
     pb: _Problem,
+    level: str,
     d: int,
     k: int,
     packing: list[tuple[int, list[int]]],
@@ -330,7 +349,23 @@ def _evaluate(
     lower: Sequence[LevelIndex],
 ) -> _Candidate:
     if pb.homogeneous:
-        return _evaluate_equal(pb, d, k, positions, dfree, lower)
+        # Equal sizes: the answer is a function of the domain's node views (their free sets
+        # and allocators), the index and the shape; gangs planned one after another mostly
+        # meet the same views in every domain but the few that changed.
+        memo = pb.memo
+        if memo.domains_for is not pb.index or memo.domains_held > _DOMAIN_VIEWS_HELD:
+            memo.domains.clear()
+            memo.domains_for, memo.domains_held = pb.index, 0
+        held = tuple(pb.views[p] for p in positions.tolist())
+        key = (level, d, pb.sizes[0], len(pb.sizes), k, *(id(v) for v in held))
+        hit = memo.domains.get(key)
+        if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
+            assert isinstance(hit[1], _Candidate)
+            return hit[1]
+        got = _evaluate_equal(pb, d, k, positions, dfree, lower)
+        memo.domains[key] = (held, got)
+        memo.domains_held += len(held)
+        return got
     # Mixed sizes: keep the first-fit-decreasing packing; biggest members choose first.
     assignment: list[tuple[int, int, Choice | None]] = []
     for pos, members in packing:

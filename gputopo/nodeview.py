@@ -52,6 +52,13 @@ class ChoiceMemo:
 
     def __init__(self) -> None:
         self._answers: dict[tuple[GpuPolicy, frozenset[int], int], Choice] = {}
+        #: The gang planner's evaluations of one domain for one gang shape (`gputopo.gang`),
+        #: keyed by the identity of the node views they were made from; each value holds those
+        #: views, so an id in a key stays theirs while it is cached. For one network index only
+        #: (`domains_for`), and bounded by the views held (`domains_held`).
+        self.domains: dict[tuple[object, ...], tuple[tuple[object, ...], object]] = {}
+        self.domains_for: object = None
+        self.domains_held = 0
 
     def choose(self, allocator: GpuPolicy, free: frozenset[int], size: int) -> Choice:
         key = (allocator, free, size)
@@ -61,7 +68,7 @@ class ChoiceMemo:
         return hit
 
     def __len__(self) -> int:
-        return len(self._answers)
+        return len(self._answers) + len(self.domains)
 
 
 def member_quality(choice: Choice | None) -> Quality:

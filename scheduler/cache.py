@@ -11,7 +11,7 @@ calls those GPUs free. No decisions are made here; they are the core's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from gputopo import jsonlog
 from gputopo.gang import NodeView
@@ -38,9 +38,9 @@ class ClusterCache:
         self._warned: dict[str, str] = {}
         self._warned_for: object = None
         self._gang_index: tuple[object, dict[str, list[PodInfo]]] | None = None
-        self._fits: tuple[Mapping[str, NodeView], dict[int, tuple[frozenset[str], dict[str, str]]]] | None = (
-            None
-        )
+        self._fits: (
+            tuple[Mapping[str, NodeView], dict[int, tuple[frozenset[str], Mapping[str, str]]]] | None
+        ) = None
         self._index_key: int | None = None
         self._index: NetworkIndex | None = None
 
@@ -111,7 +111,7 @@ class ClusterCache:
             cached = self._gang_index = (snap.pods, index)
         return sorted(cached[1].get(gang, ()), key=lambda p: p.key)
 
-    def fit(self, views: Mapping[str, NodeView], gpus: int) -> tuple[frozenset[str], dict[str, str]]:
+    def fit(self, views: Mapping[str, NodeView], gpus: int) -> tuple[frozenset[str], Mapping[str, str]]:
         """Nodes with room for `gpus`, and the reason for each other node, per views object:
         a 5,000-node filter is then a set lookup per candidate, not a computation."""
         cached = self._fits
@@ -120,8 +120,7 @@ class ClusterCache:
         hit = cached[1].get(gpus)
         if hit is None:
             fit = frozenset(n for n, v in views.items() if len(v.free) >= gpus)
-            why = {n: f"needs {gpus} GPUs, {len(v.free)} free" for n, v in views.items() if n not in fit}
-            hit = cached[1][gpus] = (fit, why)
+            hit = cached[1][gpus] = (fit, _Reasons(views, fit, gpus))
         return hit
 
     def _warn_unknown(self, snap: Snapshot) -> None:
@@ -141,6 +140,26 @@ class ClusterCache:
                     )
             elif name in self._warned:
                 del self._warned[name]
+
+
+class _Reasons(Mapping[str, str]):
+    """Node -> why it has no room for `gpus`, for the nodes not in `fit`; worded when asked
+    (a filter reports only the candidates it was sent), not for every node of every views."""
+
+    def __init__(self, views: Mapping[str, NodeView], fit: frozenset[str], gpus: int) -> None:
+        self._views, self._fit, self._gpus = views, fit, gpus
+
+    def __getitem__(self, node: str) -> str:
+        view = self._views.get(node)
+        if view is None or node in self._fit:
+            raise KeyError(node)
+        return f"needs {self._gpus} GPUs, {len(view.free)} free"
+
+    def __iter__(self) -> Iterator[str]:
+        return (n for n in self._views if n not in self._fit)
+
+    def __len__(self) -> int:
+        return len(self._views) - len(self._fit)
 
 
 def _caught_up(snap: Snapshot, a: Assumed) -> bool:

@@ -62,7 +62,7 @@ def test_good_enough_is_relative_to_what_is_free_now() -> None:
 
 
 def test_demand_mix_follows_what_it_observes() -> None:
-    mix = DemandMix(half_life=64)
+    mix = DemandMix(half_life=64, refresh=1)
     for _ in range(200):
         mix.observe(8, gang=True)
     assert mix.whole(8) > 0.9 and mix.single(8) < 0.1
@@ -74,6 +74,15 @@ def test_demand_mix_follows_what_it_observes() -> None:
     mix.observe(0)  # nothing asked, nothing learnt
     assert mix.version == v
     assert [size_class(g) for g in (1, 2, 3, 4, 5, 8, 16)] == [1, 2, 4, 4, 8, 8, 8]
+    # shares a caller reads move only every `refresh` observations: its score caches survive
+    slow = DemandMix(refresh=4)
+    slow.observe(1)
+    frozen, version = slow.single(1), slow.version
+    for _ in range(3):
+        slow.observe(1)
+        assert slow.single(1) == frozen and slow.version == version
+    slow.observe(1)
+    assert slow.single(1) > frozen and slow.version == version + 1
 
 
 def test_bad_settings_are_refused() -> None:
@@ -142,9 +151,9 @@ def test_the_sidecar_prioritizes_by_the_cluster_objective_over_http() -> None:
 
         assert best(1, "one") == "pcie"
         assert best(8, "eight") == "h100"
-        before = ext.objective.mix.version
+        before = ext.objective.mix.observations
         for _ in range(2):
             client.post("/filter", args(fk.pod("ml", "again", 2), names))
-        assert ext.objective.mix.version == before + 1
+        assert ext.objective.mix.observations == before + 1
     finally:
         server.stop()

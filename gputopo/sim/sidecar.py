@@ -87,11 +87,18 @@ class SidecarPolicy:
         self.objective.learn(allocators)
         self._seen_jobs: set[int] = set()
         self._views: dict[tuple[int, int], NodeView] = {}
+        #: (pod size, the state's class keys in order) -> (positions of the classes with room,
+        #: their views, kube-scheduler's totals): see `place_pod`
+        self._totals: dict[
+            tuple[int, tuple[tuple[int, int], ...], int], tuple[list[int], list[NodeView], list[int]]
+        ] = {}
         self._index = {node.name: i for i, node in enumerate(cluster.nodes)}
         self._names = [node.name for node in cluster.nodes]
         self._net = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
         self.tracker = GangTracker(cluster.levels, ttl_s=self.life.reservation_ttl_s)
         self._arrived: set[int] = set()  # gangs not yet placed whose members all exist
+        self._seen: list[int] = []  # free masks `_all_views` was last brought up to date with
+        self._all: dict[str, NodeView] = {}
         self.stats: Counter[str] = Counter()  # counts
         self._waited_s = 0.0  # summed quorum waits
 
@@ -123,23 +130,47 @@ class SidecarPolicy:
             hit = self._views[key] = NodeView(spec.name, spec.labels, n, free, self.allocators[spec.topology])
         return hit
 
+    def _all_views(self, state: ClusterState) -> dict[str, NodeView]:
+        """Every node's view, as a new dict (the tracker's back-off compares views by identity,
+        so each placement gets its own), refreshing only the nodes whose free mask changed."""
+        if len(self._seen) != len(state.mask):
+            self._seen = [-1] * len(state.mask)
+        seen, names = self._seen, self._names
+        for i, mask in enumerate(state.mask):
+            if seen[i] != mask:
+                seen[i] = mask
+                self._all[names[i]] = self._view(i, mask)
+        return dict(self._all)
+
     # ------------------------------------------------------------------ single pods
 
     def place_pod(self, state: ClusterState, size: int) -> Slot | Failure:
         """kube-scheduler's choice among the nodes with room, given the extender's scores."""
-        classes = [
-            (members, mask) for (_, mask), members in state.classes.items() if mask.bit_count() >= size
-        ]
-        if not classes:
+        # A class's total depends on its (topology, free mask) and on which other classes are
+        # scored with it (scores are ranks), not on its members: the totals are kept per list
+        # of classes (in the state's order, which decides ties) and only the counts are fresh.
+        key = (size, tuple(state.classes), self.objective.mix.version)
+        hit = self._totals.get(key)
+        if hit is None:
+            positions: list[int] = []
+            views: list[NodeView] = []
+            for pos, ((_, mask), members) in enumerate(state.classes.items()):
+                if mask.bit_count() >= size:
+                    positions.append(pos)
+                    views.append(self._view(min(members), mask))
+            scores = node_scores(size, views, memo=self._memo, objective=self.objective) if views else {}
+            total = kubesched.total_score
+            totals = [total(scores[v.name], len(v.free) - size, v.gpu_count) for v in views]
+            if len(self._totals) > 50_000:
+                self._totals.clear()
+            hit = self._totals[key] = (positions, views, totals)
+        positions, views, totals = hit
+        if not positions:
             return Failure(f"no node has {size} free GPUs")
-        views = [self._view(min(members), mask) for members, mask in classes]
-        scores = node_scores(size, views, memo=self._memo, objective=self.objective)
-        scored = [
-            (kubesched.total_score(scores[v.name], len(v.free) - size, v.gpu_count), len(members))
-            for v, (members, _) in zip(views, classes, strict=True)
-        ]
+        classes = list(state.classes.values())
+        scored = [(t, len(classes[p])) for p, t in zip(positions, totals, strict=True)]
         k = kubesched.select_host(scored, self.rng)
-        members, _ = classes[k]
+        members = classes[positions[k]]
         view = views[k]
         node = sorted(members)[self.rng.randrange(len(members))] if len(members) > 1 else min(members)
         assert view.allocator is not None
@@ -176,11 +207,11 @@ class SidecarPolicy:
         t, n = self.tracker, len(job.pods)
         pods = [f"{gang}-{k}" for k in range(n)]
         where: dict[str, str] = {}
-        views = {name: self._view(i, state.mask[i]) for i, name in enumerate(self._names)}
+        members = [GangMember(pods[i], job.pods[i], "") for i in range(n)]  # node: once bound
+        views = self._all_views(state)
 
         def ask(k: int, count: int = n) -> GangAsk:
-            members = tuple(GangMember(pods[i], job.pods[i], where.get(pods[i], "")) for i in range(count))
-            return GangAsk(gang, pods[k], members, n)
+            return GangAsk(gang, pods[k], tuple(members[:count]), n)
 
         now = 0.0
         if job.id not in self._arrived:  # members are created over the spread, once
@@ -231,6 +262,7 @@ class SidecarPolicy:
                 state.take(node, gpus)
                 slots[k] = (node, gpus)
                 where[pods[k]] = r.node
+                members[k] = GangMember(pods[k], size, r.node)
                 views[r.node] = self._view(node, state.mask[node])
                 t.bound(pods[k], gang, now)
         finally:
