@@ -11,6 +11,8 @@ scheduler does) plus an in-node GPU choice (what the device plugin answers) plus
 | best-combo        | most allocated (HAMi binpack)  | HAMi best combination         | same                      |
 | gang-only         | kube-scheduler + extender score | gputopo Allocator            | same: no network levels   |
 | gputopo           | kube-scheduler + extender score | gputopo Allocator            | the sidecar's GangTracker |
+| fgd               | least growth of expected fragmentation (FGD) | kubelet's (random) order | members one by one, all or nothing |
+| kueue-tas         | least allocated (single pods)  | go-gpuallocator best-effort   | Kueue TAS BestFit over the levels |
 
 Every policy admits a gang all or nothing (as kube-scheduler's GangScheduling/Coscheduling
 do); without that the comparison would measure deadlocks, not placement. `gang-only` is
