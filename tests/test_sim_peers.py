@@ -13,7 +13,7 @@ from gputopo.allocator import AllocatorPool
 from gputopo.network import DEFAULT_LEVELS, LEAF, SPINE
 from gputopo.sim.engine import RunConfig, compare, simulate
 from gputopo.sim.peers import best_fit_domains, fragmentation_table, pod_size_counts
-from gputopo.sim.policies import POLICIES, build_policy
+from gputopo.sim.policies import POLICIES, Failure, build_policy
 from gputopo.sim.state import ClusterState, SimCluster, SimNode
 from gputopo.sim.workload import Job
 from gputopo.topofile import load_preset
@@ -195,12 +195,31 @@ def test_kueue_tas_gang_goes_to_the_tightest_leaf_that_holds_it() -> None:
     got = policy.place(ClusterState(c), Job(id=0, submit=0, duration=1, pods=(8, 8, 4)))
     assert isinstance(got, list)
     # the two 8-GPU pods (one PodSet) take leaf b, the tightest that holds them; the remainder
-    # pod (a second PodSet) fits there no more and, one node being enough, takes the first of
-    # the equally tight nodes by name (n00, leaf a)
+    # pod (a second PodSet) fits there no more and takes the tightest leaf with room (c: 3
+    # nodes, 6 pods of 4 GPUs, against a: 8), on its first node by name
     assert [c.nodes[n].labels[LEAF] for n, _ in got[:2]] == ["leaf-b", "leaf-b"]
-    assert c.nodes[got[2][0]].name == "n00" and len(got[2][1]) == 4
+    assert c.nodes[got[2][0]].name == "n02" and c.nodes[got[2][0]].labels[LEAF] == "leaf-c"
+    assert len(got[2][1]) == 4
     r = simulate(c, [Job(id=0, submit=0, duration=10, pods=(8, 8, 8))], "kueue-tas", RunConfig())
     assert r.gangs == 1 and r.gangs_one_leaf == 1.0
+
+
+def test_kueue_tas_gang_larger_than_any_spine_takes_several_at_the_top() -> None:
+    # two spines of one leaf each: spine-1 has 2 free nodes, spine-2 has 3; a gang of four
+    # 8-GPU pods fits no spine, so the top level takes both (spine-2's 3, then spine-1 for the
+    # last pod). Going down, Kueue sorts the children of all chosen domains together (by room,
+    # then by their label values from the top), so at the node level, all rooms being 1, the
+    # nodes of spine-1 come first: 2 + 2, as tas_flavor_snapshot.go's lowerLevelDomains and
+    # updateCountsToMinimum do
+    nodes = [SimNode(f"a{i}", 0, {LEAF: "la", SPINE: "spine-1"}) for i in range(2)]
+    nodes += [SimNode(f"b{i}", 0, {LEAF: "lb", SPINE: "spine-2"}) for i in range(3)]
+    c = SimCluster(topologies=(load_preset("hgx-h100"),), nodes=tuple(nodes), levels=DEFAULT_LEVELS)
+    policy = build_policy("kueue-tas", c, AllocatorPool(), random.Random(0))
+    got = policy.place(ClusterState(c), Job(id=0, submit=0, duration=1, pods=(8,) * 4))
+    assert isinstance(got, list)
+    assert Counter(c.nodes[n].labels[SPINE] for n, _ in got) == {"spine-1": 2, "spine-2": 2}
+    too_big = policy.place(ClusterState(c), Job(id=1, submit=0, duration=1, pods=(8,) * 6))
+    assert isinstance(too_big, Failure) and "6 pods of 8 GPUs" in too_big.reason
 
 
 def test_kueue_tas_single_pods_spread_and_use_the_pair_allocator() -> None:

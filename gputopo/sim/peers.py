@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from gputopo.allocator import AllocationError, Allocator
+from gputopo.network import HOSTNAME
 from gputopo.policy import GpuPolicy
 from gputopo.sim.policies import Failure, Policy, Slot, _mask_list
 from gputopo.sim.state import ClusterState, SimCluster
@@ -122,8 +123,15 @@ class KueueTasPolicy(Policy):
         self, cluster: SimCluster, allocators: Sequence[Allocator], gpus: Sequence[GpuPolicy]
     ) -> None:
         super().__init__("kueue-tas", cluster, allocators, rank="least", gpus=gpus, cache_gpus=True)
-        # Kueue's levels run from the top (spine) down to the node; ours smallest first
-        self._levels = tuple(reversed(cluster.levels))
+        # Kueue's levels run from the top (spine) down to the node; ours smallest first. A
+        # Kueue Topology lists the levels the nodes carry: a level no node is labelled with
+        # would make every node its own top domain, so it is left out.
+        carried = [
+            level
+            for level in cluster.levels
+            if level == HOSTNAME or any(node.labels.get(level) for node in cluster.nodes)
+        ]
+        self._levels = tuple(reversed(carried))
         n = len(cluster.nodes)
         self._domains = [[cluster.domain(i, level) for i in range(n)] for level in self._levels]
         self._node_of = {name: i for i, name in enumerate(self._domains[-1])}  # the node level
@@ -171,26 +179,30 @@ class KueueTasPolicy(Policy):
         top = len(self._levels) - 1
         level = max(top - 1, 0)  # "preferred": the smallest level above the node
         while True:
-            names, rooms = self._rooms(level, cap, None)
+            names, rooms, paths = self._rooms(level, cap, None)
             if any(r >= count for r in rooms) or level == 0:
-                picked = [(names[i], pods) for i, pods in best_fit_domains(rooms, count, names)]
+                picked = [(names[i], pods) for i, pods in best_fit_domains(rooms, count, paths)]
                 break
             level -= 1
         while picked and level < top:
             parents = {name for name, _ in picked}
-            names, rooms = self._rooms(level + 1, cap, (level, parents))
-            picked = [(names[i], pods) for i, pods in best_fit_domains(rooms, count, names)]
+            names, rooms, paths = self._rooms(level + 1, cap, (level, parents))
+            picked = [(names[i], pods) for i, pods in best_fit_domains(rooms, count, paths)]
             level += 1
         return [(self._node_of[name], pods) for name, pods in picked]
 
     def _rooms(
         self, level: int, cap: Sequence[int], within: tuple[int, set[str]] | None
-    ) -> tuple[list[str], list[int]]:
-        """Pods that fit per domain of `level` (only those under the `within` parents)."""
+    ) -> tuple[list[str], list[int], list[str]]:
+        """Pods that fit per domain of `level` (only those under the `within` parents), with
+        each domain's path from the top: Kueue orders equal rooms by those label values."""
         rooms: dict[str, int] = {}
+        paths: dict[str, str] = {}
         for node, name in enumerate(self._domains[level]):
             if within is not None and self._domains[within[0]][node] not in within[1]:
                 continue
             rooms[name] = rooms.get(name, 0) + cap[node]
+            if name not in paths:
+                paths[name] = "\x00".join(self._domains[k][node] for k in range(level + 1))
         names = sorted(rooms)
-        return names, [rooms[n] for n in names]
+        return names, [rooms[n] for n in names], [paths[n] for n in names]
