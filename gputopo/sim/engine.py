@@ -60,7 +60,7 @@ def simulate(
         raise ValueError(f"unknown mode {config.mode!r}")
     pool = pool or AllocatorPool()
     rng = random.Random(config.seed)
-    policy = build_policy(policy_name, cluster, pool, rng, config.lifecycle)
+    policy = build_policy(policy_name, cluster, pool, rng, config.lifecycle, jobs)
     state = ClusterState(cluster)
     rec = Recorder(cluster, [pool.get(t) for t in cluster.topologies], config.comm)
     started = clock()

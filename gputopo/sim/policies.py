@@ -11,6 +11,8 @@ scheduler does) plus an in-node GPU choice (what the device plugin answers) plus
 | best-combo        | most allocated (HAMi binpack)  | HAMi best combination         | same                      |
 | gang-only         | kube-scheduler + extender score | gputopo Allocator            | same: no network levels   |
 | gputopo           | kube-scheduler + extender score | gputopo Allocator            | the sidecar's GangTracker |
+| fgd               | least growth of expected fragmentation (FGD) | kubelet's (random) order | members one by one, all or nothing |
+| kueue-tas         | least allocated (single pods)  | go-gpuallocator best-effort   | Kueue TAS BestFit over the levels |
 
 Every policy admits a gang all or nothing (as kube-scheduler's GangScheduling/Coscheduling
 do); without that the comparison would measure deadlocks, not placement. `gang-only` is
@@ -38,7 +40,15 @@ from gputopo.sim.workload import Job
 if TYPE_CHECKING:
     from gputopo.sim.sidecar import Lifecycle, SidecarPolicy
 
-POLICIES: tuple[str, ...] = ("gputopo", "kubelet-default", "best-effort-pairs", "best-combo", "gang-only")
+POLICIES: tuple[str, ...] = (
+    "gputopo",
+    "kubelet-default",
+    "best-effort-pairs",
+    "best-combo",
+    "gang-only",
+    "fgd",
+    "kueue-tas",
+)
 BASELINE = "kubelet-default"
 
 #: One pod's placement: node index and GPU indices.
@@ -205,9 +215,11 @@ def build_policy(
     pool: AllocatorPool,
     rng: random.Random,
     lifecycle: Lifecycle | None = None,
+    jobs: Sequence[Job] = (),
 ) -> Policy | SidecarPolicy:
     """A fresh policy (its own caches; `rng` feeds kubelet's random order and kube-scheduler's
-    random choice among equal scores; `lifecycle` shapes the sidecar's gang lifecycle)."""
+    random choice among equal scores; `lifecycle` shapes the sidecar's gang lifecycle; `jobs` is
+    the workload `fgd` assumes known, learned online when empty)."""
     topos = cluster.topologies
     allocators = [pool.get(t) for t in topos]
     if name in ("kubelet-default", "best-effort-pairs", "best-combo"):
@@ -222,4 +234,12 @@ def build_policy(
         from gputopo.sim.sidecar import SidecarPolicy
 
         return SidecarPolicy(name, cluster, allocators, rng, planner=name == "gputopo", lifecycle=lifecycle)
+    if name in ("fgd", "kueue-tas"):  # the stronger peers (gputopo/sim/peers.py)
+        from gputopo.sim.peers import FgdPolicy, KueueTasPolicy
+
+        if name == "fgd":
+            kubelet = [policy_by_name("kubelet-default", t, pool=pool, rng=rng) for t in topos]
+            return FgdPolicy(cluster, allocators, kubelet, jobs)
+        pairs = [policy_by_name("best-effort-pairs", t, pool=pool, faithful=True) for t in topos]
+        return KueueTasPolicy(cluster, allocators, pairs)
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
