@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from gputopo.sim import report
 from gputopo.sim.cli import UsageError, add_arguments, prepare
 from gputopo.sim.clusters import CLUSTER_PRESETS
 from gputopo.sim.engine import compare
@@ -75,22 +76,7 @@ def _sim_args(workload: str, cluster: str, policies: Sequence[str], args: argpar
     return [*argv, "--trace", str(path)]
 
 
-def _ratio(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.3f}x"
-
-
-def _pct(v: float | None) -> str:
-    return "n/a" if v is None else f"{100 * v:.1f} %"
-
-
-def _secs(v: float | None) -> str:
-    if v is None:
-        return "n/a"
-    if v >= 3600:
-        return f"{v / 3600:.1f} h"
-    if v >= 60:
-        return f"{v / 60:.1f} min"
-    return f"{v:.0f} s"
+_ratio, _pct, _secs = report.ratio, report.pct, report.secs  # the table's own wording
 
 
 #: (column, value, formatted) of the table; `value` feeds the verdict (None = undefined).

@@ -25,14 +25,11 @@ the device plugin runs with `--policy` — so the simulator models no allocator 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gputopo.allocator import AllocationError, Allocator, AllocatorPool
-from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, plan_gang
-from gputopo.network import NetworkIndex
-from gputopo.placement import place_pod
 from gputopo.policy import GpuPolicy, policy_by_name
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
@@ -75,7 +72,6 @@ class Policy:
         *,
         rank: str,
         gpus: Sequence[GpuPolicy] = (),
-        planner: bool = False,
         cache_gpus: bool = False,
     ) -> None:
         self.name = name
@@ -85,11 +81,6 @@ class Policy:
         self._gpus = gpus
         # (topology, free mask, size) -> GPUs, or None for a refusal: for deterministic policies
         self._answers: dict[tuple[int, int, int], tuple[int, ...] | None] | None = {} if cache_gpus else None
-        self._planner = planner
-        self._memo = ChoiceMemo()
-        self._views: dict[tuple[int, int], NodeView] = {}
-        self._node_index = {node.name: i for i, node in enumerate(cluster.nodes)}
-        self._net: NetworkIndex | None = None
 
     # ------------------------------------------------------------------ single pods
 
@@ -109,29 +100,7 @@ class Policy:
                 best, best_node = cand, node
         return best_node
 
-    def _view(self, node: int, mask: int) -> NodeView:
-        key = (node, mask)
-        hit = self._views.get(key)
-        if hit is None:
-            tid = self.cluster.nodes[node].topology
-            if len(self._views) > 100_000:
-                self._views.clear()
-            hit = self._views[key] = _view(self.cluster, node, mask, self.allocators[tid])
-        return hit
-
     def place_pod(self, state: ClusterState, size: int) -> Slot | Failure:
-        if self._rank == "gputopo":
-            # gputopo's own single-pod order (gang.place_pod: node_scores without rounding);
-            # nodes of one class answer alike, so only each class's first node is shown.
-            views = [
-                self._view(min(members), mask)
-                for (_, mask), members in state.classes.items()
-                if mask.bit_count() >= size
-            ]
-            placed = place_pod("sim/pod", size, views, memo=self._memo)
-            if placed is None:
-                return Failure(f"no node has {size} free GPUs")
-            return self._node_index[placed.node], tuple(sorted(placed.gpus))
         node = self._best_node(state, size)
         if node is None:
             return Failure(f"no node has {size} free GPUs")
@@ -159,50 +128,30 @@ class Policy:
 
     def place(self, state: ClusterState, job: Job) -> list[Slot] | Failure:
         """All pods of the job, or a Failure; the state is left unchanged either way."""
-        if self._planner and job.is_gang:
-            return self._plan(state, job)
-        if not job.is_gang:  # nothing to hold while the other members are placed
-            got = self.place_pod(state, job.pods[0])
-            return got if isinstance(got, Failure) else [got]
-        slots: list[Slot] = []
-        try:
-            for size in job.pods:
-                got = self.place_pod(state, size)
-                if isinstance(got, Failure):
-                    return got
-                state.take(*got)
-                slots.append(got)
-        finally:
-            for node, gpus in slots:
-                state.give(node, gpus)
-        return slots
-
-    def _plan(self, state: ClusterState, job: Job) -> list[Slot] | Failure:
-        views = [self._view(i, state.mask[i]) for i in range(len(self.cluster.nodes))]
-        spec = GangSpec(
-            key=f"sim/job-{job.id}",
-            members=tuple(Member(pod=f"sim/job-{job.id}-{k}", gpus=g) for k, g in enumerate(job.pods)),
-        )
-        if self._net is None:
-            self._net = NetworkIndex.build(
-                ((n.name, n.labels) for n in self.cluster.nodes), self.cluster.levels
-            )
-        plan = plan_gang(spec, views, self.cluster.levels, index=self._net, memo=self._memo)
-        if not isinstance(plan, GangPlan):
-            return Failure(plan.reason)
-        return [(self._node_index[p.node], tuple(sorted(p.gpus))) for p in plan.placements]
+        return place_one_by_one(state, job, self.place_pod)
 
 
-def _view(cluster: SimCluster, node: int, mask: int, allocator: Allocator) -> NodeView:
-    spec = cluster.nodes[node]
-    n = cluster.topologies[spec.topology].n
-    return NodeView(
-        name=spec.name,
-        labels=spec.labels,
-        gpu_count=n,
-        free=frozenset(i for i in range(n) if mask >> i & 1),
-        allocator=allocator,
-    )
+def place_one_by_one(
+    state: ClusterState, job: Job, place_pod: Callable[[ClusterState, int], Slot | Failure]
+) -> list[Slot] | Failure:
+    """A job's pods one after the other, each where `place_pod` puts it, all or nothing (as
+    kube-scheduler's Coscheduling admits a gang whose members it places one by one); the state
+    is left unchanged either way."""
+    if not job.is_gang:  # nothing to hold while the other members are placed
+        got = place_pod(state, job.pods[0])
+        return got if isinstance(got, Failure) else [got]
+    slots: list[Slot] = []
+    try:
+        for size in job.pods:
+            got = place_pod(state, size)
+            if isinstance(got, Failure):
+                return got
+            state.take(*got)
+            slots.append(got)
+    finally:
+        for node, gpus in slots:
+            state.give(node, gpus)
+    return slots
 
 
 def _mask_list(mask: int, n: int) -> list[int]:

@@ -1,6 +1,6 @@
 """Rendering results: the aligned terminal table and the JSON document.
 
-Rows are metrics and columns are policies, so five policies fit a terminal and a reader
+Rows are metrics and columns are policies, so seven policies fit a wide terminal and a reader
 compares one figure across policies along a line.
 """
 
@@ -14,7 +14,7 @@ from gputopo.sim.comm import CommModel
 from gputopo.sim.metrics import Summary
 
 
-def _pct(v: float | None) -> str:
+def pct(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.1f} %"
 
 
@@ -22,7 +22,7 @@ def _int(v: int | None) -> str:
     return "n/a" if v is None else f"{v:,}"
 
 
-def _secs(v: float | None) -> str:
+def secs(v: float | None) -> str:
     if v is None:
         return "n/a"
     if v >= 3600:
@@ -32,7 +32,7 @@ def _secs(v: float | None) -> str:
     return f"{v:.0f} s"
 
 
-def _ratio(v: float | None) -> str:
+def ratio(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f}x"
 
 
@@ -48,27 +48,27 @@ HIGHER, LOWER, NEITHER = "↑", "↓", ""
 ROWS: tuple[tuple[str, str, Callable[[Summary], str]], ...] = (
     ("jobs placed / arrived", NEITHER, lambda s: f"{s.placed:,}/{s.jobs:,}"),
     ("rejected (fill) / never started", LOWER, lambda s: f"{s.rejected:,}/{s.never_started:,}"),
-    ("GPU demand placed", HIGHER, lambda s: _pct(s.demand_placed)),
-    ("GPUs allocated at first failure", HIGHER, lambda s: _pct(s.allocated_at_first_failure)),
-    ("GPUs allocated at end (fill)", HIGHER, lambda s: _pct(s.allocated_at_end)),
+    ("GPU demand placed", HIGHER, lambda s: pct(s.demand_placed)),
+    ("GPUs allocated at first failure", HIGHER, lambda s: pct(s.allocated_at_first_failure)),
+    ("GPUs allocated at end (fill)", HIGHER, lambda s: pct(s.allocated_at_end)),
     ("multi-GPU pods", NEITHER, lambda s: _int(s.multi_gpu_pods)),
-    ("pods at best ring of empty node", HIGHER, lambda s: _pct(s.best_ring_share)),
-    ("mean ring bw / best ring bw", HIGHER, lambda s: _pct(s.ring_over_best)),
+    ("pods at best ring of empty node", HIGHER, lambda s: pct(s.best_ring_share)),
+    ("mean ring bw / best ring bw", HIGHER, lambda s: pct(s.ring_over_best)),
     ("gangs (multi-node jobs)", NEITHER, lambda s: _int(s.gangs)),
-    ("gangs inside one leaf", HIGHER, lambda s: _pct(s.gangs_one_leaf)),
-    ("gangs inside one spine", HIGHER, lambda s: _pct(s.gangs_one_spine)),
+    ("gangs inside one leaf", HIGHER, lambda s: pct(s.gangs_one_leaf)),
+    ("gangs inside one spine", HIGHER, lambda s: pct(s.gangs_one_spine)),
     ("free GPUs at first failure (FGD)", LOWER, lambda s: _int(s.free_at_first_failure)),
-    ("jobs held up by fragmentation", LOWER, lambda s: _pct(s.fragmented_jobs)),
-    ("jobs that queued at all", LOWER, lambda s: _pct(s.queued_share)),
-    ("queueing delay, mean (all jobs)", LOWER, lambda s: _secs(s.queue_delay_mean)),
-    ("queueing delay, mean of those queued", LOWER, lambda s: _secs(s.queue_delay_mean_queued)),
+    ("jobs held up by fragmentation", LOWER, lambda s: pct(s.fragmented_jobs)),
+    ("jobs that queued at all", LOWER, lambda s: pct(s.queued_share)),
+    ("queueing delay, mean (all jobs)", LOWER, lambda s: secs(s.queue_delay_mean)),
+    ("queueing delay, mean of those queued", LOWER, lambda s: secs(s.queue_delay_mean_queued)),
     (
         "queueing delay, p95 / p99",
         LOWER,
-        lambda s: f"{_secs(s.queue_delay_p95)} / {_secs(s.queue_delay_p99)}",
+        lambda s: f"{secs(s.queue_delay_p95)} / {secs(s.queue_delay_p99)}",
     ),
-    ("job time / ideal (multi-GPU jobs)", LOWER, lambda s: _ratio(s.job_time_ratio)),
-    ("throughput of multi-GPU jobs vs kubelet-default", HIGHER, lambda s: _ratio(s.throughput_vs_baseline)),
+    ("job time / ideal (multi-GPU jobs)", LOWER, lambda s: ratio(s.job_time_ratio)),
+    ("throughput of multi-GPU jobs vs kubelet-default", HIGHER, lambda s: ratio(s.throughput_vs_baseline)),
     ("admission failures (plugin)", LOWER, lambda s: _int(s.admission_failures)),
     ("gangs that waited for quorum", NEITHER, lambda s: _extra(s, "gangs_waited_for_quorum")),
     ("reservations expired", LOWER, lambda s: _extra(s, "reservations_expired")),

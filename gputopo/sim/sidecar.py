@@ -30,7 +30,7 @@ from gputopo.gang import ChoiceMemo, NodeView
 from gputopo.gangs import GangAsk, GangMember, GangTracker, Refused, Wait
 from gputopo.network import NetworkIndex
 from gputopo.placement import node_scores
-from gputopo.sim.policies import Failure, Slot
+from gputopo.sim.policies import Failure, Slot, place_one_by_one
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
 
@@ -184,23 +184,9 @@ class SidecarPolicy:
             self._seen_jobs.add(job.id)
             for size in job.pods:
                 self.objective.mix.observe(size, gang=job.is_gang)
-        if not job.is_gang:
-            got = self.place_pod(state, job.pods[0])
-            return got if isinstance(got, Failure) else [got]
-        if self._planner:
+        if self._planner and job.is_gang:
             return self._lifecycle(state, job)
-        slots: list[Slot] = []
-        try:
-            for size in job.pods:
-                got = self.place_pod(state, size)
-                if isinstance(got, Failure):
-                    return got
-                state.take(*got)
-                slots.append(got)
-        finally:
-            for node, gpus in slots:
-                state.give(node, gpus)
-        return slots
+        return place_one_by_one(state, job, self.place_pod)
 
     def _lifecycle(self, state: ClusterState, job: Job) -> list[Slot] | Failure:
         gang = f"sim/job-{job.id}"
