@@ -68,7 +68,7 @@ ROWS: tuple[tuple[str, str, Callable[[Summary], str]], ...] = (
         lambda s: f"{secs(s.queue_delay_p95)} / {secs(s.queue_delay_p99)}",
     ),
     ("job time / ideal (multi-GPU jobs)", LOWER, lambda s: ratio(s.job_time_ratio)),
-    ("throughput of multi-GPU jobs vs kubelet-default", HIGHER, lambda s: ratio(s.throughput_vs_baseline)),
+    ("throughput vs kubelet-default (multi-GPU jobs)", HIGHER, lambda s: ratio(s.throughput_vs_baseline)),
     ("admission failures (plugin)", LOWER, lambda s: _int(s.admission_failures)),
     ("gangs that waited for quorum", NEITHER, lambda s: _extra(s, "gangs_waited_for_quorum")),
     ("reservations expired", LOWER, lambda s: _extra(s, "reservations_expired")),
