@@ -41,7 +41,10 @@ class ClusterCache:
         self._fits: (
             tuple[Mapping[str, NodeView], dict[int, tuple[frozenset[str], Mapping[str, str]]]] | None
         ) = None
-        self._index_key: int | None = None
+        # the index is built from node names and labels only: keyed on the nodes mapping (a new
+        # one whenever any node changes) and the levels, not on the snapshot version, which
+        # every new pod bumps
+        self._index_key: tuple[object, tuple[str, ...]] | None = None
         self._index: NetworkIndex | None = None
 
     # ------------------------------------------------------------------ own binds
@@ -93,11 +96,12 @@ class ClusterCache:
         return self._views.predict(node, size, view)
 
     def network(self, snap: Snapshot) -> NetworkIndex:
-        if self._index is None or self._index_key != snap.version:
-            # the cluster's own levels (its Kueue/KAI Topology objects) when it defines any, else ours
-            levels = snap.levels or self.levels
+        # the cluster's own levels (its Kueue/KAI Topology objects) when it defines any, else ours
+        levels = tuple(snap.levels or self.levels)
+        key = self._index_key
+        if self._index is None or key is None or key[0] is not snap.nodes or key[1] != levels:
             self._index = NetworkIndex.build(((n.name, n.labels) for n in snap.nodes.values()), levels)
-            self._index_key = snap.version
+            self._index_key = (snap.nodes, levels)
         return self._index
 
     def members(self, gang: str, snap: Snapshot) -> list[PodInfo]:
