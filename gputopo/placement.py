@@ -1,9 +1,11 @@
 """Single-pod placement: which node (and GPU set) is best for one pod that is not in a gang.
 
-The sidecar's prioritize verb scores nodes with `node_scores`; the simulator places with
-`place_pod`, the same order without the rounding to 0..10. Both rank a node by the best GPU set
-its allocator would give (design.md §2), then by best fit, so the emptier nodes stay whole for
-the gangs (`gputopo.gang`). Pure: no I/O, no clock, no globals.
+The sidecar's prioritize verb scores nodes with `node_scores` (the simulator's deployed path
+too, through its model of kube-scheduler); with an `objective` the order is the cluster-level
+one of `gputopo.clusterobjective`, else the first cut's: the best GPU set the node's allocator
+would give (design.md §2), then best fit, so the emptier nodes stay whole for the gangs.
+`place_pod` is the first cut's order without the rounding to 0..10, one best node.
+Pure: no I/O, no clock, no globals.
 """
 
 from __future__ import annotations

@@ -201,12 +201,18 @@ def _topology_key(constraints: Any) -> str | None:
     return None
 
 
-def groups_scheduler_plugins(obj: Mapping[str, Any], api_version: str) -> list[Group]:
+def _min_member_group(obj: Mapping[str, Any], api_version: str, prefix: str) -> list[Group]:
+    """A PodGroup whose gang size is `spec.minMember` (scheduler-plugins, Volcano); `prefix`
+    keeps each API's names in a key space of their own."""
     m = _meta(obj)
     n = _count(_dig(obj, "spec", "minMember"))
     if m is None or n is None:
         return []
-    return [Group(f"{m[0]}/{m[1]}", n, None, _ref(obj, "PodGroup", api_version, *m))]
+    return [Group(f"{m[0]}/{prefix}{m[1]}", n, None, _ref(obj, "PodGroup", api_version, *m))]
+
+
+def groups_scheduler_plugins(obj: Mapping[str, Any], api_version: str) -> list[Group]:
+    return _min_member_group(obj, api_version, "")
 
 
 def groups_k8s_podgroup(obj: Mapping[str, Any], api_version: str) -> list[Group]:
@@ -236,11 +242,7 @@ def groups_k8s_workload(obj: Mapping[str, Any], api_version: str) -> list[Group]
 
 
 def groups_volcano(obj: Mapping[str, Any], api_version: str) -> list[Group]:
-    m = _meta(obj)
-    n = _count(_dig(obj, "spec", "minMember"))
-    if m is None or n is None:
-        return []
-    return [Group(f"{m[0]}/{VOLCANO}{m[1]}", n, None, _ref(obj, "PodGroup", api_version, *m))]
+    return _min_member_group(obj, api_version, VOLCANO)
 
 
 def workload_key(gang_key: str) -> str:
