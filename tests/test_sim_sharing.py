@@ -21,6 +21,7 @@ from gputopo.allocator import AllocatorPool
 from gputopo.network import DEFAULT_LEVELS, LEAF
 from gputopo.sim.cli import _Parser, add_arguments, prepare
 from gputopo.sim.engine import RunConfig, compare
+from gputopo.sim.plot import figure
 from gputopo.sim.policies import POLICIES
 from gputopo.sim.sharepolicies import build_shared_policy, fragmentation, task_counts
 from gputopo.sim.sharing import SHARING_POLICIES, WHOLE_GPU_POLICIES, ShareBook
@@ -399,3 +400,16 @@ def test_a_cpu_only_row_keeps_its_zero_milli(tmp_path: Path) -> None:
     assert [(j.pods, j.milli) for j in jobs] == [((1,), 250)]
     assert "1 fractional shared" in header["workload"]
     assert replace(jobs[0], milli=1000).demand_milli == 1000 and jobs[0].demand_milli == 250
+
+
+def test_the_plot_draws_milli_gpus_as_gpus() -> None:
+    res = run(cluster(2), [pod(0, 500), pod(1, 200), pod(2, 500), pod(3, 600)], ("best-combo",))
+    assert figure(res["best-combo"], "free_at_first_failure") == 0.8
+    whole = compare(cluster(2), [pod(0, 1000)], ("best-combo",), RunConfig(mode="fill"))[0]
+    assert figure(whole, "free_at_first_failure") is None and figure(whole, "placed") == 1.0
+
+
+def test_a_job_shares_only_as_a_single_one_gpu_pod() -> None:
+    for pods, milli in (((2,), 500), ((1, 1), 500), ((1,), 0), ((1,), 1500)):
+        with pytest.raises(ValueError, match="single 1-GPU pod"):
+            Job(id=0, submit=0.0, duration=1.0, pods=pods, milli=milli)

@@ -89,6 +89,10 @@ class Job:
     #: without sharing every policy reads `pods` alone and this is never looked at.
     milli: int = 1000
 
+    def __post_init__(self) -> None:
+        if self.milli != 1000 and (self.pods != (1,) or not 0 < self.milli < 1000):
+            raise ValueError(f"a share of {self.milli} milli-GPUs needs a single 1-GPU pod, got {self.pods}")
+
     @property
     def gpus(self) -> int:
         return sum(self.pods)
