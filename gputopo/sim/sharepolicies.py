@@ -2,8 +2,8 @@
 
 | policy          | stands for (under sharing)            | node                          | GPU of a fractional pod |
 |-----------------|---------------------------------------|-------------------------------|-------------------------|
-| kubelet-default | HAMi with its `spread` node and GPU policies (a sharing device plugin under LeastAllocated) | least allocated milli-GPUs after the pod | the least used GPU that fits |
-| best-combo      | HAMi `binpack` node and GPU policies  | most allocated milli-GPUs after the pod | the most used GPU that fits |
+| kubelet-default | HAMi, node and GPU policies `spread`   | least allocated milli-GPUs after the pod | the least used GPU that fits |
+| best-combo      | HAMi, node and GPU policies `binpack` | most allocated milli-GPUs after the pod | the most used GPU that fits |
 | fgd             | Alibaba's FGD (Weng et al., ATC '23)  | least growth of expected fragmentation | the one whose share leaves the least |
 
 Whole-GPU pods keep each policy's in-node GPU choice (kubelet's order, HAMi's best combination)
