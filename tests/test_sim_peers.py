@@ -96,7 +96,8 @@ def test_fgd_direction_on_an_openb_like_fill() -> None:
     """The paper's direction (fewer unallocated GPUs at the first failure than best-fit and than
     spreading), on whole GPUs: FGD is never worse than bin-packing and always better than
     spreading. (Whole-GPU bin-packing leaves little to gain here: FGD's lead over best-fit in
-    the paper comes from GPU sharing, which the simulator counts as whole GPUs.)"""
+    the paper needs GPU sharing: without --gpu-sharing a share counts as a whole GPU;
+    tests/test_sim_sharing.py checks the direction with it.)"""
     for seed in range(3):
         c, jobs = openb_like(seed)
         res = by_policy(compare(c, jobs, ("kubelet-default", "best-combo", "fgd"), RunConfig(mode="fill")))

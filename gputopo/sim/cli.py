@@ -8,6 +8,7 @@ import argparse
 import math
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
@@ -79,6 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policies", default=",".join(POLICIES), help=f"comma list (default: {','.join(POLICIES)})"
     )
     g.add_argument("--seed", type=int, default=0, help="seed of the generator, fill order and kubelet order")
+    g.add_argument(
+        "--gpu-sharing",
+        action="store_true",
+        help="fractional openb pods (gpu_milli < 1000) share GPUs under the policies whose systems "
+        "share (kubelet-default, best-combo, fgd); GPU figures then count milli-GPUs (default: off)",
+    )
     g = parser.add_argument_group("gang lifecycle (gputopo policy: the sidecar's path over time)")
     g.add_argument(
         "--gang-spread",
@@ -163,8 +170,25 @@ def prepare(args: argparse.Namespace) -> tuple[SimCluster, list[Job], dict[str, 
         f"members created within {lifecycle.arrival_spread_s:g} s, reservation TTL "
         f"{lifecycle.reservation_ttl_s:g} s, bind failure rate {lifecycle.bind_failure_rate:g}"
     )
-    config = RunConfig(mode=mode, seed=args.seed, comm=comm, lifecycle=lifecycle)
+    sharing = bool(getattr(args, "gpu_sharing", False))
+    if sharing:
+        header["gpu sharing"] = _sharing_line(policies)
+    config = RunConfig(mode=mode, seed=args.seed, comm=comm, lifecycle=lifecycle, gpu_sharing=sharing)
     return cluster, jobs, header, config, policies
+
+
+def _sharing_line(policies: list[str]) -> str:
+    """The header line of a --gpu-sharing run: who shares, who counts a share as a whole GPU."""
+    from gputopo.sim.sharing import shares
+
+    share = [p for p in policies if shares(p)]
+    whole = [p for p in policies if not shares(p)]
+    parts = [f"fractional pods take gpu_milli of one GPU under {', '.join(share)}"] if share else []
+    if whole:
+        parts.append(f"{', '.join(whole)} hand out whole GPUs (a fractional pod takes one)")
+    return (
+        "on: " + "; ".join(parts) + "; GPU counts in milli-GPUs (free share of a partly used GPU unallocated)"
+    )
 
 
 def _policies(text: str) -> list[str]:
@@ -253,7 +277,13 @@ def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job],
         raise UsageError(f"--limit must be positive, got {args.limit}")
     scale = _positive(args.time_scale, "--time-scale")
     load = _positive(args.load, "--load")
+    sharing = bool(getattr(args, "gpu_sharing", False))
     if args.trace is None:
+        if sharing:
+            raise UsageError(
+                "--gpu-sharing applies to Alibaba openb pod lists (--trace with gpu_milli); "
+                "the generator makes whole-GPU jobs"
+            )
         if scale != 1.0:
             raise UsageError(
                 "--time-scale applies to replaying a timed --trace, not to the generator (use --load)"
@@ -275,6 +305,11 @@ def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job],
             trace = read_trace(args.trace)
         except TraceError as e:
             raise UsageError(str(e)) from None
+        if sharing and trace.format == "jobs":
+            raise UsageError(
+                f"--trace {args.trace}: a job list has no gpu_milli; --gpu-sharing applies to "
+                "Alibaba openb pod lists"
+            )
         jobs = list(trace.jobs)
         if args.limit is not None:
             jobs = jobs[: args.limit]
@@ -289,7 +324,7 @@ def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job],
         if mode in ("fill", "arrivals"):
             order = rng.permutation(len(jobs))
             jobs = [
-                Job(id=jobs[k].id, submit=float(i), duration=math.inf, pods=jobs[k].pods)
+                Job(id=jobs[k].id, submit=float(i), duration=math.inf, pods=jobs[k].pods, milli=jobs[k].milli)
                 for i, k in enumerate(order)
             ]
         if mode == "arrivals":
@@ -297,11 +332,12 @@ def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job],
             mode = "replay"
             label = f"arrivals (shuffled, Poisson at load {load:g}, Alibaba default-list run times)"
         elif mode == "replay" and scale != 1.0:
-            jobs = [Job(id=j.id, submit=j.submit * scale, duration=j.duration, pods=j.pods) for j in jobs]
+            jobs = [replace(j, submit=j.submit * scale) for j in jobs]
             label = f"replay, time scale {scale:g}"
         header["workload"] = (
             f"{Path(args.trace).name} ({trace.format}, {len(jobs):,} GPU jobs; "
-            f"{trace.skipped_cpu_only:,} CPU-only skipped, {trace.fractional_as_whole:,} fractional as whole)"
+            f"{trace.skipped_cpu_only:,} CPU-only skipped, {trace.fractional_as_whole:,} fractional "
+            + ("shared)" if sharing else "as whole)")
         )
         header["mode"] = label
     header["pods"] = f"{sum(len(j.pods) for j in jobs):,}"

@@ -43,6 +43,7 @@ class RunConfig:
     seed: int = 0
     comm: CommModel = field(default_factory=CommModel)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)  # the sidecar's gangs over time
+    gpu_sharing: bool = False  # fractional pods share GPUs (gputopo/sim/sharing.py)
 
 
 def simulate(
@@ -59,6 +60,10 @@ def simulate(
     if config.mode not in ("replay", "fill"):
         raise ValueError(f"unknown mode {config.mode!r}")
     pool = pool or AllocatorPool()
+    if config.gpu_sharing:  # its own bookkeeping and loops, off the default run's path
+        from gputopo.sim.sharing import simulate_shared
+
+        return simulate_shared(cluster, jobs, policy_name, config, pool=pool, progress=progress, clock=clock)
     rng = random.Random(config.seed)
     policy = build_policy(policy_name, cluster, pool, rng, config.lifecycle, jobs)
     state = ClusterState(cluster)

@@ -55,6 +55,7 @@ class Summary:
     allocated_at_first_failure: float | None = None  # share of GPUs in use when the first job failed
     allocated_at_end: float | None = None  # share of GPUs in use when the run ended (fill: when full)
     demand_placed: float | None = None  # share of the GPUs asked for by all jobs that got placed
+    milli_gpus: bool = False  # --gpu-sharing: free_at_first_failure and the shares count milli-GPUs
     extra: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:

@@ -8,7 +8,8 @@ The node's fragmentation is the expectation of that over the target workload (th
 of each pod size); FGD puts each pod on the node whose fragmentation grows least. In the node
 it is GPU-topology-blind (kubelet's order). The target workload is what FGD assumes known: the
 pod sizes of the job list the policy is built with; built without one, it learns the sizes
-online from the pods it has been asked to place so far.
+online from the pods it has been asked to place so far. With `simulate --gpu-sharing` the
+sharing form in gputopo/sim/sharepolicies.py measures fragmentation in milli-GPUs instead.
 
 `kueue-tas` — Kueue's Topology Aware Scheduling (KEP-2724, `pkg/cache/tas_flavor_snapshot.go`)
 with its default BestFit profile for gangs: domains counted in pods that fit, the top-down

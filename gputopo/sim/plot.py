@@ -63,6 +63,14 @@ PANELS: tuple[tuple[str, str, str, float, bool, str], ...] = (
 NONE_TEXT = {"free_at_first_failure": "never\nfailed"}
 
 
+def figure(result: Summary, attr: str) -> float | None:
+    """One panel's value; free GPUs counted in milli-GPUs (--gpu-sharing) are drawn as GPUs."""
+    v = getattr(result, attr)
+    if v is not None and attr == "free_at_first_failure" and result.milli_gpus:
+        return float(v) / 1000
+    return None if v is None else float(v)
+
+
 def write_plot(results: Sequence[Summary], path: str | Path, title: str) -> None:
     """Draw the panels into `path` (PNG, 16:9, a 2x3 grid for a slide); a panel whose figure
     is undefined for every policy says why instead of drawing empty axes."""
@@ -75,7 +83,7 @@ def write_plot(results: Sequence[Summary], path: str | Path, title: str) -> None
     names = [r.policy for r in results]
     fig, axes = plt.subplots(2, 3, figsize=(16, 9))
     for ax, (attr, label, unit, scale, higher, empty) in zip(axes.flat, PANELS, strict=True):
-        values = [getattr(r, attr) for r in results]
+        values = [figure(r, attr) for r in results]
         ax.set_title(f"{label}\n({'higher' if higher else 'lower'} is better)", fontsize=12)
         if all(v is None for v in values):
             ax.text(0.5, 0.5, f"no data: {empty}", ha="center", va="center", fontsize=11, wrap=True)

@@ -22,6 +22,14 @@ def _int(v: int | None) -> str:
     return "n/a" if v is None else f"{v:,}"
 
 
+def _free(s: Summary) -> str:
+    """Free GPUs at the first failure; under --gpu-sharing counted in milli-GPUs, shown in GPUs."""
+    v = s.free_at_first_failure
+    if v is None or not s.milli_gpus:
+        return _int(v)
+    return f"{v / 1000:,.3f}"
+
+
 def secs(v: float | None) -> str:
     if v is None:
         return "n/a"
@@ -57,7 +65,7 @@ ROWS: tuple[tuple[str, str, Callable[[Summary], str]], ...] = (
     ("gangs (multi-node jobs)", NEITHER, lambda s: _int(s.gangs)),
     ("gangs inside one leaf", HIGHER, lambda s: pct(s.gangs_one_leaf)),
     ("gangs inside one spine", HIGHER, lambda s: pct(s.gangs_one_spine)),
-    ("free GPUs at first failure (FGD)", LOWER, lambda s: _int(s.free_at_first_failure)),
+    ("free GPUs at first failure (FGD)", LOWER, _free),
     ("jobs held up by fragmentation", LOWER, lambda s: pct(s.fragmented_jobs)),
     ("jobs that queued at all", LOWER, lambda s: pct(s.queued_share)),
     ("queueing delay, mean (all jobs)", LOWER, lambda s: secs(s.queue_delay_mean)),

@@ -4,7 +4,8 @@ Formats are told apart by their CSV header, so a user never has to name one:
 
 * Alibaba openb pod lists (`name,...,num_gpu,gpu_milli[,...,creation_time,deletion_time,scheduled_time]`):
   one row = one pod = one job. CPU-only pods are skipped; a fractional GPU (gpu_milli < 1000)
-  counts as one whole GPU, since the device plugin hands out whole GPUs. With times, a pod is
+  counts as one whole GPU, since the device plugin hands out whole GPUs, unless the run shares
+  GPUs (`--gpu-sharing`, gputopo/sim/sharing.py): the share is kept in `Job.milli` for that. With times, a pod is
   submitted at `creation_time` and runs `deletion_time - scheduled_time` (a pod never scheduled:
   `deletion_time - creation_time`). The multigpu lists have no times: the trace is *untimed*
   and the simulator replays it as an arrival sequence (FGD-style fill, see docs/simulator.md).
@@ -133,7 +134,9 @@ def _read_alibaba(p: Path, reader: csv.DictReader[str], *, timed: bool) -> Trace
         if num_gpu == 0:
             cpu_only += 1
             continue
-        if num_gpu == 1 and milli < 1000:
+        _check_milli(p, line, num_gpu, milli, row["gpu_milli"])
+        share = milli if num_gpu == 1 else 1000
+        if share < 1000:
             fractional += 1
         if timed:
             created = _num(p, line, row, "creation_time")
@@ -144,13 +147,30 @@ def _read_alibaba(p: Path, reader: csv.DictReader[str], *, timed: bool) -> Trace
             if deleted < start:
                 raise TraceError(f"{p}:{line}: deletion_time is before the pod started")
             jobs.append(
-                Job(id=len(jobs), submit=created, duration=max(1.0, deleted - start), pods=(num_gpu,))
+                Job(
+                    id=len(jobs),
+                    submit=created,
+                    duration=max(1.0, deleted - start),
+                    pods=(num_gpu,),
+                    milli=share,
+                )
             )
         else:
-            jobs.append(Job(id=len(jobs), submit=float(len(jobs)), duration=math.inf, pods=(num_gpu,)))
+            jobs.append(
+                Job(id=len(jobs), submit=float(len(jobs)), duration=math.inf, pods=(num_gpu,), milli=share)
+            )
     return _finish(
         "alibaba-openb" if timed else "alibaba-openb-untimed", jobs, timed, rows, cpu_only, fractional
     )
+
+
+def _check_milli(p: Path, line: int, num_gpu: int, milli: int, text: str) -> None:
+    """A GPU pod's `gpu_milli` is its share of each GPU: 1..1000, and 1000 for several GPUs (a
+    share of a GPU is a single GPU's; openb never has a fractional multi-GPU pod)."""
+    if not 1 <= milli <= 1000:
+        raise TraceError(f"{p}:{line}: column gpu_milli of a GPU pod must be 1..1000, got {text!r}")
+    if num_gpu > 1 and milli != 1000:
+        raise TraceError(f"{p}:{line}: column gpu_milli must be 1000 when num_gpu > 1, got {text!r}")
 
 
 def _read_jobs(p: Path, reader: csv.DictReader[str]) -> Trace:

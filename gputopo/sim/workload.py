@@ -83,10 +83,24 @@ class Job:
     submit: float  # seconds
     duration: float  # seconds at an ideal placement; math.inf = never leaves (fill mode)
     pods: tuple[int, ...]
+    #: Thousandths of one GPU the job's pod takes when GPUs are shared (`simulate --gpu-sharing`):
+    #: below 1000 only for a single 1-GPU pod (an openb pod with `gpu_milli < 1000`; no trace has
+    #: fractional multi-GPU pods or gang members, so one figure per job suffices). Whole = 1000;
+    #: without sharing every policy reads `pods` alone and this is never looked at.
+    milli: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.milli != 1000 and (self.pods != (1,) or not 0 < self.milli < 1000):
+            raise ValueError(f"a share of {self.milli} milli-GPUs needs a single 1-GPU pod, got {self.pods}")
 
     @property
     def gpus(self) -> int:
         return sum(self.pods)
+
+    @property
+    def demand_milli(self) -> int:
+        """What the job asks for in milli-GPUs: its share when fractional, else 1000 per GPU."""
+        return self.milli if self.milli < 1000 else 1000 * sum(self.pods)
 
     @property
     def is_gang(self) -> bool:
@@ -187,6 +201,6 @@ def timed_arrivals(
         durations.append(_lognormal(*ALIBABA_RUNTIME[nearest], ALIBABA_MAX_RUNTIME, rng))
     timed = _poisson([j.pods for j in jobs], durations, capacity_gpus, load, rng)
     return [
-        Job(id=j.id, submit=t.submit, duration=t.duration, pods=j.pods)
+        Job(id=j.id, submit=t.submit, duration=t.duration, pods=j.pods, milli=j.milli)
         for j, t in zip(jobs, timed, strict=True)
     ]
