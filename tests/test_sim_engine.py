@@ -258,6 +258,37 @@ def test_queueing_splits_who_waited_from_how_long() -> None:
     assert r.allocated_at_end is None  # replay ends with every job gone: no fill figure
 
 
+def test_queueing_split_by_job_size_says_who_waits() -> None:
+    # one H100 node: an 8-GPU job runs 0..100; a 1-GPU job (t=10) and a 4-GPU job (t=20) wait
+    # for it; a 2-pod gang of 1 GPU each (t=20, 2 GPUs: multi) too; a 1-GPU job at t=200 does not wait
+    c = cluster("hgx-h100", [("n1", "a", frozenset())])
+    jobs = [
+        job(0, (8,), 0, 100),
+        job(1, (1,), 10, 10),
+        job(2, (4,), 20, 10),
+        job(3, (1, 1), 20, 10),
+        job(4, (1,), 200, 10),
+    ]
+    r = simulate(c, jobs, "kubelet-default", RunConfig())
+    assert r.placed == 5
+    assert r.queue_delay_mean_single == pytest.approx((90 + 0) / 2)
+    assert r.queue_delay_mean_multi == pytest.approx((0 + 80 + 80) / 3)
+    # the split is a partition of the mean over every placed job
+    assert r.queue_delay_mean == pytest.approx((2 * 45 + 3 * 160 / 3) / 5)
+    from gputopo.sim.report import render_table
+
+    row = next(
+        line for line in render_table([r], {}).splitlines() if line.startswith("queueing delay, mean: 1-GPU")
+    )
+    assert row.rstrip().endswith("45 s / 53 s")
+    # no 1-GPU job in the run: that side is undefined, not 0
+    only_multi = simulate(c, jobs[:1], "kubelet-default", RunConfig())
+    assert only_multi.queue_delay_mean_single is None and only_multi.queue_delay_mean_multi == 0.0
+    # fill mode has no queue: neither side is defined
+    filled = simulate(c, [job(0, (1,), 0, math.inf)], "kubelet-default", RunConfig(mode="fill"))
+    assert filled.queue_delay_mean_single is None and filled.queue_delay_mean_multi is None
+
+
 def test_table_says_which_way_is_better() -> None:
     from gputopo.sim.report import HIGHER, LOWER, ROWS, render_table
 

@@ -56,6 +56,8 @@ class Summary:
     allocated_at_end: float | None = None  # share of GPUs in use when the run ended (fill: when full)
     demand_placed: float | None = None  # share of the GPUs asked for by all jobs that got placed
     milli_gpus: bool = False  # --gpu-sharing: free_at_first_failure and the shares count milli-GPUs
+    queue_delay_mean_single: float | None = None  # mean queueing delay of placed 1-GPU jobs
+    queue_delay_mean_multi: float | None = None  # ... of placed jobs of 2 GPUs or more (gangs too)
     extra: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
@@ -76,6 +78,7 @@ class Recorder:
         self.gangs = self.gang_leaf = self.gang_spine = 0
         self.first_failure: tuple[float, int] | None = None
         self.delays: list[float] = []
+        self.single: list[bool] = []  # per entry of `delays`: was it a 1-GPU job
         self.ideal_gpu_s = self.actual_gpu_s = 0.0
         self.placed = self.rejected = self.admission_failures = self.pods = 0
         self._ideal_level = _ideal_levels(cluster)
@@ -129,6 +132,7 @@ class Recorder:
         self.pods += len(slots)
         self.placed_gpus += job.gpus
         self.delays.append(now - job.submit)
+        self.single.append(job.gpus < 2)
         nodes = [n for n, _ in slots]
         ring_gbps = ideal_gbps = math.inf
         for node, gpus in slots:
@@ -179,6 +183,11 @@ class Recorder:
 
         delays = np.asarray(self.delays) if timed and self.delays else None
         waited = delays[delays > 0] if delays is not None else None
+        ones = np.asarray(self.single, dtype=bool) if delays is not None else None
+
+        def mean_of(sel: np.ndarray | None) -> float | None:
+            return None if delays is None or sel is None or not sel.any() else float(delays[sel].mean())
+
         demand = sum(j.gpus for j in jobs)
         total = self.gpus_total
         return Summary(
@@ -213,6 +222,8 @@ class Recorder:
             else 1 - self.first_failure[1] / total,
             allocated_at_end=None if free_at_end is None or not total else 1 - free_at_end / total,
             demand_placed=share(self.placed_gpus, demand),
+            queue_delay_mean_single=mean_of(ones),
+            queue_delay_mean_multi=None if ones is None else mean_of(~ones),
         )
 
 

@@ -71,6 +71,11 @@ ROWS: tuple[tuple[str, str, Callable[[Summary], str]], ...] = (
     ("queueing delay, mean (all jobs)", LOWER, lambda s: secs(s.queue_delay_mean)),
     ("queueing delay, mean of those queued", LOWER, lambda s: secs(s.queue_delay_mean_queued)),
     (
+        "queueing delay, mean: 1-GPU / multi-GPU jobs",
+        LOWER,
+        lambda s: f"{secs(s.queue_delay_mean_single)} / {secs(s.queue_delay_mean_multi)}",
+    ),
+    (
         "queueing delay, p95 / p99",
         LOWER,
         lambda s: f"{secs(s.queue_delay_p95)} / {secs(s.queue_delay_p99)}",
