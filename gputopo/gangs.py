@@ -34,14 +34,19 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
+from gputopo.clusterobjective import ClusterObjective
 from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, plan_gang
-from gputopo.network import NetworkIndex, domain_of
+from gputopo.gangwait import carried, level_rank, own_level
+from gputopo.network import CLUSTER, NetworkIndex, domain_of, short_name
 from gputopo.reservations import Reservation, Reservations
 
 #: A plan's capacity is held this long without a bind of one of its members.
 RESERVATION_TTL_S = 120.0
 #: First and largest retry delay of a gang that fits nowhere (for an unchanged question).
 BACKOFF_S = (1.0, 60.0)
+#: How long a gang with no member bound waits for a domain of its own level (`gangwait`)
+#: before it takes a slower one: docs/objective.md has the measurements behind it.
+SPILL_AFTER_S = 6 * 3600.0
 #: Gangs whose first filter time is remembered (for the wait until their last bind); a gang
 #: deleted before it bound is never told, so the oldest are forgotten past this many.
 MAX_WAITING_GANGS = 100_000
@@ -124,10 +129,18 @@ class GangTracker:
         *,
         ttl_s: float = RESERVATION_TTL_S,
         backoff_s: tuple[float, float] = BACKOFF_S,
+        objective: ClusterObjective | None = None,
+        spill_after_s: float = SPILL_AFTER_S,
     ) -> None:
+        if not spill_after_s >= 0:
+            raise ValueError(f"spill_after_s must be >= 0, got {spill_after_s!r}")
         self.levels = tuple(levels)
         self.ttl_s = ttl_s
         self.backoff_s = backoff_s
+        #: the cluster objective (and its demand mix) every plan is ranked by; the caller's
+        #: single pods share it, so the sidecar and the simulator decide alike
+        self.objective = objective
+        self.spill_after_s = spill_after_s
         self.reservations = Reservations()
         self.plans: dict[str, GangPlan] = {}
         self._offers: dict[str, frozenset[str]] = {}  # gang -> nodes its plan was made over
@@ -290,7 +303,10 @@ class GangTracker:
             preferred_level=ask.preferred_level,
         )
         bound = {m.node for m in ask.members if m.node}
-        result = self._search(spec, [v for n, v in views.items() if n in offer], bound, views, index)
+        offered = [v for n, v in views.items() if n in offer]
+        result: GangPlan | str = self._search(spec, offered, bound, views, index)
+        if isinstance(result, GangPlan) and not bound:
+            result = self._hold(spec, result, offered, views, index, now)
         if not isinstance(result, GangPlan):
             back = self._backoff.get(gang)
             delay = self.backoff_s[0] if back is None else min(back.delay * 2, self.backoff_s[1])
@@ -317,6 +333,28 @@ class GangTracker:
             members=len(result.placements),
         )
         return result
+
+    def _hold(
+        self,
+        spec: GangSpec,
+        plan: GangPlan,
+        offered: list[NodeView],
+        views: Mapping[str, NodeView],
+        index: NetworkIndex,
+        now: float,
+    ) -> GangPlan | str:
+        """The plan, or why the gang waits for a domain of its own level (`gangwait`)."""
+        waited = now - self._first_seen.get(spec.key, now)
+        if waited >= self.spill_after_s:
+            return plan
+        own = own_level(spec, offered, index, carried(plan, views, index))
+        if own is None or level_rank(index, plan.level) <= level_rank(index, own):
+            return plan
+        return (
+            f"waiting for one {short_name(own)} domain to hold all {len(spec.members)} members "
+            f"(only {'the whole cluster' if plan.level == CLUSTER else 'one ' + short_name(plan.level)} "
+            f"does now; it takes that after {self.spill_after_s:g}s of waiting, {waited:.0f}s so far)"
+        )
 
     def _search(
         self,
