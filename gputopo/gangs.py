@@ -304,6 +304,8 @@ class GangTracker:
         )
         bound = {m.node for m in ask.members if m.node}
         offered = [v for n, v in views.items() if n in offer]
+        if self.objective is not None:  # "the best ring a size gets anywhere" counts every server
+            self.objective.learn({v.allocator.exact for v in views.values() if v.allocator is not None})
         result: GangPlan | str = self._search(spec, offered, bound, views, index)
         if isinstance(result, GangPlan) and not bound:
             result = self._hold(spec, result, offered, views, index, now)
@@ -383,12 +385,16 @@ class GangTracker:
                     (value,) = values
                     near = [v for v in candidates if domain_of(v.name, v.labels, level) == value]
                     if near:
-                        plan = plan_gang(spec, near, index.levels, index=index, memo=self.memo())
+                        plan = plan_gang(
+                            spec, near, index.levels, index=index, memo=self.memo(), objective=self.objective
+                        )
                         if isinstance(plan, GangPlan):
                             return plan
         if not candidates:
             return "no node offered by kube-scheduler can take a member"
-        plan = plan_gang(spec, candidates, index.levels, index=index, memo=self.memo())
+        plan = plan_gang(
+            spec, candidates, index.levels, index=index, memo=self.memo(), objective=self.objective
+        )
         return plan if isinstance(plan, GangPlan) else plan.reason
 
     # ------------------------------------------------------------------ bind
