@@ -360,7 +360,8 @@ def _evaluate(
             memo.domains.clear()
             memo.domains_for, memo.domains_held = pb.index, 0
         held = tuple(pb.views[p] for p in positions.tolist())
-        key = (level, d, pb.sizes[0], len(pb.sizes), k, *(id(v) for v in held))
+        mix = -1 if pb.objective is None else pb.objective.mix.version  # the node order's costs
+        key = (level, d, pb.sizes[0], len(pb.sizes), k, mix, *(id(v) for v in held))
         hit = memo.domains.get(key)
         if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
             assert isinstance(hit[1], _Candidate)
@@ -379,6 +380,21 @@ def _evaluate(
     return _Candidate(d, len(packing), worst, spans, dfree, tuple(assignment))
 
 
+def _costs(
+    pb: _Problem, kinds: list[_Kind], table: list[tuple[list[int], int, int, list[Choice | None]]]
+) -> list[float]:
+    """Per kind of node: what its offered members' sets cost future demand (0 without an
+    objective or a topology): the node order's key after members offered."""
+    objective = pb.objective
+    if objective is None:
+        return [0.0] * len(table)
+    out = []
+    for (policy, free), (_, cnt, _, choices) in zip(kinds, table, strict=True):
+        taken = [i for c in choices[:cnt] if c is not None for i in c.indices]
+        out.append(round(objective.take_cost(policy, free, taken), 6) if policy is not None and cnt else 0.0)
+    return out
+
+
 def _evaluate_equal(
     pb: _Problem, d: int, k: int, positions: np.ndarray, dfree: int, lower: Sequence[LevelIndex]
 ) -> _Candidate:
@@ -389,7 +405,8 @@ def _evaluate_equal(
     members whose floor reaches T; the best plan is the largest T at which the k roomiest
     nodes still take everyone. Any k nodes whose offers at T add up to n keep (1)-(3), so
     `select_nodes` picks them for (3b); with no level to keep together, the order is most
-    members offered, fewer free GPUs (best fit), then name.
+    members offered, least cost to future demand (with an objective), fewer free GPUs (best
+    fit), then name.
     Nodes with the same allocator and free set are worked out once."""
     g, n = pb.sizes[0], len(pb.sizes)
     # kind (allocator, free set) -> (floor, choices, positions in name order)
@@ -439,17 +456,21 @@ def _evaluate_equal(
     t = thresholds[lo]
     # Every node that offers a member at t: its position, members offered, free GPUs and kind.
     table = [(ps, offer(floor, t), len(free), choices) for (_, free), (floor, choices, ps) in kinds.items()]
-    table = [row for row in table if row[1] > 0]
+    cost = _costs(pb, list(kinds), table)
+    table, cost = [r for r in table if r[1] > 0], [c for r, c in zip(table, cost, strict=True) if r[1] > 0]
     if lower:
         lens = [len(ps) for ps, _, _, _ in table]
         pos = np.fromiter(itertools.chain.from_iterable(ps for ps, _, _, _ in table), np.int64, sum(lens))
         weight = np.repeat(np.array([cnt for _, cnt, _, _ in table], dtype=np.int64), lens)
         nfree = np.repeat(np.array([f for _, _, f, _ in table], dtype=np.int64), lens)
         kind_ids = np.repeat(np.arange(len(table), dtype=np.int64), lens)
-        chosen = select_nodes(pos, weight, nfree, kind_ids, k, n, lower)
+        order = np.repeat(np.array(cost, dtype=np.float64), lens)
+        chosen = select_nodes(pos, weight, nfree, kind_ids, k, n, lower, order)
     else:  # nothing to keep together: the k first by the node order (small domains: plain Python)
-        top = heapq.nsmallest(k, ((-cnt, f, p, row) for row, (ps, cnt, f, _) in enumerate(table) for p in ps))
-        chosen = [(p, row) for _, _, p, row in top]
+        top = heapq.nsmallest(
+            k, ((-cnt, cost[row], f, p, row) for row, (ps, cnt, f, _) in enumerate(table) for p in ps)
+        )
+        chosen = [(p, row) for _, _, _, p, row in top]
     assignment: list[tuple[int, int, Choice | None]] = []
     for p, row in chosen:
         _, cnt, _, choices = table[row]

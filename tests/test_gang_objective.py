@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gputopo.allocator import Allocator
@@ -114,6 +114,7 @@ def test_the_domain_chosen_is_the_minimum_of_the_documented_key(
             GangSpec(spec.key, spec.members, required_level=got.level) if got.level != CLUSTER else spec,
             inside,
             LEVELS,
+            objective=obj,
         )
         if isinstance(alone, GangPlan) and alone.level == got.level:
             # the domain's free GPUs as the whole cluster sees them (the same nodes)
@@ -239,3 +240,71 @@ def test_own_level_counts_only_the_levels_the_plan_carries() -> None:
     among = carried(plan, vs, index)
     assert x not in among and c in among
     assert own_level(spec, list(vs.values()), index, among) == c
+
+
+@st.composite
+def whole_node_cases(draw: st.DrawFn) -> tuple[list[NodeView], GangSpec]:
+    """8-GPU nodes of three kinds, each whole or busy, and a gang of whole-node members."""
+    nodes = []
+    for i in range(draw(st.integers(1, 7))):
+        a = alloc(draw(st.sampled_from(("dgx-a100", "dgx1-v100", "pcie8-plx"))))
+        free = (
+            frozenset(range(8))
+            if draw(st.booleans())
+            else frozenset(draw(st.sets(st.integers(0, 7), max_size=7)))
+        )
+        leaf = draw(st.sampled_from(["l1", "l2", "l3", None]))
+        nodes.append(NodeView(f"n{i}", {LEAF: leaf} if leaf else {}, 8, free, a))
+    count = draw(st.integers(1, 3))
+    return nodes, GangSpec("ml/g", tuple(Member(f"ml/w{i}", 8) for i in range(count)))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=whole_node_cases())
+def test_whole_node_gangs_match_a_brute_force_over_every_node_set(
+    case: tuple[list[NodeView], GangSpec],
+) -> None:
+    """Every set of whole nodes that could take the members, at every level: the planner's
+    answer has the least (level, nodes, worst member, leaves touched, cost, free GPUs, domain):
+    the objective orders the nodes of a domain as well as the domains."""
+    from itertools import combinations
+
+    nodes, spec = case
+    obj = objective()
+    got = plan_gang(spec, nodes, LEVELS, objective=obj)
+    whole = [v for v in nodes if len(v.free) == 8]
+    n = len(spec.members)
+    # the leaf level counts for (3b) only where it groups two nodes or more (gputopo.spread)
+    grouped = len({domain_of(v, LEAF) for v in nodes}) < len(nodes)
+    best: tuple[object, ...] | None = None
+    for rank, level in enumerate((*LEVELS, CLUSTER)):
+        for chosen in combinations(whole, n):
+            doms = {domain_of(v, level) for v in chosen}
+            if len(doms) != 1:
+                continue
+            (d,) = doms
+            worst = min(
+                (
+                    v.allocator.choose(sorted(v.free), 8).ring_mbps,
+                    v.allocator.choose(sorted(v.free), 8).pair_sum_mbps,
+                )
+                for v in chosen
+            )  # type: ignore[union-attr]
+            spans = (len({domain_of(v, LEAF) for v in chosen}),) if level == CLUSTER and grouped else ()
+            cost = round(sum(obj.take_cost(v.allocator, v.free, range(8)) for v in chosen), 6)  # type: ignore[arg-type]
+            dfree = sum(len(v.free) for v in nodes if domain_of(v, level) == d)
+            k = (rank, n, tuple(-q for q in worst), spans, cost, dfree, d)
+            best = k if best is None or k < best else best
+        if best is not None:
+            break
+    if best is None:
+        assert isinstance(got, NoPlan) and got.reason
+        return
+    assert isinstance(got, GangPlan), got
+    check_plan(spec, nodes, got)
+    # (3b) picks the leaves of a cluster-level plan by best fit over leaves (gputopo.spread,
+    # tests/test_gang_spread.py); the cost orders nodes within them, so the literal key over
+    # every node set holds where no leaf is chosen
+    assume(got.level != CLUSTER or not grouped)
+    rank = (*LEVELS, CLUSTER).index(got.level)
+    assert (rank, *key(obj, nodes, got)) == best
