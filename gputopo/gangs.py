@@ -46,7 +46,7 @@ RESERVATION_TTL_S = 120.0
 BACKOFF_S = (1.0, 60.0)
 #: How long a gang with no member bound waits for a domain of its own level (`gangwait`)
 #: before it takes a slower one: docs/objective.md has the measurements behind it.
-SPILL_AFTER_S = 6 * 3600.0
+SPILL_AFTER_S = 7 * 86_400.0
 #: Gangs whose first filter time is remembered (for the wait until their last bind); a gang
 #: deleted before it bound is never told, so the oldest are forgotten past this many.
 MAX_WAITING_GANGS = 100_000
