@@ -19,6 +19,9 @@ Rules that keep a gang all or nothing under a real kube-scheduler (docs/schedule
   * so no member ever binds while the plan depends on a node kube-scheduler did not offer:
     every plan is made inside an offer, and a missing node is replaced before the next answer;
   * a reservation whose GPUs another pod now holds breaks the plan; the rest is re-planned;
+  * a gang with no member bound waits up to `spill_after_s` for one domain of its own level
+    (`gangwait`) rather than take a slower level now: a spilled gang holds its GPUs up to 3x
+    as long (docs/objective.md has the measurements); it waits as a gang that fits nowhere;
   * a gang that fits nowhere is not re-planned for an identical question (same views, same
     offer) until its back-off runs out, but any change of the cluster or the offer re-plans at
     once: kube-scheduler only asks again on a cluster event or its 5-minute flush, so a timer
