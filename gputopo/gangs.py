@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 
 from gputopo.clusterobjective import ClusterObjective
 from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, plan_gang
-from gputopo.gangwait import carried, level_rank, own_level
-from gputopo.network import CLUSTER, NetworkIndex, domain_of, short_name
+from gputopo.gangwait import carried, fits_now, level_rank, own_level, wait_reason
+from gputopo.network import CLUSTER, HOSTNAME, NetworkIndex, domain_of
 from gputopo.reservations import Reservation, Reservations
 
 #: A plan's capacity is held this long without a bind of one of its members.
@@ -151,6 +151,9 @@ class GangTracker:
         self._events: list[Event] = []
         self._memo = ChoiceMemo()
         self._first_seen: dict[str, float] = {}  # gang -> its first member's first filter
+        #: (index, offer, member size, count, preferred level) -> (own level, carried by every
+        #: offered node): `_waits`' answers that depend on capacity and labels only
+        self._own: dict[tuple[object, ...], tuple[str | None, bool, NetworkIndex]] = {}
 
     # ------------------------------------------------------------------ events
 
@@ -309,9 +312,11 @@ class GangTracker:
         offered = [v for n, v in views.items() if n in offer]
         if self.objective is not None:  # "the best ring a size gets anywhere" counts every server
             self.objective.learn({v.allocator.exact for v in views.values() if v.allocator is not None})
-        result: GangPlan | str = self._search(spec, offered, bound, views, index)
-        if isinstance(result, GangPlan) and not bound:
-            result = self._hold(spec, result, offered, views, index, now)
+        result: GangPlan | str | None = None if bound else self._waits(spec, offer, offered, index, now)
+        if result is None:
+            result = self._search(spec, offered, bound, views, index)
+            if isinstance(result, GangPlan) and not bound:
+                result = self._hold(spec, result, offered, views, index, now)
         if not isinstance(result, GangPlan):
             back = self._backoff.get(gang)
             delay = self.backoff_s[0] if back is None else min(back.delay * 2, self.backoff_s[1])
@@ -339,6 +344,32 @@ class GangTracker:
         )
         return result
 
+    def _waits(
+        self, spec: GangSpec, offer: frozenset[str], offered: list[NodeView], index: NetworkIndex, now: float
+    ) -> str | None:
+        """Why the gang waits for its own level, found without planning (a gang waiting for a
+        leaf is asked again at every change of the cluster), or None: plan, then `_hold`.
+        Only where it is the same answer: members of one size (the capacity check is exact),
+        and an own level that every offered node carries (so it is the plan's family's too)."""
+        waited = now - self._first_seen.get(spec.key, now)
+        if waited >= self.spill_after_s or len({m.gpus for m in spec.members}) != 1:
+            return None
+        key = (id(index), offer, spec.members[0].gpus, len(spec.members), spec.preferred_level)
+        hit = self._own.get(key)
+        if hit is None or hit[2] is not index:  # capacity and labels only: alike for every retry
+            if len(self._own) > 10_000:
+                self._own.clear()
+            own = own_level(spec, offered, index)
+            carried_by_all = own == HOSTNAME or (own is not None and all(v.labels.get(own) for v in offered))
+            hit = self._own[key] = (own, carried_by_all, index)  # the index keeps its id its own
+        own, carried_by_all, _ = hit
+        if own is None or own == CLUSTER or not carried_by_all:
+            return None
+        here, anywhere = fits_now(spec, offered, index, (own, CLUSTER))
+        if here or not anywhere:
+            return None  # the plan is at its own level, or the planner says why nothing fits
+        return wait_reason(spec, own, self.spill_after_s, waited)
+
     def _hold(
         self,
         spec: GangSpec,
@@ -355,11 +386,7 @@ class GangTracker:
         own = own_level(spec, offered, index, carried(plan, views, index))
         if own is None or level_rank(index, plan.level) <= level_rank(index, own):
             return plan
-        return (
-            f"waiting for one {short_name(own)} domain to hold all {len(spec.members)} members "
-            f"(only {'the whole cluster' if plan.level == CLUSTER else 'one ' + short_name(plan.level)} "
-            f"does now; it takes that after {self.spill_after_s:g}s of waiting, {waited:.0f}s so far)"
-        )
+        return wait_reason(spec, own, self.spill_after_s, waited)
 
     def _search(
         self,

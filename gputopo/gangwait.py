@@ -28,7 +28,7 @@ from collections.abc import Collection, Mapping, Sequence
 import numpy as np
 
 from gputopo.gang import GangPlan, GangSpec, NodeView
-from gputopo.network import CLUSTER, HOSTNAME, NetworkIndex
+from gputopo.network import CLUSTER, HOSTNAME, NetworkIndex, short_name
 
 
 def level_rank(index: NetworkIndex, level: str) -> int:
@@ -47,6 +47,40 @@ def carried(plan: GangPlan, views: Mapping[str, NodeView], index: NetworkIndex) 
         if level != HOSTNAME and nodes and all(labels.get(level) for labels in nodes):
             out.add(level)
     return out
+
+
+def fits_now(
+    spec: GangSpec, nodes: Sequence[NodeView], index: NetworkIndex, levels: Sequence[str]
+) -> list[bool]:
+    """Per level of `levels`: whether some domain passes the planner's first check with the
+    GPUs free now (GPUs, and slots of the members' size): exact for members of one size, the
+    only case the lifecycle asks about."""
+    per = np.zeros(len(index.nodes), dtype=np.int64)
+    for v in nodes:
+        pos = index.position.get(v.name)
+        if pos is not None:
+            per[pos] = len(v.free)
+    return [_passes(spec, per, index, level) for level in levels]
+
+
+def wait_reason(spec: GangSpec, own: str, spill_after_s: float, waited: float) -> str:
+    """The reason a gang waiting for its own level is given (the same, however it was found)."""
+    return (
+        f"waiting for one {short_name(own)} domain to hold all {len(spec.members)} members "
+        f"(no such domain has room now; after {spill_after_s:g}s of waiting it takes a larger "
+        f"level, {waited:.0f}s so far)"
+    )
+
+
+def _passes(spec: GangSpec, per: np.ndarray, index: NetworkIndex, level: str) -> bool:
+    sizes = [m.gpus for m in spec.members]
+    ok = index.free_per_domain(level, per) >= sum(sizes)
+    for s in sorted(set(sizes)):
+        if not ok.any():
+            return False
+        need = sum(1 for g in sizes if g >= s)
+        ok &= index.free_per_domain(level, per // s) >= need
+    return bool(ok.any())
 
 
 def own_level(

@@ -22,7 +22,7 @@ from gputopo.clusterobjective import ClusterObjective, DemandMix
 from gputopo.gang import GangPlan, GangSpec, Member, NodeView, NoPlan, plan_gang
 from gputopo.gangs import GangAsk, GangMember, GangTracker, Planned, Wait
 from gputopo.gangwait import carried, own_level
-from gputopo.network import CLUSTER, HOSTNAME, LEAF, SPINE, NetworkIndex
+from gputopo.network import CLUSTER, HOSTNAME, LEAF, SPINE, NetworkIndex, short_name
 from gputopo.topofile import load_preset
 from tests.test_gang import check_plan
 
@@ -186,7 +186,7 @@ def test_a_gang_waits_for_its_own_leaf_then_takes_the_spine_after_spill_after_s(
     busy = views({"a1", "b1"})  # one node free per leaf: only the spine holds both members
     got = t.filter(ask(), NAMES, busy, INDEX, 1000.0)
     assert isinstance(got, Wait) and got.event == "GangUnschedulable"
-    assert "waiting for one leaf domain to hold all 2 members" in got.reason and "one spine" in got.reason
+    assert "waiting for one leaf domain to hold all 2 members" in got.reason and "room now" in got.reason
     assert not t.reservations
     failed = [e for e in t.drain() if e.kind == "plan_failed"]
     assert failed and "waiting for one leaf" in failed[0].reason
@@ -308,3 +308,43 @@ def test_whole_node_gangs_match_a_brute_force_over_every_node_set(
     assume(got.level != CLUSTER or not grouped)
     rank = (*LEVELS, CLUSTER).index(got.level)
     assert (rank, *key(obj, nodes, got)) == best
+
+
+def test_a_gang_of_mixed_sizes_waits_alike() -> None:
+    """8 + 4 GPUs need two nodes; one free node per leaf: only the spine holds them now."""
+    t = GangTracker(TLEVELS, spill_after_s=600.0)
+    members = (GangMember("ml/w-0", 8), GangMember("ml/w-1", 4))
+    got = t.filter(GangAsk("ml/g", "ml/w-1", members, 2), NAMES, views({"a1", "b1"}), INDEX, 0.0)
+    assert isinstance(got, Wait) and "waiting for one leaf domain to hold all 2 members" in got.reason
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    busy=st.sets(st.sampled_from(NAMES)),
+    half=st.sets(st.sampled_from(NAMES)),
+    size=st.sampled_from([4, 8]),
+    count=st.integers(1, 4),
+)
+def test_the_tracker_waits_exactly_when_the_plan_is_above_the_gangs_own_level(
+    busy: set[str], half: set[str], size: int, count: int
+) -> None:
+    """Oracle: the planner's smallest level now against the smallest level that could hold the
+    gang on the empty cluster; the tracker plans iff the first is not above the second."""
+    free = {
+        n: frozenset() if n in busy else frozenset(range(4)) if n in half else frozenset(range(8))
+        for n in NAMES
+    }
+    vs = {n: NodeView(n, {LEAF: n[0], SPINE: "s"}, 8, free[n], A100) for n in NAMES}
+    spec = GangSpec("ml/g", tuple(Member(f"ml/w-{i}", size) for i in range(count)))
+    t = GangTracker(TLEVELS, spill_after_s=600.0)
+    members = tuple(GangMember(f"ml/w-{i}", size) for i in range(count))
+    got = t.filter(GangAsk("ml/g", f"ml/w-{count - 1}", members, count), NAMES, vs, INDEX, 0.0)
+    plan = plan_gang(spec, list(vs.values()), TLEVELS)
+    own = own_level(spec, list(vs.values()), INDEX)
+    order = [*TLEVELS, CLUSTER]
+    if isinstance(plan, NoPlan):
+        assert isinstance(got, Wait) and "does not fit" in got.reason and "waiting" not in got.reason
+    elif own is not None and order.index(plan.level) > order.index(own):
+        assert isinstance(got, Wait) and f"waiting for one {short_name(own)} domain" in got.reason
+    else:
+        assert isinstance(got, Planned) and t.plans["ml/g"].level == plan.level
