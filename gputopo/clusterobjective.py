@@ -208,6 +208,16 @@ class ClusterObjective:
             out[(policy, free)] = (ok, second, single_key(free, choice, gpus))
         return out
 
+    def take_cost(self, policy: GpuPolicy, free: frozenset[int], taken: Iterable[int]) -> float:
+        """What taking `taken` out of a node's `free` GPUs costs future demand: `keys`' least
+        cost (value lost + frag_weight x fragmentation growth), for the gang planner's tie order."""
+        alloc = policy.exact
+        self.learn((alloc,))
+        f_mask = _mask(free)
+        r_mask = f_mask & ~_mask(taken)
+        cost = self._value(alloc, f_mask) - self._value(alloc, r_mask)
+        return cost + self.frag_weight * self._frag_growth(alloc, f_mask.bit_count(), r_mask.bit_count())
+
     def _value(self, alloc: Allocator, mask: int) -> float:
         """Ideal GPU-seconds per second that single pods of 2, 4 and 8 could still get here."""
         key = (id(alloc), mask, self.mix.version)

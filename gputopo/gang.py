@@ -7,7 +7,8 @@ The gang objective, compared in order:
   (3b) fewest sub-domains: among plans equal on (1)-(3), the one whose nodes touch the fewest
        domains of each grouping level inside the chosen one, largest level first (a plan at
        the cluster level: fewest spines, then fewest leaves inside those, ...);
-  (4) best fit: the domain left with the fewest free GPUs, so large empty domains stay whole;
+  (4) with a cluster objective, the least cost to future demand (`gangcost`); then best fit:
+      the domain left with the fewest free GPUs, so large empty domains stay whole;
   (5) name order.
 
 (3b) is this planner's addition to design.md §5. Without it, a gang that falls back to a
@@ -50,7 +51,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gputopo.allocator import Choice
-from gputopo.network import CLUSTER, LevelIndex, NetworkIndex, short_name, validate_levels
+from gputopo.clusterobjective import ClusterObjective
+from gputopo.gangcost import plan_cost
+from gputopo.gangreason import Miss, no_plan_reason
+from gputopo.network import CLUSTER, LevelIndex, NetworkIndex, validate_levels
 from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Placement, Quality, member_quality
 from gputopo.packing import NO_K, min_nodes, pack
 from gputopo.policy import GpuPolicy
@@ -122,6 +126,7 @@ class _Problem:
     free: np.ndarray  # free GPU count per position (0 where no view)
     sizes: list[int]  # GPUs per member, spec order
     memo: ChoiceMemo
+    objective: ClusterObjective | None = None
     homogeneous: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -157,10 +162,10 @@ class _Candidate:
     domain_free: int
     assignment: tuple[tuple[int, int, Choice | None], ...]  # (member index, node position, choice)
 
-    def rank(self) -> tuple[int, _Desc, tuple[int, ...], int, int]:
+    def rank(self, cost: float = 0.0) -> tuple[int, _Desc, tuple[int, ...], float, int, int]:
         """Sort key: smaller is better — (2) fewest nodes, (3) best worst, (3b) fewest
-        sub-domains, (4) fullest, (5) name."""
-        return (self.nodes_used, _Desc(self.worst), self.spans, self.domain_free, self.domain)
+        sub-domains, (4) least cost to future demand (`gangcost`), then fullest, (5) name."""
+        return (self.nodes_used, _Desc(self.worst), self.spans, cost, self.domain_free, self.domain)
 
 
 @dataclass(frozen=True)
@@ -173,17 +178,6 @@ class _Desc:
         return self.value > other.value
 
 
-@dataclass(frozen=True)
-class _Miss:
-    """Why a level had no domain for the gang: its roomiest domain, for the reason text."""
-
-    level: str
-    domain: str
-    free: int
-    slots: int
-    feasible_aggregate: bool
-
-
 def plan_gang(
     spec: GangSpec,
     nodes: Sequence[NodeView],
@@ -192,11 +186,14 @@ def plan_gang(
     index: NetworkIndex | None = None,
     memo: ChoiceMemo | None = None,
     prune: bool = True,
+    objective: ClusterObjective | None = None,
 ) -> GangPlan | NoPlan:
     """Plan every member at once under the gang objective of design.md §5.
 
     `index` (built from the same node names and labels, e.g. once per snapshot) saves
     rebuilding the domain grouping; nodes it lists but `nodes` lacks count as full.
+    `objective` orders the domains (1)-(3b) leave equal by what they cost future demand (4),
+    `gangcost.plan_cost`, before best fit; without one, (4) is best fit alone.
     `prune=False` skips the aggregate capacity check and evaluates every domain in full —
     the same answer, slowly; it exists for the benchmark baseline and as a test oracle.
     Anything wrong with the gang itself is a NoPlan with its reason; a malformed node list
@@ -230,8 +227,10 @@ def plan_gang(
     if max(sizes) > largest:
         big = max(spec.members, key=lambda m: m.gpus)
         return NoPlan(spec.key, f"pod {big.pod} asks for {big.gpus} GPUs; the largest node has {largest}")
-    pb = _Problem(spec, index, views, free, sizes, memo if memo is not None else ChoiceMemo())
-    miss: _Miss | None = None
+    if objective is not None:  # before any cost: efficiencies are against the best of every node
+        objective.learn({v.allocator.exact for v in nodes if v.allocator is not None})
+    pb = _Problem(spec, index, views, free, sizes, memo if memo is not None else ChoiceMemo(), objective)
+    miss: Miss | None = None
     for k, level in enumerate(tried):
         # Only the last level's miss reaches the reason: the others skip working it out.
         found = _plan_level(pb, level, prune, explain=k == len(tried) - 1)
@@ -239,7 +238,7 @@ def plan_gang(
             return found
         miss = found
     assert miss is not None
-    return NoPlan(spec.key, _reason(pb, miss))
+    return NoPlan(spec.key, no_plan_reason(spec.key, pb.sizes, miss))
 
 
 def _spec_problem(spec: GangSpec) -> str:
@@ -267,7 +266,7 @@ def _levels_to_try(spec: GangSpec, levels: tuple[str, ...]) -> list[str] | str:
     return [*levels[start:], CLUSTER]
 
 
-def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> GangPlan | _Miss | None:
+def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> GangPlan | Miss | None:
     """The best plan inside one domain of `level`, else why not (None when not `explain`)."""
     lx = pb.index.level(level)
     dfree = pb.index.free_per_domain(level, pb.free)
@@ -310,12 +309,16 @@ def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> 
             return None
         slots = pb.index.free_per_domain(level, pb.free // max(pb.sizes))
         top = int(np.lexsort((np.arange(lx.count), -dfree, -slots, ~ok))[0])
-        return _Miss(level, lx.names[top], int(dfree[top]), int(slots[top]), bool(ok[top]))
+        return Miss(level, lx.names[top], int(dfree[top]), int(slots[top]), bool(ok[top]))
     lower = lower_levels(pb.index, level)
     cands = [
         _evaluate(pb, level, d, k, packing, lx.members[d], int(dfree[d]), lower) for d, k, packing in tied
     ]
-    best = min(cands, key=_Candidate.rank)
+    if pb.objective is not None and len(cands) > 1:
+        objective = pb.objective
+        best = min(cands, key=lambda c: c.rank(plan_cost(objective, pb.views, c.assignment)))
+    else:
+        best = min(cands, key=_Candidate.rank)
     placements = [Placement("", "", ())] * len(pb.sizes)
     for i, pos, choice in best.assignment:
         view = pb.views[pos]
@@ -357,7 +360,8 @@ def _evaluate(
             memo.domains.clear()
             memo.domains_for, memo.domains_held = pb.index, 0
         held = tuple(pb.views[p] for p in positions.tolist())
-        key = (level, d, pb.sizes[0], len(pb.sizes), k, *(id(v) for v in held))
+        mix = -1 if pb.objective is None else pb.objective.mix.version  # the node order's costs
+        key = (level, d, pb.sizes[0], len(pb.sizes), k, mix, *(id(v) for v in held))
         hit = memo.domains.get(key)
         if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
             assert isinstance(hit[1], _Candidate)
@@ -376,6 +380,21 @@ def _evaluate(
     return _Candidate(d, len(packing), worst, spans, dfree, tuple(assignment))
 
 
+def _costs(
+    pb: _Problem, kinds: list[_Kind], table: list[tuple[list[int], int, int, list[Choice | None]]]
+) -> list[float]:
+    """Per kind of node: what its offered members' sets cost future demand (0 without an
+    objective or a topology): the node order's key after members offered."""
+    objective = pb.objective
+    if objective is None:
+        return [0.0] * len(table)
+    out = []
+    for (policy, free), (_, cnt, _, choices) in zip(kinds, table, strict=True):
+        taken = [i for c in choices[:cnt] if c is not None for i in c.indices]
+        out.append(round(objective.take_cost(policy, free, taken), 6) if policy is not None and cnt else 0.0)
+    return out
+
+
 def _evaluate_equal(
     pb: _Problem, d: int, k: int, positions: np.ndarray, dfree: int, lower: Sequence[LevelIndex]
 ) -> _Candidate:
@@ -386,7 +405,8 @@ def _evaluate_equal(
     members whose floor reaches T; the best plan is the largest T at which the k roomiest
     nodes still take everyone. Any k nodes whose offers at T add up to n keep (1)-(3), so
     `select_nodes` picks them for (3b); with no level to keep together, the order is most
-    members offered, fewer free GPUs (best fit), then name.
+    members offered, least cost to future demand (with an objective), fewer free GPUs (best
+    fit), then name.
     Nodes with the same allocator and free set are worked out once."""
     g, n = pb.sizes[0], len(pb.sizes)
     # kind (allocator, free set) -> (floor, choices, positions in name order)
@@ -436,17 +456,21 @@ def _evaluate_equal(
     t = thresholds[lo]
     # Every node that offers a member at t: its position, members offered, free GPUs and kind.
     table = [(ps, offer(floor, t), len(free), choices) for (_, free), (floor, choices, ps) in kinds.items()]
-    table = [row for row in table if row[1] > 0]
+    cost = _costs(pb, list(kinds), table)
+    table, cost = [r for r in table if r[1] > 0], [c for r, c in zip(table, cost, strict=True) if r[1] > 0]
     if lower:
         lens = [len(ps) for ps, _, _, _ in table]
         pos = np.fromiter(itertools.chain.from_iterable(ps for ps, _, _, _ in table), np.int64, sum(lens))
         weight = np.repeat(np.array([cnt for _, cnt, _, _ in table], dtype=np.int64), lens)
         nfree = np.repeat(np.array([f for _, _, f, _ in table], dtype=np.int64), lens)
         kind_ids = np.repeat(np.arange(len(table), dtype=np.int64), lens)
-        chosen = select_nodes(pos, weight, nfree, kind_ids, k, n, lower)
+        order = np.repeat(np.array(cost, dtype=np.float64), lens)
+        chosen = select_nodes(pos, weight, nfree, kind_ids, k, n, lower, order)
     else:  # nothing to keep together: the k first by the node order (small domains: plain Python)
-        top = heapq.nsmallest(k, ((-cnt, f, p, row) for row, (ps, cnt, f, _) in enumerate(table) for p in ps))
-        chosen = [(p, row) for _, _, p, row in top]
+        top = heapq.nsmallest(
+            k, ((-cnt, cost[row], f, p, row) for row, (ps, cnt, f, _) in enumerate(table) for p in ps)
+        )
+        chosen = [(p, row) for _, _, _, p, row in top]
     assignment: list[tuple[int, int, Choice | None]] = []
     for p, row in chosen:
         _, cnt, _, choices = table[row]
@@ -456,35 +480,3 @@ def _evaluate_equal(
     worst = min(member_quality(c) for _, _, c in assignment)
     spans = count_spans(lower, [p for p, _ in chosen])
     return _Candidate(d, k, worst, spans, dfree, tuple(assignment))
-
-
-def _describe(sizes: Sequence[int]) -> str:
-    counts: dict[int, int] = {}
-    for g in sizes:
-        counts[g] = counts.get(g, 0) + 1
-    parts = [
-        f"{n} pod{'s' if n > 1 else ''} x {g} GPU{'s' if g > 1 else ''}"
-        for g, n in sorted(counts.items(), reverse=True)
-    ]
-    total = sum(sizes)
-    return " + ".join(parts) + (f" = {total} GPUs" if len(parts) > 1 or counts[sizes[0]] > 1 else "")
-
-
-def _reason(pb: _Problem, miss: _Miss) -> str:
-    """Why the last level tried failed: the whole cluster, or the required level."""
-    what = _describe(pb.sizes)
-    n, g = len(pb.sizes), max(pb.sizes)
-    room = (
-        f"room for {miss.slots} of the {n} pods"
-        if pb.homogeneous
-        else f"room for {miss.slots} pods of {g} GPUs"
-    )
-    tail = " (the free GPUs are too fragmented to pack the pods)" if miss.feasible_aggregate else ""
-    if miss.level == CLUSTER:
-        return (
-            f"the whole cluster cannot hold gang {pb.spec.key} ({what}): {miss.free} free GPUs, {room}{tail}"
-        )
-    return (
-        f"no {short_name(miss.level)} domain can hold gang {pb.spec.key} ({what}); "
-        f"best {miss.level}={miss.domain} has {miss.free} free GPUs, {room}{tail}"
-    )

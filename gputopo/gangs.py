@@ -19,6 +19,9 @@ Rules that keep a gang all or nothing under a real kube-scheduler (docs/schedule
   * so no member ever binds while the plan depends on a node kube-scheduler did not offer:
     every plan is made inside an offer, and a missing node is replaced before the next answer;
   * a reservation whose GPUs another pod now holds breaks the plan; the rest is re-planned;
+  * a gang with no member bound waits up to `spill_after_s` for one domain of its own level
+    (`gangwait`) rather than take a slower level now: a spilled gang holds its GPUs up to 3x
+    as long (docs/objective.md has the measurements); it waits as a gang that fits nowhere;
   * a gang that fits nowhere is not re-planned for an identical question (same views, same
     offer) until its back-off runs out, but any change of the cluster or the offer re-plans at
     once: kube-scheduler only asks again on a cluster event or its 5-minute flush, so a timer
@@ -34,14 +37,19 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
+from gputopo.clusterobjective import ClusterObjective
 from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, plan_gang
-from gputopo.network import NetworkIndex, domain_of
+from gputopo.gangwait import carried, fits_now, level_rank, own_level, wait_reason
+from gputopo.network import CLUSTER, HOSTNAME, NetworkIndex, domain_of
 from gputopo.reservations import Reservation, Reservations
 
 #: A plan's capacity is held this long without a bind of one of its members.
 RESERVATION_TTL_S = 120.0
 #: First and largest retry delay of a gang that fits nowhere (for an unchanged question).
 BACKOFF_S = (1.0, 60.0)
+#: How long a gang with no member bound waits for a domain of its own level (`gangwait`)
+#: before it takes a slower one: docs/objective.md has the measurements behind it.
+SPILL_AFTER_S = 7 * 86_400.0
 #: Gangs whose first filter time is remembered (for the wait until their last bind); a gang
 #: deleted before it bound is never told, so the oldest are forgotten past this many.
 MAX_WAITING_GANGS = 100_000
@@ -124,10 +132,18 @@ class GangTracker:
         *,
         ttl_s: float = RESERVATION_TTL_S,
         backoff_s: tuple[float, float] = BACKOFF_S,
+        objective: ClusterObjective | None = None,
+        spill_after_s: float = SPILL_AFTER_S,
     ) -> None:
+        if not spill_after_s >= 0:
+            raise ValueError(f"spill_after_s must be >= 0, got {spill_after_s!r}")
         self.levels = tuple(levels)
         self.ttl_s = ttl_s
         self.backoff_s = backoff_s
+        #: the cluster objective (and its demand mix) every plan is ranked by; the caller's
+        #: single pods share it, so the sidecar and the simulator decide alike
+        self.objective = objective
+        self.spill_after_s = spill_after_s
         self.reservations = Reservations()
         self.plans: dict[str, GangPlan] = {}
         self._offers: dict[str, frozenset[str]] = {}  # gang -> nodes its plan was made over
@@ -135,6 +151,9 @@ class GangTracker:
         self._events: list[Event] = []
         self._memo = ChoiceMemo()
         self._first_seen: dict[str, float] = {}  # gang -> its first member's first filter
+        #: (index, offer, member size, count, preferred level) -> (own level, carried by every
+        #: offered node): `_waits`' answers that depend on capacity and labels only
+        self._own: dict[tuple[object, ...], tuple[str | None, bool, NetworkIndex]] = {}
 
     # ------------------------------------------------------------------ events
 
@@ -290,7 +309,14 @@ class GangTracker:
             preferred_level=ask.preferred_level,
         )
         bound = {m.node for m in ask.members if m.node}
-        result = self._search(spec, [v for n, v in views.items() if n in offer], bound, views, index)
+        offered = [v for n, v in views.items() if n in offer]
+        if self.objective is not None:  # "the best ring a size gets anywhere" counts every server
+            self.objective.learn({v.allocator.exact for v in views.values() if v.allocator is not None})
+        result: GangPlan | str | None = None if bound else self._waits(spec, offer, offered, index, now)
+        if result is None:
+            result = self._search(spec, offered, bound, views, index)
+            if isinstance(result, GangPlan) and not bound:
+                result = self._hold(spec, result, offered, views, index, now)
         if not isinstance(result, GangPlan):
             back = self._backoff.get(gang)
             delay = self.backoff_s[0] if back is None else min(back.delay * 2, self.backoff_s[1])
@@ -317,6 +343,50 @@ class GangTracker:
             members=len(result.placements),
         )
         return result
+
+    def _waits(
+        self, spec: GangSpec, offer: frozenset[str], offered: list[NodeView], index: NetworkIndex, now: float
+    ) -> str | None:
+        """Why the gang waits for its own level, found without planning (a gang waiting for a
+        leaf is asked again at every change of the cluster), or None: plan, then `_hold`.
+        Only where it is the same answer: members of one size (the capacity check is exact),
+        and an own level that every offered node carries (so it is the plan's family's too)."""
+        waited = now - self._first_seen.get(spec.key, now)
+        if waited >= self.spill_after_s or len({m.gpus for m in spec.members}) != 1:
+            return None
+        key = (id(index), offer, spec.members[0].gpus, len(spec.members), spec.preferred_level)
+        hit = self._own.get(key)
+        if hit is None or hit[2] is not index:  # capacity and labels only: alike for every retry
+            if len(self._own) > 10_000:
+                self._own.clear()
+            own = own_level(spec, offered, index)
+            carried_by_all = own == HOSTNAME or (own is not None and all(v.labels.get(own) for v in offered))
+            hit = self._own[key] = (own, carried_by_all, index)  # the index keeps its id its own
+        own, carried_by_all, _ = hit
+        if own is None or own == CLUSTER or not carried_by_all:
+            return None
+        here, anywhere = fits_now(spec, offered, index, (own, CLUSTER))
+        if here or not anywhere:
+            return None  # the plan is at its own level, or the planner says why nothing fits
+        return wait_reason(spec, own, self.spill_after_s, waited)
+
+    def _hold(
+        self,
+        spec: GangSpec,
+        plan: GangPlan,
+        offered: list[NodeView],
+        views: Mapping[str, NodeView],
+        index: NetworkIndex,
+        now: float,
+    ) -> GangPlan | str:
+        """The plan, or why the gang waits for a domain of its own level (`gangwait`)."""
+        waited = now - self._first_seen.get(spec.key, now)
+        if waited >= self.spill_after_s:
+            return plan
+        own = own_level(spec, offered, index, carried(plan, views, index))
+        if own is None or level_rank(index, plan.level) <= level_rank(index, own):
+            return plan
+        return wait_reason(spec, own, self.spill_after_s, waited)
 
     def _search(
         self,
@@ -345,12 +415,16 @@ class GangTracker:
                     (value,) = values
                     near = [v for v in candidates if domain_of(v.name, v.labels, level) == value]
                     if near:
-                        plan = plan_gang(spec, near, index.levels, index=index, memo=self.memo())
+                        plan = plan_gang(
+                            spec, near, index.levels, index=index, memo=self.memo(), objective=self.objective
+                        )
                         if isinstance(plan, GangPlan):
                             return plan
         if not candidates:
             return "no node offered by kube-scheduler can take a member"
-        plan = plan_gang(spec, candidates, index.levels, index=index, memo=self.memo())
+        plan = plan_gang(
+            spec, candidates, index.levels, index=index, memo=self.memo(), objective=self.objective
+        )
         return plan if isinstance(plan, GangPlan) else plan.reason
 
     # ------------------------------------------------------------------ bind

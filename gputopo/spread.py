@@ -39,9 +39,11 @@ def select_nodes(
     k: int,
     n: int,
     lower: Sequence[LevelIndex],
+    cost: np.ndarray | None = None,
 ) -> list[tuple[int, int]]:
     """k nodes whose offered members (`weight`) sum to at least n, spanning few sub-domains:
-    (position, kind) pairs, ordered by (most members offered, fewest free GPUs, name).
+    (position, kind) pairs, ordered by (most members offered, least `cost` to future demand
+    when given, fewest free GPUs, name).
 
     Level by level, largest first, the candidates shrink to the sub-domains `_fewest_groups`
     keeps (a level whose domains are single candidates, or one domain, has nothing to keep
@@ -55,7 +57,9 @@ def select_nodes(
         group = group.reshape(-1)
         keep = np.isin(group, _fewest_groups(group, len(uniq), weight, free, k, n))
         pos, weight, free, kind = pos[keep], weight[keep], free[keep], kind[keep]
-    top = np.lexsort((pos, free, -weight))[:k]
+        if cost is not None:
+            cost = cost[keep]
+    top = np.lexsort((pos, free, -weight) if cost is None else (pos, free, cost, -weight))[:k]
     return list(zip(pos[top].tolist(), kind[top].tolist(), strict=True))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import signal
 import sys
 import threading
@@ -59,6 +60,16 @@ def _positive(text: str) -> float:
     return value
 
 
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a non-negative number of seconds, got {text!r}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m scheduler", description="gputopo kube-scheduler extender")
     add_version_argument(p)
@@ -88,6 +99,14 @@ def parser() -> argparse.ArgumentParser:
         help="network levels, smallest domain first (default: the file's; live: the cluster's Topology objects, then the recognised levels)",
     )
     p.add_argument("--reservation-ttl", type=_positive, default=defaults.RESERVATION_TTL_S, metavar="SECONDS")
+    p.add_argument(
+        "--gang-spill-after",
+        type=_non_negative,
+        default=defaults.GANG_SPILL_AFTER_S,
+        metavar="SECONDS",
+        help="how long a gang waits for one domain of its own level before it takes a slower one "
+        "(0: at once; default %(default)g)",
+    )
     p.add_argument(
         "--annotation-max-age", type=_positive, default=defaults.ANNOTATION_MAX_AGE_S, metavar="SECONDS"
     )
@@ -151,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         levels or defaults.DEFAULT_LEVELS,
         clock=time.time,
         ttl_s=args.reservation_ttl,
+        spill_after_s=args.gang_spill_after,
         metrics=metrics,
         events=events,
     )

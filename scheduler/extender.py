@@ -56,6 +56,7 @@ class Extender:
         ttl_s: float = defaults.RESERVATION_TTL_S,
         backoff_s: tuple[float, float] = defaults.GANG_BACKOFF_S,
         events: EventSink | None = None,
+        spill_after_s: float = defaults.GANG_SPILL_AFTER_S,
     ) -> None:
         self.state = state
         self.events = events or NullEvents()  # Kubernetes Events of gang decisions
@@ -63,11 +64,18 @@ class Extender:
         self.clock = clock
         self.metrics = metrics or Metrics()
         self.ttl_s = ttl_s
-        self.gangs = GangTracker(self.levels, ttl_s=ttl_s, backoff_s=backoff_s)
-        self.cache = ClusterCache(self.levels, NodeGuard(self.metrics))
-        # single pods are ranked by the cluster-level objective (gputopo/clusterobjective.py)
-        # over the GPU demand of the pods this sidecar has been asked about
+        # single pods and gang plans are ranked by the cluster-level objective
+        # (gputopo/clusterobjective.py) over the GPU demand of the pods this sidecar has been
+        # asked about; the tracker holds it, as the simulator's does
         self.objective = ClusterObjective(DemandMix())
+        self.gangs = GangTracker(
+            self.levels,
+            ttl_s=ttl_s,
+            backoff_s=backoff_s,
+            objective=self.objective,
+            spill_after_s=spill_after_s,
+        )
+        self.cache = ClusterCache(self.levels, NodeGuard(self.metrics))
         self._observed: dict[str, None] = {}  # pods already counted in the mix (bounded, oldest out)
         self._lock = threading.Lock()
         self._binding: set[str] = set()  # pods whose API call of a bind is in flight

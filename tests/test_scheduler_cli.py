@@ -27,6 +27,8 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
         (["--cluster", "/nonexistent/cluster.yaml"], "cannot read"),
         (["--levels", "not a label!"], "not a valid node-label key"),
         (["--reservation-ttl", "-3"], "must be positive"),
+        (["--gang-spill-after", "-1"], "must be a non-negative number of seconds"),
+        (["--gang-spill-after", "nan"], "must be a non-negative number of seconds"),
         (["--bogus"], "unrecognized arguments"),
         (["--kubeconfig", "/nonexistent/kubeconfig"], "cannot load Kubernetes configuration"),
     ],

@@ -154,7 +154,7 @@ def test_a_waiting_gang_is_planned_at_the_first_filter_after_the_cluster_changed
     assert "does not fit" in out["FailedAndUnresolvableNodes"]["b-n2"]
     _, out = client.post("/filter", args(member(1), NAMES))
     assert "retry in" in out["FailedAndUnresolvableNodes"]["b-n2"], "same question, same answer"
-    state.delete_pod("web/big-a-n0")  # a cluster event: kube-scheduler moves the pod back
+    state.delete_pod("web/big-b-n0")  # a cluster event: kube-scheduler moves the pod back
     _, out = client.post("/filter", args(member(1), NAMES))
     assert out["NodeNames"], out["FailedAndUnresolvableNodes"]
     assert len(ext.reservations) == 2

@@ -35,6 +35,8 @@ def sim(*args: str, module: tuple[str, ...] = ("gputopo.sim",)) -> subprocess.Co
         (["--compute-s", "nan"], "--compute-s must be a positive number"),
         (["--mode", "fill"], "applies to pod lists"),
         (["--seed", "-1"], "--seed must be a non-negative integer"),
+        (["--gang-spill-after", "-5"], "--gang-spill-after must be between 0 and"),
+        (["--gang-spill-after", "inf"], "--gang-spill-after must be between 0 and"),
         (["--pods", "999999999"], "--pods must be at most"),
         (["--trace", str(TRACES)], "cannot read trace"),
         (["--trace", str(TRACES / "helios_jobs_slice.csv"), "--limit", "0"], "--limit must be positive"),

@@ -108,6 +108,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="P",
         help="share of gang member binds the API server refuses, 0 <= P < 1 (default 0)",
     )
+    g.add_argument(
+        "--gang-spill-after",
+        type=float,
+        default=Lifecycle.spill_after_s,
+        metavar="SECONDS",
+        help="how long a gang waits for one domain of its own level before it takes a slower one "
+        "(0: at once, the behaviour before; default %(default)g)",
+    )
     g = parser.add_argument_group("communication model")
     g.add_argument(
         "--allreduce-gb", type=float, default=1.0, help="all-reduce payload per step, GB (default 1)"
@@ -168,7 +176,8 @@ def prepare(args: argparse.Namespace) -> tuple[SimCluster, list[Job], dict[str, 
         header["cluster"] = f"preset {preset}: {header['cluster']}"
     header["gang lifecycle"] = (
         f"members created within {lifecycle.arrival_spread_s:g} s, reservation TTL "
-        f"{lifecycle.reservation_ttl_s:g} s, bind failure rate {lifecycle.bind_failure_rate:g}"
+        f"{lifecycle.reservation_ttl_s:g} s, bind failure rate {lifecycle.bind_failure_rate:g}, "
+        f"waits for its own level up to {lifecycle.spill_after_s:g} s"
     )
     sharing = bool(getattr(args, "gpu_sharing", False))
     if sharing:
@@ -223,7 +232,12 @@ def _lifecycle(args: argparse.Namespace) -> Lifecycle:
         raise UsageError(f"--reservation-ttl must be more than 0 and at most 86400 seconds, got {ttl}")
     if not (math.isfinite(rate) and 0 <= rate <= 0.9):
         raise UsageError(f"--bind-failure-rate must be between 0 and 0.9, got {rate}")
-    return Lifecycle(arrival_spread_s=spread, reservation_ttl_s=ttl, bind_failure_rate=rate)
+    spill = args.gang_spill_after
+    if not (math.isfinite(spill) and 0 <= spill <= 10 * 365 * 86_400):
+        raise UsageError(f"--gang-spill-after must be between 0 and 315360000 seconds, got {spill}")
+    return Lifecycle(
+        arrival_spread_s=spread, reservation_ttl_s=ttl, bind_failure_rate=rate, spill_after_s=spill
+    )
 
 
 def _check_plot_path(path: str) -> None:

@@ -65,7 +65,10 @@ def simulate(
 
         return simulate_shared(cluster, jobs, policy_name, config, pool=pool, progress=progress, clock=clock)
     rng = random.Random(config.seed)
-    policy = build_policy(policy_name, cluster, pool, rng, config.lifecycle, jobs)
+    lifecycle = config.lifecycle
+    if config.mode == "fill":  # nothing ever leaves: a gang waiting for its level would wait forever
+        lifecycle = replace(lifecycle, spill_after_s=0.0)
+    policy = build_policy(policy_name, cluster, pool, rng, lifecycle, jobs)
     state = ClusterState(cluster)
     rec = Recorder(cluster, [pool.get(t) for t in cluster.topologies], config.comm)
     started = clock()
@@ -124,6 +127,7 @@ def _replay(
             _, _, slots = heapq.heappop(departures)
             for node, gpus in slots:
                 state.give(node, gpus)
+        state.now = now
         while nxt < len(jobs) and jobs[nxt].submit <= now:
             queues.setdefault(jobs[nxt].pods, deque()).append(nxt)
             nxt += 1

@@ -47,6 +47,7 @@ class Lifecycle:
     arrival_spread_s: float = 10.0  # a gang's members are created within this long
     reservation_ttl_s: float = gangs.RESERVATION_TTL_S
     bind_failure_rate: float = 0.0  # share of binds the API server refuses
+    spill_after_s: float = gangs.SPILL_AFTER_S  # a gang's wait for its own level (gangwait)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.arrival_spread_s) and self.arrival_spread_s >= 0):
@@ -56,6 +57,10 @@ class Lifecycle:
         if not (math.isfinite(self.reservation_ttl_s) and self.reservation_ttl_s > 0):
             raise ValueError(
                 f"reservation TTL must be a positive number of seconds, got {self.reservation_ttl_s}"
+            )
+        if not (math.isfinite(self.spill_after_s) and self.spill_after_s >= 0):
+            raise ValueError(
+                f"spill-after must be a non-negative number of seconds, got {self.spill_after_s}"
             )
         if not (0 <= self.bind_failure_rate < 1):
             raise ValueError(f"bind failure rate must be in [0, 1), got {self.bind_failure_rate}")
@@ -95,7 +100,12 @@ class SidecarPolicy:
         self._index = {node.name: i for i, node in enumerate(cluster.nodes)}
         self._names = [node.name for node in cluster.nodes]
         self._net = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
-        self.tracker = GangTracker(cluster.levels, ttl_s=self.life.reservation_ttl_s)
+        self.tracker = GangTracker(
+            cluster.levels,
+            ttl_s=self.life.reservation_ttl_s,
+            objective=self.objective,
+            spill_after_s=self.life.spill_after_s,
+        )
         self._arrived: set[int] = set()  # gangs not yet placed whose members all exist
         self._seen: list[int] = []  # free masks `_all_views` was last brought up to date with
         self._all: dict[str, NodeView] = {}
@@ -199,17 +209,17 @@ class SidecarPolicy:
         def ask(k: int, count: int = n) -> GangAsk:
             return GangAsk(gang, pods[k], tuple(members[:count]), n)
 
-        now = 0.0
+        base = now = state.now  # the simulation's clock: a gang's wait for its level spans placements
         if job.id not in self._arrived:  # members are created over the spread, once
             self._arrived.add(job.id)
             spread = self.life.arrival_spread_s
             if spread > 0:
                 times = sorted(self._binds.uniform(0, spread) for _ in range(n))
                 for k in range(n - 1):  # each member is filtered as it appears
-                    t.filter(ask(k, k + 1), self._names, views, self._net, times[k] - times[0])
+                    t.filter(ask(k, k + 1), self._names, views, self._net, base + times[k] - times[0])
                 self.stats["gangs_waited_for_quorum"] += 1
                 self._waited_s += times[-1] - times[0]
-                now = times[-1] - times[0]
+                now = base + times[-1] - times[0]
         first = t.filter(ask(n - 1), self._names, views, self._net, now)
         if isinstance(first, Wait):
             self._count(t.drain())

@@ -81,6 +81,7 @@ class ClusterState:
         self.classes: dict[tuple[int, int], set[int]] = {}
         self.hist = [0] * (max(self.size) + 1)  # hist[f] = nodes with f free GPUs
         self.free_total = 0
+        self.now = 0.0  # the simulation's clock, set by the engine before each placement pass
         for i, m in enumerate(self.mask):
             self._enter(i, m)
 

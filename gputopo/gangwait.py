@@ -1,0 +1,118 @@
+"""When a gang should wait for its own level instead of spilling to a slower one.
+
+`gang.plan_gang` answers with the smallest level whose one domain holds the gang *now*. When
+the gang's domains of that size are busy, that is a larger level: a gang of whole-node members
+that fits a leaf runs across the spines at half its leaf bandwidth, across the cluster at an
+eighth (docs/simulator.md's levels), so it holds its GPUs 1.3x to 3x as long. Measured on the
+simulator (docs/objective.md, "gang levels"), that is what cost the throughput on the gb200-nvl
+preset: a handful of long gangs that spilled to the cluster level held the scarce 8-GPU nodes
+three times as long, so later gangs spilled too. Kueue TAS's BestFit does the same (its
+"preferred" level falls back at once), and was ahead of gputopo there only by which few long
+gangs happened to spill.
+
+The rule, applied by the lifecycle (`gangs.GangTracker`) to a gang none of whose members is
+bound yet: its *own level* is the smallest level of the plan's label family (`carried`) it
+could use on the offered nodes if every GPU were free (the best this gang can get anywhere, as the single-pod objective measures a pod
+against the best ring its size gets anywhere); a plan at a larger level is not taken while the
+gang has waited less than the tracker's `spill_after_s`. Past that it takes what there is, so no
+gang waits forever for capacity that other work keeps busy. A required level is strict already,
+and a gang with members bound is never held back (its bound members would wait with it).
+
+Pure: no I/O, no clock, no globals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+import numpy as np
+
+from gputopo.gang import GangPlan, GangSpec, NodeView
+from gputopo.network import CLUSTER, HOSTNAME, NetworkIndex, short_name
+
+
+def level_rank(index: NetworkIndex, level: str) -> int:
+    """Position of `level` from the smallest (the node) up to the whole cluster."""
+    return len(index.levels) if level == CLUSTER else index.levels.index(level)
+
+
+def carried(plan: GangPlan, views: Mapping[str, NodeView], index: NetworkIndex) -> set[str]:
+    """The levels every node of the plan carries a label of (the node level always): the
+    levels of the plan's own family. A node carries one family of labels (Topograph's, the
+    GPU clique, ...), and to it another family's levels are one-node domains that say nothing
+    about its speed, so only these are a level the gang could wait for."""
+    out = {HOSTNAME}
+    nodes = [views[p.node].labels for p in plan.placements if p.node in views]
+    for level in index.levels:
+        if level != HOSTNAME and nodes and all(labels.get(level) for labels in nodes):
+            out.add(level)
+    return out
+
+
+def fits_now(
+    spec: GangSpec, nodes: Sequence[NodeView], index: NetworkIndex, levels: Sequence[str]
+) -> list[bool]:
+    """Per level of `levels`: whether some domain passes the planner's first check with the
+    GPUs free now (GPUs, and slots of the members' size): exact for members of one size, the
+    only case the lifecycle asks about."""
+    per = np.zeros(len(index.nodes), dtype=np.int64)
+    for v in nodes:
+        pos = index.position.get(v.name)
+        if pos is not None:
+            per[pos] = len(v.free)
+    return [_passes(spec, per, index, level) for level in levels]
+
+
+def wait_reason(spec: GangSpec, own: str, spill_after_s: float, waited: float) -> str:
+    """The reason a gang waiting for its own level is given (the same, however it was found)."""
+    return (
+        f"waiting for one {short_name(own)} domain to hold all {len(spec.members)} members "
+        f"(no such domain has room now; after {spill_after_s:g}s of waiting it takes a larger "
+        f"level, {waited:.0f}s so far)"
+    )
+
+
+def _passes(spec: GangSpec, per: np.ndarray, index: NetworkIndex, level: str) -> bool:
+    sizes = [m.gpus for m in spec.members]
+    ok = index.free_per_domain(level, per) >= sum(sizes)
+    for s in sorted(set(sizes)):
+        if not ok.any():
+            return False
+        need = sum(1 for g in sizes if g >= s)
+        ok &= index.free_per_domain(level, per // s) >= need
+    return bool(ok.any())
+
+
+def own_level(
+    spec: GangSpec, nodes: Sequence[NodeView], index: NetworkIndex, among: Collection[str] | None = None
+) -> str | None:
+    """The smallest level the gang may use (its preferred one or larger, then the cluster;
+    only those in `among` when given) with a domain of `nodes` that, every GPU free, has the
+    GPUs and the slots of every member size the planner checks first; None when even the whole
+    set of nodes has not (or for a required level, which waits by itself). Exact for members
+    of one size; necessary for mixed sizes."""
+    if spec.required_level is not None or not spec.members:
+        return None
+    levels = index.levels
+    if spec.preferred_level is not None and spec.preferred_level not in levels:
+        return None  # the planner reports the bad level
+    start = levels.index(spec.preferred_level) if spec.preferred_level is not None else 0
+    capacity = np.zeros(len(index.nodes), dtype=np.int64)
+    for v in nodes:
+        pos = index.position.get(v.name)
+        if pos is not None:
+            capacity[pos] = v.gpu_count
+    sizes = [m.gpus for m in spec.members]
+    total = sum(sizes)
+    for level in (*levels[start:], CLUSTER):
+        if among is not None and level != CLUSTER and level not in among:
+            continue
+        ok = index.free_per_domain(level, capacity) >= total
+        for s in sorted(set(sizes)):
+            if not ok.any():
+                break
+            need = sum(1 for g in sizes if g >= s)
+            ok &= index.free_per_domain(level, capacity // s) >= need
+        if ok.any():
+            return level
+    return None

@@ -1,0 +1,119 @@
+"""The live sidecar (over its real HTTP server) and the simulator's SidecarPolicy plan a gang
+alike for the same cluster: both drive one `GangTracker` holding one `ClusterObjective`, so the
+cluster objective's tie order and the wait for a gang's own level are the same decision in
+both. Each case is built so that the objective's answer is not what best fit alone gives."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gputopo.allocator import AllocatorPool
+from gputopo.cluster import parse_cluster
+from gputopo.network import HOSTNAME, LEAF, SPINE
+from gputopo.sim.clusters import from_snapshot
+from gputopo.sim.policies import Failure
+from gputopo.sim.sidecar import SidecarPolicy
+from gputopo.sim.state import ClusterState
+from gputopo.sim.workload import Job
+from scheduler.extender import Extender
+from scheduler.server import Server
+from scheduler.state import from_cluster
+from tests import fake_apiserver as fk
+from tests.test_scheduler_http import Client, args
+
+LEVELS = (HOSTNAME, LEAF, SPINE)
+GROUP = "scheduling.x-k8s.io/pod-group"
+
+
+def node(name: str, kind: str, leaf: str, allocated: list[int]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "labels": {HOSTNAME: name, LEAF: leaf, SPINE: "s"},
+        "gpus": kind,
+        "allocated": allocated,
+    }
+
+
+#: Two 1-GPU members: a DGX-1 with 4 GPUs free (best fit) and a PCIe box with 6 (the objective).
+PAIR = [node("a-dgx1", "dgx1-v100", "a", [4, 5, 6, 7]), node("b-pcie", "pcie8-plx", "b", [6, 7])]
+#: Two 8-GPU members: leaf a has one free node (spine only, now); leaf b two, one of them busy
+#: until the test frees it. The plan waits for leaf b in both, then takes it.
+WHOLE = [
+    node("a-n0", "dgx-a100", "a", []),
+    node("a-n1", "dgx-a100", "a", list(range(8))),
+    node("b-n0", "dgx-a100", "b", []),
+    node("b-n1", "dgx-a100", "b", list(range(8))),
+]
+
+
+def snapshot(nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "levels": list(LEVELS),
+        "nodes": nodes,
+        "podgroups": [{"namespace": "ml", "name": "g", "minMember": 2}],
+    }
+
+
+@pytest.fixture
+def sidecar() -> Iterator[Any]:
+    servers: list[Server] = []
+
+    def start(nodes: list[dict[str, Any]]) -> tuple[Extender, Client]:
+        ext = Extender(from_cluster(parse_cluster(snapshot(nodes))), LEVELS, clock=lambda: 1000.0)
+        server = Server(ext, "127.0.0.1", 0)
+        server.start()
+        servers.append(server)
+        return ext, Client(server)
+
+    yield start
+    for s in servers:
+        s.stop()
+
+
+def live_plan(
+    ext: Extender, client: Client, gpus: int, names: list[str]
+) -> list[tuple[str, tuple[int, ...]]] | str:
+    """Filter both members as kube-scheduler would; the plan's (node, GPUs), or the reason."""
+    out: dict[str, Any] = {}
+    for i in range(2):
+        _, out = client.post("/filter", args(fk.pod("ml", f"g-{i}", gpus, labels={GROUP: "g"}), names))
+    if not out["NodeNames"]:
+        return next(iter(out["FailedAndUnresolvableNodes"].values()))
+    return sorted((p.node, tuple(sorted(p.gpus))) for p in ext.plans["ml/g"].placements)
+
+
+def sim_plan(nodes: list[dict[str, Any]], gpus: int) -> list[tuple[str, tuple[int, ...]]] | str:
+    cluster = from_snapshot(parse_cluster(snapshot(nodes)))
+    pool = AllocatorPool()
+    policy = SidecarPolicy(
+        "gputopo", cluster, [pool.get(t) for t in cluster.topologies], random.Random(0), planner=True
+    )
+    got = policy.place(ClusterState(cluster), Job(id=0, submit=0.0, duration=60.0, pods=(gpus, gpus)))
+    if isinstance(got, Failure):
+        return got.reason
+    return sorted((cluster.nodes[n].name, tuple(sorted(g))) for n, g in got)
+
+
+def test_the_objective_picks_the_same_node_in_the_sidecar_and_the_simulator(sidecar) -> None:
+    ext, client = sidecar(PAIR)
+    live = live_plan(ext, client, 1, ["a-dgx1", "b-pcie"])
+    assert live == sim_plan(PAIR, 1)
+    assert isinstance(live, list) and {n for n, _ in live} == {"b-pcie"}, "not best fit's a-dgx1"
+
+
+def test_both_wait_for_a_leaf_alike_and_plan_it_alike_once_it_frees(sidecar) -> None:
+    ext, client = sidecar(WHOLE)
+    names = [n["name"] for n in WHOLE]
+    live = live_plan(ext, client, 8, names)
+    simulated = sim_plan(WHOLE, 8)
+    assert isinstance(live, str) and isinstance(simulated, str)
+    assert "waiting for one leaf domain" in live and "waiting for one leaf domain" in simulated
+    freed = [{**n, "allocated": []} if n["name"] == "b-n1" else n for n in WHOLE]
+    ext, client = sidecar(freed)
+    live = live_plan(ext, client, 8, names)
+    assert live == sim_plan(freed, 8)
+    assert isinstance(live, list) and {n for n, _ in live} == {"b-n0", "b-n1"}
