@@ -417,3 +417,39 @@ def test_a_job_shares_only_as_a_single_one_gpu_pod() -> None:
     for pods, milli in (((2,), 500), ((1, 1), 500), ((1,), 0), ((1,), 1500)):
         with pytest.raises(ValueError, match="single 1-GPU pod"):
             Job(id=0, submit=0.0, duration=1.0, pods=pods, milli=milli)
+
+
+@pytest.mark.parametrize("sharing", [False, True])
+def test_a_waiting_gang_spills_on_the_simulation_clock_with_or_without_sharing(sharing: bool) -> None:
+    """The sharing loops run the sidecar's gang lifecycle on the simulation's clock, as the
+    whole-GPU engine does: a gang that waits for its own leaf spills once it has waited
+    spill_after_s, at the next departure, instead of waiting for ever (clock stuck at 0)."""
+    from gputopo.network import SPINE
+    from gputopo.sim.sidecar import Lifecycle
+
+    kinds = (pcie(8), pcie(1))
+
+    def node(name: str, kind: int, leaf: str, allocated: frozenset[int] = frozenset()) -> SimNode:
+        return SimNode(name, kind, {LEAF: leaf, SPINE: "s"}, allocated)
+
+    c = SimCluster(
+        topologies=kinds,
+        nodes=(
+            node("a0", 0, "a", frozenset({0})),  # each leaf could hold the gang empty, neither can now
+            node("a1", 0, "a"),
+            node("b0", 0, "b", frozenset({0})),
+            node("b1", 0, "b"),
+            node("c0", 1, "c"),
+        ),
+        levels=DEFAULT_LEVELS,
+    )
+    jobs = [
+        Job(id=0, submit=0.0, duration=200.0, pods=(1,)),  # its departure at 200 s retries the gang
+        Job(id=1, submit=1.0, duration=50.0, pods=(8, 8)),
+    ]
+    life = Lifecycle(arrival_spread_s=0.0, spill_after_s=100.0)
+    config = RunConfig(mode="replay", gpu_sharing=sharing, lifecycle=life)
+    res = compare(c, jobs, ("gputopo",), config)[0]
+    assert res.placed == 2 and res.never_started == 0
+    assert res.gangs_one_leaf == 0.0  # it spilled across the leaves...
+    assert res.queue_delay_mean == pytest.approx((0.0 + 199.0) / 2)  # ...at the 200 s departure

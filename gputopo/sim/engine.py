@@ -60,14 +60,15 @@ def simulate(
     if config.mode not in ("replay", "fill"):
         raise ValueError(f"unknown mode {config.mode!r}")
     pool = pool or AllocatorPool()
-    if config.gpu_sharing:  # its own bookkeeping and loops, off the default run's path
-        from gputopo.sim.sharing import simulate_shared
-
-        return simulate_shared(cluster, jobs, policy_name, config, pool=pool, progress=progress, clock=clock)
-    rng = random.Random(config.seed)
     lifecycle = config.lifecycle
     if config.mode == "fill":  # nothing ever leaves: a gang waiting for its level would wait forever
         lifecycle = replace(lifecycle, spill_after_s=0.0)
+    if config.gpu_sharing:  # its own bookkeeping and loops, off the default run's path
+        from gputopo.sim.sharing import simulate_shared
+
+        shared = replace(config, lifecycle=lifecycle)
+        return simulate_shared(cluster, jobs, policy_name, shared, pool=pool, progress=progress, clock=clock)
+    rng = random.Random(config.seed)
     policy = build_policy(policy_name, cluster, pool, rng, lifecycle, jobs)
     state = ClusterState(cluster)
     rec = Recorder(cluster, [pool.get(t) for t in cluster.topologies], config.comm)

@@ -273,6 +273,7 @@ def _replay(
             _, _, slots, milli = heapq.heappop(departures)
             for node, gpus in slots:
                 book.give(node, gpus, milli)
+        book.state.now = now  # the sidecar's gang lifecycle runs on the simulation's clock
         while nxt < len(jobs) and jobs[nxt].submit <= now:
             queues.setdefault((jobs[nxt].pods, jobs[nxt].milli), deque()).append(nxt)
             nxt += 1
