@@ -167,6 +167,7 @@ class ClusterObjective:
         self._seen: set[int] = set()  # id() of allocators folded into _best
         self._keep: list[Allocator] = []  # ...kept alive so their ids stay theirs
         self._values: dict[tuple[int, int, int], float] = {}  # (allocator id, mask, mix version)
+        self._frags: dict[tuple[int, int, int, int], float] = {}  # (allocator id, before, after, version)
 
     def learn(self, allocators: Iterable[Allocator]) -> None:
         """Fold servers into "the best ring this size can get anywhere" (idempotent)."""
@@ -178,6 +179,7 @@ class ClusterObjective:
             for m in range(2, a.n + 1):
                 self._best[m] = max(self._best.get(m, 0), a.best_ring_mbps(m))
             self._values.clear()
+            self._frags.clear()
 
     def efficiency(self, gpus: int, ring_mbps: int) -> float:
         return self.comm.efficiency(gpus, ring_mbps, self._best.get(gpus, ring_mbps))
@@ -190,6 +192,8 @@ class ClusterObjective:
         self.learn(p.exact for p, _ in candidates)
         if len(self._values) > 200_000:
             self._values.clear()
+        if len(self._frags) > 200_000:
+            self._frags.clear()
         eff = {kind: self.efficiency(gpus, c.ring_mbps) for kind, c in candidates.items()}
         top = max(eff.values(), default=1.0)
         out: dict[tuple[GpuPolicy, frozenset[int]], tuple[object, ...]] = {}
@@ -223,10 +227,15 @@ class ClusterObjective:
 
     def _frag_growth(self, alloc: Allocator, before: int, after: int) -> float:
         """FGD's growth of expected fragmentation, each size weighted by this server's worth to it."""
+        key = (id(alloc), before, after, self.mix.version)  # alloc is kept alive by `learn`
+        hit = self._frags.get(key)
+        if hit is not None:
+            return hit
         growth = 0.0
         for m in SIZE_CLASSES[1:]:
             worth = self.efficiency(m, alloc.best_ring_mbps(m)) if alloc.n >= m else 0.0
             growth += self.mix.whole(m) * worth * ((after % m) - (before % m))
+        self._frags[key] = growth
         return growth
 
 

@@ -87,11 +87,10 @@ class SidecarPolicy:
         self.objective.learn(allocators)
         self._seen_jobs: set[int] = set()
         self._views: dict[tuple[int, int], NodeView] = {}
-        #: (pod size, the state's class keys in order) -> (positions of the classes with room,
-        #: their views, kube-scheduler's totals): see `place_pod`
-        self._totals: dict[
-            tuple[int, tuple[tuple[int, int], ...], int], tuple[list[int], list[NodeView], list[int]]
-        ] = {}
+        #: (pod size, the classes with room) -> class -> (kube-scheduler's total, the GPU set
+        #: the node would give), for the demand mix version `_totals_version`: see `place_pod`
+        self._totals: dict[tuple[int, frozenset[tuple[int, int]]], dict[tuple[int, int], tuple[int, tuple[int, ...]]]] = {}
+        self._totals_version = -1
         self._index = {node.name: i for i, node in enumerate(cluster.nodes)}
         self._names = [node.name for node in cluster.nodes]
         self._net = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
@@ -147,34 +146,41 @@ class SidecarPolicy:
     def place_pod(self, state: ClusterState, size: int) -> Slot | Failure:
         """kube-scheduler's choice among the nodes with room, given the extender's scores."""
         # A class's total depends on its (topology, free mask) and on which other classes are
-        # scored with it (scores are ranks), not on its members: the totals are kept per list
-        # of classes (in the state's order, which decides ties) and only the counts are fresh.
-        key = (size, tuple(state.classes), self.objective.mix.version)
-        hit = self._totals.get(key)
-        if hit is None:
-            positions: list[int] = []
-            views: list[NodeView] = []
-            for pos, ((_, mask), members) in enumerate(state.classes.items()):
-                if mask.bit_count() >= size:
-                    positions.append(pos)
-                    views.append(self._view(min(members), mask))
-            scores = node_scores(size, views, memo=self._memo, objective=self.objective) if views else {}
-            total = kubesched.total_score
-            totals = [total(scores[v.name], len(v.free) - size, v.gpu_count) for v in views]
-            if len(self._totals) > 50_000:
-                self._totals.clear()
-            hit = self._totals[key] = (positions, views, totals)
-        positions, views, totals = hit
-        if not positions:
+        # scored with it (scores are ranks over the set, whatever its order), not on its members:
+        # the totals are kept per set of classes with room and per demand mix version, and only
+        # the order (the state's, which decides ties) and the counts are read fresh.
+        classes = state.classes
+        room = [key for key in classes if key[1].bit_count() >= size]
+        if not room:
             return Failure(f"no node has {size} free GPUs")
-        classes = list(state.classes.values())
-        scored = [(t, len(classes[p])) for p, t in zip(positions, totals, strict=True)]
-        k = kubesched.select_host(scored, self.rng)
-        members = classes[positions[k]]
-        view = views[k]
+        version = self.objective.mix.version
+        if version != self._totals_version or len(self._totals) > 50_000:
+            self._totals.clear()  # totals of an older mix are never asked for again
+            self._totals_version = version
+        key = (size, frozenset(room))
+        totals = self._totals.get(key)
+        if totals is None:
+            totals = self._totals[key] = self._score(classes, room, size)
+        k = kubesched.select_host([(totals[c][0], len(classes[c])) for c in room], self.rng)
+        chosen = room[k]
+        members = classes[chosen]
         node = sorted(members)[self.rng.randrange(len(members))] if len(members) > 1 else min(members)
-        assert view.allocator is not None
-        return node, tuple(sorted(self._memo.choose(view.allocator, view.free, size).indices))
+        return node, totals[chosen][1]
+
+    def _score(
+        self, classes: dict[tuple[int, int], set[int]], room: list[tuple[int, int]], size: int
+    ) -> dict[tuple[int, int], tuple[int, tuple[int, ...]]]:
+        """kube-scheduler's total per class with room (one node's view stands for its class)
+        and the GPU set the allocator gives on it."""
+        views = [self._view(min(classes[c]), c[1]) for c in room]
+        scores = node_scores(size, views, memo=self._memo, objective=self.objective)
+        total = kubesched.total_score
+        out: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
+        for c, v in zip(room, views, strict=True):
+            assert v.allocator is not None
+            gpus = tuple(sorted(self._memo.choose(v.allocator, v.free, size).indices))
+            out[c] = (total(scores[v.name], len(v.free) - size, v.gpu_count), gpus)
+        return out
 
     # ------------------------------------------------------------------ jobs
 
