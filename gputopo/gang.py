@@ -122,6 +122,7 @@ class _Problem:
     free: np.ndarray  # free GPU count per position (0 where no view)
     sizes: list[int]  # GPUs per member, spec order
     memo: ChoiceMemo
+    roomiest: int = 0  # most free GPUs of one node
     homogeneous: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -230,7 +231,7 @@ def plan_gang(
     if max(sizes) > largest:
         big = max(spec.members, key=lambda m: m.gpus)
         return NoPlan(spec.key, f"pod {big.pod} asks for {big.gpus} GPUs; the largest node has {largest}")
-    pb = _Problem(spec, index, views, free, sizes, memo if memo is not None else ChoiceMemo())
+    pb = _Problem(spec, index, views, free, sizes, memo if memo is not None else ChoiceMemo(), max(counts))
     miss: _Miss | None = None
     for k, level in enumerate(tried):
         # Only the last level's miss reaches the reason: the others skip working it out.
@@ -270,6 +271,8 @@ def _levels_to_try(spec: GangSpec, levels: tuple[str, ...]) -> list[str] | str:
 def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> GangPlan | _Miss | None:
     """The best plan inside one domain of `level`, else why not (None when not `explain`)."""
     lx = pb.index.level(level)
+    if prune and not explain and lx.count == len(pb.views) and pb.total > pb.roomiest:
+        return None  # every domain is one node, and none has room for the whole gang
     dfree = pb.index.free_per_domain(level, pb.free)
     ok = dfree >= pb.total  # necessary: GPUs, and slots of every size
     for s in sorted(set(pb.sizes)):

@@ -27,8 +27,10 @@ def lower_levels(index: NetworkIndex, level: str) -> list[LevelIndex]:
 
 def count_spans(lower: Sequence[LevelIndex], positions: Sequence[int]) -> tuple[int, ...]:
     """Tie-break (3b): how many domains of each lower level (largest first) the nodes touch."""
+    if not lower:
+        return ()
     at = np.asarray(positions, dtype=np.int64)
-    return tuple(len(np.unique(lx.domain_id[at])) for lx in lower)
+    return tuple(len(set(lx.domain_id[at].tolist())) for lx in lower)
 
 
 def select_nodes(
@@ -49,11 +51,15 @@ def select_nodes(
     which is also the order members are assigned in. Every node with weight > 0 reaches the
     plan's threshold, so (3) holds whichever k are taken; feasibility is kept at every step."""
     for lx in lower:
-        uniq, group = np.unique(lx.domain_id[pos], return_inverse=True)
+        ids = lx.domain_id[pos].tolist()
+        uniq = sorted(set(ids))
         if len(uniq) in (1, len(pos)):
             continue
-        group = group.reshape(-1)
-        keep = np.isin(group, _fewest_groups(group, len(uniq), weight, free, k, n))
+        at = {u: i for i, u in enumerate(uniq)}
+        group = np.array([at[u] for u in ids], dtype=np.int64)  # sub-domain of each candidate
+        chosen = np.zeros(len(uniq), dtype=bool)
+        chosen[_fewest_groups(group, len(uniq), weight, free, k, n)] = True
+        keep = chosen[group]
         pos, weight, free, kind = pos[keep], weight[keep], free[keep], kind[keep]
     top = np.lexsort((pos, free, -weight))[:k]
     return list(zip(pos[top].tolist(), kind[top].tolist(), strict=True))

@@ -223,6 +223,7 @@ class SidecarPolicy:
         queue = [(now, 0, n - 1)] + [(now + POD_BACKOFF_S[0], k + 1, k) for k in range(n - 1)]
         attempts = [0] * n
         slots: dict[int, Slot] = {}
+        held: dict[int, int] = {}  # free masks of the nodes members bound to (the state is not touched)
         try:
             while queue:
                 now, seq, k = heapq.heappop(queue)
@@ -251,18 +252,20 @@ class SidecarPolicy:
                     continue
                 node = self._index[r.node]
                 gpus = tuple(sorted(r.gpus))
-                state.take(node, gpus)
+                mask = held.get(node, state.mask[node])
+                bits = sum(1 << g for g in gpus)
+                if bits & ~mask or len(gpus) != bits.bit_count():
+                    raise ValueError(f"GPUs {list(gpus)} are not free on node {r.node}")
+                held[node] = mask & ~bits
                 slots[k] = (node, gpus)
                 where[pods[k]] = r.node
                 members[k] = GangMember(pods[k], size, r.node)
-                views[r.node] = self._view(node, state.mask[node])
+                views[r.node] = self._view(node, held[node])
                 t.bound(pods[k], gang, now)
         finally:
             self._count(t.drain())
             t.drop(gang, "simulated placement done", "done")
             t.drain()
-            for node, gpus in slots.values():
-                state.give(node, gpus)
         self._arrived.discard(job.id)  # placed: the engine will not ask again
         return [slots[k] for k in range(n)]
 
