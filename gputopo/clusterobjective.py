@@ -167,7 +167,7 @@ class ClusterObjective:
         self._seen: set[int] = set()  # id() of allocators folded into _best
         self._keep: list[Allocator] = []  # ...kept alive so their ids stay theirs
         self._values: dict[tuple[int, int, int], float] = {}  # (allocator id, mask, mix version)
-        self._frags: dict[tuple[int, int, int, int], float] = {}  # (allocator id, before, after, version)
+        self._costs: dict[tuple[object, ...], float] = {}  # see `_cost`
 
     def learn(self, allocators: Iterable[Allocator]) -> None:
         """Fold servers into "the best ring this size can get anywhere" (idempotent)."""
@@ -179,7 +179,7 @@ class ClusterObjective:
             for m in range(2, a.n + 1):
                 self._best[m] = max(self._best.get(m, 0), a.best_ring_mbps(m))
             self._values.clear()
-            self._frags.clear()
+            self._costs.clear()
 
     def efficiency(self, gpus: int, ring_mbps: int) -> float:
         return self.comm.efficiency(gpus, ring_mbps, self._best.get(gpus, ring_mbps))
@@ -192,8 +192,8 @@ class ClusterObjective:
         self.learn(p.exact for p, _ in candidates)
         if len(self._values) > 200_000:
             self._values.clear()
-        if len(self._frags) > 200_000:
-            self._frags.clear()
+        if len(self._costs) > 200_000:
+            self._costs.clear()
         eff = {kind: self.efficiency(gpus, c.ring_mbps) for kind, c in candidates.items()}
         top = max(eff.values(), default=1.0)
         out: dict[tuple[GpuPolicy, frozenset[int]], tuple[object, ...]] = {}
@@ -201,16 +201,26 @@ class ClusterObjective:
             alloc = policy.exact
             e = eff[(policy, free)]
             ok = e >= (1 - self.band) * top
-            f_mask = _mask(free)
-            r_mask = f_mask & ~_mask(choice.indices)
             if ok:
-                cost = self._value(alloc, f_mask) - self._value(alloc, r_mask)
-                cost += self.frag_weight * self._frag_growth(alloc, f_mask.bit_count(), r_mask.bit_count())
-                second = -round(cost, 6)
+                second = self._cost(alloc, free, choice)
             else:
                 second = round(e, 6)
             out[(policy, free)] = (ok, second, single_key(free, choice, gpus))
         return out
+
+    def _cost(self, alloc: Allocator, free: frozenset[int], choice: Choice) -> float:
+        """The second key of a good-enough candidate: minus what taking `choice` out of `free`
+        costs the future (value lost plus weighted fragmentation growth), rounded. A function of
+        the allocator, the sets, the mix version and the weight: memoised on them."""
+        key = (alloc, free, choice.indices, self.mix.version, self.frag_weight)
+        hit = self._costs.get(key)
+        if hit is None:
+            f_mask = _mask(free)
+            r_mask = f_mask & ~_mask(choice.indices)
+            cost = self._value(alloc, f_mask) - self._value(alloc, r_mask)
+            cost += self.frag_weight * self._frag_growth(alloc, f_mask.bit_count(), r_mask.bit_count())
+            hit = self._costs[key] = -round(cost, 6)
+        return hit
 
     def _value(self, alloc: Allocator, mask: int) -> float:
         """Ideal GPU-seconds per second that single pods of 2, 4 and 8 could still get here."""
@@ -227,15 +237,10 @@ class ClusterObjective:
 
     def _frag_growth(self, alloc: Allocator, before: int, after: int) -> float:
         """FGD's growth of expected fragmentation, each size weighted by this server's worth to it."""
-        key = (id(alloc), before, after, self.mix.version)  # alloc is kept alive by `learn`
-        hit = self._frags.get(key)
-        if hit is not None:
-            return hit
         growth = 0.0
         for m in SIZE_CLASSES[1:]:
             worth = self.efficiency(m, alloc.best_ring_mbps(m)) if alloc.n >= m else 0.0
             growth += self.mix.whole(m) * worth * ((after % m) - (before % m))
-        self._frags[key] = growth
         return growth
 
 

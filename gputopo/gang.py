@@ -216,16 +216,15 @@ def plan_gang(
         raise ValueError(f"network index was built for levels {list(index.levels)}, not {list(levels)}")
     views: list[NodeView | None] = [None] * len(index.nodes)
     counts = [0] * len(index.nodes)
-    largest = 0
     position = index.position
-    for v in nodes:
-        pos = position.get(v.name)
-        if pos is None:
-            raise ValueError(f"node {v.name!r} is not in the network index")
+    try:
+        at = [position[v.name] for v in nodes]
+    except KeyError as e:
+        raise ValueError(f"node {e.args[0]!r} is not in the network index") from None
+    for pos, v in zip(at, nodes, strict=True):
         views[pos] = v
         counts[pos] = len(v.free)
-        if v.gpu_count > largest:
-            largest = v.gpu_count
+    largest = max((v.gpu_count for v in nodes), default=0)
     free = np.array(counts, dtype=np.int64)
     sizes = [m.gpus for m in spec.members]
     if max(sizes) > largest:
@@ -359,8 +358,9 @@ def _evaluate(
         if memo.domains_for is not pb.index or memo.domains_held > _DOMAIN_VIEWS_HELD:
             memo.domains.clear()
             memo.domains_for, memo.domains_held = pb.index, 0
-        held = tuple(pb.views[p] for p in positions.tolist())
-        key = (level, d, pb.sizes[0], len(pb.sizes), k, *(id(v) for v in held))
+        views = pb.views
+        held = tuple([views[p] for p in positions.tolist()])
+        key = (level, d, pb.sizes[0], len(pb.sizes), k, *map(id, held))
         hit = memo.domains.get(key)
         if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
             assert isinstance(hit[1], _Candidate)

@@ -93,6 +93,7 @@ class SidecarPolicy:
         self._totals_version = -1
         self._index = {node.name: i for i, node in enumerate(cluster.nodes)}
         self._names = [node.name for node in cluster.nodes]
+        self._offer = frozenset(self._names)  # every node, as kube-scheduler offers them
         self._net = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
         self.tracker = GangTracker(cluster.levels, ttl_s=self.life.reservation_ttl_s)
         self._arrived: set[int] = set()  # gangs not yet placed whose members all exist
@@ -202,8 +203,10 @@ class SidecarPolicy:
         members = [GangMember(pods[i], job.pods[i], "") for i in range(n)]  # node: once bound
         views = self._all_views(state)
 
+        current = tuple(members)  # every member as the gang is now (renewed on each bind)
+
         def ask(k: int, count: int = n) -> GangAsk:
-            return GangAsk(gang, pods[k], tuple(members[:count]), n)
+            return GangAsk(gang, pods[k], current if count == n else tuple(members[:count]), n)
 
         now = 0.0
         if job.id not in self._arrived:  # members are created over the spread, once
@@ -212,11 +215,11 @@ class SidecarPolicy:
             if spread > 0:
                 times = sorted(self._binds.uniform(0, spread) for _ in range(n))
                 for k in range(n - 1):  # each member is filtered as it appears
-                    t.filter(ask(k, k + 1), self._names, views, self._net, times[k] - times[0])
+                    t.filter(ask(k, k + 1), self._offer, views, self._net, times[k] - times[0])
                 self.stats["gangs_waited_for_quorum"] += 1
                 self._waited_s += times[-1] - times[0]
                 now = times[-1] - times[0]
-        first = t.filter(ask(n - 1), self._names, views, self._net, now)
+        first = t.filter(ask(n - 1), self._offer, views, self._net, now)
         if isinstance(first, Wait):
             self._count(t.drain())
             return Failure(first.reason)
@@ -228,7 +231,7 @@ class SidecarPolicy:
             while queue:
                 now, seq, k = heapq.heappop(queue)
                 t.expire(now)
-                decision = t.filter(ask(k), self._names, views, self._net, now)
+                decision = t.filter(ask(k), self._offer, views, self._net, now)
                 if isinstance(decision, Wait):  # a re-plan around bound members found no room
                     self.stats["gangs_stalled"] += 1
                     return Failure(decision.reason)
@@ -260,6 +263,7 @@ class SidecarPolicy:
                 slots[k] = (node, gpus)
                 where[pods[k]] = r.node
                 members[k] = GangMember(pods[k], size, r.node)
+                current = tuple(members)
                 views[r.node] = self._view(node, held[node])
                 t.bound(pods[k], gang, now)
         finally:
