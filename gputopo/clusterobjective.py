@@ -168,6 +168,7 @@ class ClusterObjective:
         self._keep: list[Allocator] = []  # ...kept alive so their ids stay theirs
         self._values: dict[tuple[int, int, int], float] = {}  # (allocator id, mask, mix version)
         self._costs: dict[tuple[object, ...], float] = {}  # see `_cost`
+        self._terms: dict[tuple[int, int], list[tuple[int, float, int]]] = {}  # see `_value`
 
     def learn(self, allocators: Iterable[Allocator]) -> None:
         """Fold servers into "the best ring this size can get anywhere" (idempotent)."""
@@ -180,6 +181,7 @@ class ClusterObjective:
                 self._best[m] = max(self._best.get(m, 0), a.best_ring_mbps(m))
             self._values.clear()
             self._costs.clear()
+            self._terms.clear()
 
     def efficiency(self, gpus: int, ring_mbps: int) -> float:
         return self.comm.efficiency(gpus, ring_mbps, self._best.get(gpus, ring_mbps))
@@ -194,6 +196,8 @@ class ClusterObjective:
             self._values.clear()
         if len(self._costs) > 200_000:
             self._costs.clear()
+        if len(self._terms) > 200_000:
+            self._terms.clear()
         eff = {kind: self.efficiency(gpus, c.ring_mbps) for kind, c in candidates.items()}
         top = max(eff.values(), default=1.0)
         out: dict[tuple[GpuPolicy, frozenset[int]], tuple[object, ...]] = {}
@@ -227,11 +231,14 @@ class ClusterObjective:
         key = (id(alloc), mask, self.mix.version)
         hit = self._values.get(key)
         if hit is None:
-            free = [i for i in range(alloc.n) if mask >> i & 1]
-            hit = sum(
-                self.mix.single(m) * m * self.efficiency(m, best) * count
-                for m, best, count in alloc.groups(free)
-            )
+            # the groups and their efficiencies do not depend on the mix: kept across versions
+            terms = self._terms.get((id(alloc), mask))
+            if terms is None:
+                free = [i for i in range(alloc.n) if mask >> i & 1]
+                terms = self._terms[(id(alloc), mask)] = [
+                    (m, self.efficiency(m, best), count) for m, best, count in alloc.groups(free)
+                ]
+            hit = sum(self.mix.single(m) * m * eff * count for m, eff, count in terms)
             self._values[key] = hit
         return hit
 

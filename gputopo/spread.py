@@ -50,6 +50,8 @@ def select_nodes(
     together and is skipped); then the top k of what is left are taken by the node order,
     which is also the order members are assigned in. Every node with weight > 0 reaches the
     plan's threshold, so (3) holds whichever k are taken; feasibility is kept at every step."""
+    if 0 < len(pos) <= SMALL_CANDIDATES and int(weight.min()) == int(weight.max()):
+        return _select_equal(pos.tolist(), int(weight[0]), free.tolist(), kind.tolist(), k, n, lower)
     for lx in lower:
         ids = lx.domain_id[pos].tolist()
         uniq = sorted(set(ids))
@@ -63,6 +65,63 @@ def select_nodes(
         pos, weight, free, kind = pos[keep], weight[keep], free[keep], kind[keep]
     top = np.lexsort((pos, free, -weight))[:k]
     return list(zip(pos[top].tolist(), kind[top].tolist(), strict=True))
+
+
+#: Up to this many candidates offering the same number of members each (whole-node members
+#: always do), `select_nodes` runs in plain Python: numpy's cost per call dominates there.
+SMALL_CANDIDATES = 256
+
+
+def _select_equal(
+    pos: list[int], w: int, free: list[int], kind: list[int], k: int, n: int, lower: Sequence[LevelIndex]
+) -> list[tuple[int, int]]:
+    """`select_nodes` when every candidate offers `w` members: the same steps on lists."""
+    for lx in lower:
+        domain_id = lx.domain_id
+        ids = [int(domain_id[p]) for p in pos]
+        uniq = sorted(set(ids))
+        if len(uniq) in (1, len(pos)):
+            continue
+        at = {u: i for i, u in enumerate(uniq)}
+        group = [at[u] for u in ids]
+        kept = set(_fewest_groups_equal(group, len(uniq), w, free, k, n))
+        keep = [i for i, g in enumerate(group) if g in kept]
+        pos, free, kind = [pos[i] for i in keep], [free[i] for i in keep], [kind[i] for i in keep]
+    top = sorted(range(len(pos)), key=lambda i: (free[i], pos[i]))[:k]  # equal weights: free, name
+    return [(pos[i], kind[i]) for i in top]
+
+
+def _fewest_groups_equal(group: list[int], count: int, w: int, free: list[int], k: int, n: int) -> list[int]:
+    """`_fewest_groups` when every candidate offers `w` members: a sub-domain's capacity is
+    w x min(its nodes, k), and a union of sub-domains holds the gang when w x min(nodes, k)
+    reaches n."""
+    size, gfree = [0] * count, [0] * count
+    for g, f in zip(group, free, strict=True):
+        size[g] += 1
+        gfree[g] += f
+    cap = [w * min(s, k) for s in size]
+
+    def holds(nodes: int) -> bool:
+        return min(nodes, k) * w >= n
+
+    taken: list[int] = []
+    acc = 0  # candidates of the sub-domains taken
+    for g in sorted(range(count), key=lambda g: (-cap[g], gfree[g], g)):
+        if not holds(acc + size[g]):
+            taken.append(g)
+            acc += size[g]
+            continue
+        out = set(taken)
+        tightest = sorted(range(count), key=lambda h: (cap[h], gfree[h], h))
+        last = next(h for h in tightest if h not in out and holds(acc + size[h]))
+        taken.append(last)
+        acc += size[last]
+        for h in list(taken):
+            if holds(acc - size[h]):
+                taken.remove(h)
+                acc -= size[h]
+        return taken
+    raise AssertionError("the candidates were proven to hold the gang")  # pragma: no cover
 
 
 def _top_sum(hist: list[int], k: int) -> int:
