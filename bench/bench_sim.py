@@ -99,7 +99,9 @@ def sizes_table(sizes: list[int], load: float) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list (empty: skip the table)")
     parser.add_argument("--repeat", type=int, default=3, help="comparisons per workload (median)")
     parser.add_argument("--sizes", default="", help="comma list of generated pod counts (empty: skip)")

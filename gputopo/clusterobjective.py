@@ -205,10 +205,7 @@ class ClusterObjective:
             alloc = policy.exact
             e = eff[(policy, free)]
             ok = e >= (1 - self.band) * top
-            if ok:
-                second = self._cost(alloc, free, choice)
-            else:
-                second = round(e, 6)
+            second = self._cost(alloc, free, choice) if ok else round(e, 6)
             out[(policy, free)] = (ok, second, single_key(free, choice, gpus))
         return out
 

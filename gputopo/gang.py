@@ -52,7 +52,7 @@ import numpy as np
 from gputopo.allocator import Choice
 from gputopo.network import CLUSTER, LevelIndex, NetworkIndex, short_name, validate_levels
 from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Placement, Quality, member_quality
-from gputopo.packing import NO_K, min_nodes, pack
+from gputopo.packing import NO_K, SMALL_NODES, min_nodes, pack
 from gputopo.policy import GpuPolicy
 from gputopo.spread import count_spans, lower_levels, select_nodes
 
@@ -272,28 +272,34 @@ def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> 
     lx = pb.index.level(level)
     if prune and not explain and lx.count == len(pb.views) and pb.total > pb.roomiest:
         return None  # every domain is one node, and none has room for the whole gang
-    dfree = pb.index.free_per_domain(level, pb.free)
-    ok = dfree >= pb.total  # necessary: GPUs, and slots of every size
-    for s in sorted(set(pb.sizes)):
-        if prune and not explain and not ok.any():
-            return None  # no domain passes the necessary check: nothing to evaluate or explain
-        need = sum(1 for g in pb.sizes if g >= s)
-        ok &= pb.index.free_per_domain(level, pb.free // s) >= need
-    if prune and not explain and not ok.any():
-        return None
-    if prune:
-        domains = np.flatnonzero(ok)
-        if pb.homogeneous:
-            bound = min_nodes(lx.domain_id, lx.count, pb.free // pb.sizes[0], len(pb.sizes))
-        else:
-            bound = min_nodes(lx.domain_id, lx.count, pb.free, pb.total)
-        domains = domains[np.argsort(bound[domains], kind="stable")]
+    small = _small_domains(pb, lx) if prune and pb.homogeneous and len(pb.views) <= SMALL_NODES else None
+    if small is not None and not small[1] and not explain:
+        return None  # no domain passes the necessary check: nothing to evaluate or explain
+    if small is not None and small[1]:  # the same answer as below, on lists (small clusters)
+        dfree, domains, bound = small
     else:
-        domains = np.arange(lx.count)
-        bound = np.zeros(lx.count, dtype=np.int64)
+        dfree = pb.index.free_per_domain(level, pb.free)
+        ok = dfree >= pb.total  # necessary: GPUs, and slots of every size
+        for s in sorted(set(pb.sizes)):
+            if prune and not explain and not ok.any():
+                return None  # no domain passes the necessary check: nothing to evaluate or explain
+            need = sum(1 for g in pb.sizes if g >= s)
+            ok &= pb.index.free_per_domain(level, pb.free // s) >= need
+        if prune and not explain and not ok.any():
+            return None
+        if prune:
+            passing = np.flatnonzero(ok)
+            if pb.homogeneous:
+                bound = min_nodes(lx.domain_id, lx.count, pb.free // pb.sizes[0], len(pb.sizes))
+            else:
+                bound = min_nodes(lx.domain_id, lx.count, pb.free, pb.total)
+            domains = passing[np.argsort(bound[passing], kind="stable")].tolist()
+        else:
+            domains = list(range(lx.count))
+            bound = np.zeros(lx.count, dtype=np.int64)
     best_k = NO_K
     tied: list[tuple[int, int, list[tuple[int, list[int]]]]] = []  # (domain, k, packing)
-    for d in domains.tolist():
+    for d in domains:
         if bound[d] > best_k:
             break
         if prune and pb.homogeneous:
@@ -334,6 +340,30 @@ def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> 
         domain_free=best.domain_free,
         spans=best.spans,
     )
+
+
+def _small_domains(pb: _Problem, lx: LevelIndex) -> tuple[np.ndarray, list[int], np.ndarray]:
+    """Equal member sizes: `_plan_level`'s necessary check and fewest-nodes bound on lists —
+    per domain its free GPUs, the domains that pass (by bound, then id) and the bounds."""
+    g, n, total = pb.sizes[0], len(pb.sizes), pb.total
+    dfree = [0] * lx.count
+    slots: list[list[int]] = [[] for _ in range(lx.count)]
+    for d, f in zip(lx.domain_id.tolist(), pb.free.tolist(), strict=True):
+        dfree[d] += f
+        if f >= g:
+            slots[d].append(f // g)
+    bound = [int(NO_K)] * lx.count
+    for d, got in enumerate(slots):
+        if dfree[d] >= total and sum(got) >= n:
+            got.sort(reverse=True)
+            acc = 0
+            for rank, a in enumerate(got, 1):
+                acc += a
+                if acc >= n:
+                    bound[d] = rank
+                    break
+    passing = sorted((d for d, b in enumerate(bound) if b != NO_K), key=bound.__getitem__)
+    return np.array(dfree, dtype=np.int64), passing, np.array(bound, dtype=np.int64)
 
 
 #: Node views the domain evaluations of one memo may hold before they are dropped.

@@ -89,7 +89,9 @@ class SidecarPolicy:
         self._views: dict[tuple[int, int], NodeView] = {}
         #: (pod size, the classes with room) -> class -> (kube-scheduler's total, the GPU set
         #: the node would give), for the demand mix version `_totals_version`: see `place_pod`
-        self._totals: dict[tuple[int, frozenset[tuple[int, int]]], dict[tuple[int, int], tuple[int, tuple[int, ...]]]] = {}
+        self._totals: dict[
+            tuple[int, frozenset[tuple[int, int]]], dict[tuple[int, int], tuple[int, tuple[int, ...]]]
+        ] = {}
         self._totals_version = -1
         self._index = {node.name: i for i, node in enumerate(cluster.nodes)}
         self._names = [node.name for node in cluster.nodes]
