@@ -169,6 +169,8 @@ class ClusterObjective:
         self._values: dict[tuple[int, int, int], float] = {}  # (allocator id, mask, mix version)
         self._costs: dict[tuple[object, ...], float] = {}  # see `_cost`
         self._terms: dict[tuple[int, int], list[tuple[int, float, int]]] = {}  # see `_value`
+        self._effs: dict[tuple[int, int], float] = {}  # (gpus, ring MB/s) -> efficiency
+        self._worths: dict[int, list[tuple[int, float]]] = {}  # allocator id -> see `_frag_growth`
 
     def learn(self, allocators: Iterable[Allocator]) -> None:
         """Fold servers into "the best ring this size can get anywhere" (idempotent)."""
@@ -182,9 +184,18 @@ class ClusterObjective:
             self._values.clear()
             self._costs.clear()
             self._terms.clear()
+            self._effs.clear()
+            self._worths.clear()
 
     def efficiency(self, gpus: int, ring_mbps: int) -> float:
-        return self.comm.efficiency(gpus, ring_mbps, self._best.get(gpus, ring_mbps))
+        hit = self._effs.get((gpus, ring_mbps))
+        if hit is None:
+            if len(self._effs) > 200_000:
+                self._effs.clear()
+            hit = self._effs[(gpus, ring_mbps)] = self.comm.efficiency(
+                gpus, ring_mbps, self._best.get(gpus, ring_mbps)
+            )
+        return hit
 
     def keys(
         self, gpus: int, candidates: Mapping[tuple[GpuPolicy, frozenset[int]], Choice]
@@ -241,9 +252,14 @@ class ClusterObjective:
 
     def _frag_growth(self, alloc: Allocator, before: int, after: int) -> float:
         """FGD's growth of expected fragmentation, each size weighted by this server's worth to it."""
+        worths = self._worths.get(id(alloc))  # the server's worth per size: not the mix's
+        if worths is None:
+            worths = self._worths[id(alloc)] = [
+                (m, self.efficiency(m, alloc.best_ring_mbps(m)) if alloc.n >= m else 0.0)
+                for m in SIZE_CLASSES[1:]
+            ]
         growth = 0.0
-        for m in SIZE_CLASSES[1:]:
-            worth = self.efficiency(m, alloc.best_ring_mbps(m)) if alloc.n >= m else 0.0
+        for m, worth in worths:
             growth += self.mix.whole(m) * worth * ((after % m) - (before % m))
         return growth
 

@@ -82,7 +82,9 @@ class Reservations:
         mine = self._by_gang.get(gang, {})
         for pod, r in mine.items():
             if r.expires_at != expires_at:  # members binding at one instant renew to the same time
-                mine[pod] = self._by_pod[pod] = Reservation(r.pod, r.gang, r.node, r.gpus, r.count, expires_at)
+                mine[pod] = self._by_pod[pod] = Reservation(
+                    r.pod, r.gang, r.node, r.gpus, r.count, expires_at
+                )
         if mine:
             self._earliest = min(self._earliest, expires_at)
         return len(mine)

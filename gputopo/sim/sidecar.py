@@ -93,6 +93,7 @@ class SidecarPolicy:
             tuple[int, frozenset[tuple[int, int]]], dict[tuple[int, int], tuple[int, tuple[int, ...]]]
         ] = {}
         self._totals_version = -1
+        self._gpus: dict[tuple[tuple[int, int], int], tuple[int, ...]] = {}  # (class, size) -> GPU set
         self._index = {node.name: i for i, node in enumerate(cluster.nodes)}
         self._names = [node.name for node in cluster.nodes]
         self._offer = frozenset(self._names)  # every node, as kube-scheduler offers them
@@ -180,8 +181,14 @@ class SidecarPolicy:
         total = kubesched.total_score
         out: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
         for c, v in zip(room, views, strict=True):
-            assert v.allocator is not None
-            gpus = tuple(sorted(self._memo.choose(v.allocator, v.free, size).indices))
+            gpus = self._gpus.get((c, size))
+            if gpus is None:
+                assert v.allocator is not None
+                if len(self._gpus) > 100_000:
+                    self._gpus.clear()
+                gpus = self._gpus[(c, size)] = tuple(
+                    sorted(self._memo.choose(v.allocator, v.free, size).indices)
+                )
             out[c] = (total(scores[v.name], len(v.free) - size, v.gpu_count), gpus)
         return out
 
