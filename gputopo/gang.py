@@ -52,7 +52,7 @@ import numpy as np
 from gputopo.allocator import Choice
 from gputopo.network import CLUSTER, LevelIndex, NetworkIndex, short_name, validate_levels
 from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Placement, Quality, member_quality
-from gputopo.packing import NO_K, SMALL_NODES, min_nodes, pack
+from gputopo.packing import NO_K, SMALL_NODES, equal_bounds, min_nodes, pack
 from gputopo.policy import GpuPolicy
 from gputopo.spread import count_spans, lower_levels, select_nodes
 
@@ -272,7 +272,9 @@ def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> 
     lx = pb.index.level(level)
     if prune and not explain and lx.count == len(pb.views) and pb.total > pb.roomiest:
         return None  # every domain is one node, and none has room for the whole gang
-    small = _small_domains(pb, lx) if prune and pb.homogeneous and len(pb.views) <= SMALL_NODES else None
+    small = None
+    if prune and pb.homogeneous and len(pb.views) <= SMALL_NODES:
+        small = equal_bounds(lx.domain_id, lx.count, pb.free, pb.sizes[0], len(pb.sizes))
     if small is not None and not small[1] and not explain:
         return None  # no domain passes the necessary check: nothing to evaluate or explain
     if small is not None and small[1]:  # the same answer as below, on lists (small clusters)
@@ -342,30 +344,6 @@ def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> 
     )
 
 
-def _small_domains(pb: _Problem, lx: LevelIndex) -> tuple[np.ndarray, list[int], np.ndarray]:
-    """Equal member sizes: `_plan_level`'s necessary check and fewest-nodes bound on lists —
-    per domain its free GPUs, the domains that pass (by bound, then id) and the bounds."""
-    g, n, total = pb.sizes[0], len(pb.sizes), pb.total
-    dfree = [0] * lx.count
-    slots: list[list[int]] = [[] for _ in range(lx.count)]
-    for d, f in zip(lx.domain_id.tolist(), pb.free.tolist(), strict=True):
-        dfree[d] += f
-        if f >= g:
-            slots[d].append(f // g)
-    bound = [int(NO_K)] * lx.count
-    for d, got in enumerate(slots):
-        if dfree[d] >= total and sum(got) >= n:
-            got.sort(reverse=True)
-            acc = 0
-            for rank, a in enumerate(got, 1):
-                acc += a
-                if acc >= n:
-                    bound[d] = rank
-                    break
-    passing = sorted((d for d, b in enumerate(bound) if b != NO_K), key=bound.__getitem__)
-    return np.array(dfree, dtype=np.int64), passing, np.array(bound, dtype=np.int64)
-
-
 #: Node views the domain evaluations of one memo may hold before they are dropped.
 _DOMAIN_VIEWS_HELD = 200_000
 
@@ -388,8 +366,7 @@ def _evaluate(
         if memo.domains_for is not pb.index or memo.domains_held > _DOMAIN_VIEWS_HELD:
             memo.domains.clear()
             memo.domains_for, memo.domains_held = pb.index, 0
-        views = pb.views
-        held = tuple([views[p] for p in positions.tolist()])
+        held = tuple([pb.views[p] for p in positions.tolist()])
         key = (level, d, pb.sizes[0], len(pb.sizes), k, *map(id, held))
         hit = memo.domains.get(key)
         if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
