@@ -106,6 +106,8 @@ class Allocator:
         self._rev = _bit_reverse(masks, n)
         self._pair_sum = ((bits @ bw) * bits).sum(axis=1) // 2
         self._ring = self._ring_table(bw, masks)
+        # best_ring_mbps per size: asked per candidate node by the cluster objective
+        self._best_ring = tuple(int(self._ring[self._by_pop[k]].max()) for k in range(n + 1))
         self._best: dict[int, np.ndarray] = {}
         self._count: dict[int, np.ndarray] = {}
         for m in DISRUPTION_SIZES:
@@ -204,7 +206,7 @@ class Allocator:
         """Best ring bandwidth any `size`-subset of an empty node reaches."""
         if not 1 <= size <= self._n:
             raise AllocationError(f"size must be between 1 and {self._n}, got {size}")
-        return int(self._ring[self._by_pop[size]].max())
+        return self._best_ring[size]
 
     # ----------------------------------------------------------------- request path
 

@@ -167,6 +167,10 @@ class ClusterObjective:
         self._seen: set[int] = set()  # id() of allocators folded into _best
         self._keep: list[Allocator] = []  # ...kept alive so their ids stay theirs
         self._values: dict[tuple[int, int, int], float] = {}  # (allocator id, mask, mix version)
+        self._costs: dict[tuple[object, ...], float] = {}  # see `_cost`
+        self._terms: dict[tuple[int, int], list[tuple[int, float, int]]] = {}  # see `_value`
+        self._effs: dict[tuple[int, int], float] = {}  # (gpus, ring MB/s) -> efficiency
+        self._worths: dict[int, list[tuple[int, float]]] = {}  # allocator id -> see `_frag_growth`
 
     def learn(self, allocators: Iterable[Allocator]) -> None:
         """Fold servers into "the best ring this size can get anywhere" (idempotent)."""
@@ -178,9 +182,20 @@ class ClusterObjective:
             for m in range(2, a.n + 1):
                 self._best[m] = max(self._best.get(m, 0), a.best_ring_mbps(m))
             self._values.clear()
+            self._costs.clear()
+            self._terms.clear()
+            self._effs.clear()
+            self._worths.clear()
 
     def efficiency(self, gpus: int, ring_mbps: int) -> float:
-        return self.comm.efficiency(gpus, ring_mbps, self._best.get(gpus, ring_mbps))
+        hit = self._effs.get((gpus, ring_mbps))
+        if hit is None:
+            if len(self._effs) > 200_000:
+                self._effs.clear()
+            hit = self._effs[(gpus, ring_mbps)] = self.comm.efficiency(
+                gpus, ring_mbps, self._best.get(gpus, ring_mbps)
+            )
+        return hit
 
     def keys(
         self, gpus: int, candidates: Mapping[tuple[GpuPolicy, frozenset[int]], Choice]
@@ -190,6 +205,10 @@ class ClusterObjective:
         self.learn(p.exact for p, _ in candidates)
         if len(self._values) > 200_000:
             self._values.clear()
+        if len(self._costs) > 200_000:
+            self._costs.clear()
+        if len(self._terms) > 200_000:
+            self._terms.clear()
         eff = {kind: self.efficiency(gpus, c.ring_mbps) for kind, c in candidates.items()}
         top = max(eff.values(), default=1.0)
         out: dict[tuple[GpuPolicy, frozenset[int]], tuple[object, ...]] = {}
@@ -197,14 +216,7 @@ class ClusterObjective:
             alloc = policy.exact
             e = eff[(policy, free)]
             ok = e >= (1 - self.band) * top
-            f_mask = _mask(free)
-            r_mask = f_mask & ~_mask(choice.indices)
-            if ok:
-                cost = self._value(alloc, f_mask) - self._value(alloc, r_mask)
-                cost += self.frag_weight * self._frag_growth(alloc, f_mask.bit_count(), r_mask.bit_count())
-                second = -round(cost, 6)
-            else:
-                second = round(e, 6)
+            second = self._cost(alloc, free, choice) if ok else round(e, 6)
             out[(policy, free)] = (ok, second, single_key(free, choice, gpus))
         return out
 
@@ -218,24 +230,46 @@ class ClusterObjective:
         cost = self._value(alloc, f_mask) - self._value(alloc, r_mask)
         return cost + self.frag_weight * self._frag_growth(alloc, f_mask.bit_count(), r_mask.bit_count())
 
+    def _cost(self, alloc: Allocator, free: frozenset[int], choice: Choice) -> float:
+        """The second key of a good-enough candidate: minus what taking `choice` out of `free`
+        costs the future (value lost plus weighted fragmentation growth), rounded. A function of
+        the allocator, the sets, the mix version and the weight: memoised on them."""
+        key = (alloc, free, choice.indices, self.mix.version, self.frag_weight)
+        hit = self._costs.get(key)
+        if hit is None:
+            f_mask = _mask(free)
+            r_mask = f_mask & ~_mask(choice.indices)
+            cost = self._value(alloc, f_mask) - self._value(alloc, r_mask)
+            cost += self.frag_weight * self._frag_growth(alloc, f_mask.bit_count(), r_mask.bit_count())
+            hit = self._costs[key] = -round(cost, 6)
+        return hit
+
     def _value(self, alloc: Allocator, mask: int) -> float:
         """Ideal GPU-seconds per second that single pods of 2, 4 and 8 could still get here."""
         key = (id(alloc), mask, self.mix.version)
         hit = self._values.get(key)
         if hit is None:
-            free = [i for i in range(alloc.n) if mask >> i & 1]
-            hit = sum(
-                self.mix.single(m) * m * self.efficiency(m, best) * count
-                for m, best, count in alloc.groups(free)
-            )
+            # the groups and their efficiencies do not depend on the mix: kept across versions
+            terms = self._terms.get((id(alloc), mask))
+            if terms is None:
+                free = [i for i in range(alloc.n) if mask >> i & 1]
+                terms = self._terms[(id(alloc), mask)] = [
+                    (m, self.efficiency(m, best), count) for m, best, count in alloc.groups(free)
+                ]
+            hit = sum(self.mix.single(m) * m * eff * count for m, eff, count in terms)
             self._values[key] = hit
         return hit
 
     def _frag_growth(self, alloc: Allocator, before: int, after: int) -> float:
         """FGD's growth of expected fragmentation, each size weighted by this server's worth to it."""
+        worths = self._worths.get(id(alloc))  # the server's worth per size: not the mix's
+        if worths is None:
+            worths = self._worths[id(alloc)] = [
+                (m, self.efficiency(m, alloc.best_ring_mbps(m)) if alloc.n >= m else 0.0)
+                for m in SIZE_CLASSES[1:]
+            ]
         growth = 0.0
-        for m in SIZE_CLASSES[1:]:
-            worth = self.efficiency(m, alloc.best_ring_mbps(m)) if alloc.n >= m else 0.0
+        for m, worth in worths:
             growth += self.mix.whole(m) * worth * ((after % m) - (before % m))
         return growth
 

@@ -56,7 +56,7 @@ from gputopo.gangcost import plan_cost
 from gputopo.gangreason import Miss, no_plan_reason
 from gputopo.network import CLUSTER, LevelIndex, NetworkIndex, validate_levels
 from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Placement, Quality, member_quality
-from gputopo.packing import NO_K, min_nodes, pack
+from gputopo.packing import NO_K, SMALL_NODES, equal_bounds, min_nodes, pack
 from gputopo.policy import GpuPolicy
 from gputopo.spread import count_spans, lower_levels, select_nodes
 
@@ -126,6 +126,7 @@ class _Problem:
     free: np.ndarray  # free GPU count per position (0 where no view)
     sizes: list[int]  # GPUs per member, spec order
     memo: ChoiceMemo
+    roomiest: int = 0  # most free GPUs of one node
     objective: ClusterObjective | None = None
     homogeneous: bool = field(init=False)
 
@@ -212,16 +213,15 @@ def plan_gang(
         raise ValueError(f"network index was built for levels {list(index.levels)}, not {list(levels)}")
     views: list[NodeView | None] = [None] * len(index.nodes)
     counts = [0] * len(index.nodes)
-    largest = 0
     position = index.position
-    for v in nodes:
-        pos = position.get(v.name)
-        if pos is None:
-            raise ValueError(f"node {v.name!r} is not in the network index")
+    try:
+        at = [position[v.name] for v in nodes]
+    except KeyError as e:
+        raise ValueError(f"node {e.args[0]!r} is not in the network index") from None
+    for pos, v in zip(at, nodes, strict=True):
         views[pos] = v
         counts[pos] = len(v.free)
-        if v.gpu_count > largest:
-            largest = v.gpu_count
+    largest = max((v.gpu_count for v in nodes), default=0)
     free = np.array(counts, dtype=np.int64)
     sizes = [m.gpus for m in spec.members]
     if max(sizes) > largest:
@@ -229,7 +229,8 @@ def plan_gang(
         return NoPlan(spec.key, f"pod {big.pod} asks for {big.gpus} GPUs; the largest node has {largest}")
     if objective is not None:  # before any cost: efficiencies are against the best of every node
         objective.learn({v.allocator.exact for v in nodes if v.allocator is not None})
-    pb = _Problem(spec, index, views, free, sizes, memo if memo is not None else ChoiceMemo(), objective)
+    memo = memo if memo is not None else ChoiceMemo()
+    pb = _Problem(spec, index, views, free, sizes, memo, max(counts), objective)
     miss: Miss | None = None
     for k, level in enumerate(tried):
         # Only the last level's miss reaches the reason: the others skip working it out.
@@ -269,28 +270,38 @@ def _levels_to_try(spec: GangSpec, levels: tuple[str, ...]) -> list[str] | str:
 def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> GangPlan | Miss | None:
     """The best plan inside one domain of `level`, else why not (None when not `explain`)."""
     lx = pb.index.level(level)
-    dfree = pb.index.free_per_domain(level, pb.free)
-    ok = dfree >= pb.total  # necessary: GPUs, and slots of every size
-    for s in sorted(set(pb.sizes)):
-        if prune and not explain and not ok.any():
-            return None  # no domain passes the necessary check: nothing to evaluate or explain
-        need = sum(1 for g in pb.sizes if g >= s)
-        ok &= pb.index.free_per_domain(level, pb.free // s) >= need
-    if prune and not explain and not ok.any():
-        return None
-    if prune:
-        domains = np.flatnonzero(ok)
-        if pb.homogeneous:
-            bound = min_nodes(lx.domain_id, lx.count, pb.free // pb.sizes[0], len(pb.sizes))
-        else:
-            bound = min_nodes(lx.domain_id, lx.count, pb.free, pb.total)
-        domains = domains[np.argsort(bound[domains], kind="stable")]
+    if prune and not explain and lx.count == len(pb.views) and pb.total > pb.roomiest:
+        return None  # every domain is one node, and none has room for the whole gang
+    small = None
+    if prune and pb.homogeneous and len(pb.views) <= SMALL_NODES:
+        small = equal_bounds(lx.domain_id, lx.count, pb.free, pb.sizes[0], len(pb.sizes))
+    if small is not None and not small[1] and not explain:
+        return None  # no domain passes the necessary check: nothing to evaluate or explain
+    if small is not None and small[1]:  # the same answer as below, on lists (small clusters)
+        dfree, domains, bound = small
     else:
-        domains = np.arange(lx.count)
-        bound = np.zeros(lx.count, dtype=np.int64)
+        dfree = pb.index.free_per_domain(level, pb.free)
+        ok = dfree >= pb.total  # necessary: GPUs, and slots of every size
+        for s in sorted(set(pb.sizes)):
+            if prune and not explain and not ok.any():
+                return None  # no domain passes the necessary check: nothing to evaluate or explain
+            need = sum(1 for g in pb.sizes if g >= s)
+            ok &= pb.index.free_per_domain(level, pb.free // s) >= need
+        if prune and not explain and not ok.any():
+            return None
+        if prune:
+            passing = np.flatnonzero(ok)
+            if pb.homogeneous:
+                bound = min_nodes(lx.domain_id, lx.count, pb.free // pb.sizes[0], len(pb.sizes))
+            else:
+                bound = min_nodes(lx.domain_id, lx.count, pb.free, pb.total)
+            domains = passing[np.argsort(bound[passing], kind="stable")].tolist()
+        else:
+            domains = list(range(lx.count))
+            bound = np.zeros(lx.count, dtype=np.int64)
     best_k = NO_K
     tied: list[tuple[int, int, list[tuple[int, list[int]]]]] = []  # (domain, k, packing)
-    for d in domains.tolist():
+    for d in domains:
         if bound[d] > best_k:
             break
         if prune and pb.homogeneous:
@@ -359,9 +370,9 @@ def _evaluate(
         if memo.domains_for is not pb.index or memo.domains_held > _DOMAIN_VIEWS_HELD:
             memo.domains.clear()
             memo.domains_for, memo.domains_held = pb.index, 0
-        held = tuple(pb.views[p] for p in positions.tolist())
+        held = tuple([pb.views[p] for p in positions.tolist()])
         mix = -1 if pb.objective is None else pb.objective.mix.version  # the node order's costs
-        key = (level, d, pb.sizes[0], len(pb.sizes), k, mix, *(id(v) for v in held))
+        key = (level, d, pb.sizes[0], len(pb.sizes), k, mix, *map(id, held))
         hit = memo.domains.get(key)
         if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
             assert isinstance(hit[1], _Candidate)

@@ -54,10 +54,17 @@ def select_host(scored: Sequence[tuple[int, int]], rng: random.Random) -> int:
     """The index of the chosen entry of `(total, count)` pairs, where `count` nodes share that
     total (a class of identical nodes): the best total wins, ties uniformly over the nodes, so a
     class is chosen in proportion to its size. Returns the index into `scored`; -1 if empty."""
-    best = max((t for t, c in scored if c > 0), default=None)
+    best: int | None = None
+    tied: list[tuple[int, int]] = []  # (index, count) of the entries at the best total so far
+    for k, (t, c) in enumerate(scored):
+        if c <= 0:
+            continue
+        if best is None or t > best:
+            best, tied = t, [(k, c)]
+        elif t == best:
+            tied.append((k, c))
     if best is None:
         return -1
-    tied = [(k, c) for k, (t, c) in enumerate(scored) if t == best and c > 0]
     if len(tied) == 1:
         return tied[0][0]
     pick = rng.randrange(sum(c for _, c in tied))

@@ -14,10 +14,17 @@ import numpy as np
 NO_K = np.iinfo(np.int64).max
 
 
+#: Up to this many nodes `min_nodes` runs in plain Python: numpy's cost per call dominates there.
+SMALL_NODES = 256
+
+
 def min_nodes(domain_id: np.ndarray, count: int, amount: np.ndarray, need: int) -> np.ndarray:
     """Per domain, the fewest nodes whose `amount`s sum to `need` (largest first); NO_K if none.
 
-    One lexsort over all nodes instead of a Python loop per domain."""
+    One lexsort over all nodes instead of a Python loop per domain (a plain loop on small
+    clusters: `min_nodes_small`, the same answer)."""
+    if len(domain_id) <= SMALL_NODES:
+        return min_nodes_small(domain_id, count, amount, need)
     order = np.lexsort((-amount, domain_id))
     sid, samt = domain_id[order], amount[order]
     cs = np.cumsum(samt)
@@ -27,9 +34,60 @@ def min_nodes(domain_id: np.ndarray, count: int, amount: np.ndarray, need: int) 
     rank = np.arange(len(sid)) - starts[sid] + 1
     hit = np.flatnonzero(within >= need)
     out = np.full(count, NO_K, dtype=np.int64)
-    first_dom, first = np.unique(sid[hit], return_index=True)
-    out[first_dom] = rank[hit][first]
+    # `sid[hit]` is sorted: each domain's first hit is where the domain id changes
+    hit_dom = sid[hit]
+    first = np.empty(len(hit), dtype=bool)
+    first[:1] = True
+    np.not_equal(hit_dom[1:], hit_dom[:-1], out=first[1:])
+    out[hit_dom[first]] = rank[hit[first]]
     return out
+
+
+def min_nodes_small(domain_id: np.ndarray, count: int, amount: np.ndarray, need: int) -> np.ndarray:
+    """`min_nodes` by a loop over the nodes: each domain's amounts, largest first, until `need`."""
+    per: list[list[int]] = [[] for _ in range(count)]
+    for d, a in zip(domain_id.tolist(), amount.tolist(), strict=True):
+        if a > 0 or need <= 0:  # nodes without room never complete a positive need
+            per[d].append(a)
+    out = [int(NO_K)] * count
+    for d, got in enumerate(per):
+        if not got:
+            continue
+        got.sort(reverse=True)
+        acc = 0
+        for rank, a in enumerate(got, 1):
+            acc += a
+            if acc >= need:
+                out[d] = rank
+                break
+    return np.array(out, dtype=np.int64)
+
+
+def equal_bounds(
+    domain_id: np.ndarray, count: int, free: np.ndarray, g: int, n: int
+) -> tuple[np.ndarray, list[int], np.ndarray]:
+    """For n members of g GPUs each, in one loop over the nodes (small clusters): per domain its
+    free GPUs; the domains that pass the necessary check (n x g free GPUs, n member slots), by
+    fewest nodes then id; and the fewest nodes per domain (NO_K for those that do not pass).
+    The gang planner's numpy steps give the same."""
+    dfree = [0] * count
+    slots: list[list[int]] = [[] for _ in range(count)]
+    for d, f in zip(domain_id.tolist(), free.tolist(), strict=True):
+        dfree[d] += f
+        if f >= g:
+            slots[d].append(f // g)
+    bound = [int(NO_K)] * count
+    for d, got in enumerate(slots):
+        if dfree[d] >= n * g and sum(got) >= n:
+            got.sort(reverse=True)
+            acc = 0
+            for rank, a in enumerate(got, 1):
+                acc += a
+                if acc >= n:
+                    bound[d] = rank
+                    break
+    passing = sorted((d for d, b in enumerate(bound) if b != NO_K), key=bound.__getitem__)
+    return np.array(dfree, dtype=np.int64), passing, np.array(bound, dtype=np.int64)
 
 
 def pack(free: np.ndarray, sizes: list[int], positions: np.ndarray) -> list[tuple[int, list[int]]] | None:

@@ -42,12 +42,14 @@ class Reservations:
         self._by_pod: dict[str, Reservation] = {}
         self._by_gang: dict[str, dict[str, Reservation]] = {}  # a gang's are touched together
         self.version = 0
+        self._earliest = float("inf")  # at most the earliest expiry held: `expired` skips the scan before it
 
     def add(self, items: Iterable[Reservation]) -> None:
         for r in items:
             self.release_pod(r.pod)
             self._by_pod[r.pod] = r
             self._by_gang.setdefault(r.gang, {})[r.pod] = r
+            self._earliest = min(self._earliest, r.expires_at)
         self.version += 1
 
     def get(self, pod: str) -> Reservation | None:
@@ -79,11 +81,19 @@ class Reservations:
         """Push a gang's expiry out (it is making progress); returns how many were renewed."""
         mine = self._by_gang.get(gang, {})
         for pod, r in mine.items():
-            mine[pod] = self._by_pod[pod] = Reservation(r.pod, r.gang, r.node, r.gpus, r.count, expires_at)
+            if r.expires_at != expires_at:  # members binding at one instant renew to the same time
+                mine[pod] = self._by_pod[pod] = Reservation(
+                    r.pod, r.gang, r.node, r.gpus, r.count, expires_at
+                )
+        if mine:
+            self._earliest = min(self._earliest, expires_at)
         return len(mine)
 
     def expired(self, now: float) -> set[str]:
         """Gangs with at least one reservation past its time."""
+        if now < self._earliest:
+            return set()
+        self._earliest = min((r.expires_at for r in self._by_pod.values()), default=float("inf"))
         return {r.gang for r in self._by_pod.values() if r.expires_at <= now}
 
     def on_node(self, node: str, *, excluding: str = "") -> list[Reservation]:

@@ -27,8 +27,10 @@ def lower_levels(index: NetworkIndex, level: str) -> list[LevelIndex]:
 
 def count_spans(lower: Sequence[LevelIndex], positions: Sequence[int]) -> tuple[int, ...]:
     """Tie-break (3b): how many domains of each lower level (largest first) the nodes touch."""
+    if not lower:
+        return ()
     at = np.asarray(positions, dtype=np.int64)
-    return tuple(len(np.unique(lx.domain_id[at])) for lx in lower)
+    return tuple(len(set(lx.domain_id[at].tolist())) for lx in lower)
 
 
 def select_nodes(
@@ -50,17 +52,95 @@ def select_nodes(
     together and is skipped); then the top k of what is left are taken by the node order,
     which is also the order members are assigned in. Every node with weight > 0 reaches the
     plan's threshold, so (3) holds whichever k are taken; feasibility is kept at every step."""
+    if 0 < len(pos) <= SMALL_CANDIDATES and int(weight.min()) == int(weight.max()):
+        costs = None if cost is None else cost.tolist()
+        return _select_equal(pos.tolist(), int(weight[0]), free.tolist(), kind.tolist(), k, n, lower, costs)
     for lx in lower:
-        uniq, group = np.unique(lx.domain_id[pos], return_inverse=True)
+        ids = lx.domain_id[pos].tolist()
+        uniq = sorted(set(ids))
         if len(uniq) in (1, len(pos)):
             continue
-        group = group.reshape(-1)
-        keep = np.isin(group, _fewest_groups(group, len(uniq), weight, free, k, n))
+        at = {u: i for i, u in enumerate(uniq)}
+        group = np.array([at[u] for u in ids], dtype=np.int64)  # sub-domain of each candidate
+        chosen = np.zeros(len(uniq), dtype=bool)
+        chosen[_fewest_groups(group, len(uniq), weight, free, k, n)] = True
+        keep = chosen[group]
         pos, weight, free, kind = pos[keep], weight[keep], free[keep], kind[keep]
         if cost is not None:
             cost = cost[keep]
     top = np.lexsort((pos, free, -weight) if cost is None else (pos, free, cost, -weight))[:k]
     return list(zip(pos[top].tolist(), kind[top].tolist(), strict=True))
+
+
+#: Up to this many candidates offering the same number of members each (whole-node members
+#: always do), `select_nodes` runs in plain Python: numpy's cost per call dominates there.
+SMALL_CANDIDATES = 256
+
+
+def _select_equal(
+    pos: list[int],
+    w: int,
+    free: list[int],
+    kind: list[int],
+    k: int,
+    n: int,
+    lower: Sequence[LevelIndex],
+    cost: list[float] | None = None,
+) -> list[tuple[int, int]]:
+    """`select_nodes` when every candidate offers `w` members: the same steps on lists (and
+    the same node order: equal weights, then the cost when given, then free GPUs, then name)."""
+    for lx in lower:
+        domain_id = lx.domain_id
+        ids = [int(domain_id[p]) for p in pos]
+        uniq = sorted(set(ids))
+        if len(uniq) in (1, len(pos)):
+            continue
+        at = {u: i for i, u in enumerate(uniq)}
+        group = [at[u] for u in ids]
+        kept = set(_fewest_groups_equal(group, len(uniq), w, free, k, n))
+        keep = [i for i, g in enumerate(group) if g in kept]
+        pos, free, kind = [pos[i] for i in keep], [free[i] for i in keep], [kind[i] for i in keep]
+        if cost is not None:
+            cost = [cost[i] for i in keep]
+    if cost is None:
+        top = sorted(range(len(pos)), key=lambda i: (free[i], pos[i]))[:k]
+    else:
+        c = cost
+        top = sorted(range(len(pos)), key=lambda i: (c[i], free[i], pos[i]))[:k]
+    return [(pos[i], kind[i]) for i in top]
+
+
+def _fewest_groups_equal(group: list[int], count: int, w: int, free: list[int], k: int, n: int) -> list[int]:
+    """`_fewest_groups` when every candidate offers `w` members: a sub-domain's capacity is
+    w x min(its nodes, k), and a union of sub-domains holds the gang when w x min(nodes, k)
+    reaches n."""
+    size, gfree = [0] * count, [0] * count
+    for g, f in zip(group, free, strict=True):
+        size[g] += 1
+        gfree[g] += f
+    cap = [w * min(s, k) for s in size]
+
+    def holds(nodes: int) -> bool:
+        return min(nodes, k) * w >= n
+
+    taken: list[int] = []
+    acc = 0  # candidates of the sub-domains taken
+    for g in sorted(range(count), key=lambda g: (-cap[g], gfree[g], g)):
+        if not holds(acc + size[g]):
+            taken.append(g)
+            acc += size[g]
+            continue
+        out = set(taken)
+        tightest = sorted(range(count), key=lambda h: (cap[h], gfree[h], h))
+        last = next(h for h in tightest if h not in out and holds(acc + size[h]))
+        taken.append(last)
+        acc += size[last]
+        for h in list(taken):
+            if holds(acc - size[h]):
+                taken.remove(h)
+                acc -= size[h]
+        return taken
+    raise AssertionError("the candidates were proven to hold the gang")  # pragma: no cover
 
 
 def _top_sum(hist: list[int], k: int) -> int:

@@ -92,13 +92,16 @@ class SidecarPolicy:
         self.objective.learn(allocators)
         self._seen_jobs: set[int] = set()
         self._views: dict[tuple[int, int], NodeView] = {}
-        #: (pod size, the state's class keys in order) -> (positions of the classes with room,
-        #: their views, kube-scheduler's totals): see `place_pod`
+        #: (pod size, the classes with room) -> class -> (kube-scheduler's total, the GPU set
+        #: the node would give), for the demand mix version `_totals_version`: see `place_pod`
         self._totals: dict[
-            tuple[int, tuple[tuple[int, int], ...], int], tuple[list[int], list[NodeView], list[int]]
+            tuple[int, frozenset[tuple[int, int]]], dict[tuple[int, int], tuple[int, tuple[int, ...]]]
         ] = {}
+        self._totals_version = -1
+        self._gpus: dict[tuple[tuple[int, int], int], tuple[int, ...]] = {}  # (class, size) -> GPU set
         self._index = {node.name: i for i, node in enumerate(cluster.nodes)}
         self._names = [node.name for node in cluster.nodes]
+        self._offer = frozenset(self._names)  # every node, as kube-scheduler offers them
         self._net = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
         self.tracker = GangTracker(
             cluster.levels,
@@ -157,34 +160,47 @@ class SidecarPolicy:
     def place_pod(self, state: ClusterState, size: int) -> Slot | Failure:
         """kube-scheduler's choice among the nodes with room, given the extender's scores."""
         # A class's total depends on its (topology, free mask) and on which other classes are
-        # scored with it (scores are ranks), not on its members: the totals are kept per list
-        # of classes (in the state's order, which decides ties) and only the counts are fresh.
-        key = (size, tuple(state.classes), self.objective.mix.version)
-        hit = self._totals.get(key)
-        if hit is None:
-            positions: list[int] = []
-            views: list[NodeView] = []
-            for pos, ((_, mask), members) in enumerate(state.classes.items()):
-                if mask.bit_count() >= size:
-                    positions.append(pos)
-                    views.append(self._view(min(members), mask))
-            scores = node_scores(size, views, memo=self._memo, objective=self.objective) if views else {}
-            total = kubesched.total_score
-            totals = [total(scores[v.name], len(v.free) - size, v.gpu_count) for v in views]
-            if len(self._totals) > 50_000:
-                self._totals.clear()
-            hit = self._totals[key] = (positions, views, totals)
-        positions, views, totals = hit
-        if not positions:
+        # scored with it (scores are ranks over the set, whatever its order), not on its members:
+        # the totals are kept per set of classes with room and per demand mix version, and only
+        # the order (the state's, which decides ties) and the counts are read fresh.
+        classes = state.classes
+        room = [key for key in classes if key[1].bit_count() >= size]
+        if not room:
             return Failure(f"no node has {size} free GPUs")
-        classes = list(state.classes.values())
-        scored = [(t, len(classes[p])) for p, t in zip(positions, totals, strict=True)]
-        k = kubesched.select_host(scored, self.rng)
-        members = classes[positions[k]]
-        view = views[k]
+        version = self.objective.mix.version
+        if version != self._totals_version or len(self._totals) > 50_000:
+            self._totals.clear()  # totals of an older mix are never asked for again
+            self._totals_version = version
+        key = (size, frozenset(room))
+        totals = self._totals.get(key)
+        if totals is None:
+            totals = self._totals[key] = self._score(classes, room, size)
+        k = kubesched.select_host([(totals[c][0], len(classes[c])) for c in room], self.rng)
+        chosen = room[k]
+        members = classes[chosen]
         node = sorted(members)[self.rng.randrange(len(members))] if len(members) > 1 else min(members)
-        assert view.allocator is not None
-        return node, tuple(sorted(self._memo.choose(view.allocator, view.free, size).indices))
+        return node, totals[chosen][1]
+
+    def _score(
+        self, classes: dict[tuple[int, int], set[int]], room: list[tuple[int, int]], size: int
+    ) -> dict[tuple[int, int], tuple[int, tuple[int, ...]]]:
+        """kube-scheduler's total per class with room (one node's view stands for its class)
+        and the GPU set the allocator gives on it."""
+        views = [self._view(min(classes[c]), c[1]) for c in room]
+        scores = node_scores(size, views, memo=self._memo, objective=self.objective)
+        total = kubesched.total_score
+        out: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
+        for c, v in zip(room, views, strict=True):
+            gpus = self._gpus.get((c, size))
+            if gpus is None:
+                assert v.allocator is not None
+                if len(self._gpus) > 100_000:
+                    self._gpus.clear()
+                gpus = self._gpus[(c, size)] = tuple(
+                    sorted(self._memo.choose(v.allocator, v.free, size).indices)
+                )
+            out[c] = (total(scores[v.name], len(v.free) - size, v.gpu_count), gpus)
+        return out
 
     # ------------------------------------------------------------------ jobs
 
@@ -206,8 +222,10 @@ class SidecarPolicy:
         members = [GangMember(pods[i], job.pods[i], "") for i in range(n)]  # node: once bound
         views = self._all_views(state)
 
+        current = tuple(members)  # every member as the gang is now (renewed on each bind)
+
         def ask(k: int, count: int = n) -> GangAsk:
-            return GangAsk(gang, pods[k], tuple(members[:count]), n)
+            return GangAsk(gang, pods[k], current if count == n else tuple(members[:count]), n)
 
         base = now = state.now  # the simulation's clock: a gang's wait for its level spans placements
         if job.id not in self._arrived:  # members are created over the spread, once
@@ -216,22 +234,23 @@ class SidecarPolicy:
             if spread > 0:
                 times = sorted(self._binds.uniform(0, spread) for _ in range(n))
                 for k in range(n - 1):  # each member is filtered as it appears
-                    t.filter(ask(k, k + 1), self._names, views, self._net, base + times[k] - times[0])
+                    t.filter(ask(k, k + 1), self._offer, views, self._net, base + times[k] - times[0])
                 self.stats["gangs_waited_for_quorum"] += 1
                 self._waited_s += times[-1] - times[0]
                 now = base + times[-1] - times[0]
-        first = t.filter(ask(n - 1), self._names, views, self._net, now)
+        first = t.filter(ask(n - 1), self._offer, views, self._net, now)
         if isinstance(first, Wait):
             self._count(t.drain())
             return Failure(first.reason)
         queue = [(now, 0, n - 1)] + [(now + POD_BACKOFF_S[0], k + 1, k) for k in range(n - 1)]
         attempts = [0] * n
         slots: dict[int, Slot] = {}
+        held: dict[int, int] = {}  # free masks of the nodes members bound to (the state is not touched)
         try:
             while queue:
                 now, seq, k = heapq.heappop(queue)
                 t.expire(now)
-                decision = t.filter(ask(k), self._names, views, self._net, now)
+                decision = t.filter(ask(k), self._offer, views, self._net, now)
                 if isinstance(decision, Wait):  # a re-plan around bound members found no room
                     self.stats["gangs_stalled"] += 1
                     return Failure(decision.reason)
@@ -255,18 +274,21 @@ class SidecarPolicy:
                     continue
                 node = self._index[r.node]
                 gpus = tuple(sorted(r.gpus))
-                state.take(node, gpus)
+                mask = held.get(node, state.mask[node])
+                bits = sum(1 << g for g in gpus)
+                if bits & ~mask or len(gpus) != bits.bit_count():
+                    raise ValueError(f"GPUs {list(gpus)} are not free on node {r.node}")
+                held[node] = mask & ~bits
                 slots[k] = (node, gpus)
                 where[pods[k]] = r.node
                 members[k] = GangMember(pods[k], size, r.node)
-                views[r.node] = self._view(node, state.mask[node])
+                current = tuple(members)
+                views[r.node] = self._view(node, held[node])
                 t.bound(pods[k], gang, now)
         finally:
             self._count(t.drain())
             t.drop(gang, "simulated placement done", "done")
             t.drain()
-            for node, gpus in slots.values():
-                state.give(node, gpus)
         self._arrived.discard(job.id)  # placed: the engine will not ask again
         return [slots[k] for k in range(n)]
 

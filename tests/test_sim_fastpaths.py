@@ -1,0 +1,225 @@
+"""The simulator's speed-ups must not change a decision.
+
+Each fast path is checked against the path it short-cuts: the plain-Python small-cluster paths
+of the planner (`packing.min_nodes_small`, `spread._select_equal`, `packing.equal_bounds`)
+against the vectorised numpy ones, the objective's memos against a fresh objective, the
+reservation table's early exit against a full scan, and the simulated sidecar with all its
+caches against the same sidecar with every cache emptied before each pod.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from gputopo import gang, packing, spread
+from gputopo.allocator import AllocatorPool, Choice
+from gputopo.clusterobjective import ClusterObjective, DemandMix
+from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, plan_gang
+from gputopo.network import NetworkIndex
+from gputopo.policy import GpuPolicy
+from gputopo.reservations import Reservation, Reservations
+from gputopo.sim import sidecar
+from gputopo.sim.clusters import default_cluster, preset_cluster
+from gputopo.sim.engine import RunConfig, simulate
+from gputopo.sim.policies import Failure, Slot
+from gputopo.sim.state import ClusterState, SimCluster
+from gputopo.sim.workload import Job, generate
+
+
+@contextmanager
+def vectorised() -> Iterator[None]:
+    """Every small-cluster path switched off: the numpy code answers."""
+    with (
+        mock.patch.object(packing, "SMALL_NODES", -1),
+        mock.patch.object(gang, "SMALL_NODES", -1),
+        mock.patch.object(spread, "SMALL_CANDIDATES", -1),
+    ):
+        yield
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 6).flatmap(
+        lambda count: st.tuples(
+            st.just(count),
+            st.lists(st.tuples(st.integers(0, count - 1), st.integers(0, 4)), min_size=1, max_size=40),
+            st.integers(-1, 12),
+        )
+    )
+)
+def test_min_nodes_on_lists_equals_the_vectorised_answer(
+    case: tuple[int, list[tuple[int, int]], int],
+) -> None:
+    count, nodes, need = case
+    domain_id = np.array([d for d, _ in nodes], dtype=np.int64)
+    amount = np.array([a for _, a in nodes], dtype=np.int64)
+    small = packing.min_nodes(domain_id, count, amount, need)
+    with vectorised():
+        big = packing.min_nodes(domain_id, count, amount, need)
+    assert small.dtype == big.dtype and small.tolist() == big.tolist()
+
+
+def _index(rng: random.Random, nodes: int) -> NetworkIndex:
+    leaves, spines = rng.randint(1, 6), rng.randint(1, 3)
+    names = [f"n{i:03d}" for i in range(nodes)]
+    labels = [{"leaf": f"l{rng.randrange(leaves)}", "spine": f"s{rng.randrange(spines)}"} for _ in names]
+    return NetworkIndex.build(zip(names, labels, strict=True), ("kubernetes.io/hostname", "leaf", "spine"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_select_nodes_on_lists_equals_the_vectorised_answer(seed: int) -> None:
+    rng = random.Random(seed)
+    nodes = rng.randint(2, 40)
+    index = _index(rng, nodes)
+    lower = [index.level("spine"), index.level("leaf")]
+    m = rng.randint(1, nodes)
+    pos = np.array(sorted(rng.sample(range(nodes), m)), dtype=np.int64)
+    w = rng.randint(1, 3)  # every candidate offers the same number of members
+    weight = np.full(m, w, dtype=np.int64)
+    free = np.array([rng.randint(0, 8) for _ in range(m)], dtype=np.int64)
+    kind = np.array([rng.randrange(5) for _ in range(m)], dtype=np.int64)
+    k = rng.randint(1, m)
+    n = rng.randint(1, k * w)
+    # the gang planner's cost to future demand orders the nodes when it has an objective:
+    # few distinct values, so the ties behind it are exercised too
+    cost = np.array([float(rng.randint(0, 2)) for _ in range(m)]) if seed % 2 else None
+    small = spread.select_nodes(pos, weight, free, kind, k, n, lower, cost)
+    with vectorised():
+        assert small == spread.select_nodes(pos, weight, free, kind, k, n, lower, cost)
+
+
+@pytest.mark.parametrize("preset", ["default", "mixed-leaf", "gb200-nvl"])
+@pytest.mark.parametrize("seed", range(3))
+def test_plans_on_lists_equal_plans_on_arrays(preset: str, seed: int) -> None:
+    """Random free sets that change a few nodes at a time, as in the simulator; gangs of equal
+    (whole-node and partial) and mixed sizes; with a memo shared across gangs, as the tracker."""
+    cluster = preset_cluster(preset)
+    pool = AllocatorPool()
+    allocators = [pool.get(t) for t in cluster.topologies]
+    index = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
+    sizes = [cluster.topologies[n.topology].n for n in cluster.nodes]
+    masks = [(1 << s) - 1 for s in sizes]
+    rng = random.Random(seed)
+    shared, shared_np = ChoiceMemo(), ChoiceMemo()
+    planned = 0
+    for step in range(60):
+        for i in rng.sample(range(len(masks)), 8):
+            masks[i] = rng.getrandbits(sizes[i]) if rng.random() < 0.7 else 0
+        views = [
+            NodeView(
+                node.name,
+                node.labels,
+                sizes[i],
+                frozenset(g for g in range(sizes[i]) if masks[i] >> g & 1),
+                allocators[node.topology],
+            )
+            for i, node in enumerate(cluster.nodes)
+        ]
+        g = rng.choice([1, 2, 4, 8])
+        members = (
+            [g] * rng.randint(2, 16) if rng.random() < 0.8 else [rng.choice([1, 2, 4]) for _ in range(5)]
+        )
+        spec = GangSpec(f"ns/g{step}", tuple(Member(f"ns/p{k}", s) for k, s in enumerate(members)))
+        got = plan_gang(spec, views, cluster.levels, index=index, memo=shared)
+        with vectorised():
+            want = plan_gang(spec, views, cluster.levels, index=index, memo=shared_np)
+        assert got == want
+        planned += isinstance(got, GangPlan)
+    assert planned > 10
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("arxe"), st.integers(0, 5), st.integers(0, 9)), max_size=40))
+@example([("a", 0, 8), ("r", 0, 2), ("e", 0, 5)])  # a renewal may bring an expiry forward
+def test_expired_equals_a_full_scan(ops: list[tuple[str, int, int]]) -> None:
+    """add / renew / release / expired in any order (time need not be monotone)."""
+    table = Reservations()
+    for op, who, t in ops:
+        gang, pod = f"g{who % 3}", f"p{who}"
+        if op == "a":
+            table.add([Reservation(pod, gang, "node", (0,), 1, float(t))])
+        elif op == "r":
+            table.renew_gang(gang, float(t))
+        elif op == "x":
+            table.release_pod(pod)
+        else:
+            scan = {r.gang for r in table if r.expires_at <= t}
+            assert table.expired(float(t)) == scan
+
+
+def test_objective_memos_answer_as_a_fresh_objective() -> None:
+    """Keys from one objective kept across pods and demand mix versions equal those of a fresh
+    objective over the same mix."""
+    cluster = default_cluster()
+    pool = AllocatorPool()
+    allocators = [pool.get(t) for t in cluster.topologies]
+    mix = DemandMix(refresh=16)
+    kept = ClusterObjective(mix)
+    kept.learn(allocators)
+    rng = random.Random(7)
+    memo = ChoiceMemo()
+    for _ in range(400):
+        for _ in range(rng.randint(1, 8)):
+            mix.observe(rng.choice([1, 1, 2, 4, 8]), gang=rng.random() < 0.2)
+        gpus = rng.choice([1, 2, 4, 8])
+        kinds: dict[tuple[GpuPolicy, frozenset[int]], Choice] = {}
+        for _ in range(rng.randint(1, 6)):
+            a = rng.choice(allocators)
+            free = frozenset(i for i in range(a.n) if rng.random() < 0.6)
+            if len(free) >= gpus:
+                kinds[(a, free)] = memo.choose(a, free, gpus)
+        fresh = ClusterObjective(mix)
+        fresh.learn(allocators)
+        assert kept.keys(gpus, kinds) == fresh.keys(gpus, kinds)
+    assert mix.version > 10
+
+
+def _decisions(cluster: SimCluster, seed: int, cold: bool) -> list[object]:
+    """Every placement of a gputopo run; `cold` empties the sidecar's and the objective's caches
+    before each single pod (the planner's memo is covered above)."""
+    jobs = generate(
+        1500,
+        capacity_gpus=cluster.capacity,
+        load=0.8,
+        rng=np.random.default_rng(seed),
+        max_gpus=cluster.capacity,
+    )
+    log: list[object] = []
+    place_pod, place = sidecar.SidecarPolicy.place_pod, sidecar.SidecarPolicy.place
+
+    def recorded(self: sidecar.SidecarPolicy, state: ClusterState, job: Job) -> list[Slot] | Failure:
+        got = place(self, state, job)
+        log.append((job.id, got))
+        return got
+
+    def emptied(self: sidecar.SidecarPolicy, state: ClusterState, size: int) -> Slot | Failure:
+        self._totals.clear()
+        self._gpus.clear()
+        self._views.clear()
+        self.objective = ClusterObjective(self.objective.mix)
+        self.objective.learn(self.allocators)
+        return place_pod(self, state, size)
+
+    with (
+        mock.patch.object(sidecar.SidecarPolicy, "place", recorded),
+        mock.patch.object(sidecar.SidecarPolicy, "place_pod", emptied if cold else place_pod),
+    ):
+        simulate(cluster, jobs, "gputopo", RunConfig(seed=seed), pool=AllocatorPool())
+    return log
+
+
+@pytest.mark.parametrize(("preset", "seed"), [("default", 0), ("mixed-leaf", 1)])
+def test_the_sidecar_with_its_caches_places_as_without_them(preset: str, seed: int) -> None:
+    cluster = preset_cluster(preset)
+    warm = _decisions(cluster, seed, cold=False)
+    assert len(warm) > 1000
+    assert warm == _decisions(cluster, seed, cold=True)
