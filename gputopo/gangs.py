@@ -310,10 +310,10 @@ class GangTracker:
         )
         bound = {m.node for m in ask.members if m.node}
         offered = [v for n, v in views.items() if n in offer]
-        if self.objective is not None:  # "the best ring a size gets anywhere" counts every server
-            self.objective.learn({v.allocator.exact for v in views.values() if v.allocator is not None})
         result: GangPlan | str | None = None if bound else self._waits(spec, offer, offered, index, now)
         if result is None:
+            if self.objective is not None:  # "the best ring a size gets anywhere": every server
+                self.objective.learn({v.allocator.exact for v in views.values() if v.allocator is not None})
             result = self._search(spec, offered, bound, views, index)
             if isinstance(result, GangPlan) and not bound:
                 result = self._hold(spec, result, offered, views, index, now)

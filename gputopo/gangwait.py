@@ -55,12 +55,41 @@ def fits_now(
     """Per level of `levels`: whether some domain passes the planner's first check with the
     GPUs free now (GPUs, and slots of the members' size): exact for members of one size, the
     only case the lifecycle asks about."""
+    if len({m.gpus for m in spec.members}) == 1 and spec.members[0].gpus > 0:
+        return _fits_now_equal(spec.members[0].gpus, len(spec.members), nodes, index, levels)
     per = np.zeros(len(index.nodes), dtype=np.int64)
     for v in nodes:
         pos = index.position.get(v.name)
         if pos is not None:
             per[pos] = len(v.free)
     return [_passes(spec, per, index, level) for level in levels]
+
+
+def _fits_now_equal(
+    size: int, count: int, nodes: Sequence[NodeView], index: NetworkIndex, levels: Sequence[str]
+) -> list[bool]:
+    """`fits_now` for `count` members of `size` GPUs each, in plain Python: a waiting gang is
+    asked this at every change of the cluster, and numpy's cost per call dominates on the
+    few nodes with room. With one size, "the GPUs and the slots" is the slots alone (a slot
+    holds `size` GPUs), so a domain passes when its nodes' slots reach `count`."""
+    slots: dict[int, int] = {}
+    for v in nodes:
+        pos = index.position.get(v.name)
+        if pos is not None and len(v.free) >= size:
+            slots[pos] = len(v.free) // size
+    out = []
+    for level in levels:
+        domain_id = index.level(level).domain_id
+        acc: dict[int, int] = {}
+        hit = False
+        for pos, k in slots.items():
+            d = int(domain_id[pos])
+            acc[d] = total = acc.get(d, 0) + k
+            if total >= count:
+                hit = True
+                break
+        out.append(hit)
+    return out
 
 
 def wait_reason(spec: GangSpec, own: str, spill_after_s: float, waited: float) -> str:

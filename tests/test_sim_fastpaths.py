@@ -223,3 +223,31 @@ def test_the_sidecar_with_its_caches_places_as_without_them(preset: str, seed: i
     warm = _decisions(cluster, seed, cold=False)
     assert len(warm) > 1000
     assert warm == _decisions(cluster, seed, cold=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_fits_now_for_equal_members_equals_a_plain_domain_sum(seed: int) -> None:
+    """The waiting gang's check (`gangwait.fits_now`, plain Python for members of one size)
+    against its definition on the index's arrays: per level, some domain whose nodes' slots of
+    the member size (free GPUs // size) reach the member count; nodes missing from the index
+    or offered twice change nothing."""
+    from gputopo import gangwait
+    from gputopo.network import CLUSTER
+
+    rng = random.Random(seed)
+    nodes = rng.randint(1, 30)
+    index = _index(rng, nodes)
+    size, count = rng.choice([1, 2, 4, 8]), rng.randint(1, 6)
+    spec = GangSpec("g", tuple(Member(f"p{i}", size) for i in range(count)))
+    views = [
+        NodeView(name, {}, 8, frozenset(rng.sample(range(8), rng.randint(0, 8))))
+        for name in rng.sample(list(index.nodes), rng.randint(1, nodes))
+    ]
+    offered = views + views[:2] + [NodeView("not-in-index", {}, 8, frozenset(range(8)))]
+    levels = ("kubernetes.io/hostname", "leaf", "spine", CLUSTER)
+    free = np.zeros(len(index.nodes), dtype=np.int64)
+    for v in views:
+        free[index.position[v.name]] = len(v.free)
+    want = [bool((index.free_per_domain(level, free // size) >= count).any()) for level in levels]
+    assert gangwait.fits_now(spec, offered, index, levels) == want
