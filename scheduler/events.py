@@ -28,6 +28,29 @@ from gputopo import jsonlog
 
 log = logging.getLogger("gputopo.scheduler.events")
 
+#: A write whose connection was dropped before any answer (reset, refused, broken pipe: the API
+#: server restarting, a load balancer closing an idle connection) is tried again this often,
+#: as client-go's event broadcaster retries its sink; an HTTP error or a timeout is not (the
+#: server answered, or may have created the event).
+CONNECTION_RETRIES = 2
+RETRY_PAUSE_S = 0.05
+
+
+def _connection_dropped(e: BaseException) -> bool:
+    """Whether `e` (from the client, or urllib3 under it) is a connection lost before an answer."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, TimeoutError) or "Timeout" in type(cur).__name__:
+            return False
+        if isinstance(cur, ConnectionError) or type(cur).__name__ in ("ProtocolError", "NewConnectionError"):
+            return True
+        reason = getattr(cur, "reason", None)
+        cur = reason if isinstance(reason, BaseException) else (cur.__cause__ or cur.__context__)
+    return False
+
+
 COMPONENT = "gputopo-scheduler"
 #: Event reasons (CamelCase, as Kubernetes components write them) and their type.
 WARNING_REASONS = frozenset({"GangUnschedulable", "BindRefused", "BindFailed"})
@@ -172,15 +195,22 @@ class EventEmitter:
             targets.append(dict(ref))
         for target in targets:
             body = self._event(target, reason, message)
-            try:
-                create: Any = self.core.create_namespaced_event  # a raw response: _preload_content=False
-                resp = create(
-                    target["namespace"], body, _preload_content=False, _request_timeout=self.timeout_s
-                )
-                resp.release_conn()
-                self.written += 1
-            except Exception as e:
-                self._failed(f"{type(e).__name__}: {getattr(e, 'status', '')} {getattr(e, 'reason', e)}")
+            for attempt in range(1 + CONNECTION_RETRIES):
+                try:
+                    create: Any = self.core.create_namespaced_event  # a raw response: _preload_content=False
+                    resp = create(
+                        target["namespace"], body, _preload_content=False, _request_timeout=self.timeout_s
+                    )
+                    resp.drain_conn()  # unread bytes left on a pooled connection break the next write
+                    resp.release_conn()
+                    self.written += 1
+                    break
+                except Exception as e:
+                    if attempt < CONNECTION_RETRIES and _connection_dropped(e) and not self._stop.is_set():
+                        time.sleep(RETRY_PAUSE_S * 2**attempt)  # the writer's own thread: no verb waits
+                        continue
+                    self._failed(f"{type(e).__name__}: {getattr(e, 'status', '')} {getattr(e, 'reason', e)}")
+                    break
 
     def _event(self, target: Mapping[str, str], reason: str, message: str) -> dict[str, Any]:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +26,8 @@ from urllib.parse import parse_qs, urlparse
 
 from kubernetes import client
 
+#: A fault code for `inject`: drop the connection without an answer (events only).
+DROP = -1
 PODGROUPS = "/apis/scheduling.x-k8s.io/v1alpha1/podgroups"
 
 #: Optional kinds a test can serve: name -> (group, default version, plural).
@@ -372,6 +375,10 @@ class _Handler(BaseHTTPRequestHandler):
             if api.event_gate is not None:
                 api.event_gate.wait(timeout=30)
             fault = api.take_fault("event")
+            if fault == DROP:  # the connection goes away before any answer (a restart, a proxy)
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
             if fault:
                 self._status(fault, "Injected", "injected failure creating an event")
                 return

@@ -198,3 +198,23 @@ def test_a_scheduler_plugins_podgroup_gets_the_events_too() -> None:
         assert group_event["involvedObject"]["uid"] == "legacy-uid"
         assert group_event["involvedObject"]["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
         assert group_event["reason"] == "GangWaiting"
+
+
+def test_an_event_whose_connection_dropped_is_written_on_a_retry_and_an_http_error_is_not() -> None:
+    """A connection lost before any answer (API server restart, proxy closing it) is retried,
+    as client-go's broadcaster retries its sink; an HTTP error is the server's answer and is
+    not (one event per reason per interval: retrying a 4xx/5xx would only repeat it)."""
+    pods = gang_pods(2, spec={"schedulingGroup": {"podGroupName": "train"}})
+    with run(pods[:1]) as s:
+        s.api.inject("event", fk.DROP)
+        s.client.post("/filter", args(pods[0], NAMES))
+        waiting = [e for e in s.events() if e[2] == "GangWaiting"]
+        assert [e[0] for e in waiting] == ["Pod", "PodGroup"]
+        assert s.emitter.failed == 0
+        writes = [r for r in s.api.requests if r[0] == "event"]
+        assert len(writes) == 3  # the dropped one, its retry, the PodGroup's
+        s.api.inject("event", 500)
+        s.clock[0] += 31
+        s.client.post("/filter", args(pods[0], NAMES))
+        assert [e[0] for e in s.events() if e[2] == "GangWaiting"] == ["Pod", "PodGroup", "PodGroup"]
+        assert s.emitter.failed == 1
