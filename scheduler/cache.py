@@ -11,15 +11,16 @@ calls those GPUs free. No decisions are made here; they are the core's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from gputopo import jsonlog
 from gputopo.gang import NodeView
 from gputopo.network import NetworkIndex
+from gputopo.policy import GpuPolicy
 from gputopo.reservations import Assumed, Reservation
 from scheduler.model import PodInfo, Snapshot
 from scheduler.nodeguard import NodeGuard
-from scheduler.views import ViewBuilder, in_use
+from scheduler.views import NodeViews, ViewBuilder, in_use
 
 log = logging.getLogger("gputopo.scheduler")
 
@@ -36,11 +37,9 @@ class ClusterCache:
         self.assumed_version = 0
         self._views = ViewBuilder(guard)
         self._warned: dict[str, str] = {}
-        self._warned_for: object = None
+        self._warned_for: object = None  # the views object whose changed nodes were checked
         self._gang_index: tuple[object, dict[str, list[PodInfo]]] | None = None
-        self._fits: (
-            tuple[Mapping[str, NodeView], dict[int, tuple[frozenset[str], Mapping[str, str]]]] | None
-        ) = None
+        self._fits: tuple[NodeViews, dict[int, tuple[frozenset[str], Mapping[str, str]]]] | None = None
         # the index is built from node names and labels only: keyed on the nodes mapping (a new
         # one whenever any node changes) and the levels, not on the snapshot version, which
         # every new pod bumps
@@ -82,14 +81,17 @@ class ClusterCache:
 
     # ------------------------------------------------------------------ derived views
 
-    def views(
-        self, snap: Snapshot, reservations: Mapping[str, list[Reservation]], version: int
-    ) -> dict[str, NodeView]:
+    def views(self, snap: Snapshot, reservations: Mapping[str, list[Reservation]], version: int) -> NodeViews:
         """NodeViews of every node: free GPUs net of own binds and reservations."""
-        if snap.nodes is not self._warned_for:
-            self._warned_for = snap.nodes
-            self._warn_unknown(snap)
-        return self._views.build(snap, self.assumed, self.assumed_version, reservations, version)
+        views = self._views.build(snap, self.assumed, self.assumed_version, reservations, version)
+        if views is not self._warned_for:  # rebuilt: warn about the nodes whose inputs changed
+            self._warned_for = views
+            self._warn_unknown(snap, self._views.changed)
+        return views
+
+    def policies(self) -> list[GpuPolicy]:
+        """Every policy object a node's view was made with (one per server model and policy)."""
+        return list(self._views.used_policies.values())
 
     def predict(self, node: str, size: int, view: NodeView | None) -> tuple[int, ...] | None:
         """The GPUs the node's plugin will give a pod of `size` bound now (`ViewBuilder.predict`)."""
@@ -115,22 +117,29 @@ class ClusterCache:
             cached = self._gang_index = (snap.pods, index)
         return sorted(cached[1].get(gang, ()), key=lambda p: p.key)
 
-    def fit(self, views: Mapping[str, NodeView], gpus: int) -> tuple[frozenset[str], Mapping[str, str]]:
+    def fit(self, views: NodeViews, gpus: int) -> tuple[frozenset[str], Mapping[str, str]]:
         """Nodes with room for `gpus`, and the reason for each other node, per views object:
-        a 5,000-node filter is then a set lookup per candidate, not a computation."""
+        a 5,000-node filter is then a set lookup per candidate, not a computation. Read from
+        the nodes' classes: no NodeView is made for it."""
         cached = self._fits
         if cached is None or cached[0] is not views:
             cached = self._fits = (views, {})
         hit = cached[1].get(gpus)
         if hit is None:
-            fit = frozenset(n for n, v in views.items() if len(v.free) >= gpus)
+            fit = views.fitting(gpus)
             hit = cached[1][gpus] = (fit, _Reasons(views, fit, gpus))
         return hit
 
-    def _warn_unknown(self, snap: Snapshot) -> None:
+    def _warn_unknown(self, snap: Snapshot, changed: Iterable[str]) -> None:
+        """Log each node's unknown-topology reason once (a node's reason changes only with its
+        inputs, so only the nodes the last build found changed are looked at)."""
         if len(self._warned) > 100_000:
             self._warned.clear()
-        for name, info in snap.nodes.items():
+        nodes = snap.nodes
+        for name in changed:
+            info = nodes.get(name)
+            if info is None:
+                continue
             if info.topology is None and info.topology_problem:
                 if self._warned.get(name) != info.topology_problem:
                     self._warned[name] = info.topology_problem
@@ -150,14 +159,14 @@ class _Reasons(Mapping[str, str]):
     """Node -> why it has no room for `gpus`, for the nodes not in `fit`; worded when asked
     (a filter reports only the candidates it was sent), not for every node of every views."""
 
-    def __init__(self, views: Mapping[str, NodeView], fit: frozenset[str], gpus: int) -> None:
+    def __init__(self, views: NodeViews, fit: frozenset[str], gpus: int) -> None:
         self._views, self._fit, self._gpus = views, fit, gpus
 
     def __getitem__(self, node: str) -> str:
-        view = self._views.get(node)
-        if view is None or node in self._fit:
+        count = self._views.count(node)
+        if count is None or node in self._fit:
             raise KeyError(node)
-        return f"needs {self._gpus} GPUs, {len(view.free)} free"
+        return f"needs {self._gpus} GPUs, {count} free"
 
     def __iter__(self) -> Iterator[str]:
         return (n for n in self._views if n not in self._fit)
