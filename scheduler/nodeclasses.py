@@ -6,8 +6,8 @@ why the simulator keeps its nodes in (topology, free mask) classes (gputopo/sim/
 sidecar does the same: a node whose annotation changed costs one class lookup, a filter one
 count comparison, and prioritize scores one node per class (`NodeViews.classes`). The per-node
 `NodeView` the planners read (its name and labels with the class's free set and allocator) is
-made on first read and kept with the node's entry, so views of nodes that did not change keep
-their identity from one build to the next, which the gang planner's memo relies on.
+made on first read and carried over to the next build while the node stays unchanged, so views
+keep their identity from one build to the next, which the gang planner's memo relies on.
 """
 
 from __future__ import annotations
@@ -42,104 +42,92 @@ class NodeClass:
         self.topology = topology  # kept alive: class keys hold its id()
 
 
-class Entry:
-    """One node in one or more builds: its inputs, class and (once read) its NodeView. Shared
-    by consecutive builds while the node's inputs stay the same."""
-
-    __slots__ = ("cls", "conflicts", "info", "key", "pod_gpus", "view")
-
-    def __init__(
-        self,
-        info: NodeInfo,
-        pod_gpus: int,
-        cls: NodeClass,
-        view: NodeView | None = None,
-        key: tuple | None = None,
-        conflicts: Mapping[str, str] | None = None,
-    ) -> None:
-        self.info = info
-        self.pod_gpus = pod_gpus
-        self.cls = cls
-        self.view = view
-        self.key = key  # the general path's inputs; None for a node with no own binds etc.
-        self.conflicts = conflicts
-
-
 class NodeViews(Mapping[str, NodeView]):
     """Node name -> NodeView of one build (read-only); `count` and `classes` answer without
-    making views."""
+    making views. Holds per node only its class: a build after every annotation changed
+    allocates nothing per node (no work for the cycle collector in the middle of a filter)."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_classes", "_infos", "_made")
 
-    def __init__(self, entries: dict[str, Entry]) -> None:
-        self._entries = entries
+    def __init__(
+        self, classes: dict[str, NodeClass], infos: Mapping[str, NodeInfo], made: dict[str, NodeView]
+    ) -> None:
+        self._classes = classes
+        self._infos = infos
+        self._made = made  # views already made: those of unchanged nodes carry over
 
     def __getitem__(self, name: str) -> NodeView:
-        e = self._entries[name]
-        view = e.view
+        view = self._made.get(name)
         if view is None:
-            c, info = e.cls, e.info
-            view = e.view = NodeView(info.name, info.labels, c.gpu_count, c.free, c.allocator)
+            c, info = self._classes[name], self._infos[name]
+            view = self._made[name] = NodeView(info.name, info.labels, c.gpu_count, c.free, c.allocator)
         return view
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._classes
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
+        return iter(self._classes)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._classes)
 
     __hash__ = object.__hash__  # views objects are compared and cached by identity
 
     def __eq__(self, other: object) -> bool:
         return self is other
 
+    def made(self, name: str) -> NodeView | None:
+        """The node's view if it was made already (for the next build to carry over)."""
+        return self._made.get(name)
+
+    def node_class(self, name: str) -> NodeClass | None:
+        return self._classes.get(name)
+
     def count(self, name: str) -> int | None:
         """How many GPUs of `name` are free (None: unknown to gputopo)."""
-        e = self._entries.get(name)
-        return None if e is None else e.cls.count
+        c = self._classes.get(name)
+        return None if c is None else c.count
 
     def fitting(self, gpus: int) -> frozenset[str]:
         """Nodes with at least `gpus` free."""
-        return frozenset(n for n, e in self._entries.items() if e.cls.count >= gpus)
+        return frozenset(n for n, c in self._classes.items() if c.count >= gpus)
 
     def classes(self, names: Iterable[str]) -> dict[NodeClass, list[str]]:
         """The known nodes among `names`, grouped by class (in first-seen order)."""
         out: dict[NodeClass, list[str]] = {}
-        entries = self._entries
+        classes = self._classes
         for n in names:
-            e = entries.get(n)
-            if e is not None:
-                members = out.get(e.cls)
+            c = classes.get(n)
+            if c is not None:
+                members = out.get(c)
                 if members is None:
-                    out[e.cls] = [n]
+                    out[c] = [n]
                 else:
                     members.append(n)
         return out
 
     def offer(self, name: str) -> frozenset[int] | None:
-        e = self._entries.get(name)
-        return None if e is None else e.cls.offer
+        c = self._classes.get(name)
+        return None if c is None else c.offer
 
 
 class Offers(Mapping[str, frozenset[int]]):
     """Node -> the GPUs kubelet would offer its plugin now, for nodes with any (read-only)."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_classes",)
 
-    def __init__(self, entries: Mapping[str, Entry]) -> None:
-        self._entries = entries
+    def __init__(self, classes: Mapping[str, NodeClass]) -> None:
+        self._classes = classes
 
     def __getitem__(self, name: str) -> frozenset[int]:
-        offer = self._entries[name].cls.offer
+        offer = self._classes[name].offer
         if not offer:
             raise KeyError(name)
         return offer
 
     def __iter__(self) -> Iterator[str]:
-        return (n for n, e in self._entries.items() if e.cls.offer)
+        return (n for n, c in self._classes.items() if c.offer)
 
     def __len__(self) -> int:
-        return sum(1 for e in self._entries.values() if e.cls.offer)
+        return sum(1 for c in self._classes.values() if c.offer)

@@ -23,7 +23,7 @@ from gputopo.policy import GpuPolicy, PolicyPool
 from gputopo.reservations import Assumed, Reservation
 from gputopo.topology import Topology
 from scheduler.model import NodeInfo, Snapshot
-from scheduler.nodeclasses import Entry, NodeClass, NodeViews, Offers
+from scheduler.nodeclasses import NodeClass, NodeViews, Offers
 from scheduler.nodeguard import NodeGuard, describe
 
 __all__ = ["Assumed", "NodeViews", "ViewBuilder", "node_view"]
@@ -145,8 +145,10 @@ class ViewBuilder:
         self.allocators = self.policies.allocators
         self.guard = guard or NodeGuard()
         self._whole: tuple | None = None
-        self._entries: dict[str, Entry] = {}
-        self._built = NodeViews(self._entries)
+        self._classes_of: dict[str, NodeClass] = {}  # node -> its class, as of the last build
+        #: nodes with own binds, reservations or ended pods -> (their inputs, conflicts)
+        self._general: dict[str, tuple[tuple, dict[str, str]]] = {}
+        self._built = NodeViews({}, {}, {})
         #: names of the nodes whose entry is new in the last build (their inputs changed)
         self.changed: list[str] = []
         #: reservation pod -> reason, for reservations whose GPUs are no longer free (see
@@ -164,7 +166,7 @@ class ViewBuilder:
     @property
     def offered(self) -> Offers:
         """Node -> the GPUs kubelet would offer its plugin now (see `offered`), for prediction."""
-        return Offers(self._entries)
+        return Offers(self._classes_of)
 
     def build(
         self,
@@ -201,22 +203,33 @@ class ViewBuilder:
         assumed_by_node: dict[str, list[Assumed]] = {}
         for a in assumed.values():
             assumed_by_node.setdefault(a.node, []).append(a)
-        entries: dict[str, Entry] = {}
+        out: dict[str, NodeClass] = {}
+        made: dict[str, NodeView] = {}
+        general: dict[str, tuple[tuple, dict[str, str]]] = {}
         changed: list[str] = []
         conflicts: dict[str, str] = {}
         pod_gpus = snap.pod_gpus
-        old_entries = self._entries
+        last = self._whole
+        old_nodes, old_counts = (last[0], last[1]) if last is not None else ({}, {})
+        old_classes, old_general, old_built = self._classes_of, self._general, self._built
         ended = snap.ended
         classes, rejected = self._classes, self._rejected
         for name, info in snap.nodes.items():
             mine = assumed_by_node.get(name) if assumed_by_node else None
             held = reservations_by_node.get(name) if reservations_by_node else None
             gone = ended.get(name) if ended else None
-            old = old_entries.get(name)
             count = pod_gpus.get(name, 0)
             if not (mine or held or gone):  # the common case: the annotation and bound pods only
-                if old is not None and old.info is info and old.key is None and old.pod_gpus == count:
-                    entries[name] = old
+                if (
+                    old_nodes.get(name) is info
+                    and old_counts.get(name, 0) == count
+                    and name in old_classes
+                    and name not in old_general
+                ):
+                    out[name] = old_classes[name]
+                    view = old_built.made(name)
+                    if view is not None:
+                        made[name] = view
                     continue
                 changed.append(name)
                 topo = info.topology
@@ -236,13 +249,13 @@ class ViewBuilder:
                     cls = self._class(info, count)
                 if cls is None:  # something failed: the guarded path logs and degrades
                     view, _, offer = self._node(info, _full(info, count), bound)
-                    cls = NodeClass(view.allocator, view.gpu_count, view.free, offer)
-                    entries[name] = Entry(info, count, cls, view)
+                    out[name] = NodeClass(view.allocator, view.gpu_count, view.free, offer)
+                    made[name] = view
                     continue
                 if rejected and name in rejected:
                     rejected.discard(name)
                     self.guard.accepted(name, "view")
-                entries[name] = Entry(info, count, cls)
+                out[name] = cls
                 continue
             key = (
                 info,
@@ -252,17 +265,19 @@ class ViewBuilder:
                 bound if mine else frozenset(),
                 gone or frozenset(),
             )
-            if old is not None and old.info is info and old.key is not None and old.key[1:] == key[1:]:
-                entry = entries[name] = old
+            old = old_general.get(name)
+            view = old_built.made(name) if old is not None else None
+            if old is not None and view is not None and old[0][0] is info and old[0][1:] == key[1:]:
+                out[name], made[name], general[name] = old_classes[name], view, old
             else:
                 changed.append(name)
                 view, found, offer = self._node(info, key, bound)
-                cls = NodeClass(view.allocator, view.gpu_count, view.free, offer)
-                entry = entries[name] = Entry(info, count, cls, view, key, found)
-            if entry.conflicts:
-                conflicts.update(entry.conflicts)
-        self._whole, self._entries, self.changed, self.conflicts = whole, entries, changed, conflicts
-        self._built = NodeViews(entries)
+                out[name] = NodeClass(view.allocator, view.gpu_count, view.free, offer)
+                made[name], general[name] = view, (key, found)
+            conflicts.update(general[name][1])
+        self._whole, self._classes_of, self._general = whole, out, general
+        self.changed, self.conflicts = changed, conflicts
+        self._built = NodeViews(out, snap.nodes, made)
         return self._built
 
     def _class(self, info: NodeInfo, pod_gpus: int) -> NodeClass | None:
