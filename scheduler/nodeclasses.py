@@ -24,7 +24,7 @@ class NodeClass:
     free GPUs (net of own binds and reservations), and the GPUs kubelet would offer the node's
     plugin now (`scheduler.views.offered`; reservations included, empty for unknown topology)."""
 
-    __slots__ = ("allocator", "count", "free", "gpu_count", "offer", "topology")
+    __slots__ = ("allocator", "count", "free", "gpu_count", "offer")
 
     def __init__(
         self,
@@ -32,14 +32,12 @@ class NodeClass:
         gpu_count: int,
         free: frozenset[int],
         offer: frozenset[int],
-        topology: object = None,
     ) -> None:
         self.allocator = allocator
         self.gpu_count = gpu_count
         self.free = free
         self.count = len(free)
         self.offer = offer
-        self.topology = topology  # kept alive: class keys hold its id()
 
 
 class NodeViews(Mapping[str, NodeView]):

@@ -137,8 +137,9 @@ class ViewBuilder:
     At 5,000 nodes a full rebuild costs more than a filter call may take, while a typical change
     (a pod asked about, a bind, one node's annotation) touches one node or none. A changed node
     without own binds, reservations or ended pods (the common case, and all of a filter after
-    every annotation changed) is one lookup of its class (`scheduler.nodeclasses`): nodes with
-    the same policy, topology object, unhealthy and in-use sets and lag share one, computed once."""
+    every annotation changed) is two lookups: its policy object (per policy and topology object)
+    and its class (`scheduler.nodeclasses`): nodes with the same policy object (one per server
+    model), unhealthy and in-use sets and lag share one, computed once."""
 
     def __init__(self, guard: NodeGuard | None = None) -> None:
         self.policies = PolicyPool()  # each node's chooser: the policy its plugin publishes
@@ -157,7 +158,8 @@ class ViewBuilder:
         #: (policy, id(topology)) -> (that topology, kept alive so the id stays its own; its
         #: policy object, already probed): a new class skips the pool's key and the probe
         self._policy_of: dict[tuple[str, int], tuple[object, GpuPolicy]] = {}
-        #: class key -> class (see `_class`); bounded, cleared whole when full
+        #: (policy object, unhealthy, in use, lag) or (None, GPU count, free count) for unknown
+        #: topology -> class (see `_class`); bounded, cleared whole when full
         self._classes: dict[tuple, NodeClass] = {}
         #: id -> every policy a class was made with (few: one per server model and policy)
         self.used_policies: dict[int, GpuPolicy] = {}
@@ -213,7 +215,7 @@ class ViewBuilder:
         old_nodes, old_counts = (last[0], last[1]) if last is not None else ({}, {})
         old_classes, old_general, old_built = self._classes_of, self._general, self._built
         ended = snap.ended
-        classes, rejected = self._classes, self._rejected
+        classes, rejected, policy_of = self._classes, self._rejected, self._policy_of
         for name, info in snap.nodes.items():
             mine = assumed_by_node.get(name) if assumed_by_node else None
             held = reservations_by_node.get(name) if reservations_by_node else None
@@ -234,18 +236,15 @@ class ViewBuilder:
                 changed.append(name)
                 topo = info.topology
                 cls = None
-                if topo is not None:  # the class key, as `_class` forms it (inlined: per node)
+                if topo is not None:  # `_class`'s two lookups, inlined: this runs per node
                     lag = count - len(topo.allocated) if info.pods_know_allocations else 0
-                    lag = lag if lag > 0 else 0
-                    try:
-                        cls = classes.get(
-                            (topo.policy, id(topo.topology), topo.unhealthy, topo.allocated, lag)
-                        )
-                    except TypeError:  # an unhashable set: `_class` fails it and `_node` reports
-                        pass
-                    if cls is None or cls.topology is not topo.topology:
-                        cls = self._class(info, count)
-                else:
+                    hit = policy_of.get((topo.policy, id(topo.topology)))
+                    if hit is not None and hit[0] is topo.topology:
+                        try:
+                            cls = classes.get((hit[1], topo.unhealthy, topo.allocated, lag if lag > 0 else 0))
+                        except TypeError:  # an unhashable set: `_class` fails it and `_node` reports
+                            pass
+                if cls is None:
                     cls = self._class(info, count)
                 if cls is None:  # something failed: the guarded path logs and degrades
                     view, _, offer = self._node(info, _full(info, count), bound)
@@ -297,16 +296,16 @@ class ViewBuilder:
             allocated = topo.allocated
             lag = pod_gpus - len(allocated) if info.pods_know_allocations else 0
             lag = lag if lag > 0 else 0
-            key = (topo.policy, id(topo.topology), topo.unhealthy, allocated, lag)
-            hit = self._classes.get(key)
-            if hit is not None and hit.topology is topo.topology:
-                return hit
             alloc = self._policy(topo.policy, topo.topology)
+            key = (alloc, topo.unhealthy, allocated, lag)
+            hit = self._classes.get(key)
+            if hit is not None:
+                return hit
             n = topo.topology.n
             offer = frozenset(range(n)) - topo.unhealthy - allocated
             if lag > 0:
                 offer = offer - _take(alloc, set(offer), lag)
-            hit = NodeClass(alloc, n, offer, offer, topo.topology)
+            hit = NodeClass(alloc, n, offer, offer)
             self._keep(key, hit)
             return hit
         except Exception:
