@@ -2,8 +2,8 @@
 
 kube-scheduler calls filter, prioritize and bind thousands of times against a cluster that
 changes far less often, so everything derived from a snapshot is kept per snapshot (or per
-views object) and swapped whole when it changes: the network index, the gang membership index,
-the "which nodes have room for k GPUs" sets. Binds this sidecar made are remembered (as
+views object) and swapped whole when it changes: the views (as node classes, see
+scheduler/nodeclasses.py), the network index, the gang membership index. Binds this sidecar made are remembered (as
 `Assumed`) until the node's annotation shows them, since until then the annotation still
 calls those GPUs free. No decisions are made here; they are the core's.
 """
@@ -11,7 +11,7 @@ calls those GPUs free. No decisions are made here; they are the core's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from gputopo import jsonlog
 from gputopo.gang import NodeView
@@ -37,9 +37,8 @@ class ClusterCache:
         self.assumed_version = 0
         self._views = ViewBuilder(guard)
         self._warned: dict[str, str] = {}
-        self._warned_for: object = None  # the views object whose changed nodes were checked
+        self._warned_for: object = None  # the views object whose nodes were checked
         self._gang_index: tuple[object, dict[str, list[PodInfo]]] | None = None
-        self._fits: tuple[NodeViews, dict[int, tuple[frozenset[str], Mapping[str, str]]]] | None = None
         # the index is built from node names and labels only: keyed on the nodes mapping (a new
         # one whenever any node changes) and the levels, not on the snapshot version, which
         # every new pod bumps
@@ -86,7 +85,7 @@ class ClusterCache:
         views = self._views.build(snap, self.assumed, self.assumed_version, reservations, version)
         if views is not self._warned_for:  # rebuilt: warn about the nodes whose inputs changed
             self._warned_for = views
-            self._warn_unknown(snap, self._views.changed)
+            self._warn_unknown(snap, self._views.unknown)
         return views
 
     def policies(self) -> list[GpuPolicy]:
@@ -117,62 +116,30 @@ class ClusterCache:
             cached = self._gang_index = (snap.pods, index)
         return sorted(cached[1].get(gang, ()), key=lambda p: p.key)
 
-    def fit(self, views: NodeViews, gpus: int) -> tuple[frozenset[str], Mapping[str, str]]:
-        """Nodes with room for `gpus`, and the reason for each other node, per views object:
-        a 5,000-node filter is then a set lookup per candidate, not a computation. Read from
-        the nodes' classes: no NodeView is made for it."""
-        cached = self._fits
-        if cached is None or cached[0] is not views:
-            cached = self._fits = (views, {})
-        hit = cached[1].get(gpus)
-        if hit is None:
-            fit = views.fitting(gpus)
-            hit = cached[1][gpus] = (fit, _Reasons(views, fit, gpus))
-        return hit
-
-    def _warn_unknown(self, snap: Snapshot, changed: Iterable[str]) -> None:
-        """Log each node's unknown-topology reason once (a node's reason changes only with its
-        inputs, so only the nodes the last build found changed are looked at)."""
+    def _warn_unknown(self, snap: Snapshot, unknown: list[str]) -> None:
+        """Log each node's unknown-topology reason once. A node's reason changes only with its
+        inputs: the nodes of unknown topology the last build found changed are looked at, and
+        the ones warned about before (few), in case they have a topology again."""
         if len(self._warned) > 100_000:
             self._warned.clear()
         nodes = snap.nodes
-        for name in changed:
+        for name in unknown:
             info = nodes.get(name)
-            if info is None:
-                continue
-            if info.topology is None and info.topology_problem:
-                if self._warned.get(name) != info.topology_problem:
-                    self._warned[name] = info.topology_problem
-                    jsonlog.event(
-                        log,
-                        "unknown_topology",
-                        logging.WARNING,
-                        node=name,
-                        reason=info.topology_problem,
-                        effect="GPUs counted only, neutral score",
-                    )
-            elif name in self._warned:
+            problem = info.topology_problem if info is not None and info.topology is None else ""
+            if problem and self._warned.get(name) != problem:
+                self._warned[name] = problem
+                jsonlog.event(
+                    log,
+                    "unknown_topology",
+                    logging.WARNING,
+                    node=name,
+                    reason=problem,
+                    effect="GPUs counted only, neutral score",
+                )
+        for name in list(self._warned):
+            info = nodes.get(name)
+            if info is not None and not (info.topology is None and info.topology_problem):
                 del self._warned[name]
-
-
-class _Reasons(Mapping[str, str]):
-    """Node -> why it has no room for `gpus`, for the nodes not in `fit`; worded when asked
-    (a filter reports only the candidates it was sent), not for every node of every views."""
-
-    def __init__(self, views: NodeViews, fit: frozenset[str], gpus: int) -> None:
-        self._views, self._fit, self._gpus = views, fit, gpus
-
-    def __getitem__(self, node: str) -> str:
-        count = self._views.count(node)
-        if count is None or node in self._fit:
-            raise KeyError(node)
-        return f"needs {self._gpus} GPUs, {count} free"
-
-    def __iter__(self) -> Iterator[str]:
-        return (n for n in self._views if n not in self._fit)
-
-    def __len__(self) -> int:
-        return len(self._views) - len(self._fit)
 
 
 def _caught_up(snap: Snapshot, a: Assumed) -> bool:

@@ -156,13 +156,7 @@ class Extender:
             self._observe_demand(pod)
             if pod.gang is not None and pod.gpus > 0:
                 return self._filter_gang(pod, names, snap, views, now)
-            fit = self.cache.fit(views, pod.gpus) if pod.gpus else None
-        if fit is None:
-            ok = [n for n in names if n in views]
-            failed = {n: "node unknown to gputopo" for n in names if n not in views}
-        else:
-            ok = [n for n in names if n in fit[0]]
-            failed = {n: fit[1].get(n, "node unknown to gputopo") for n in names if n not in fit[0]}
+        ok, failed = views.split(names, pod.gpus)  # per node its class's free count: no views made
         jsonlog.event(
             log,
             "filter",

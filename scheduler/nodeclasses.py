@@ -87,9 +87,25 @@ class NodeViews(Mapping[str, NodeView]):
         c = self._classes.get(name)
         return None if c is None else c.count
 
-    def fitting(self, gpus: int) -> frozenset[str]:
-        """Nodes with at least `gpus` free."""
-        return frozenset(n for n, c in self._classes.items() if c.count >= gpus)
+    def split(self, names: Iterable[str], gpus: int) -> tuple[list[str], dict[str, str]]:
+        """The filter's answer, in one pass over the candidates: those with at least `gpus`
+        free, and the reason for each other one."""
+        ok: list[str] = []
+        failed: dict[str, str] = {}
+        reasons: dict[int, str] = {}
+        classes = self._classes
+        for n in names:
+            c = classes.get(n)
+            if c is None:
+                failed[n] = "node unknown to gputopo"
+            elif c.count >= gpus:
+                ok.append(n)
+            else:
+                why = reasons.get(c.count)
+                if why is None:
+                    why = reasons[c.count] = f"needs {gpus} GPUs, {c.count} free"
+                failed[n] = why
+        return ok, failed
 
     def classes(self, names: Iterable[str]) -> dict[NodeClass, list[str]]:
         """The known nodes among `names`, grouped by class (in first-seen order)."""
