@@ -183,9 +183,9 @@ class ViewBuilder:
         last = self._whole
         if last is not None and last[0] is whole[0] and last[1] is whole[1] and last[2:] == whole[2:]:
             return self._built
-        # A rebuild allocates a few objects per changed node and none that form cycles; left on,
-        # the cycle collector would run a young collection every 700 of them and, at 20,000
-        # nodes, full collections over the whole heap in the middle of the filter.
+        # A rebuild allocates little (new classes, nodes on the general path) and nothing that
+        # forms cycles; the collector stays off meanwhile, so a collection that others' objects
+        # are due (the watch's decoded annotations) does not run in the middle of it.
         collecting = gc.isenabled()
         gc.disable()
         try:
