@@ -75,9 +75,9 @@ class NodeViews(Mapping[str, NodeView]):
     def __eq__(self, other: object) -> bool:
         return self is other
 
-    def made(self, name: str) -> NodeView | None:
-        """The node's view if it was made already (for the next build to carry over)."""
-        return self._made.get(name)
+    def made_views(self) -> Mapping[str, NodeView]:
+        """The views made so far (for the next build to carry over those of unchanged nodes)."""
+        return self._made
 
     def node_class(self, name: str) -> NodeClass | None:
         return self._classes.get(name)

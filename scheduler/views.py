@@ -217,7 +217,8 @@ class ViewBuilder:
         ended = snap.ended
         rejected = self._rejected
         # bound methods as locals: this loop runs per node, 20,000 times in a cold filter
-        count_of, old_info, old_count, made_of = pod_gpus.get, old_nodes.get, old_counts.get, old_built.made
+        count_of, old_info, old_count = pod_gpus.get, old_nodes.get, old_counts.get
+        old_class, made_of = old_classes.get, old_built.made_views().get
         policy_of, class_of = self._policy_of.get, self._classes.get
         for name, info in snap.nodes.items():
             mine = assumed_by_node.get(name) if assumed_by_node else None
@@ -228,10 +229,10 @@ class ViewBuilder:
                 if (
                     old_info(name) is info
                     and old_count(name, 0) == count
-                    and name in old_classes
-                    and name not in old_general
+                    and (kept := old_class(name)) is not None
+                    and not (old_general and name in old_general)
                 ):
-                    out[name] = old_classes[name]
+                    out[name] = kept
                     view = made_of(name)
                     if view is not None:
                         made[name] = view
@@ -269,7 +270,7 @@ class ViewBuilder:
                 gone or frozenset(),
             )
             old = old_general.get(name)
-            view = old_built.made(name) if old is not None else None
+            view = made_of(name) if old is not None else None
             if old is not None and view is not None and old[0][0] is info and old[0][1:] == key[1:]:
                 out[name], made[name], general[name] = old_classes[name], view, old
             else:
