@@ -2,8 +2,8 @@
 
 kube-scheduler calls filter, prioritize and bind thousands of times against a cluster that
 changes far less often, so everything derived from a snapshot is kept per snapshot (or per
-views object) and swapped whole when it changes: the network index, the gang membership index,
-the "which nodes have room for k GPUs" sets. Binds this sidecar made are remembered (as
+views object) and swapped whole when it changes: the views (as node classes, see
+scheduler/nodeclasses.py), the network index, the gang membership index. Binds this sidecar made are remembered (as
 `Assumed`) until the node's annotation shows them, since until then the annotation still
 calls those GPUs free. No decisions are made here; they are the core's.
 """
@@ -11,15 +11,16 @@ calls those GPUs free. No decisions are made here; they are the core's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from gputopo import jsonlog
 from gputopo.gang import NodeView
 from gputopo.network import NetworkIndex
+from gputopo.policy import GpuPolicy
 from gputopo.reservations import Assumed, Reservation
 from scheduler.model import PodInfo, Snapshot
 from scheduler.nodeguard import NodeGuard
-from scheduler.views import ViewBuilder, in_use
+from scheduler.views import NodeViews, ViewBuilder, in_use
 
 log = logging.getLogger("gputopo.scheduler")
 
@@ -36,11 +37,8 @@ class ClusterCache:
         self.assumed_version = 0
         self._views = ViewBuilder(guard)
         self._warned: dict[str, str] = {}
-        self._warned_for: object = None
+        self._warned_for: object = None  # the views object whose nodes were checked
         self._gang_index: tuple[object, dict[str, list[PodInfo]]] | None = None
-        self._fits: (
-            tuple[Mapping[str, NodeView], dict[int, tuple[frozenset[str], Mapping[str, str]]]] | None
-        ) = None
         # the index is built from node names and labels only: keyed on the nodes mapping (a new
         # one whenever any node changes) and the levels, not on the snapshot version, which
         # every new pod bumps
@@ -82,14 +80,17 @@ class ClusterCache:
 
     # ------------------------------------------------------------------ derived views
 
-    def views(
-        self, snap: Snapshot, reservations: Mapping[str, list[Reservation]], version: int
-    ) -> dict[str, NodeView]:
+    def views(self, snap: Snapshot, reservations: Mapping[str, list[Reservation]], version: int) -> NodeViews:
         """NodeViews of every node: free GPUs net of own binds and reservations."""
-        if snap.nodes is not self._warned_for:
-            self._warned_for = snap.nodes
-            self._warn_unknown(snap)
-        return self._views.build(snap, self.assumed, self.assumed_version, reservations, version)
+        views = self._views.build(snap, self.assumed, self.assumed_version, reservations, version)
+        if views is not self._warned_for:  # rebuilt: warn about the nodes whose inputs changed
+            self._warned_for = views
+            self._warn_unknown(snap, self._views.unknown)
+        return views
+
+    def policies(self) -> list[GpuPolicy]:
+        """Every policy object a node's view was made with (one per server model and policy)."""
+        return list(self._views.used_policies.values())
 
     def predict(self, node: str, size: int, view: NodeView | None) -> tuple[int, ...] | None:
         """The GPUs the node's plugin will give a pod of `size` bound now (`ViewBuilder.predict`)."""
@@ -115,55 +116,30 @@ class ClusterCache:
             cached = self._gang_index = (snap.pods, index)
         return sorted(cached[1].get(gang, ()), key=lambda p: p.key)
 
-    def fit(self, views: Mapping[str, NodeView], gpus: int) -> tuple[frozenset[str], Mapping[str, str]]:
-        """Nodes with room for `gpus`, and the reason for each other node, per views object:
-        a 5,000-node filter is then a set lookup per candidate, not a computation."""
-        cached = self._fits
-        if cached is None or cached[0] is not views:
-            cached = self._fits = (views, {})
-        hit = cached[1].get(gpus)
-        if hit is None:
-            fit = frozenset(n for n, v in views.items() if len(v.free) >= gpus)
-            hit = cached[1][gpus] = (fit, _Reasons(views, fit, gpus))
-        return hit
-
-    def _warn_unknown(self, snap: Snapshot) -> None:
+    def _warn_unknown(self, snap: Snapshot, unknown: list[str]) -> None:
+        """Log each node's unknown-topology reason once. A node's reason changes only with its
+        inputs: the nodes of unknown topology the last build found changed are looked at, and
+        the ones warned about before (few), in case they have a topology again."""
         if len(self._warned) > 100_000:
             self._warned.clear()
-        for name, info in snap.nodes.items():
-            if info.topology is None and info.topology_problem:
-                if self._warned.get(name) != info.topology_problem:
-                    self._warned[name] = info.topology_problem
-                    jsonlog.event(
-                        log,
-                        "unknown_topology",
-                        logging.WARNING,
-                        node=name,
-                        reason=info.topology_problem,
-                        effect="GPUs counted only, neutral score",
-                    )
-            elif name in self._warned:
+        nodes = snap.nodes
+        for name in unknown:
+            info = nodes.get(name)
+            problem = info.topology_problem if info is not None and info.topology is None else ""
+            if problem and self._warned.get(name) != problem:
+                self._warned[name] = problem
+                jsonlog.event(
+                    log,
+                    "unknown_topology",
+                    logging.WARNING,
+                    node=name,
+                    reason=problem,
+                    effect="GPUs counted only, neutral score",
+                )
+        for name in list(self._warned):
+            info = nodes.get(name)
+            if info is not None and not (info.topology is None and info.topology_problem):
                 del self._warned[name]
-
-
-class _Reasons(Mapping[str, str]):
-    """Node -> why it has no room for `gpus`, for the nodes not in `fit`; worded when asked
-    (a filter reports only the candidates it was sent), not for every node of every views."""
-
-    def __init__(self, views: Mapping[str, NodeView], fit: frozenset[str], gpus: int) -> None:
-        self._views, self._fit, self._gpus = views, fit, gpus
-
-    def __getitem__(self, node: str) -> str:
-        view = self._views.get(node)
-        if view is None or node in self._fit:
-            raise KeyError(node)
-        return f"needs {self._gpus} GPUs, {len(view.free)} free"
-
-    def __iter__(self) -> Iterator[str]:
-        return (n for n in self._views if n not in self._fit)
-
-    def __len__(self) -> int:
-        return len(self._views) - len(self._fit)
 
 
 def _caught_up(snap: Snapshot, a: Assumed) -> bool:

@@ -27,6 +27,7 @@ from scheduler.cache import ClusterCache
 from scheduler.events import EventSink, NullEvents
 from scheduler.metrics import Metrics
 from scheduler.model import BadInput, PodInfo, Snapshot
+from scheduler.nodeclasses import NodeViews
 from scheduler.nodeguard import NodeGuard
 from scheduler.state import BindError, ClusterState
 
@@ -81,9 +82,7 @@ class Extender:
         self._binding: set[str] = set()  # pods whose API call of a bind is in flight
         self._swept: object = None  # (snapshot version, assumed version) last swept
         # node scores per views object: (views, {(gpus, names): scores}); swapped whole
-        self._scores: (
-            tuple[dict[str, NodeView], dict[tuple[int, tuple[str, ...], int], dict[str, int]]] | None
-        ) = None
+        self._scores: tuple[NodeViews, dict[tuple[int, tuple[str, ...], int], dict[str, int]]] | None = None
 
     @property
     def reservations(self) -> Reservations:
@@ -110,7 +109,7 @@ class Extender:
                 self.events.emit("", e.gang, reason, _event_message(e))
         self.metrics.reservations.set(len(self.gangs.reservations))
 
-    def _current(self, now: float) -> tuple[Snapshot, dict[str, NodeView]]:
+    def _current(self, now: float) -> tuple[Snapshot, NodeViews]:
         """Expire what timed out, break the plans the cluster no longer supports (re-planning
         those whose reserved GPUs were taken), then the snapshot and its views (lock held)."""
         self.gangs.expire(now)
@@ -134,7 +133,7 @@ class Extender:
         self._log_events()
         return snap, views
 
-    def _views(self, snap: Snapshot) -> dict[str, NodeView]:
+    def _views(self, snap: Snapshot) -> NodeViews:
         r = self.gangs.reservations
         return self.cache.views(snap, r.by_node(), r.version)
 
@@ -148,7 +147,7 @@ class Extender:
         need = pod.gang.min_member or snap.min_members.get(gang)
         return GangAsk(gang, pod.key, members, need, pod.gang.required_level, pod.gang.preferred_level)
 
-    def _replan(self, gang: str, snap: Snapshot, views: dict[str, NodeView], now: float, cause: str) -> None:
+    def _replan(self, gang: str, snap: Snapshot, views: NodeViews, now: float, cause: str) -> None:
         """Re-plan a gang's unbound members outside a filter (caller holds the lock)."""
         pending = [m for m in self.cache.members(gang, snap) if m.gpus > 0 and not self.cache.bound_node(m)]
         if pending:
@@ -165,13 +164,7 @@ class Extender:
             self._observe_demand(pod)
             if pod.gang is not None and pod.gpus > 0:
                 return self._filter_gang(pod, names, snap, views, now)
-            fit = self.cache.fit(views, pod.gpus) if pod.gpus else None
-        if fit is None:
-            ok = [n for n in names if n in views]
-            failed = {n: "node unknown to gputopo" for n in names if n not in views}
-        else:
-            ok = [n for n in names if n in fit[0]]
-            failed = {n: fit[1].get(n, "node unknown to gputopo") for n in names if n not in fit[0]}
+        ok, failed = views.split(names, pod.gpus)  # per node its class's free count: no views made
         jsonlog.event(
             log,
             "filter",
@@ -194,7 +187,7 @@ class Extender:
         self.objective.mix.observe(pod.gpus, gang=pod.gang is not None)
 
     def _filter_gang(
-        self, pod: PodInfo, names: Sequence[str], snap: Snapshot, views: dict[str, NodeView], now: float
+        self, pod: PodInfo, names: Sequence[str], snap: Snapshot, views: NodeViews, now: float
     ) -> FilterResult:
         assert pod.gang is not None
         gang = pod.gang.key
@@ -239,13 +232,7 @@ class Extender:
             cached = self._scores = (views, {})
         scores = cached[1].get(key)
         if scores is None:
-            scores = node_scores(
-                pod.gpus,
-                [views[n] for n in names if n in views],
-                memo=self.gangs.memo(),
-                objective=self.objective,
-            )
-            cached[1][key] = scores
+            scores = cached[1][key] = self._scores_of(pod.gpus, names, views)
         jsonlog.event(
             log,
             "prioritize",
@@ -256,6 +243,24 @@ class Extender:
             reason="node objective of the best GPU set, then least disruption",
         )
         return [(n, int(scores.get(n, 0))) for n in names]
+
+    def _scores_of(self, gpus: int, names: Sequence[str], views: NodeViews) -> dict[str, int]:
+        """`node_scores` of the candidates, asked of one node per class: a node's score is a
+        function of its allocator and free set and of the classes present (the ranks), so the
+        answer is the same as over every candidate, at the cost of a few."""
+        with self._lock:
+            # "the best ring this size gets anywhere" over every server of the cluster, as the
+            # simulator's objective knows it, not only the ones that happened to be candidates
+            self.objective.learn(p.exact for p in self.cache.policies())
+        classes = views.classes(names)
+        reps = [views[members[0]] for members in classes.values()]
+        by_rep = node_scores(gpus, reps, memo=self.gangs.memo(), objective=self.objective)
+        scores: dict[str, int] = {}
+        for members in classes.values():
+            score = by_rep[members[0]]
+            for n in members:
+                scores[n] = score
+        return scores
 
     # -------------------------------------------------------------------------------- bind
 

@@ -22,7 +22,7 @@ from scheduler import defaults
 from scheduler.accounting import PodAccounting, record_prediction
 from scheduler.apikinds import Discovery, ExtraKinds, Kind
 from scheduler.binding import create_binding
-from scheduler.kubeobjects import group_min, node_info, parsed_pod, relevant_pod
+from scheduler.kubeobjects import group_min, node_info, parsed_pod, relevant_pod, same_topology
 from scheduler.metrics import Metrics
 from scheduler.model import NodeInfo, PodInfo, Snapshot
 from scheduler.nodeguard import NodeGuard
@@ -214,7 +214,8 @@ class KubeState:
         )
 
     def _replace_nodes(self, items: list[dict[str, Any]]) -> None:
-        infos = [self._node_info(o) for o in items]
+        old = self._nodes  # compared outside the lock: only the nodes' watch thread writes it
+        infos = [same_topology(old.get(i.name), i) for i in (self._node_info(o) for o in items)]
         with self._lock:
             self._nodes = {i.name: i for i in infos if i.name}
             for info in infos:
@@ -225,6 +226,8 @@ class KubeState:
         info = self._node_info(obj)
         if not info.name:
             return
+        if kind != "DELETED":  # outside the lock: only the nodes' watch thread writes the store
+            info = same_topology(self._nodes.get(info.name), info)
         with self._lock:
             if kind == "DELETED":
                 self._nodes.pop(info.name, None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from gputopo import jsonlog
@@ -46,6 +47,30 @@ def node_info(
     if info.topology is None and info.topology_problem:
         stage = "allocatable" if "allocatable" in info.topology_problem else "annotation"
         guard.rejected(name, stage, info.topology_problem, quiet=True)  # extender logs it
+    return info
+
+
+def same_topology(prev: NodeInfo | None, info: NodeInfo) -> NodeInfo:
+    """`info` holding `prev`'s Topology object when the annotation describes the same one.
+
+    A plugin rewrites its node's annotation whenever a GPU is taken or freed, and decoding it
+    makes a new, equal Topology each time. Everything derived from a topology is cached per
+    object (its bandwidth matrix, the node's policy and its probe, the views' classes), so
+    without this every rewrite would make the next filter redo that node's derivations (at
+    5,000 nodes rewritten, ~30 ms of a filter's CPU); with it a rewrite costs the filter a
+    class lookup. A topology that is new to the store gets its bandwidth matrix computed
+    here, in the watch thread, rather than in the first filter after start (~70 % of that
+    filter). Never raises: whatever fails keeps `info` as decoded."""
+    old = prev.topology if prev is not None else None
+    new = info.topology
+    if new is None or (old is not None and old.topology is new.topology):
+        return info
+    try:
+        if old is not None and old.topology == new.topology:
+            return replace(info, topology=replace(new, topology=old.topology))
+        new.topology.bandwidth_mbps  # noqa: B018 (a cached property: computed once, here)
+    except Exception:
+        pass
     return info
 
 

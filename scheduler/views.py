@@ -21,10 +21,12 @@ from gputopo.allocator import AllocationError
 from gputopo.gang import NodeView
 from gputopo.policy import GpuPolicy, PolicyPool
 from gputopo.reservations import Assumed, Reservation
+from gputopo.topology import Topology
 from scheduler.model import NodeInfo, Snapshot
+from scheduler.nodeclasses import NodeClass, NodeViews, Offers
 from scheduler.nodeguard import NodeGuard, describe
 
-__all__ = ["Assumed", "ViewBuilder", "node_view"]
+__all__ = ["Assumed", "NodeViews", "ViewBuilder", "node_view"]
 
 
 def _take(alloc: GpuPolicy | None, free: set[int], count: int) -> set[int]:
@@ -133,26 +135,40 @@ class ViewBuilder:
     """Builds the NodeViews of a whole snapshot, recomputing only the nodes whose inputs changed.
 
     At 5,000 nodes a full rebuild costs more than a filter call may take, while a typical change
-    (a pod asked about, a bind, one node's annotation) touches one node or none."""
+    (a pod asked about, a bind, one node's annotation) touches one node or none. A changed node
+    without own binds, reservations or ended pods (the common case, and all of a filter after
+    every annotation changed) is two lookups: its policy object (per policy and topology object)
+    and its class (`scheduler.nodeclasses`): nodes with the same policy object (one per server
+    model), unhealthy and in-use sets and lag share one, computed once."""
 
     def __init__(self, guard: NodeGuard | None = None) -> None:
         self.policies = PolicyPool()  # each node's chooser: the policy its plugin publishes
         self.allocators = self.policies.allocators
         self.guard = guard or NodeGuard()
         self._whole: tuple | None = None
-        self._views: dict[str, NodeView] = {}
-        self._inputs: dict[str, tuple] = {}
-        self._broken: dict[str, dict[str, str]] = {}
-        #: node -> the GPUs kubelet would offer its plugin now (see `offered`), for prediction
-        self.offered: dict[str, frozenset[int]] = {}
+        self._classes_of: dict[str, NodeClass] = {}  # node -> its class, as of the last build
+        #: nodes with own binds, reservations or ended pods -> (their inputs, conflicts)
+        self._general: dict[str, tuple[tuple, dict[str, str]]] = {}
+        self._built = NodeViews({}, {}, {})
+        #: nodes of unknown topology whose inputs changed in the last build (to warn about)
+        self.unknown: list[str] = []
         #: reservation pod -> reason, for reservations whose GPUs are no longer free (see
         #: broken_reservations); recomputed with the views
         self.conflicts: dict[str, str] = {}
-        #: (policy, id(topology)) -> (that topology, kept alive so the id stays its own; its
-        #: policy object, already probed): a rebuilt node skips the pool's key and the probe
-        self._policy_of: dict[tuple[str, int], tuple[object, GpuPolicy]] = {}
-        #: (GPU count, unhealthy, in use) -> healthy GPUs not in use, shared by the nodes that match
-        self._free_of: dict[tuple[int, frozenset[int], frozenset[int]], frozenset[int]] = {}
+        #: id(topology) -> (that topology, kept alive so the id stays its own; the policy name;
+        #: its policy object, already probed): a node skips the pool's key and the probe
+        self._policy_of: dict[int, tuple[object, str, GpuPolicy]] = {}
+        #: (policy object, unhealthy, in use, lag) or (None, GPU count, free count) for unknown
+        #: topology -> class (see `_class`); bounded, cleared whole when full
+        self._classes: dict[tuple, NodeClass] = {}
+        #: id -> every policy a class was made with (few: one per server model and policy)
+        self.used_policies: dict[int, GpuPolicy] = {}
+        self._rejected: set[str] = set()  # nodes the guard holds a "view" refusal of
+
+    @property
+    def offered(self) -> Offers:
+        """Node -> the GPUs kubelet would offer its plugin now (see `offered`), for prediction."""
+        return Offers(self._classes_of)
 
     def build(
         self,
@@ -161,15 +177,15 @@ class ViewBuilder:
         assumed_version: int,
         reservations_by_node: Mapping[str, list[Reservation]],
         reservations_version: int,
-    ) -> dict[str, NodeView]:
+    ) -> NodeViews:
         bound = frozenset(k for k in assumed if (p := snap.pods.get(k)) is not None and p.node)
         whole = (snap.nodes, snap.pod_gpus, assumed_version, reservations_version, bound, snap.ended)
         last = self._whole
         if last is not None and last[0] is whole[0] and last[1] is whole[1] and last[2:] == whole[2:]:
-            return self._views
-        # A rebuild allocates a few objects per changed node and none that form cycles; left on,
-        # the cycle collector would run a young collection every 700 of them and, at 20,000
-        # nodes, full collections over the whole heap in the middle of the filter.
+            return self._built
+        # A rebuild allocates little (new classes, nodes on the general path) and nothing that
+        # forms cycles; the collector stays off meanwhile, so a collection that others' objects
+        # are due (the watch's decoded annotations) does not run in the middle of it.
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -185,108 +201,140 @@ class ViewBuilder:
         reservations_by_node: Mapping[str, list[Reservation]],
         bound: frozenset[str],
         whole: tuple,
-    ) -> dict[str, NodeView]:
+    ) -> NodeViews:
         assumed_by_node: dict[str, list[Assumed]] = {}
         for a in assumed.values():
             assumed_by_node.setdefault(a.node, []).append(a)
-        views: dict[str, NodeView] = {}
-        inputs: dict[str, tuple] = {}
+        out: dict[str, NodeClass] = {}
+        made: dict[str, NodeView] = {}
+        general: dict[str, tuple[tuple, dict[str, str]]] = {}
+        unknown: list[str] = []
+        conflicts: dict[str, str] = {}
         pod_gpus = snap.pod_gpus
-        broken: dict[str, dict[str, str]] = {}
-        offers: dict[str, frozenset[int]] = {}
-        old_inputs, old_views, old_broken, old_offers = self._inputs, self._views, self._broken, self.offered
+        last = self._whole
+        old_nodes, old_counts = (last[0], last[1]) if last is not None else ({}, {})
+        old_classes, old_general, old_built = self._classes_of, self._general, self._built
         ended = snap.ended
+        rejected = self._rejected
+        # bound methods as locals: this loop runs per node, 20,000 times in a cold filter
+        count_of, old_info, old_count = pod_gpus.get, old_nodes.get, old_counts.get
+        old_class, made_of = old_classes.get, old_built.made_views().get
+        policy_of, class_of = self._policy_of.get, self._classes.get
         for name, info in snap.nodes.items():
             mine = assumed_by_node.get(name) if assumed_by_node else None
             held = reservations_by_node.get(name) if reservations_by_node else None
             gone = ended.get(name) if ended else None
-            old = old_inputs.get(name)
+            count = count_of(name, 0)
             if not (mine or held or gone):  # the common case: the annotation and bound pods only
-                key: tuple = (info, pod_gpus.get(name, 0))
-                if old is not None and old[0] is info and old[1:] == key[1:]:
-                    views[name] = old_views[name]
-                    if name in old_offers:
-                        offers[name] = old_offers[name]
-                else:
-                    plain = self._plain(info, key[1])
-                    if plain is None:  # something failed: the guarded path logs and degrades
-                        views[name], conflicts, offer = self._node(info, self._full(key), bound)
-                    else:
-                        (views[name], offer), conflicts = plain, {}
-                    if conflicts:
-                        broken[name] = conflicts
-                    if offer:
-                        offers[name] = offer
-                inputs[name] = key
+                if (
+                    old_info(name) is info
+                    and old_count(name, 0) == count
+                    and (kept := old_class(name)) is not None
+                    and not (old_general and name in old_general)
+                ):
+                    out[name] = kept
+                    view = made_of(name)
+                    if view is not None:
+                        made[name] = view
+                    continue
+                topo = info.topology
+                cls = None
+                if topo is None:
+                    unknown.append(name)
+                else:  # `_class`'s two lookups, inlined
+                    lag = count - len(topo.allocated) if info.pods_know_allocations else 0
+                    hit = policy_of(id(topo.topology))
+                    if hit is not None and hit[0] is topo.topology and hit[1] == topo.policy:
+                        try:
+                            cls = class_of((hit[2], topo.unhealthy, topo.allocated, lag if lag > 0 else 0))
+                        except TypeError:  # an unhashable set: `_class` fails it and `_node` reports
+                            pass
+                if cls is None:
+                    cls = self._class(info, count)
+                if cls is None:  # something failed: the guarded path logs and degrades
+                    view, _, offer = self._node(info, _full(info, count), bound)
+                    out[name] = NodeClass(view.allocator, view.gpu_count, view.free, offer)
+                    made[name] = view
+                    continue
+                if rejected and name in rejected:
+                    rejected.discard(name)
+                    self.guard.accepted(name, "view")
+                out[name] = cls
                 continue
             key = (
                 info,
-                pod_gpus.get(name, 0),
+                count,
                 tuple(mine) if mine else (),
                 tuple(held) if held else (),
                 bound if mine else frozenset(),
                 gone or frozenset(),
             )
-            if old is not None and old[0] is info and old[1:] == key[1:]:
-                views[name] = old_views[name]
-                if name in old_broken:
-                    broken[name] = old_broken[name]
-                if name in old_offers:
-                    offers[name] = old_offers[name]
+            old = old_general.get(name)
+            view = made_of(name) if old is not None else None
+            if old is not None and view is not None and old[0][0] is info and old[0][1:] == key[1:]:
+                out[name], made[name], general[name] = old_classes[name], view, old
             else:
-                views[name], conflicts, offer = self._node(info, key, bound)
-                if conflicts:
-                    broken[name] = conflicts
-                if offer:
-                    offers[name] = offer
-            inputs[name] = key
-        self._whole, self._views, self._inputs, self._broken = whole, views, inputs, broken
-        self.offered = offers
-        self.conflicts = {pod: why for per_node in broken.values() for pod, why in per_node.items()}
-        return views
+                if info.topology is None:
+                    unknown.append(name)
+                view, found, offer = self._node(info, key, bound)
+                out[name] = NodeClass(view.allocator, view.gpu_count, view.free, offer)
+                made[name], general[name] = view, (key, found)
+            conflicts.update(general[name][1])
+        self._whole, self._classes_of, self._general = whole, out, general
+        self.unknown, self.conflicts = unknown, conflicts
+        self._built = NodeViews(out, snap.nodes, made)
+        return self._built
 
-    @staticmethod
-    def _full(key: tuple) -> tuple:
-        """A common-case key in `_node`'s long form (no own binds, reservations or ended pods)."""
-        return (*key, (), (), frozenset(), frozenset())
-
-    def _plain(self, info: NodeInfo, pod_gpus: int) -> tuple[NodeView, frozenset[int]] | None:
-        """`_node` for a node without own binds, reservations or ended pods, minus its generality:
-        the same view and offer (this is `offered` with nothing assumed, and `_unreserved` with
-        nothing held), about five times cheaper, which is what a filter after every node's
-        annotation changed is made of. None when anything fails, for `_node` to handle."""
+    def _class(self, info: NodeInfo, pod_gpus: int) -> NodeClass | None:
+        """The class of a node without own binds, reservations or ended pods: its view and offer
+        are `node_view`'s and `offered`'s with nothing assumed or held (property-tested against
+        them), computed once per class. None when anything fails, for `_node` to handle."""
         topo = info.topology
         try:
             if topo is None:
                 free_count = max(0, info.gpu_capacity - pod_gpus)
-                view = NodeView(info.name, info.labels, info.gpu_capacity, frozenset(range(free_count)), None)
-                self.guard.accepted(info.name, "view")
-                return view, frozenset()
-            hit = self._policy_of.get((topo.policy, id(topo.topology)))
-            if hit is None or hit[0] is not topo.topology:
-                alloc = self.policies.get(topo.policy, topo.topology)
-                alloc.choose(range(topo.topology.n), 1)  # cached: proves the tables work
-                if len(self._policy_of) > 100_000:
-                    self._policy_of.clear()
-                self._policy_of[(topo.policy, id(topo.topology))] = (topo.topology, alloc)
-            else:
-                alloc = hit[1]
-            n = topo.topology.n
+                key: tuple = (None, info.gpu_capacity, free_count)
+                hit = self._classes.get(key)
+                if hit is None:
+                    hit = NodeClass(None, info.gpu_capacity, frozenset(range(free_count)), frozenset())
+                    self._keep(key, hit)
+                return hit
             allocated = topo.allocated
-            shape = (n, topo.unhealthy, allocated)  # few distinct ones: nodes share the set
-            offer = self._free_of.get(shape)
-            if offer is None:
-                if len(self._free_of) > 100_000:
-                    self._free_of.clear()
-                offer = self._free_of[shape] = frozenset(range(n)) - topo.unhealthy - allocated
-            if info.pods_know_allocations:
-                lag = pod_gpus - len(allocated)
-                if lag > 0:
-                    offer = offer - _take(alloc, set(offer), lag)
-            self.guard.accepted(info.name, "view")
-            return NodeView(info.name, info.labels, n, offer, alloc), offer
+            lag = pod_gpus - len(allocated) if info.pods_know_allocations else 0
+            lag = lag if lag > 0 else 0
+            alloc = self._policy(topo.policy, topo.topology)
+            key = (alloc, topo.unhealthy, allocated, lag)
+            hit = self._classes.get(key)
+            if hit is not None:
+                return hit
+            n = topo.topology.n
+            offer = frozenset(range(n)) - topo.unhealthy - allocated
+            if lag > 0:
+                offer = offer - _take(alloc, set(offer), lag)
+            hit = NodeClass(alloc, n, offer, offer)
+            self._keep(key, hit)
+            return hit
         except Exception:
             return None
+
+    def _keep(self, key: tuple, cls: NodeClass) -> None:
+        if len(self._classes) >= 100_000:  # a class per distinct free set: few, unless churned
+            self._classes.clear()
+        self._classes[key] = cls
+        if cls.allocator is not None:
+            self.used_policies[id(cls.allocator)] = cls.allocator
+
+    def _policy(self, name: str, topology: Topology) -> GpuPolicy:
+        """The node's policy object, probed once per (policy, topology object)."""
+        hit = self._policy_of.get(id(topology))
+        if hit is not None and hit[0] is topology and hit[1] == name:
+            return hit[2]
+        alloc = self.policies.get(name, topology)
+        alloc.choose(range(topology.n), 1)  # cached: proves the tables work
+        if len(self._policy_of) >= 100_000:
+            self._policy_of.clear()
+        self._policy_of[id(topology)] = (topology, name, alloc)
+        return alloc
 
     def _node(
         self, info: NodeInfo, key: tuple, bound: frozenset[str]
@@ -297,8 +345,7 @@ class ViewBuilder:
         try:
             alloc = None
             if info.topology is not None:
-                alloc = self.policies.get(info.topology.policy, info.topology.topology)
-                alloc.choose(range(info.topology.topology.n), 1)  # cached: proves the tables work
+                alloc = self._policy(info.topology.policy, info.topology.topology)
             if info.topology is None:
                 view, offer = node_view(info, None, pod_gpus, mine, held, bound), set()
             else:
@@ -306,10 +353,16 @@ class ViewBuilder:
                 free = frozenset(_unreserved(alloc, offer, held))
                 view = NodeView(info.name, info.labels, info.topology.topology.n, free, alloc)
             conflicts = broken_reservations(info, held, offer) if info.topology is not None else {}
+            if alloc is not None:
+                self.used_policies[id(alloc)] = alloc
+            self._rejected.discard(info.name)
             self.guard.accepted(info.name, "view")
             return view, conflicts, frozenset(offer)
         except Exception as e:
             reason = f"topology unusable: {describe(e)}"
+            if len(self._rejected) >= 100_000:
+                self._rejected.clear()
+            self._rejected.add(info.name)
             self.guard.rejected(info.name, "view", reason, error=True)
             unknown = replace(info, topology=None, topology_problem=reason)
             return node_view(unknown, None, pod_gpus, mine, held, bound), {}, frozenset()
@@ -318,10 +371,15 @@ class ViewBuilder:
         """The GPUs the node's plugin will give a pod of `size` bound now: its allocator's choice
         from what kubelet offers it (reservations included). None when that cannot be told
         (unknown topology, too few offered)."""
-        offer = self.offered.get(node)
+        offer = self._built.offer(node)
         if view is None or view.allocator is None or offer is None or len(offer) < size or size <= 0:
             return None
         try:
             return view.allocator.choose(sorted(offer), size).indices
         except AllocationError:
             return None
+
+
+def _full(info: NodeInfo, pod_gpus: int) -> tuple:
+    """A common-case node's inputs in `_node`'s long form (no own binds, reservations or ended pods)."""
+    return (info, pod_gpus, (), (), frozenset(), frozenset())

@@ -315,3 +315,30 @@ def test_a_binding_call_that_hangs_is_bounded_and_the_pod_can_be_bound_again() -
                 api.bind_gate.set()
             server.stop()
             state.stop()
+
+
+def test_an_annotation_rewrite_keeps_the_nodes_topology_object_and_its_new_in_use_set(live) -> None:
+    """Each rewrite decodes to a new, equal Topology; the store keeps the one it had, so what is
+    derived per topology object (bandwidth matrix, policy, view classes) is not redone for it,
+    while the in-use set, the thing that changed, is the new one. A changed topology is taken."""
+    api, state, _ext, start, clock = live
+    api.put("nodes", fk.node("n1", {LEAF: "l1"}, annotations={KEY: annotation("n1")}))
+    client = start()
+    first = state.snapshot().nodes["n1"].topology
+    assert first is not None
+    api.put("nodes", fk.node("n1", {LEAF: "l1"}, annotations={KEY: annotation("n1", (0, 1, 2))}))
+    clock[0] += 10  # past the snapshot's recheck interval
+    wait_until(lambda: (t := state.snapshot().nodes["n1"].topology) is not None and t.allocated == {0, 1, 2})
+    again = state.snapshot().nodes["n1"].topology
+    assert again is not None and again.topology is first.topology
+    _, out = client.post("/filter", args(fk.pod("ml", "p", 6), ["n1"]))
+    assert out["FailedNodes"] == {"n1": "needs 6 GPUs, 5 free"}
+    other = encode(make("n1", load_preset("dgx1-v100"), generated_at=NOW, plugin_version="0.1.0"))
+    api.put("nodes", fk.node("n1", {LEAF: "l1"}, annotations={KEY: other}))
+    clock[0] += 10
+    wait_until(
+        lambda: (t := state.snapshot().nodes["n1"].topology) is not None and t.topology.name != "dgx-a100"
+    )
+    now = state.snapshot().nodes["n1"].topology
+    assert now is not None and now.topology is not first.topology
+    assert (now.topology.bandwidth_mbps == load_preset("dgx1-v100").bandwidth_mbps).all()

@@ -1,0 +1,147 @@
+"""The views of one snapshot as node classes: nodes that answer every question alike share one.
+
+Two nodes with the same allocator and the same free GPUs get the same answer from every
+decision the core makes for a single pod (room for k GPUs, the best set, its score), which is
+why the simulator keeps its nodes in (topology, free mask) classes (gputopo/sim/state.py). The
+sidecar does the same: a node whose annotation changed costs one class lookup, a filter one
+count comparison, and prioritize scores one node per class (`NodeViews.classes`). The per-node
+`NodeView` the planners read (its name and labels with the class's free set and allocator) is
+made on first read and carried over to the next build while the node stays unchanged, so views
+keep their identity from one build to the next, which the gang planner's memo relies on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+
+from gputopo.gang import NodeView
+from gputopo.policy import GpuPolicy
+from scheduler.model import NodeInfo
+
+
+class NodeClass:
+    """What every node of one class shares: allocator (None = unknown topology), GPU count,
+    free GPUs (net of own binds and reservations), and the GPUs kubelet would offer the node's
+    plugin now (`scheduler.views.offered`; reservations included, empty for unknown topology)."""
+
+    __slots__ = ("allocator", "count", "free", "gpu_count", "offer")
+
+    def __init__(
+        self,
+        allocator: GpuPolicy | None,
+        gpu_count: int,
+        free: frozenset[int],
+        offer: frozenset[int],
+    ) -> None:
+        self.allocator = allocator
+        self.gpu_count = gpu_count
+        self.free = free
+        self.count = len(free)
+        self.offer = offer
+
+
+class NodeViews(Mapping[str, NodeView]):
+    """Node name -> NodeView of one build (read-only); `count` and `classes` answer without
+    making views. Holds per node only its class: a build after every annotation changed
+    allocates nothing per node (no work for the cycle collector in the middle of a filter)."""
+
+    __slots__ = ("_classes", "_infos", "_made")
+
+    def __init__(
+        self, classes: dict[str, NodeClass], infos: Mapping[str, NodeInfo], made: dict[str, NodeView]
+    ) -> None:
+        self._classes = classes
+        self._infos = infos
+        self._made = made  # views already made: those of unchanged nodes carry over
+
+    def __getitem__(self, name: str) -> NodeView:
+        view = self._made.get(name)
+        if view is None:
+            c, info = self._classes[name], self._infos[name]
+            view = self._made[name] = NodeView(info.name, info.labels, c.gpu_count, c.free, c.allocator)
+        return view
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._classes
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._classes)
+
+    def __len__(self) -> int:
+        return len(self._classes)
+
+    __hash__ = object.__hash__  # views objects are compared and cached by identity
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def made_views(self) -> Mapping[str, NodeView]:
+        """The views made so far (for the next build to carry over those of unchanged nodes)."""
+        return self._made
+
+    def node_class(self, name: str) -> NodeClass | None:
+        return self._classes.get(name)
+
+    def count(self, name: str) -> int | None:
+        """How many GPUs of `name` are free (None: unknown to gputopo)."""
+        c = self._classes.get(name)
+        return None if c is None else c.count
+
+    def split(self, names: Iterable[str], gpus: int) -> tuple[list[str], dict[str, str]]:
+        """The filter's answer, in one pass over the candidates: those with at least `gpus`
+        free, and the reason for each other one."""
+        ok: list[str] = []
+        failed: dict[str, str] = {}
+        reasons: dict[int, str] = {}
+        classes = self._classes
+        for n in names:
+            c = classes.get(n)
+            if c is None:
+                failed[n] = "node unknown to gputopo"
+            elif c.count >= gpus:
+                ok.append(n)
+            else:
+                why = reasons.get(c.count)
+                if why is None:
+                    why = reasons[c.count] = f"needs {gpus} GPUs, {c.count} free"
+                failed[n] = why
+        return ok, failed
+
+    def classes(self, names: Iterable[str]) -> dict[NodeClass, list[str]]:
+        """The known nodes among `names`, grouped by class (in first-seen order)."""
+        out: dict[NodeClass, list[str]] = {}
+        classes = self._classes
+        for n in names:
+            c = classes.get(n)
+            if c is not None:
+                members = out.get(c)
+                if members is None:
+                    out[c] = [n]
+                else:
+                    members.append(n)
+        return out
+
+    def offer(self, name: str) -> frozenset[int] | None:
+        c = self._classes.get(name)
+        return None if c is None else c.offer
+
+
+class Offers(Mapping[str, frozenset[int]]):
+    """Node -> the GPUs kubelet would offer its plugin now, for nodes with any (read-only)."""
+
+    __slots__ = ("_classes",)
+
+    def __init__(self, classes: Mapping[str, NodeClass]) -> None:
+        self._classes = classes
+
+    def __getitem__(self, name: str) -> frozenset[int]:
+        offer = self._classes[name].offer
+        if not offer:
+            raise KeyError(name)
+        return offer
+
+    def __iter__(self) -> Iterator[str]:
+        return (n for n, c in self._classes.items() if c.offer)
+
+    def __len__(self) -> int:
+        return sum(1 for c in self._classes.values() if c.offer)
