@@ -49,18 +49,17 @@ def min_nodes_small(domain_id: np.ndarray, count: int, amount: np.ndarray, need:
     for d, a in zip(domain_id.tolist(), amount.tolist(), strict=True):
         if a > 0 or need <= 0:  # nodes without room never complete a positive need
             per[d].append(a)
-    out = [int(NO_K)] * count
-    for d, got in enumerate(per):
-        if not got:
-            continue
-        got.sort(reverse=True)
-        acc = 0
-        for rank, a in enumerate(got, 1):
-            acc += a
-            if acc >= need:
-                out[d] = rank
-                break
-    return np.array(out, dtype=np.int64)
+    return np.array([_fewest(got, need) if got else int(NO_K) for got in per], dtype=np.int64)
+
+
+def _fewest(amounts: list[int], need: int) -> int:
+    """How many of `amounts`, largest first, reach `need` (NO_K if all of them do not)."""
+    acc = 0
+    for rank, a in enumerate(sorted(amounts, reverse=True), 1):
+        acc += a
+        if acc >= need:
+            return rank
+    return int(NO_K)
 
 
 def equal_bounds(
@@ -76,16 +75,7 @@ def equal_bounds(
         dfree[d] += f
         if f >= g:
             slots[d].append(f // g)
-    bound = [int(NO_K)] * count
-    for d, got in enumerate(slots):
-        if dfree[d] >= n * g and sum(got) >= n:
-            got.sort(reverse=True)
-            acc = 0
-            for rank, a in enumerate(got, 1):
-                acc += a
-                if acc >= n:
-                    bound[d] = rank
-                    break
+    bound = [_fewest(got, n) if dfree[d] >= n * g else int(NO_K) for d, got in enumerate(slots)]
     passing = sorted((d for d, b in enumerate(bound) if b != NO_K), key=bound.__getitem__)
     return np.array(dfree, dtype=np.int64), passing, np.array(bound, dtype=np.int64)
 
