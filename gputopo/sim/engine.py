@@ -20,8 +20,9 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from gputopo.allocator import AllocatorPool
 from gputopo.sim.comm import CommModel
@@ -73,10 +74,9 @@ def simulate(
     state = ClusterState(cluster)
     rec = Recorder(cluster, [pool.get(t) for t in cluster.topologies], config.comm)
     started = clock()
-    if config.mode == "fill":
-        never = _fill(state, jobs, policy.place, rec, progress)
-    else:
-        never = _replay(state, jobs, policy.place, rec, progress)
+    ledger = _WholeGpus(state, policy.place)
+    run = run_fill if config.mode == "fill" else run_replay
+    never = run(ledger, jobs, rec, progress)
     if progress is not None:
         progress(sum(len(j.pods) for j in jobs))  # the end, whatever never started
     summary = rec.summary(
@@ -91,29 +91,86 @@ def simulate(
     return replace(summary, extra=figures()) if figures is not None else summary
 
 
-def _fill(
-    state: ClusterState, jobs: Sequence[Job], place: Place, rec: Recorder, progress: Progress | None
-) -> int:
+#: A placed job as the event loop holds it until it leaves: its slots, and what each pod takes
+#: beyond its GPUs (milli-GPUs under --gpu-sharing; nothing for whole GPUs).
+Held = tuple[list[Slot], int]
+
+
+class Ledger(Protocol):
+    """What the event loop needs of the cluster's bookkeeping: whole GPUs (`_WholeGpus` over a
+    ClusterState) or shares (`gputopo.sim.sharing`), so both run the one loop below."""
+
+    def shape(self, job: Job) -> Hashable:
+        """Jobs of one shape fit or fail alike (the queue is kept per shape)."""
+        ...
+
+    def place(self, job: Job) -> Held | Failure:
+        """The policy's answer against the current state, which it leaves unchanged."""
+        ...
+
+    def take(self, held: Held) -> None: ...
+
+    def give(self, held: Held) -> None: ...
+
+    def free(self) -> int:
+        """Free capacity in the unit the failure figures count (GPUs, or milli-GPUs)."""
+        ...
+
+    def tick(self, now: float) -> None:
+        """The simulation's clock before a placement pass (the gang lifecycle runs on it)."""
+        ...
+
+
+class _WholeGpus:
+    """The default run's ledger: whole GPUs in a ClusterState, placed by one policy."""
+
+    def __init__(self, state: ClusterState, place: Place) -> None:
+        self.state = state
+        self._place = place
+
+    def shape(self, job: Job) -> Hashable:
+        return job.pods
+
+    def place(self, job: Job) -> Held | Failure:
+        state = self.state
+        got = self._place(state, job) if state.could_fit(job.pods) else Failure("not enough free GPUs")
+        return got if isinstance(got, Failure) else (got, 0)
+
+    def take(self, held: Held) -> None:
+        for node, gpus in held[0]:
+            self.state.take(node, gpus)
+
+    def give(self, held: Held) -> None:
+        for node, gpus in held[0]:
+            self.state.give(node, gpus)
+
+    def free(self) -> int:
+        return self.state.free_total
+
+    def tick(self, now: float) -> None:
+        self.state.now = now
+
+
+def run_fill(ledger: Ledger, jobs: Sequence[Job], rec: Recorder, progress: Progress | None) -> int:
+    """Fill mode: each job in turn, placed or rejected, never leaving; returns 0 (none queued)."""
     for k, job in enumerate(jobs):
-        got = place(state, job) if state.could_fit(job.pods) else Failure("not enough free GPUs")
+        got = ledger.place(job)
         if isinstance(got, Failure):
             rec.rejected += 1
-            rec.failure(job, float(k), state.free_total, got.admission)
+            rec.failure(job, float(k), ledger.free(), got.admission)
         else:
-            for node, gpus in got:
-                state.take(node, gpus)
-            rec.placed_job(job, got, job.submit)
+            ledger.take(got)
+            rec.placed_job(job, got[0], job.submit)
         if progress is not None and k % 512 == 0:
             progress(k)
     return 0
 
 
-def _replay(
-    state: ClusterState, jobs: Sequence[Job], place: Place, rec: Recorder, progress: Progress | None
-) -> int:
-    departures: list[tuple[float, int, list[tuple[int, tuple[int, ...]]]]] = []
-    queues: dict[tuple[int, ...], deque[int]] = {}
-    blocked: set[tuple[int, ...]] = set()  # shapes that failed since capacity was last freed
+def run_replay(ledger: Ledger, jobs: Sequence[Job], rec: Recorder, progress: Progress | None) -> int:
+    """Replay mode (module docstring): returns how many jobs never started."""
+    departures: list[tuple[float, int, Held]] = []
+    queues: dict[Hashable, deque[int]] = {}
+    blocked: set[Hashable] = set()  # shapes that failed since capacity was last freed
     nxt = 0
     handled = 0
     seq = 0
@@ -125,26 +182,23 @@ def _replay(
         if departures and departures[0][0] <= now:
             blocked.clear()  # only freed GPUs can unblock a shape: placements only take
         while departures and departures[0][0] <= now:
-            _, _, slots = heapq.heappop(departures)
-            for node, gpus in slots:
-                state.give(node, gpus)
-        state.now = now
+            ledger.give(heapq.heappop(departures)[2])
+        ledger.tick(now)
         while nxt < len(jobs) and jobs[nxt].submit <= now:
-            queues.setdefault(jobs[nxt].pods, deque()).append(nxt)
+            queues.setdefault(ledger.shape(jobs[nxt]), deque()).append(nxt)
             nxt += 1
         heads = [(q[0], shape) for shape, q in queues.items() if q and shape not in blocked]
         heapq.heapify(heads)
         while heads:
             idx, shape = heapq.heappop(heads)
             job = jobs[idx]
-            got = place(state, job) if state.could_fit(job.pods) else Failure("not enough free GPUs")
+            got = ledger.place(job)
             if isinstance(got, Failure):
-                rec.failure(job, now, state.free_total, got.admission)
+                rec.failure(job, now, ledger.free(), got.admission)
                 blocked.add(shape)
                 continue
-            for node, gpus in got:
-                state.take(node, gpus)
-            stretch = rec.placed_job(job, got, now)
+            ledger.take(got)
+            stretch = rec.placed_job(job, got[0], now)
             seq += 1
             heapq.heappush(departures, (now + job.duration * stretch, seq, got))
             queue = queues[shape]

@@ -17,24 +17,18 @@ the FGD paper counts it.
 
 from __future__ import annotations
 
-import heapq
-import math
 import random
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from gputopo.allocator import Allocator, AllocatorPool
 from gputopo.sim.comm import CommModel
+from gputopo.sim.engine import RunConfig, run_fill, run_replay
 from gputopo.sim.metrics import Recorder, Summary
 from gputopo.sim.policies import Failure, Slot, build_policy
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
-
-if TYPE_CHECKING:
-    from gputopo.sim.engine import RunConfig
 
 #: One GPU in milli-GPUs.
 WHOLE = 1000
@@ -210,10 +204,8 @@ def simulate_shared(
         figures = getattr(whole, "figures", None)
     rec = ShareRecorder(cluster, [pool.get(t) for t in cluster.topologies], config.comm)
     started = clock()
-    if mode == "fill":
-        never = _fill(book, jobs, place, rec, progress)
-    else:
-        never = _replay(book, jobs, place, rec, progress)
+    run = run_fill if mode == "fill" else run_replay
+    never = run(_Shares(book, place), jobs, rec, progress)
     if progress is not None:
         progress(sum(len(j.pods) for j in jobs))
     summary = rec.shared_summary(
@@ -227,79 +219,30 @@ def simulate_shared(
     return replace(summary, extra=figures()) if figures is not None else summary
 
 
-def _fill(
-    book: ShareBook,
-    jobs: Sequence[Job],
-    place: Place,
-    rec: ShareRecorder,
-    progress: Callable[[int], None] | None,
-) -> int:
-    for k, job in enumerate(jobs):
-        got = place(job)
-        if isinstance(got, Failure):
-            rec.rejected += 1
-            rec.failure(job, float(k), book.free_milli, got.admission)
-        else:
-            slots, milli = got
-            for node, gpus in slots:
-                book.take(node, gpus, milli)
-            rec.placed_job(job, slots, job.submit)
-        if progress is not None and k % 512 == 0:
-            progress(k)
-    return 0
+class _Shares:
+    """The event loop's ledger under sharing (`engine.Ledger`): jobs of one shape are alike only
+    with the same share, every take and give goes through the book with the milli-GPUs each pod
+    takes, and free capacity counts milli-GPUs."""
 
+    def __init__(self, book: ShareBook, place: Place) -> None:
+        self.book = book
+        self.place = place
 
-def _replay(
-    book: ShareBook,
-    jobs: Sequence[Job],
-    place: Place,
-    rec: ShareRecorder,
-    progress: Callable[[int], None] | None,
-) -> int:
-    """engine._replay's loop (queues per shape, the head of each shape tried in arrival order,
-    a failed shape skipped until a departure) with shapes that include the share."""
-    departures: list[tuple[float, int, list[Slot], int]] = []
-    queues: dict[tuple[tuple[int, ...], int], deque[int]] = {}
-    blocked: set[tuple[tuple[int, ...], int]] = set()
-    nxt = handled = seq = 0
-    while nxt < len(jobs) or departures:
-        now = min(
-            jobs[nxt].submit if nxt < len(jobs) else math.inf,
-            departures[0][0] if departures else math.inf,
-        )
-        if departures and departures[0][0] <= now:
-            blocked.clear()
-        while departures and departures[0][0] <= now:
-            _, _, slots, milli = heapq.heappop(departures)
-            for node, gpus in slots:
-                book.give(node, gpus, milli)
-        book.state.now = now  # the sidecar's gang lifecycle runs on the simulation's clock
-        while nxt < len(jobs) and jobs[nxt].submit <= now:
-            queues.setdefault((jobs[nxt].pods, jobs[nxt].milli), deque()).append(nxt)
-            nxt += 1
-        heads = [(q[0], shape) for shape, q in queues.items() if q and shape not in blocked]
-        heapq.heapify(heads)
-        while heads:
-            idx, shape = heapq.heappop(heads)
-            job = jobs[idx]
-            got = place(job)
-            if isinstance(got, Failure):
-                rec.failure(job, now, book.free_milli, got.admission)
-                blocked.add(shape)
-                continue
-            slots, milli = got
-            for node, gpus in slots:
-                book.take(node, gpus, milli)
-            stretch = rec.placed_job(job, slots, now)
-            seq += 1
-            heapq.heappush(departures, (now + job.duration * stretch, seq, slots, milli))
-            queue = queues[shape]
-            queue.popleft()
-            if queue:
-                heapq.heappush(heads, (queue[0], shape))
-            else:
-                del queues[shape]
-            handled += len(job.pods)
-            if progress is not None and handled % 512 < len(job.pods):
-                progress(handled)
-    return sum(len(q) for q in queues.values())
+    def shape(self, job: Job) -> Hashable:
+        return (job.pods, job.milli)
+
+    def take(self, held: tuple[list[Slot], int]) -> None:
+        slots, milli = held
+        for node, gpus in slots:
+            self.book.take(node, gpus, milli)
+
+    def give(self, held: tuple[list[Slot], int]) -> None:
+        slots, milli = held
+        for node, gpus in slots:
+            self.book.give(node, gpus, milli)
+
+    def free(self) -> int:
+        return self.book.free_milli
+
+    def tick(self, now: float) -> None:
+        self.book.state.now = now  # the sidecar's gang lifecycle runs on the simulation's clock
