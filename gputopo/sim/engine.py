@@ -64,7 +64,7 @@ def simulate(
     lifecycle = config.lifecycle
     if config.mode == "fill":  # nothing ever leaves: a gang waiting for its level would wait forever
         lifecycle = replace(lifecycle, spill_after_s=0.0)
-    if config.gpu_sharing:  # its own bookkeeping and loops, off the default run's path
+    if config.gpu_sharing:  # its own bookkeeping (a share ledger), off the default run's path
         from gputopo.sim.sharing import simulate_shared
 
         shared = replace(config, lifecycle=lifecycle)
