@@ -85,6 +85,7 @@ COLUMNS = (
     ("pods at best ring", lambda s: s.best_ring_share, _pct),
     ("gangs in one leaf", lambda s: s.gangs_one_leaf, _pct),
     ("mean queueing", lambda s: s.queue_delay_mean, _secs),
+    ("per GPU asked", lambda s: s.queue_delay_mean_per_gpu, _secs),
     ("demand placed", lambda s: s.demand_placed, _pct),
     ("in use at end (fill)", lambda s: s.allocated_at_end, _pct),
 )

@@ -275,6 +275,8 @@ def test_queueing_split_by_job_size_says_who_waits() -> None:
     assert r.queue_delay_mean_multi == pytest.approx((0 + 80 + 80) / 3)
     # the split is a partition of the mean over every placed job
     assert r.queue_delay_mean == pytest.approx((2 * 45 + 3 * 160 / 3) / 5)
+    # per GPU asked: each wait weighs the job's GPUs (8x0 + 1x90 + 4x80 + 2x80 + 1x0) / 16
+    assert r.queue_delay_mean_per_gpu == pytest.approx(570 / 16)
     from gputopo.sim.report import render_table
 
     row = next(
@@ -287,6 +289,7 @@ def test_queueing_split_by_job_size_says_who_waits() -> None:
     # fill mode has no queue: neither side is defined
     filled = simulate(c, [job(0, (1,), 0, math.inf)], "kubelet-default", RunConfig(mode="fill"))
     assert filled.queue_delay_mean_single is None and filled.queue_delay_mean_multi is None
+    assert filled.queue_delay_mean_per_gpu is None
 
 
 def test_table_says_which_way_is_better() -> None:

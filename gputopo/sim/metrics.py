@@ -58,6 +58,10 @@ class Summary:
     milli_gpus: bool = False  # --gpu-sharing: free_at_first_failure and the shares count milli-GPUs
     queue_delay_mean_single: float | None = None  # mean queueing delay of placed 1-GPU jobs
     queue_delay_mean_multi: float | None = None  # ... of placed jobs of 2 GPUs or more (gangs too)
+    #: mean queueing delay per GPU asked (each job weighs its GPUs): the plain mean counts a
+    #: 1-GPU job as much as a 64-GPU gang, so a policy that starves large jobs on an overloaded
+    #: cluster wins it; this one weighs the demand each wait holds back
+    queue_delay_mean_per_gpu: float | None = None
     extra: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
@@ -78,7 +82,7 @@ class Recorder:
         self.gangs = self.gang_leaf = self.gang_spine = 0
         self.first_failure: tuple[float, int] | None = None
         self.delays: list[float] = []
-        self.single: list[bool] = []  # per entry of `delays`: was it a 1-GPU job
+        self.job_gpus: list[int] = []  # per entry of `delays`: the job's GPUs (1-GPU split, weights)
         self.ideal_gpu_s = self.actual_gpu_s = 0.0
         self.placed = self.rejected = self.admission_failures = self.pods = 0
         self._ideal_level = _ideal_levels(cluster)
@@ -132,7 +136,7 @@ class Recorder:
         self.pods += len(slots)
         self.placed_gpus += job.gpus
         self.delays.append(now - job.submit)
-        self.single.append(job.gpus < 2)
+        self.job_gpus.append(job.gpus)
         nodes = [n for n, _ in slots]
         ring_gbps = ideal_gbps = math.inf
         for node, gpus in slots:
@@ -183,7 +187,8 @@ class Recorder:
 
         delays = np.asarray(self.delays) if timed and self.delays else None
         waited = delays[delays > 0] if delays is not None else None
-        ones = np.asarray(self.single, dtype=bool) if delays is not None else None
+        sizes = np.asarray(self.job_gpus, dtype=np.float64) if delays is not None else None
+        ones = None if sizes is None else sizes < 2
 
         def mean_of(sel: np.ndarray | None) -> float | None:
             return None if delays is None or sel is None or not sel.any() else float(delays[sel].mean())
@@ -224,6 +229,9 @@ class Recorder:
             demand_placed=share(self.placed_gpus, demand),
             queue_delay_mean_single=mean_of(ones),
             queue_delay_mean_multi=None if ones is None else mean_of(~ones),
+            queue_delay_mean_per_gpu=None
+            if delays is None or sizes is None or not sizes.sum()
+            else float((delays * sizes).sum() / sizes.sum()),
         )
 
 

@@ -75,6 +75,7 @@ ROWS: tuple[tuple[str, str, Callable[[Summary], str]], ...] = (
         LOWER,
         lambda s: f"{secs(s.queue_delay_mean_single)} / {secs(s.queue_delay_mean_multi)}",
     ),
+    ("queueing delay, mean per GPU asked", LOWER, lambda s: secs(s.queue_delay_mean_per_gpu)),
     (
         "queueing delay, p95 / p99",
         LOWER,
