@@ -34,6 +34,7 @@ guards it. Decisions come back as values with reasons, and what happened is queu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
@@ -74,6 +75,13 @@ class GangAsk:
     min_member: int | None  # None: the PodGroup is not known (yet)
     required_level: str | None = None
     preferred_level: str | None = None
+    #: how long this gang waits for its own level (gangwait), the pods' gputopo.io/topology-wait;
+    #: None: the tracker's spill_after_s
+    spill_after_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.spill_after_s is not None and not 0 <= self.spill_after_s < math.inf:
+            raise ValueError(f"a gang's spill_after_s must be >= 0 seconds, got {self.spill_after_s!r}")
 
 
 @dataclass(frozen=True)
@@ -310,13 +318,16 @@ class GangTracker:
         )
         bound = {m.node for m in ask.members if m.node}
         offered = [v for n, v in views.items() if n in offer]
-        result: GangPlan | str | None = None if bound else self._waits(spec, offer, offered, index, now)
+        spill = self.spill_after_s if ask.spill_after_s is None else ask.spill_after_s
+        result: GangPlan | str | None = (
+            None if bound else self._waits(spec, offer, offered, index, now, spill)
+        )
         if result is None:
             if self.objective is not None:  # "the best ring a size gets anywhere": every server
                 self.objective.learn({v.allocator.exact for v in views.values() if v.allocator is not None})
             result = self._search(spec, offered, bound, views, index)
             if isinstance(result, GangPlan) and not bound:
-                result = self._hold(spec, result, offered, views, index, now)
+                result = self._hold(spec, result, offered, views, index, now, spill)
         if not isinstance(result, GangPlan):
             back = self._backoff.get(gang)
             delay = self.backoff_s[0] if back is None else min(back.delay * 2, self.backoff_s[1])
@@ -345,14 +356,20 @@ class GangTracker:
         return result
 
     def _waits(
-        self, spec: GangSpec, offer: frozenset[str], offered: list[NodeView], index: NetworkIndex, now: float
+        self,
+        spec: GangSpec,
+        offer: frozenset[str],
+        offered: list[NodeView],
+        index: NetworkIndex,
+        now: float,
+        spill_after_s: float,
     ) -> str | None:
         """Why the gang waits for its own level, found without planning (a gang waiting for a
         leaf is asked again at every change of the cluster), or None: plan, then `_hold`.
         Only where it is the same answer: members of one size (the capacity check is exact),
         and an own level that every offered node carries (so it is the plan's family's too)."""
         waited = now - self._first_seen.get(spec.key, now)
-        if waited >= self.spill_after_s or len({m.gpus for m in spec.members}) != 1:
+        if waited >= spill_after_s or len({m.gpus for m in spec.members}) != 1:
             return None
         key = (id(index), offer, spec.members[0].gpus, len(spec.members), spec.preferred_level)
         hit = self._own.get(key)
@@ -368,7 +385,7 @@ class GangTracker:
         here, anywhere = fits_now(spec, offered, index, (own, CLUSTER))
         if here or not anywhere:
             return None  # the plan is at its own level, or the planner says why nothing fits
-        return wait_reason(spec, own, self.spill_after_s, waited)
+        return wait_reason(spec, own, spill_after_s, waited)
 
     def _hold(
         self,
@@ -378,15 +395,16 @@ class GangTracker:
         views: Mapping[str, NodeView],
         index: NetworkIndex,
         now: float,
+        spill_after_s: float,
     ) -> GangPlan | str:
         """The plan, or why the gang waits for a domain of its own level (`gangwait`)."""
         waited = now - self._first_seen.get(spec.key, now)
-        if waited >= self.spill_after_s:
+        if waited >= spill_after_s:
             return plan
         own = own_level(spec, offered, index, carried(plan, views, index))
         if own is None or level_rank(index, plan.level) <= level_rank(index, own):
             return plan
-        return wait_reason(spec, own, self.spill_after_s, waited)
+        return wait_reason(spec, own, spill_after_s, waited)
 
     def _search(
         self,

@@ -145,7 +145,8 @@ class Extender:
             GangMember(m.key, m.gpus, self.cache.bound_node(m)) for m in self.cache.members(gang, snap)
         )
         need = pod.gang.min_member or snap.min_members.get(gang)
-        return GangAsk(gang, pod.key, members, need, pod.gang.required_level, pod.gang.preferred_level)
+        g = pod.gang
+        return GangAsk(gang, pod.key, members, need, g.required_level, g.preferred_level, g.level_wait_s)
 
     def _replan(self, gang: str, snap: Snapshot, views: NodeViews, now: float, cause: str) -> None:
         """Re-plan a gang's unbound members outside a filter (caller holds the lock)."""

@@ -30,6 +30,7 @@ class GangRef:
     preferred_level: str | None = None
     source: str = ""  # the API that named the gang (scheduler/sources.py)
     level_source: str = ""  # the annotation family the levels came from; "" = none
+    level_wait_s: float | None = None  # gputopo.io/topology-wait; None = the sidecar's default
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,9 @@ def _gang(
         raise BadInput(str(e)) from None
     if g is None:
         return None
-    return GangRef(g.key, g.min_member, g.required_level, g.preferred_level, g.source, g.level_source)
+    return GangRef(
+        g.key, g.min_member, g.required_level, g.preferred_level, g.source, g.level_source, g.level_wait_s
+    )
 
 
 def parse_node_names(args: Mapping[str, Any]) -> tuple[list[str], bool]:

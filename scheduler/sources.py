@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gputopo.network import HOSTNAME, is_label_key
+from gputopo.numerals import duration_s
 
 MAX_MEMBERS = 100_000
 
@@ -50,6 +51,13 @@ LEVEL_ANNOTATIONS: tuple[tuple[str, str, str], ...] = (
     ("kueue", "kueue.x-k8s.io/podset-required-topology", "kueue.x-k8s.io/podset-preferred-topology"),
     ("kai", "kai.scheduler/topology-required-placement", "kai.scheduler/topology-preferred-placement"),
 )
+
+#: How long this gang waits for one domain of its own level before it takes a larger one
+#: (gputopo/gangwait.py), overriding the sidecar's --gang-spill-after: a duration ("300s",
+#: "30m", "1h30m") or seconds. Slurm's `--switches=count@max-time` is the same per-job bound.
+LEVEL_WAIT_ANNOTATION = "gputopo.io/topology-wait"
+#: The longest wait a pod may ask for (the sidecar's own flag has the same bound).
+MAX_LEVEL_WAIT_S = 30 * 86_400.0
 
 # --- gang key prefixes (one key space per API, so equal names never merge two gangs) --------
 K8S_PODGROUP = "podgroup:"
@@ -72,6 +80,23 @@ class PodGang:
     required_level: str | None
     preferred_level: str | None
     level_source: str  # "gputopo", "kueue", "kai" or "" (none: the group object may set one)
+    level_wait_s: float | None = None  # LEVEL_WAIT_ANNOTATION; None: the sidecar's default
+
+
+def level_wait(annotations: Mapping[str, str]) -> float | None:
+    """The pod's LEVEL_WAIT_ANNOTATION in seconds, None when absent; SourceError when set to
+    anything but a duration of at most MAX_LEVEL_WAIT_S (a typo must not mean "the default")."""
+    raw = annotations.get(LEVEL_WAIT_ANNOTATION)
+    if raw is None:
+        return None
+    value = duration_s(raw, max_s=MAX_LEVEL_WAIT_S) if isinstance(raw, str) else None
+    if value is None:
+        shown = raw[:40] if isinstance(raw, str) else raw
+        raise SourceError(
+            f"annotation {LEVEL_WAIT_ANNOTATION} must be a duration such as 300s, 30m or 1h30m "
+            f"(at most {MAX_LEVEL_WAIT_S / 86_400:g} days), got {shown!r}"
+        )
+    return value
 
 
 def _count(raw: object) -> int | None:
@@ -116,7 +141,8 @@ def pod_gang(
     required, preferred, level_source = pod_levels(annotations)
 
     def gang(key: str, source: str, minimum: int | None) -> PodGang:
-        return PodGang(f"{namespace}/{key}", source, minimum, required, preferred, level_source)
+        wait = level_wait(annotations)
+        return PodGang(f"{namespace}/{key}", source, minimum, required, preferred, level_source, wait)
 
     group = spec.get("schedulingGroup")
     if isinstance(group, Mapping) and group.get("podGroupName") is not None:

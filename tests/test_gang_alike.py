@@ -117,3 +117,24 @@ def test_both_wait_for_a_leaf_alike_and_plan_it_alike_once_it_frees(sidecar) -> 
     live = live_plan(ext, client, 8, names)
     assert live == sim_plan(freed, 8)
     assert isinstance(live, list) and {n for n, _ in live} == {"b-n0", "b-n1"}
+
+
+def test_a_pods_topology_wait_overrides_the_sidecars_spill_after(sidecar) -> None:
+    """gputopo.io/topology-wait over real HTTP: "0s" makes this gang take the spine at once
+    where the sidecar's default would wait for a leaf; a malformed value is refused with the
+    annotation named, and nothing is planned."""
+    ext, client = sidecar(WHOLE)
+    names = [n["name"] for n in WHOLE]
+    wait = {"gputopo.io/topology-wait": "0s"}
+    out: dict[str, Any] = {}
+    for i in range(2):
+        pod = fk.pod("ml", f"g-{i}", 8, labels={GROUP: "g"}, annotations=wait)
+        _, out = client.post("/filter", args(pod, names))
+    assert out["NodeNames"], out
+    assert sorted(p.node for p in ext.plans["ml/g"].placements) == ["a-n0", "b-n0"]
+    assert ext.plans["ml/g"].level == SPINE
+    ext, client = sidecar(WHOLE)
+    bad = fk.pod("ml", "g-0", 8, labels={GROUP: "g"}, annotations={"gputopo.io/topology-wait": "soon"})
+    status, out = client.post("/filter", args(bad, names))
+    assert status == 400 and "gputopo.io/topology-wait must be a duration" in out["Error"], (status, out)
+    assert "ml/g" not in ext.plans

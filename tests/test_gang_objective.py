@@ -12,8 +12,10 @@ domain's plan is the exact optimum of (1)-(3) by brute force over assignments.
 
 from __future__ import annotations
 
+import math
 from functools import cache
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -214,6 +216,26 @@ def test_spill_after_zero_spills_at_once_and_bound_members_are_never_held() -> N
     # w-0 is bound on a0 already: w-1 joins it wherever it can, at once
     got = held.filter(ask({0: "a0"}), NAMES, views({"a0", "a1"}), INDEX, 0.0)
     assert isinstance(got, Planned) and got.node == "b0"
+
+
+def test_a_gangs_own_spill_after_overrides_the_trackers() -> None:
+    """gputopo.io/topology-wait reaches the tracker as GangAsk.spill_after_s: one gang spills
+    at once, another waits longer than the tracker's default, and an invalid value is refused."""
+    busy = views({"a1", "b1"})
+    t = GangTracker(TLEVELS, spill_after_s=1e9)
+    members = ask().members
+    at_once = GangAsk("ml/g", "ml/w-1", members, 2, spill_after_s=0.0)
+    assert isinstance(t.filter(at_once, NAMES, busy, INDEX, 0.0), Planned)
+    assert t.plans["ml/g"].level == SPINE
+    patient = GangTracker(TLEVELS, spill_after_s=600.0)
+    longer = GangAsk("ml/g", "ml/w-1", members, 2, spill_after_s=3600.0)
+    assert isinstance(patient.filter(longer, NAMES, busy, INDEX, 1000.0), Wait)
+    got = patient.filter(longer, NAMES, views({"a1", "b1"}), INDEX, 1700.0)  # past 600, not 3600
+    assert isinstance(got, Wait) and "after 3600s of waiting" in got.reason
+    assert isinstance(patient.filter(longer, NAMES, views({"a1", "b1"}), INDEX, 4600.0), Planned)
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="spill_after_s"):
+            GangAsk("ml/g", "ml/w-1", members, 2, spill_after_s=bad)
 
 
 def test_a_gang_too_big_for_any_leaf_does_not_wait() -> None:

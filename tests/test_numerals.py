@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from deviceplugin.filebackend import HealthFileError, parse_health_entry
-from gputopo.numerals import MAX_DIGITS, ascii_uint
+from gputopo.numerals import MAX_DIGITS, ascii_uint, duration_s
 from gputopo.topofile import load_preset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,3 +94,53 @@ def test_sidecar_listen_port_is_ascii(port: str) -> None:
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "expected HOST:PORT" in lines[0], res.stderr
+
+
+# --------------------------------------------------------------------------- durations
+
+_PART = re.compile(r"([0-9]{0,18})(?:\.([0-9]{0,18}))?([hms])", flags=re.ASCII)
+_UNIT_S = {"h": 3600, "m": 60, "s": 1}
+_WAIT_MAX = 30 * 86_400.0
+
+
+def _oracle(text: str) -> float | None:
+    """Durations by a regular expression, independently of the parser's loop."""
+    if not 0 < len(text) <= 32:
+        return None
+    if re.fullmatch(r"[0-9]{1,18}", text, flags=re.ASCII):
+        return float(text) if float(text) <= _WAIT_MAX else None
+    if not re.fullmatch(r"(?:[0-9]{0,18}(?:\.[0-9]{0,18})?[hms])+", text, flags=re.ASCII):
+        return None
+    total = 0.0
+    for whole, frac, unit in _PART.findall(text):
+        if not whole and not frac:
+            return None
+        total += float(f"{whole or 0}.{frac or 0}") * _UNIT_S[unit]
+    return total if total <= _WAIT_MAX else None
+
+
+@given(
+    st.text(alphabet="0123456789.hmsd-+ e", max_size=34)
+    | st.text(alphabet=st.characters(codec="utf-8"), max_size=12)
+    | st.from_regex(r"\A([0-9]{1,4}(\.[0-9]{1,3})?[hms]){1,4}\Z")
+)
+def test_duration_is_total_and_matches_an_independent_reading(text: str) -> None:
+    got = duration_s(text, max_s=_WAIT_MAX)
+    want = _oracle(text)
+    if want is None:
+        assert got is None
+    else:
+        assert got == pytest.approx(want)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("300s", 300), ("5m", 300), ("1h30m", 5400), ("1.5h", 5400), ("0", 0), ("0s", 0), ("90", 90)],
+)
+def test_duration_reads_what_kubernetes_objects_write(text: str, seconds: float) -> None:
+    assert duration_s(text, max_s=_WAIT_MAX) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "-5s", "+5s", "5ms", "1d", "1e3s", "1..5s", "h", "5 m", "721h", "٣s"])
+def test_duration_refuses(text: str) -> None:
+    assert duration_s(text, max_s=_WAIT_MAX) is None

@@ -97,6 +97,20 @@ def test_a_named_but_malformed_source_is_a_clear_refusal(labels, annotations, sp
         gang_of(labels, annotations, spec)
 
 
+def test_topology_wait_is_a_bounded_duration_or_a_refusal() -> None:
+    """gputopo.io/topology-wait: a duration or seconds; a typo is refused, never read as the
+    sidecar's default, and the pods of a gang that sets none carry None."""
+    light = {sources.LIGHT_GROUP_LABEL: "g", sources.LIGHT_MIN_LABEL: "2"}
+    assert gang_of(light).level_wait_s is None
+    for text, seconds in (("300s", 300.0), ("1h30m", 5400.0), ("0", 0.0), ("720h", 30 * 86_400.0)):
+        assert gang_of(light, {sources.LEVEL_WAIT_ANNOTATION: text}).level_wait_s == seconds
+    for bad in ("", "soon", "-5m", "721h", "5 m"):
+        with pytest.raises(BadInput, match="topology-wait must be a duration"):
+            gang_of(light, {sources.LEVEL_WAIT_ANNOTATION: bad})
+    # a pod of no gang: the annotation says nothing and is not read
+    assert gang_of(None, {sources.LEVEL_WAIT_ANNOTATION: "soon"}) is None
+
+
 def test_group_objects_of_each_kind() -> None:
     meta = {"namespace": "ml", "name": "g", "uid": "u1"}
     (k8s,) = sources.groups_k8s_podgroup(
