@@ -1,11 +1,12 @@
 """The optional API kinds the sidecar reads beside Nodes and Pods, found through discovery.
 
 Each kind belongs to an API group a cluster may or may not serve (Kubernetes' alpha Workload
-API, Volcano, Kueue, KAI Scheduler). At every (re)list the group's served versions are looked
-up in the API server's discovery document (`GET /apis`, cached briefly); a group that is not
-served is logged once (`kind_absent`) and retried quietly, never an error. The parsed objects
-feed the snapshot: gang minimums and group-level topology keys are resolved into the pods'
-`GangRef`s, Topology objects into the level list (scheduler/sources.py has the parsers).
+API, Volcano, Kueue, KAI Scheduler's PodGroups and Topologies). At every (re)list the group's
+served versions are looked up in the API server's discovery document (`GET /apis`, cached
+briefly); a group that is not served is logged once (`kind_absent`) and retried quietly, never
+an error. The parsed objects feed the snapshot: gang minimums and group-level topology keys
+are resolved into the pods' `GangRef`s, Topology objects into the level list
+(scheduler/sources.py has the parsers).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("k8s-podgroups", "scheduling.k8s.io", ("v1alpha2",), "podgroups", sources.groups_k8s_podgroup),
     Kind("k8s-workloads", "scheduling.k8s.io", ("v1alpha1",), "workloads", sources.groups_k8s_workload),
     Kind("volcano-podgroups", "scheduling.volcano.sh", ("v1beta1",), "podgroups", sources.groups_volcano),
+    Kind("kai-podgroups", "scheduling.run.ai", ("v2alpha2",), "podgroups", sources.groups_kai),
     Kind("kueue-topologies", "kueue.x-k8s.io", ("v1beta2", "v1beta1", "v1alpha1"), "topologies", None),
     Kind("kai-topologies", "kai.scheduler", ("v1alpha1",), "topologies", None),
 )
@@ -236,9 +238,12 @@ class ExtraKinds:
                 new = g
                 if new.min_member is None:
                     new = replace(new, min_member=group.min_member)
-                if group.required_level and g.level_source != "gputopo":
+                if (group.required_level or group.preferred_level) and g.level_source != "gputopo":
                     new = replace(
-                        new, required_level=group.required_level, preferred_level=None, level_source="group"
+                        new,
+                        required_level=group.required_level,
+                        preferred_level=group.preferred_level,
+                        level_source="group",
                     )
                 if new is not g:
                     changed[key] = replace(p, gang=new)

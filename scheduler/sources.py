@@ -29,7 +29,7 @@ Upstream facts used here (checked against upstream source, see docs/scheduler.md
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gputopo.network import HOSTNAME, is_label_key
@@ -44,6 +44,8 @@ LIGHT_MIN_LABEL = "pod-group.scheduling.sigs.k8s.io/min-available"
 VOLCANO_GROUP_ANNOTATIONS = ("scheduling.k8s.io/group-name", "scheduling.volcano.sh/group-name")
 KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+#: KAI Scheduler's pod grouper writes its PodGroup's name on every pod it groups.
+KAI_GROUP_ANNOTATION = "pod-group-name"
 
 #: Level annotations, first source that sets either of its two keys wins (both values from it).
 LEVEL_ANNOTATIONS: tuple[tuple[str, str, str], ...] = (
@@ -64,6 +66,7 @@ K8S_PODGROUP = "podgroup:"
 K8S_WORKLOAD = "workload:"
 VOLCANO = "volcano:"
 KUEUE = "kueue:"
+KAI = "kai:"
 
 
 class SourceError(ValueError):
@@ -137,7 +140,8 @@ def pod_gang(
     named but malformed (a light label without a usable minimum, a Kueue group without count).
 
     Order: Kubernetes `spec.schedulingGroup` (1.36) > `spec.workloadRef` (1.35) >
-    scheduler-plugins label > light labels > Volcano annotation > Kueue pod group."""
+    scheduler-plugins label > light labels > Volcano annotation > Kueue pod group > KAI
+    Scheduler's `pod-group-name`."""
     required, preferred, level_source = pod_levels(annotations)
 
     def gang(key: str, source: str, minimum: int | None) -> PodGang:
@@ -179,6 +183,11 @@ def pod_gang(
             raw = annotations.get(KUEUE_TOTAL_ANNOTATION, "")
             raise SourceError(f"annotation {KUEUE_TOTAL_ANNOTATION} must be a positive integer, got {raw!r}")
         return gang(KUEUE + name, "kueue pod group", minimum)
+    name = annotations.get(KAI_GROUP_ANNOTATION)
+    if name:
+        if _name(name) is None:
+            raise SourceError(f"annotation {KAI_GROUP_ANNOTATION} must be an object name, got {name[:64]!r}")
+        return gang(KAI + name, "scheduling.run.ai PodGroup", None)
     return None
 
 
@@ -193,6 +202,7 @@ class Group:
     min_member: int
     required_level: str | None = None
     ref: Mapping[str, str] | None = None  # apiVersion, kind, namespace, name, uid: for Events
+    preferred_level: str | None = None  # a level the group prefers (KAI's topologyConstraint)
 
 
 def _meta(obj: Mapping[str, Any]) -> tuple[str, str, str] | None:
@@ -269,6 +279,28 @@ def groups_k8s_workload(obj: Mapping[str, Any], api_version: str) -> list[Group]
 
 def groups_volcano(obj: Mapping[str, Any], api_version: str) -> list[Group]:
     return _min_member_group(obj, api_version, VOLCANO)
+
+
+def groups_kai(obj: Mapping[str, Any], api_version: str) -> list[Group]:
+    """KAI Scheduler's PodGroup: `spec.minMember`, and `spec.topologyConstraint`'s
+    `requiredTopologyLevel` / `preferredTopologyLevel` (node-label keys of its Topology's
+    levels). A PodGroup counted by `minSubGroup` instead of members yields nothing: its pods
+    are placed one by one (sub-groups are not modelled)."""
+    found = _min_member_group(obj, api_version, KAI)
+    if not found:
+        return []
+    constraint = _dig(obj, "spec", "topologyConstraint")
+    required, preferred = (
+        _dig(constraint, "requiredTopologyLevel"),
+        _dig(constraint, "preferredTopologyLevel"),
+    )
+    return [
+        replace(
+            found[0],
+            required_level=required if is_label_key(required) else None,
+            preferred_level=preferred if is_label_key(preferred) else None,
+        )
+    ]
 
 
 def workload_key(gang_key: str) -> str:

@@ -35,6 +35,7 @@ EXTRA_KINDS: dict[str, tuple[str, str, str]] = {
     "k8s-podgroups": ("scheduling.k8s.io", "v1alpha2", "podgroups"),
     "k8s-workloads": ("scheduling.k8s.io", "v1alpha1", "workloads"),
     "volcano-podgroups": ("scheduling.volcano.sh", "v1beta1", "podgroups"),
+    "kai-podgroups": ("scheduling.run.ai", "v2alpha2", "podgroups"),
     "kueue-topologies": ("kueue.x-k8s.io", "v1beta1", "topologies"),
     "kai-topologies": ("kai.scheduler", "v1alpha1", "topologies"),
 }

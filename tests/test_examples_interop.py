@@ -17,6 +17,7 @@ KIND_OF = {
     ("scheduling.k8s.io/v1alpha2", "PodGroup"): "k8s-podgroups",
     ("scheduling.k8s.io/v1alpha1", "Workload"): "k8s-workloads",
     ("scheduling.volcano.sh/v1beta1", "PodGroup"): "volcano-podgroups",
+    ("scheduling.run.ai/v2alpha2", "PodGroup"): "kai-podgroups",
     ("kueue.x-k8s.io/v1beta1", "Topology"): "kueue-topologies",
     ("kai.scheduler/v1alpha1", "Topology"): "kai-topologies",
     ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): "podgroups",
@@ -32,7 +33,7 @@ CASES = {
     "gang-k8s-workload.yaml": ("ml/workload:finetune/workers", None),
     "gang-volcano.yaml": ("ml/volcano:resnet", None),
     "gang-kueue.yaml": ("ml/kueue:kq", "cloud.provider.com/topology-rack"),
-    "gang-kai.yaml": ("ml/kai-job", "cloud.provider.com/topology-rack"),
+    "gang-kai.yaml": ("ml/kai:kai-job", "cloud.provider.com/topology-rack"),
 }
 
 

@@ -224,6 +224,38 @@ def test_kai_topology_annotations_and_kai_topology_levels(live_with) -> None:
     assert one_domain(place_all(live, pods))
 
 
+def test_kai_podgroup_quorum_and_topology_constraint_with_kai_topology_levels(live_with) -> None:
+    """KAI Scheduler's own PodGroup (scheduling.run.ai/v2alpha2): its pods carry only the pod
+    grouper's `pod-group-name` annotation; minMember is the quorum and topologyConstraint's
+    required level pins the gang to one rack."""
+    topo = {
+        "apiVersion": "kai.scheduler/v1alpha1",
+        "kind": "Topology",
+        "metadata": {"name": "cluster"},
+        "spec": {"levels": [{"nodeLabel": BLOCK}, {"nodeLabel": RACK}]},
+    }
+    group = {
+        "apiVersion": "scheduling.run.ai/v2alpha2",
+        "kind": "PodGroup",
+        "metadata": {"namespace": "ml", "name": "pg-train", "uid": "kai-uid"},
+        "spec": {
+            "minMember": 2,
+            "queue": "default-queue",
+            "topologyConstraint": {"topology": "cluster", "requiredTopologyLevel": RACK},
+        },
+    }
+    pods = gang_pods(2, annotations={"pod-group-name": "pg-train"})
+    live = live_with(
+        nodes=two_domains(RACK, {BLOCK: "b1"}),
+        objects=[("kai-topologies", topo), ("kai-podgroups", group)],
+        pods=pods,
+    )
+    gang = live.state.snapshot().pods["ml/w-0"].gang
+    assert (gang.key, gang.min_member, gang.required_level) == ("ml/kai:pg-train", 2, RACK)
+    assert plan_of(live, pods[1], "ml/kai:pg-train")[0] == RACK
+    assert one_domain(place_all(live, pods))
+
+
 def test_topograph_labels_and_the_gpu_clique_are_levels_by_default(live_with) -> None:
     """No Topology object: the recognised defaults. Topograph's accelerator domain groups
     n0,n1; nodes with only NVIDIA's clique label are grouped by their clique."""

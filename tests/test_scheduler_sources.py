@@ -36,20 +36,34 @@ def test_each_source_names_its_gang() -> None:
     assert gang_of(annotations={"scheduling.volcano.sh/group-name": "v"}).key == "ml/volcano:v"
     kq = gang_of(labels={sources.KUEUE_GROUP_LABEL: "k"}, annotations={sources.KUEUE_TOTAL_ANNOTATION: "4"})
     assert (kq.key, kq.min_member) == ("ml/kueue:k", 4)
+    kai = gang_of(annotations={sources.KAI_GROUP_ANNOTATION: "kj"})
+    assert (kai.key, kai.min_member, kai.source) == ("ml/kai:kj", None, "scheduling.run.ai PodGroup")
     assert gang_of() is None
 
 
 def test_gang_precedence_is_one_order() -> None:
-    """schedulingGroup > workloadRef > scheduler-plugins > light labels > Volcano > Kueue."""
+    """schedulingGroup > workloadRef > scheduler-plugins > light labels > Volcano > Kueue > KAI."""
     labels = {
         "scheduling.x-k8s.io/pod-group": "sp",
         sources.LIGHT_GROUP_LABEL: "light",
         sources.LIGHT_MIN_LABEL: "2",
         sources.KUEUE_GROUP_LABEL: "kq",
     }
-    annotations = {"scheduling.k8s.io/group-name": "vc", sources.KUEUE_TOTAL_ANNOTATION: "2"}
+    annotations = {
+        "scheduling.k8s.io/group-name": "vc",
+        sources.KUEUE_TOTAL_ANNOTATION: "2",
+        sources.KAI_GROUP_ANNOTATION: "kj",
+    }
     spec = {"schedulingGroup": {"podGroupName": "pg"}, "workloadRef": {"name": "w", "podGroup": "x"}}
-    order = ["ml/podgroup:pg", "ml/workload:w/x", "ml/sp", "ml/light", "ml/volcano:vc", "ml/kueue:kq"]
+    order = [
+        "ml/podgroup:pg",
+        "ml/workload:w/x",
+        "ml/sp",
+        "ml/light",
+        "ml/volcano:vc",
+        "ml/kueue:kq",
+        "ml/kai:kj",
+    ]
     for expected in order:
         assert gang_of(labels, annotations, spec).key == expected
         # drop the winner: the next one takes over
@@ -61,6 +75,8 @@ def test_gang_precedence_is_one_order() -> None:
             labels.pop(sources.LIGHT_GROUP_LABEL)
         if expected == "ml/volcano:vc":
             annotations.pop("scheduling.k8s.io/group-name")
+        if expected == "ml/kueue:kq":
+            labels.pop(sources.KUEUE_GROUP_LABEL)
 
 
 def test_level_precedence_takes_one_family_whole() -> None:
@@ -84,6 +100,7 @@ def test_level_precedence_takes_one_family_whole() -> None:
         ({}, {}, {"workloadRef": {"name": "w", "podGroup": "a/b"}}, "workloadRef"),
         ({sources.LIGHT_GROUP_LABEL: "g", sources.LIGHT_MIN_LABEL: "0"}, {}, {}, "min-available"),
         ({sources.KUEUE_GROUP_LABEL: "k"}, {}, {}, "pod-group-total-count"),
+        ({}, {sources.KAI_GROUP_ANNOTATION: "a/b"}, {}, "pod-group-name must be an object name"),
         (
             {sources.KUEUE_GROUP_LABEL: "k"},
             {sources.KUEUE_TOTAL_ANNOTATION: "²"},
@@ -151,6 +168,31 @@ def test_group_objects_of_each_kind() -> None:
     assert [(g.key, g.min_member) for g in sources.groups_k8s_workload(wl, "v")] == [("ml/workload:g/a", 2)]
     (vc,) = sources.groups_volcano({"metadata": meta, "spec": {"minMember": 5}}, "v")
     assert (vc.key, vc.min_member) == ("ml/volcano:g", 5)
+    kai_spec = {
+        "minMember": 4,
+        "queue": "team-a",
+        "topologyConstraint": {
+            "topology": "cluster",
+            "requiredTopologyLevel": "x.io/rack",
+            "preferredTopologyLevel": "nvidia.com/gpu.clique",
+        },
+    }
+    (kai,) = sources.groups_kai({"metadata": meta, "spec": kai_spec}, "scheduling.run.ai/v2alpha2")
+    assert (kai.key, kai.min_member, kai.required_level, kai.preferred_level) == (
+        "ml/kai:g",
+        4,
+        "x.io/rack",
+        "nvidia.com/gpu.clique",
+    )
+    assert kai.ref is not None and kai.ref["apiVersion"] == "scheduling.run.ai/v2alpha2"
+    bad_levels = {**kai_spec, "topologyConstraint": {"requiredTopologyLevel": "not a key!"}}
+    (loose,) = sources.groups_kai({"metadata": meta, "spec": bad_levels}, "v")
+    assert (loose.required_level, loose.preferred_level) == (None, None), "a bad key is no level"
+    by_subgroups = {
+        "metadata": meta,
+        "spec": {"minSubGroup": 2, "subGroups": [{"name": "a", "minMember": 1}]},
+    }
+    assert sources.groups_kai(by_subgroups, "v") == [], "counted by sub-groups: not a gang we model"
     assert sources.workload_key("ml/workload:g/a/r1") == "ml/workload:g/a"
     assert sources.workload_key("ml/workload:g/a") == "ml/workload:g/a"
     assert sources.workload_key("ml/g") == "ml/g"
@@ -197,6 +239,8 @@ KEYS = st.sampled_from(
         "spec",
         "metadata",
         "minMember",
+        "topologyConstraint",
+        "requiredTopologyLevel",
         "schedulingPolicy",
         "gang",
         "minCount",
@@ -238,6 +282,7 @@ def test_object_parsers_are_total(obj) -> None:
         sources.groups_k8s_podgroup,
         sources.groups_k8s_workload,
         sources.groups_volcano,
+        sources.groups_kai,
         sources.groups_scheduler_plugins,
     ):
         for g in parse(obj, "g/v"):
