@@ -12,6 +12,8 @@ cluster event that requeues them) and bind one after another; a bind fails with 
 `reservation_ttl_s` of each other expires and is re-planned. The lifecycle runs on its own
 clock inside one placement: the rest of the cluster does not change meanwhile.
 `gang-only` places members one by one with kube-scheduler's choice (no gang planner).
+A gang waiting for a domain of its own level is asked again only when one may hold it now
+(`gputopo.sim.levelwaits`; the tracker's `repeat_wait` answers the rest as a filter would).
 """
 
 from __future__ import annotations
