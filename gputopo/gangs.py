@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 
 from gputopo.clusterobjective import ClusterObjective
 from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, plan_gang
-from gputopo.gangwait import carried, fits_now, level_rank, own_level, wait_reason
-from gputopo.network import CLUSTER, HOSTNAME, NetworkIndex, domain_of
+from gputopo.gangwait import LevelWait, OwnLevels
+from gputopo.network import NetworkIndex, domain_of
 from gputopo.reservations import Reservation, Reservations
 
 #: A plan's capacity is held this long without a bind of one of its members.
@@ -129,6 +129,7 @@ class _Backoff:
     reason: str
     views: object  # the views object the failed plan saw
     offer: frozenset[str] | None
+    level: LevelWait | None = None  # the failure was a wait for the gang's own level
 
 
 class GangTracker:
@@ -159,9 +160,7 @@ class GangTracker:
         self._events: list[Event] = []
         self._memo = ChoiceMemo()
         self._first_seen: dict[str, float] = {}  # gang -> its first member's first filter
-        #: (index, offer, member size, count, preferred level) -> (own level, carried by every
-        #: offered node): `_waits`' answers that depend on capacity and labels only
-        self._own: dict[tuple[object, ...], tuple[str | None, bool, NetworkIndex]] = {}
+        self._own = OwnLevels()  # the gangs' own levels, kept per offer (capacity and labels)
 
     # ------------------------------------------------------------------ events
 
@@ -318,23 +317,20 @@ class GangTracker:
         )
         bound = {m.node for m in ask.members if m.node}
         offered = [v for n, v in views.items() if n in offer]
+        # a gang waiting for its leaf is asked again at every change of the cluster: found
+        # without planning where it is the same answer (`OwnLevels.waits`)
+        since = self._first_seen.get(gang, now)
         spill = self.spill_after_s if ask.spill_after_s is None else ask.spill_after_s
-        result: GangPlan | str | None = (
-            None if bound else self._waits(spec, offer, offered, index, now, spill)
-        )
+        waits = None if bound else self._own.waits(spec, offer, offered, index, since, now, spill)
+        result: GangPlan | str | None = None if waits is None else waits.reason(now)
         if result is None:
             if self.objective is not None:  # "the best ring a size gets anywhere": every server
                 self.objective.learn({v.allocator.exact for v in views.values() if v.allocator is not None})
             result = self._search(spec, offered, bound, views, index)
             if isinstance(result, GangPlan) and not bound:
-                result = self._hold(spec, result, offered, views, index, now, spill)
+                result = self._own.hold(spec, result, offer, offered, views, index, now - since, spill)
         if not isinstance(result, GangPlan):
-            back = self._backoff.get(gang)
-            delay = self.backoff_s[0] if back is None else min(back.delay * 2, self.backoff_s[1])
-            reason = f"gang {gang} does not fit: {result}"
-            self._backoff[gang] = _Backoff(now + delay, delay, reason, views, offer)
-            self._emit("plan_failed", gang, result, members=len(pending), retry_in_s=delay)
-            return Wait(reason, "GangUnschedulable")
+            return self._failed(gang, result, len(pending), views, offer, now, waits)
         self._backoff.pop(gang, None)
         self.plans[gang] = result
         self._offers[gang] = offer
@@ -355,56 +351,49 @@ class GangTracker:
         )
         return result
 
-    def _waits(
+    def _failed(
         self,
-        spec: GangSpec,
+        gang: str,
+        result: str,
+        members: int,
+        views: object,
         offer: frozenset[str],
-        offered: list[NodeView],
-        index: NetworkIndex,
         now: float,
-        spill_after_s: float,
-    ) -> str | None:
-        """Why the gang waits for its own level, found without planning (a gang waiting for a
-        leaf is asked again at every change of the cluster), or None: plan, then `_hold`.
-        Only where it is the same answer: members of one size (the capacity check is exact),
-        and an own level that every offered node carries (so it is the plan's family's too)."""
-        waited = now - self._first_seen.get(spec.key, now)
-        if waited >= spill_after_s or len({m.gpus for m in spec.members}) != 1:
-            return None
-        key = (id(index), offer, spec.members[0].gpus, len(spec.members), spec.preferred_level)
-        hit = self._own.get(key)
-        if hit is None or hit[2] is not index:  # capacity and labels only: alike for every retry
-            if len(self._own) > 10_000:
-                self._own.clear()
-            own = own_level(spec, offered, index)
-            carried_by_all = own == HOSTNAME or (own is not None and all(v.labels.get(own) for v in offered))
-            hit = self._own[key] = (own, carried_by_all, index)  # the index keeps its id its own
-        own, carried_by_all, _ = hit
-        if own is None or own == CLUSTER or not carried_by_all:
-            return None
-        here, anywhere = fits_now(spec, offered, index, (own, CLUSTER))
-        if here or not anywhere:
-            return None  # the plan is at its own level, or the planner says why nothing fits
-        return wait_reason(spec, own, spill_after_s, waited)
+        level: LevelWait | None,
+    ) -> Wait:
+        """A plan that found no room: the back-off for the same question, and the answer."""
+        back = self._backoff.get(gang)
+        delay = self.backoff_s[0] if back is None else min(back.delay * 2, self.backoff_s[1])
+        reason = f"gang {gang} does not fit: {result}"
+        self._backoff[gang] = _Backoff(now + delay, delay, reason, views, offer, level)
+        self._emit("plan_failed", gang, result, members=members, retry_in_s=delay)
+        return Wait(reason, "GangUnschedulable")
 
-    def _hold(
-        self,
-        spec: GangSpec,
-        plan: GangPlan,
-        offered: list[NodeView],
-        views: Mapping[str, NodeView],
-        index: NetworkIndex,
-        now: float,
-        spill_after_s: float,
-    ) -> GangPlan | str:
-        """The plan, or why the gang waits for a domain of its own level (`gangwait`)."""
-        waited = now - self._first_seen.get(spec.key, now)
-        if waited >= spill_after_s:
-            return plan
-        own = own_level(spec, offered, index, carried(plan, views, index))
-        if own is None or level_rank(index, plan.level) <= level_rank(index, own):
-            return plan
-        return wait_reason(spec, own, spill_after_s, waited)
+    def level_wait(self, gang: str) -> LevelWait | None:
+        """What the gang's last plan, a wait for its own level found without planning
+        (`OwnLevels.waits`), can change with (`gangwait.LevelWait`); None after any other answer."""
+        back = self._backoff.get(gang)
+        return None if back is None else back.level
+
+    def repeat_wait(
+        self, gang: str, offer: frozenset[str], views: object, index: NetworkIndex, now: float
+    ) -> Wait | None:
+        """`filter`'s answer and bookkeeping for a gang whose last plan was `level_wait(gang)`,
+        asked again at `now` with the same members over new `views` in which, the caller
+        checked, no domain of that level reached `count` slots and the offer still has them.
+        This checks the rest (spill time, first filter, plan, offer, index); None when the
+        answer could differ: ask `filter` then."""
+        back = self._backoff.get(gang)
+        wait = None if back is None else back.level
+        if back is None or wait is None or gang in self.plans or wait.index is not index:
+            return None
+        if back.offer is not offer and back.offer != offer:
+            return None
+        if self._first_seen.get(gang) != wait.since or wait.spills(now):
+            return None
+        if now < back.until and back.views is views:  # as `filter`'s back-off
+            return Wait(f"{back.reason} (retry in {back.until - now:.0f}s)", "GangUnschedulable")
+        return self._failed(gang, wait.reason(now), wait.count, views, offer, now, wait)
 
     def _search(
         self,

@@ -24,6 +24,7 @@ Pure: no I/O, no clock, no globals.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -90,6 +91,115 @@ def _fits_now_equal(
                 break
         out.append(hit)
     return out
+
+
+class OwnLevels:
+    """The tracker's "wait for the own level?" answers. A gang's own level depends on the
+    offered nodes' capacity and labels only, fixed by an index and an offer (the sidecar
+    builds a new index when its nodes change), so it is kept per (index, offer, member sizes,
+    levels, levels counted): a waiting gang is asked again at every change of the cluster."""
+
+    def __init__(self) -> None:
+        #: key -> (own level, carried by every offered node, the index the key's id is of)
+        self._memo: dict[tuple[object, ...], tuple[str | None, bool, NetworkIndex]] = {}
+
+    def level(
+        self,
+        spec: GangSpec,
+        offer: frozenset[str],
+        offered: Sequence[NodeView],
+        index: NetworkIndex,
+        among: frozenset[str] | None = None,
+    ) -> tuple[str | None, bool]:
+        """`own_level` over `offered` (the views of `offer`), and whether every offered node
+        carries a label of it."""
+        sizes = tuple(sorted(m.gpus for m in spec.members))
+        key = (id(index), offer, sizes, spec.preferred_level, spec.required_level, among)
+        hit = self._memo.get(key)
+        if hit is None or hit[2] is not index:
+            if len(self._memo) > 10_000:
+                self._memo.clear()
+            own = own_level(spec, offered, index, among)
+            by_all = own == HOSTNAME or (own is not None and all(v.labels.get(own) for v in offered))
+            hit = self._memo[key] = (own, by_all, index)  # the index keeps its id its own
+        return hit[0], hit[1]
+
+    def waits(
+        self,
+        spec: GangSpec,
+        offer: frozenset[str],
+        offered: Sequence[NodeView],
+        index: NetworkIndex,
+        since: float,
+        now: float,
+        spill_after_s: float,
+    ) -> LevelWait | None:
+        """Why a gang with no member bound, first filtered at `since`, waits for its own level,
+        found without planning; or None: plan, then `hold`. Only where it is the same answer:
+        members of one size (the capacity check is exact), and an own level that every
+        offered node carries (so it is the plan's family's too)."""
+        if now - since >= spill_after_s or len({m.gpus for m in spec.members}) != 1:
+            return None
+        own, carried_by_all = self.level(spec, offer, offered, index)
+        if own is None or own == CLUSTER or not carried_by_all:
+            return None
+        here, anywhere = fits_now(spec, offered, index, (own, CLUSTER))
+        if here or not anywhere:
+            return None  # the plan is at its own level, or the planner says why nothing fits
+        return LevelWait(spec, own, index, since, spill_after_s)
+
+    def hold(
+        self,
+        spec: GangSpec,
+        plan: GangPlan,
+        offer: frozenset[str],
+        offered: Sequence[NodeView],
+        views: Mapping[str, NodeView],
+        index: NetworkIndex,
+        waited: float,
+        spill_after_s: float,
+    ) -> GangPlan | str:
+        """The plan of a gang with no member bound, or why it waits for a domain of its own
+        level (of the plan's label family, `carried`)."""
+        if waited >= spill_after_s:
+            return plan
+        own, _ = self.level(spec, offer, offered, index, frozenset(carried(plan, views, index)))
+        if own is None or level_rank(index, plan.level) <= level_rank(index, own):
+            return plan
+        return wait_reason(spec, own, spill_after_s, waited)
+
+
+@dataclass(frozen=True)
+class LevelWait:
+    """A gang of members of one size waiting for one domain of `level` (`GangTracker._waits`).
+
+    For the same members and offer the answer can only change when the gang `spills(now)`,
+    when some domain of `level` reaches `count` slots (free GPUs // `size`, per offered node),
+    or when the offered nodes together no longer have `count` slots (the planner then says why
+    nothing fits). Placements only take slots and frees only add them on their own nodes, so a
+    caller that asks again at every change of the cluster (the simulator) can tell from the
+    nodes that changed whether asking could answer otherwise (`GangTracker.repeat_wait`)."""
+
+    spec: GangSpec
+    level: str
+    index: NetworkIndex = field(compare=False, repr=False)  # whose domains of `level` are meant
+    since: float = 0.0  # the gang's first filter (`GangTracker.first_seen`)
+    spill_after_s: float = 0.0
+
+    @property
+    def size(self) -> int:
+        return self.spec.members[0].gpus
+
+    @property
+    def count(self) -> int:
+        return len(self.spec.members)
+
+    def spills(self, now: float) -> bool:
+        """Whether the gang has waited long enough to take a larger level (as `_waits` asks)."""
+        return now - self.since >= self.spill_after_s
+
+    def reason(self, now: float) -> str:
+        return wait_reason(self.spec, self.level, self.spill_after_s, now - self.since)
 
 
 def wait_reason(spec: GangSpec, own: str, spill_after_s: float, waited: float) -> str:

@@ -12,6 +12,8 @@ cluster event that requeues them) and bind one after another; a bind fails with 
 `reservation_ttl_s` of each other expires and is re-planned. The lifecycle runs on its own
 clock inside one placement: the rest of the cluster does not change meanwhile.
 `gang-only` places members one by one with kube-scheduler's choice (no gang planner).
+A gang waiting for a domain of its own level is asked again only when one may hold it now
+(`gputopo.sim.levelwaits`; the tracker's `repeat_wait` answers the rest as a filter would).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from gputopo.gang import ChoiceMemo, NodeView
 from gputopo.gangs import GangAsk, GangMember, GangTracker, Refused, Wait
 from gputopo.network import NetworkIndex
 from gputopo.placement import node_scores
+from gputopo.sim.levelwaits import LevelWaits
 from gputopo.sim.policies import Failure, Slot, place_one_by_one
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
@@ -110,6 +113,7 @@ class SidecarPolicy:
             spill_after_s=self.life.spill_after_s,
         )
         self._arrived: set[int] = set()  # gangs not yet placed whose members all exist
+        self._waiting = LevelWaits(self._names)  # gangs waiting for their own level, as last asked
         self._seen: list[int] = []  # free masks `_all_views` was last brought up to date with
         self._all: dict[str, NodeView] = {}
         self.stats: Counter[str] = Counter()  # counts
@@ -217,6 +221,13 @@ class SidecarPolicy:
     def _lifecycle(self, state: ClusterState, job: Job) -> list[Slot] | Failure:
         gang = f"sim/job-{job.id}"
         t, n = self.tracker, len(job.pods)
+        if self._waiting.unchanged(job.id, state) is not None:  # the same members, asked again
+            # a new views object, as `_all_views` gives each placement: no back-off answers
+            again = t.repeat_wait(gang, self._offer, {}, self._net, state.now)
+            if again is not None:
+                self._count(t.drain())
+                return Failure(again.reason)
+            self._waiting.forget(job.id)
         pods = [f"{gang}-{k}" for k in range(n)]
         where: dict[str, str] = {}
         members = [GangMember(pods[i], job.pods[i], "") for i in range(n)]  # node: once bound
@@ -240,6 +251,7 @@ class SidecarPolicy:
                 now = base + times[-1] - times[0]
         first = t.filter(ask(n - 1), self._offer, views, self._net, now)
         if isinstance(first, Wait):
+            self._waiting.park(job.id, t.level_wait(gang), state)
             self._count(t.drain())
             return Failure(first.reason)
         queue = [(now, 0, n - 1)] + [(now + POD_BACKOFF_S[0], k + 1, k) for k in range(n - 1)]
