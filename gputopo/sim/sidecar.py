@@ -103,6 +103,8 @@ class SidecarPolicy:
         self._parts: dict[tuple[tuple[int, int], int], _Part] = {}  # (class, size) -> `_part`
         self._parts_learned = -1
         self._good: dict[tuple[tuple[int, int], int], tuple[object, ...]] = {}  # see `_good_key`
+        #: `_by_room`'s answers that hold for every mix version (`_best_classes`)
+        self._static: dict[tuple[int, frozenset[tuple[int, int]]], tuple[tuple[int, int], ...]] = {}
         self._index = {node.name: i for i, node in enumerate(cluster.nodes)}
         self._names = [node.name for node in cluster.nodes]
         self._offer = frozenset(self._names)  # every node, as kube-scheduler offers them
@@ -180,9 +182,12 @@ class SidecarPolicy:
                 self._by_room.clear()
             room = [c for c in classes if c[1].bit_count() >= size]
             by_room = (size, frozenset(room))  # fewer sets than of every class: shared
-            top = self._by_room.get(by_room)
+            top = self._by_room.get(by_room) or self._static.get(by_room)
             if top is None:
-                top = self._by_room[by_room] = self._best_classes(room, size) if room else ()
+                top, static = self._best_classes(room, size)
+                if static and len(self._static) > 50_000:
+                    self._static.clear()
+                (self._static if static else self._by_room)[by_room] = top
             self._tops[key] = top
         if not top:
             return Failure(f"no node has {size} free GPUs")
@@ -208,28 +213,37 @@ class SidecarPolicy:
         self._tops_version = self.objective.mix.version
         if self.objective.learned != self._parts_learned:
             self._parts.clear()
+            self._static.clear()
             self._parts_learned = self.objective.learned
 
-    def _best_classes(self, room: list[tuple[int, int]], size: int) -> tuple[tuple[int, int], ...]:
+    def _best_classes(
+        self, room: list[tuple[int, int]], size: int
+    ) -> tuple[tuple[tuple[int, int], ...], bool]:
         """The classes of `room` at kube-scheduler's best total (`kubesched.select_host`), in
-        `room`'s order."""
-        totals = self._class_totals(room, size)
+        `room`'s order, and whether that holds for every mix version: when at most one class is
+        good enough, no cost (the only part of a key that depends on the mix) decides a rank."""
+        if not room:
+            return (), True
+        totals, good = self._class_totals(room, size)
         best = max(totals)
-        return tuple(c for c, t in zip(room, totals, strict=True) if t == best)
+        return tuple(c for c, t in zip(room, totals, strict=True) if t == best), good <= 1
 
-    def _class_totals(self, room: list[tuple[int, int]], size: int) -> list[int]:
+    def _class_totals(self, room: list[tuple[int, int]], size: int) -> tuple[list[int], int]:
         """kube-scheduler's total per class of `room` (non-empty classes with room for `size`):
         `placement.node_scores` with the objective over one node per class, through the same
-        steps (`ClusterObjective.floor`, `key`, `placement.rank_scores`), from each class's
-        parts that do not depend on the other classes (`_part`, `_good_key`)."""
+        steps (`ClusterObjective.floor`, `key`, `placement.scores_in_order`), from each class's
+        parts that do not depend on the other classes (`_part`, `_good_key`); and how many
+        classes are good enough."""
         parts, good = self._parts, self._good
         got = [parts.get((c, size)) or self._part(c, size) for c in room]
         floor = self.objective.floor(p[0] for p in got)
+        ok = [p[0] >= floor for p in got]
         keys = [
-            (good.get((c, size)) or self._good_key(c, size, p)) if p[0] >= floor else p[2]
-            for c, p in zip(room, got, strict=True)
+            (good.get((c, size)) or self._good_key(c, size, p)) if fine else p[2]
+            for c, p, fine in zip(room, got, ok, strict=True)
         ]
-        return [p[4][score] for score, p in zip(scores_in_order(keys), got, strict=True)]
+        totals = [p[4][score] for score, p in zip(scores_in_order(keys), got, strict=True)]
+        return totals, sum(ok)
 
     def _part(self, c: tuple[int, int], size: int) -> _Part:
         """What a class's score is made of that depends neither on the other classes nor on the
