@@ -202,7 +202,7 @@ class SidecarPolicy:
                 pick -= len(classes[chosen])
         members = classes[chosen]
         node = sorted(members)[self.rng.randrange(len(members))] if len(members) > 1 else min(members)
-        return node, self._parts[(chosen, size)][3]
+        return node, (self._parts.get((chosen, size)) or self._part(chosen, size))[3]  # may be bounded away
 
     def _renew(self) -> None:
         """A new demand mix version: every answer and good-enough key goes (an older mix is
