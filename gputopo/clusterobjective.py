@@ -203,22 +203,41 @@ class ClusterObjective:
         """A comparable key (larger is better) per (allocator, free set) that fits `gpus`,
         given the allocator's choice on it."""
         self.learn(p.exact for p, _ in candidates)
+        eff = {kind: self.efficiency(gpus, c.ring_mbps) for kind, c in candidates.items()}
+        floor = self.floor(eff.values())
+        out: dict[tuple[GpuPolicy, frozenset[int]], tuple[object, ...]] = {}
+        for (policy, free), choice in candidates.items():
+            e = eff[(policy, free)]
+            out[(policy, free)] = self.key(gpus, policy, free, choice, e, e >= floor)
+        return out
+
+    @property
+    def learned(self) -> int:
+        """How many servers `learn` has folded in: efficiencies (`efficiency`) change only
+        when this does, so a caller may keep them, with the mix version for the costs."""
+        return len(self._seen)
+
+    def floor(self, effs: Iterable[float]) -> float:
+        """The least efficiency that is good enough (`keys`' step 1: a candidate of efficiency
+        `e` is when `e >= floor`) among candidates of these efficiencies. Called once per
+        ranking: it also keeps the memos bounded."""
         if len(self._values) > 200_000:
             self._values.clear()
         if len(self._costs) > 200_000:
             self._costs.clear()
         if len(self._terms) > 200_000:
             self._terms.clear()
-        eff = {kind: self.efficiency(gpus, c.ring_mbps) for kind, c in candidates.items()}
-        top = max(eff.values(), default=1.0)
-        out: dict[tuple[GpuPolicy, frozenset[int]], tuple[object, ...]] = {}
-        for (policy, free), choice in candidates.items():
-            alloc = policy.exact
-            e = eff[(policy, free)]
-            ok = e >= (1 - self.band) * top
-            second = self._cost(alloc, free, choice) if ok else round(e, 6)
-            out[(policy, free)] = (ok, second, single_key(free, choice, gpus))
-        return out
+        return (1 - self.band) * max(effs, default=1.0)
+
+    def key(
+        self, gpus: int, policy: GpuPolicy, free: frozenset[int], choice: Choice, eff: float, ok: bool
+    ) -> tuple[object, ...]:
+        """One candidate's key in `keys` given its efficiency `eff` (`efficiency` of its
+        choice's ring) and whether it is good enough (`eff >= floor` of the ranking): the
+        candidates meet only through the floor, the rest is the candidate's own (a function of
+        the allocator, the sets and the mix version)."""
+        second = self._cost(policy.exact, free, choice) if ok else round(eff, 6)
+        return (ok, second, single_key(free, choice, gpus))
 
     def take_cost(self, policy: GpuPolicy, free: frozenset[int], taken: Iterable[int]) -> float:
         """What taking `taken` out of a node's `free` GPUs costs future demand: `keys`' least

@@ -11,7 +11,7 @@ Pure: no I/O, no clock, no globals.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gputopo.allocator import Choice
 from gputopo.nodeview import ChoiceMemo, NodeView, Placement
@@ -27,6 +27,8 @@ MAX_SCORE = 10
 
 #: A known-topology node's order for one pod (larger first): see `single_key`.
 _Key = tuple[int, int, tuple[tuple[int, int, int], ...], int]
+#: A node's key in `rank_scores`: any comparable tuple (larger is better).
+K = TypeVar("K", bound=tuple[Any, ...])
 
 
 def single_key(free: frozenset[int], choice: Choice, gpus: int) -> _Key:
@@ -67,15 +69,49 @@ def node_scores(
         keyed = objective.keys(gpus, {(a, free): memo.choose(a, free, gpus) for a, free in kinds})
     else:
         keyed = {(a, free): single_key(free, memo.choose(a, free, gpus), gpus) for a, free in kinds}
-    distinct = sorted(set(keyed.values()), reverse=True)
-    span = len(distinct) - 1
-    rank = {key: r for r, key in enumerate(distinct)}
+    score_of = rank_scores(keyed.values())
     for kind, names in kinds.items():
-        r = rank[keyed[kind]]
-        score = MAX_SCORE if span == 0 else 1 + round((MAX_SCORE - 1) * (span - r) / span)
+        score = score_of[keyed[kind]]
         for name in names:
             scores[name] = score
     return scores
+
+
+def rank_scores(keys: Iterable[K]) -> dict[K, int]:
+    """`node_scores`' 0..10 per distinct key (larger keys are better): the best gets 10, the
+    worst 1, the rest evenly between by rank; a single distinct key gets 10. Only the set of
+    keys matters (not their order or repeats)."""
+    distinct = sorted(set(keys), reverse=True)
+    return dict(zip(distinct, _scaled(len(distinct)), strict=True))
+
+
+def scores_in_order(keys: Sequence[K]) -> list[int]:
+    """`rank_scores`' score of each of `keys`, in their order: the simulated sidecar asks it of
+    one node per class of identical nodes. Ranked by sorting positions (keys compare, never
+    hash: they are nested tuples, and a few of them are asked for at a time)."""
+    order = sorted(range(len(keys)), key=keys.__getitem__, reverse=True)
+    rank = [0] * len(keys)
+    r = 0
+    for i in range(1, len(order)):
+        if keys[order[i]] != keys[order[i - 1]]:
+            r += 1
+        rank[order[i]] = r
+    if not keys:
+        return []
+    scaled = _SCALED[r] if r < len(_SCALED) else _scaled(r + 1)
+    return [scaled[x] for x in rank]
+
+
+def _scaled(distinct: int) -> tuple[int, ...]:
+    """The score of each rank 0..distinct-1: 10 for the best, 1 for the worst, evenly between."""
+    span = distinct - 1
+    if span == 0:
+        return (MAX_SCORE,)
+    return tuple(1 + round((MAX_SCORE - 1) * (span - r) / span) for r in range(distinct))
+
+
+#: `_scaled(r + 1)` for r distinct keys past the first, up to a few dozen (a constant table).
+_SCALED = tuple(_scaled(d) for d in range(1, 65))
 
 
 def place_pod(

@@ -202,9 +202,8 @@ def _decisions(cluster: SimCluster, seed: int, cold: bool) -> list[object]:
         return got
 
     def emptied(self: sidecar.SidecarPolicy, state: ClusterState, size: int) -> Slot | Failure:
-        self._totals.clear()
-        self._gpus.clear()
-        self._views.clear()
+        for cache in (self._tops, self._by_room, self._static, self._parts, self._good, self._views):
+            cache.clear()
         self.objective = ClusterObjective(self.objective.mix)
         self.objective.learn(self.allocators)
         return place_pod(self, state, size)

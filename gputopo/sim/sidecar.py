@@ -26,12 +26,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gputopo import gangs, kubesched
-from gputopo.allocator import Allocator
+from gputopo.allocator import Allocator, Choice
 from gputopo.clusterobjective import ClusterObjective, DemandMix
 from gputopo.gang import ChoiceMemo, NodeView
 from gputopo.gangs import GangAsk, GangMember, GangTracker, Refused, Wait
 from gputopo.network import NetworkIndex
-from gputopo.placement import node_scores
+from gputopo.placement import MAX_SCORE, scores_in_order
 from gputopo.sim.levelwaits import LevelWaits
 from gputopo.sim.policies import Failure, Slot, place_one_by_one
 from gputopo.sim.state import ClusterState, SimCluster
@@ -41,6 +41,8 @@ from gputopo.sim.workload import Job
 POD_BACKOFF_S = (1.0, 10.0)
 #: Binds tried per member within one placement before the gang is put back in the queue.
 MAX_ATTEMPTS = 100
+#: A class's parts of its single-pod score (`SidecarPolicy._part`).
+_Part = tuple[float, Choice, tuple[object, ...], tuple[int, ...], tuple[int, ...], Allocator, frozenset[int]]
 
 
 @dataclass(frozen=True)
@@ -95,13 +97,17 @@ class SidecarPolicy:
         self.objective.learn(allocators)
         self._seen_jobs: set[int] = set()
         self._views: dict[tuple[int, int], NodeView] = {}
-        #: (pod size, the classes with room) -> class -> (kube-scheduler's total, the GPU set
-        #: the node would give), for the demand mix version `_totals_version`: see `place_pod`
-        self._totals: dict[
-            tuple[int, frozenset[tuple[int, int]]], dict[tuple[int, int], tuple[int, tuple[int, ...]]]
-        ] = {}
-        self._totals_version = -1
-        self._gpus: dict[tuple[tuple[int, int], int], tuple[int, ...]] = {}  # (class, size) -> GPU set
+        #: (pod size, the classes present) -> the classes at kube-scheduler's best total, for
+        #: the demand mix version `_tops_version` (`place_pod`); `_by_room` the same keyed on
+        #: the classes with room
+        self._tops: dict[tuple[int, frozenset[tuple[int, int]]], tuple[tuple[int, int], ...]] = {}
+        self._by_room: dict[tuple[int, frozenset[tuple[int, int]]], tuple[tuple[int, int], ...]] = {}
+        self._tops_version = -1
+        self._parts: dict[tuple[tuple[int, int], int], _Part] = {}  # (class, size) -> `_part`
+        self._parts_learned = -1
+        self._good: dict[tuple[tuple[int, int], int], tuple[object, ...]] = {}  # see `_good_key`
+        #: `_by_room`'s answers that hold for every mix version (`_best_classes`)
+        self._static: dict[tuple[int, frozenset[tuple[int, int]]], tuple[tuple[int, int], ...]] = {}
         self._index = {node.name: i for i, node in enumerate(cluster.nodes)}
         self._names = [node.name for node in cluster.nodes]
         self._offer = frozenset(self._names)  # every node, as kube-scheduler offers them
@@ -163,48 +169,119 @@ class SidecarPolicy:
 
     def place_pod(self, state: ClusterState, size: int) -> Slot | Failure:
         """kube-scheduler's choice among the nodes with room, given the extender's scores."""
-        # A class's total depends on its (topology, free mask) and on which other classes are
-        # scored with it (scores are ranks over the set, whatever its order), not on its members:
-        # the totals are kept per set of classes with room and per demand mix version, and only
-        # the order (the state's, which decides ties) and the counts are read fresh.
+        # Which classes kube-scheduler's best total falls on is a function of the pod size, the
+        # set of classes present (the classes with room follow from it), the demand mix version
+        # and the servers the objective knows (`_best_classes`), not of the classes' members: it
+        # is kept per set, and only the order (the state's, which decides ties) and the counts
+        # are read fresh.
         classes = state.classes
-        room = [key for key in classes if key[1].bit_count() >= size]
-        if not room:
+        objective = self.objective
+        if objective.mix.version != self._tops_version or objective.learned != self._parts_learned:
+            self._renew()
+        key = (size, frozenset(classes))
+        top = self._tops.get(key)
+        if top is None:
+            if len(self._tops) > 50_000:
+                self._tops.clear()
+                self._by_room.clear()
+            room = [c for c in classes if c[1].bit_count() >= size]
+            by_room = (size, frozenset(room))  # fewer sets than of every class: shared
+            top = self._by_room.get(by_room) or self._static.get(by_room)
+            if top is None:
+                top, static = self._best_classes(room, size)
+                if static and len(self._static) > 50_000:
+                    self._static.clear()
+                (self._static if static else self._by_room)[by_room] = top
+            self._tops[key] = top
+        if not top:
             return Failure(f"no node has {size} free GPUs")
-        version = self.objective.mix.version
-        if version != self._totals_version or len(self._totals) > 50_000:
-            self._totals.clear()  # totals of an older mix are never asked for again
-            self._totals_version = version
-        key = (size, frozenset(room))
-        totals = self._totals.get(key)
-        if totals is None:
-            totals = self._totals[key] = self._score(classes, room, size)
-        k = kubesched.select_host([(totals[c][0], len(classes[c])) for c in room], self.rng)
-        chosen = room[k]
+        if len(top) == 1:
+            chosen = top[0]
+        else:  # kubesched.select_host over the tied classes, in the state's order
+            tied = [c for c in classes if c in top]
+            pick = self.rng.randrange(sum(len(classes[c]) for c in tied))
+            for chosen in tied:
+                if pick < len(classes[chosen]):
+                    break
+                pick -= len(classes[chosen])
         members = classes[chosen]
         node = sorted(members)[self.rng.randrange(len(members))] if len(members) > 1 else min(members)
-        return node, totals[chosen][1]
+        return node, (self._parts.get((chosen, size)) or self._part(chosen, size))[3]  # may be bounded away
 
-    def _score(
-        self, classes: dict[tuple[int, int], set[int]], room: list[tuple[int, int]], size: int
-    ) -> dict[tuple[int, int], tuple[int, tuple[int, ...]]]:
-        """kube-scheduler's total per class with room (one node's view stands for its class)
-        and the GPU set the allocator gives on it."""
-        views = [self._view(min(classes[c]), c[1]) for c in room]
-        scores = node_scores(size, views, memo=self._memo, objective=self.objective)
-        total = kubesched.total_score
-        out: dict[tuple[int, int], tuple[int, tuple[int, ...]]] = {}
-        for c, v in zip(room, views, strict=True):
-            gpus = self._gpus.get((c, size))
-            if gpus is None:
-                assert v.allocator is not None
-                if len(self._gpus) > 100_000:
-                    self._gpus.clear()
-                gpus = self._gpus[(c, size)] = tuple(
-                    sorted(self._memo.choose(v.allocator, v.free, size).indices)
-                )
-            out[c] = (total(scores[v.name], len(v.free) - size, v.gpu_count), gpus)
-        return out
+    def _renew(self) -> None:
+        """A new demand mix version: every answer and good-enough key goes (an older mix is
+        never asked for again); a newly learned server: the classes' parts too."""
+        self._tops.clear()
+        self._by_room.clear()
+        self._good.clear()
+        self._tops_version = self.objective.mix.version
+        if self.objective.learned != self._parts_learned:
+            self._parts.clear()
+            self._static.clear()
+            self._parts_learned = self.objective.learned
+
+    def _best_classes(
+        self, room: list[tuple[int, int]], size: int
+    ) -> tuple[tuple[tuple[int, int], ...], bool]:
+        """The classes of `room` at kube-scheduler's best total (`kubesched.select_host`), in
+        `room`'s order, and whether that holds for every mix version: when at most one class is
+        good enough, no cost (the only part of a key that depends on the mix) decides a rank."""
+        if not room:
+            return (), True
+        totals, good = self._class_totals(room, size)
+        best = max(totals)
+        return tuple(c for c, t in zip(room, totals, strict=True) if t == best), good <= 1
+
+    def _class_totals(self, room: list[tuple[int, int]], size: int) -> tuple[list[int], int]:
+        """kube-scheduler's total per class of `room` (non-empty classes with room for `size`):
+        `placement.node_scores` with the objective over one node per class, through the same
+        steps (`ClusterObjective.floor`, `key`, `placement.scores_in_order`), from each class's
+        parts that do not depend on the other classes (`_part`, `_good_key`); and how many
+        classes are good enough."""
+        parts, good = self._parts, self._good
+        got = [parts.get((c, size)) or self._part(c, size) for c in room]
+        floor = self.objective.floor(p[0] for p in got)
+        ok = [p[0] >= floor for p in got]
+        keys = [
+            (good.get((c, size)) or self._good_key(c, size, p)) if fine else p[2]
+            for c, p, fine in zip(room, got, ok, strict=True)
+        ]
+        totals = [p[4][score] for score, p in zip(scores_in_order(keys), got, strict=True)]
+        return totals, sum(ok)
+
+    def _part(self, c: tuple[int, int], size: int) -> _Part:
+        """What a class's score is made of that depends neither on the other classes nor on the
+        mix: (efficiency, the allocator's choice, the objective's key when not good enough, the
+        GPUs it gives sorted, kube-scheduler's total per extender score 0..10, the allocator,
+        the free set); kept while the objective learns no new server (`_renew`)."""
+        if len(self._parts) > 100_000:
+            self._parts.clear()
+        topology, mask = c
+        allocator = self.allocators[topology]
+        n = self.cluster.topologies[topology].n
+        free = frozenset(i for i in range(n) if mask >> i & 1)
+        choice = self._memo.choose(allocator, free, size)
+        eff = self.objective.efficiency(size, choice.ring_mbps)
+        low = self.objective.key(size, allocator, free, choice, eff, False)
+        totals = tuple(kubesched.total_score(s, len(free) - size, n) for s in range(MAX_SCORE + 1))
+        hit = self._parts[(c, size)] = (
+            eff,
+            choice,
+            low,
+            tuple(sorted(choice.indices)),
+            totals,
+            allocator,
+            free,
+        )
+        return hit
+
+    def _good_key(self, c: tuple[int, int], size: int, part: _Part) -> tuple[object, ...]:
+        """The objective's key of class `c` when good enough, for the mix version `_tops_version`
+        (`_renew` empties them when it changes)."""
+        if len(self._good) > 100_000:
+            self._good.clear()
+        hit = self._good[(c, size)] = self.objective.key(size, part[5], part[6], part[1], part[0], True)
+        return hit
 
     # ------------------------------------------------------------------ jobs
 
