@@ -201,13 +201,16 @@ def _decisions(cluster: SimCluster, seed: int, cold: bool) -> list[object]:
         log.append((job.id, got))
         return got
 
-    def emptied(self: sidecar.SidecarPolicy, state: ClusterState, size: int) -> Slot | Failure:
+    def emptied(
+        self: sidecar.SidecarPolicy, state: ClusterState, size: int, waiting: int | None = None
+    ) -> Slot | Failure:
         self._totals.clear()
+        self.ring_wait._good.clear()
         self._gpus.clear()
         self._views.clear()
         self.objective = ClusterObjective(self.objective.mix)
         self.objective.learn(self.allocators)
-        return place_pod(self, state, size)
+        return place_pod(self, state, size, waiting)
 
     with (
         mock.patch.object(sidecar.SidecarPolicy, "place", recorded),

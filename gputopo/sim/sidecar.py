@@ -1,7 +1,8 @@
 """The `gputopo` and `gang-only` policies as deployed: kube-scheduler + the sidecar over time.
 
 Single pods go where kube-scheduler puts them given the extender's prioritize scores
-(`gputopo.kubesched`: scaled, weighted extender score + LeastAllocated, random among ties).
+(`gputopo.kubesched`: scaled, weighted extender score + LeastAllocated, random among ties), over
+the nodes the filter passes: one of 2+ GPUs waits for a node at its best ring (`gputopo.ringwait`).
 Gangs (`gputopo`) go through the sidecar's own `GangTracker`, driven the way kube-scheduler
 drives it: members are created over `arrival_spread_s` and each is filtered as it appears
 (the first ones wait for quorum); the last one's filter plans and reserves; the planning member
@@ -30,6 +31,7 @@ from gputopo.gang import ChoiceMemo, NodeView
 from gputopo.gangs import GangAsk, GangMember, GangTracker, Refused, Wait
 from gputopo.network import NetworkIndex
 from gputopo.placement import node_scores
+from gputopo.ringwait import RingWait
 from gputopo.sim.policies import Failure, Slot, place_one_by_one
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
@@ -90,6 +92,8 @@ class SidecarPolicy:
         # single pods: the cluster-level objective over the demand seen so far (as the sidecar)
         self.objective = ClusterObjective(DemandMix())
         self.objective.learn(allocators)
+        # a multi-GPU pod waits for a node at its best ring as a gang for its level (ringwait)
+        self.ring_wait = RingWait(self.objective.comm, self.objective.band, self.life.spill_after_s)
         self._seen_jobs: set[int] = set()
         self._views: dict[tuple[int, int], NodeView] = {}
         #: (pod size, the classes with room) -> class -> (kube-scheduler's total, the GPU set
@@ -157,8 +161,10 @@ class SidecarPolicy:
 
     # ------------------------------------------------------------------ single pods
 
-    def place_pod(self, state: ClusterState, size: int) -> Slot | Failure:
-        """kube-scheduler's choice among the nodes with room, given the extender's scores."""
+    def place_pod(self, state: ClusterState, size: int, waiting: int | None = None) -> Slot | Failure:
+        """kube-scheduler's choice among the nodes with room, given the extender's scores; the
+        pod of job `waiting` (a single pod, not a gang member) is held to the nodes that give it
+        their best ring while `ring_wait` says so, as the sidecar's filter holds it."""
         # A class's total depends on its (topology, free mask) and on which other classes are
         # scored with it (scores are ranks over the set, whatever its order), not on its members:
         # the totals are kept per set of classes with room and per demand mix version, and only
@@ -167,6 +173,12 @@ class SidecarPolicy:
         room = [key for key in classes if key[1].bit_count() >= size]
         if not room:
             return Failure(f"no node has {size} free GPUs")
+        if waiting is not None and size > 1:
+            good = [c for c in room if self._ring_good(classes, c, size)]
+            if len(good) < len(room) and self.ring_wait.held(waiting, True, state.now):
+                if not good:
+                    return Failure(f"waiting for a node that gives {size} GPUs its best ring")
+                room = good
         version = self.objective.mix.version
         if version != self._totals_version or len(self._totals) > 50_000:
             self._totals.clear()  # totals of an older mix are never asked for again
@@ -180,6 +192,10 @@ class SidecarPolicy:
         members = classes[chosen]
         node = sorted(members)[self.rng.randrange(len(members))] if len(members) > 1 else min(members)
         return node, totals[chosen][1]
+
+    def _ring_good(self, classes: dict[tuple[int, int], set[int]], c: tuple[int, int], size: int) -> bool:
+        v = self._view(min(classes[c]), c[1])
+        return self.ring_wait.good(v.allocator, v.free, size)
 
     def _score(
         self, classes: dict[tuple[int, int], set[int]], room: list[tuple[int, int]], size: int
@@ -212,7 +228,13 @@ class SidecarPolicy:
                 self.objective.mix.observe(size, gang=job.is_gang)
         if self._planner and job.is_gang:
             return self._lifecycle(state, job)
-        return place_one_by_one(state, job, self.place_pod)
+        if job.is_gang:
+            return place_one_by_one(state, job, self.place_pod)
+        got = self.place_pod(state, job.pods[0], job.id)
+        if isinstance(got, Failure):
+            return got
+        self.ring_wait.forget(job.id)
+        return [got]
 
     def _lifecycle(self, state: ClusterState, job: Job) -> list[Slot] | Failure:
         gang = f"sim/job-{job.id}"
