@@ -22,6 +22,7 @@ from gputopo.gang import GangPlan, NodeView
 from gputopo.gangs import Decision, Event, GangAsk, GangMember, GangTracker, Planned, Refused
 from gputopo.placement import node_scores
 from gputopo.reservations import Assumed, Reservations
+from gputopo.ringwait import RingWait
 from scheduler import defaults
 from scheduler.cache import ClusterCache
 from scheduler.events import EventSink, NullEvents
@@ -77,6 +78,7 @@ class Extender:
             spill_after_s=spill_after_s,
         )
         self.cache = ClusterCache(self.levels, NodeGuard(self.metrics))
+        self.ring_wait = RingWait(self.objective.comm, self.objective.band, spill_after_s)  # as a gang's
         self._observed: dict[str, None] = {}  # pods already counted in the mix (bounded, oldest out)
         self._lock = threading.Lock()
         self._binding: set[str] = set()  # pods whose API call of a bind is in flight
@@ -165,7 +167,10 @@ class Extender:
             self._observe_demand(pod)
             if pod.gang is not None and pod.gpus > 0:
                 return self._filter_gang(pod, names, snap, views, now)
-        ok, failed = views.split(names, pod.gpus)  # per node its class's free count: no views made
+            ok, failed = views.split(names, pod.gpus)  # per node its class's free count: no views made
+            drop, why = self.ring_wait.split(f"{pod.key}/{pod.uid}", pod.gpus, ok, views.classes, now)
+        if why is not None:  # held to the nodes that give it their best ring (gputopo.ringwait)
+            ok, failed = [n for n in ok if n not in drop], failed | dict.fromkeys(drop, why)
         jsonlog.event(
             log,
             "filter",
@@ -173,7 +178,7 @@ class Extender:
             gpus=pod.gpus,
             candidates=len(names),
             fit=len(ok),
-            reason="nodes with enough free GPUs (reservations counted as taken)",
+            reason=why or "nodes with enough free GPUs (reservations counted as taken)",
         )
         return FilterResult(ok, failed)
 

@@ -201,12 +201,15 @@ def _decisions(cluster: SimCluster, seed: int, cold: bool) -> list[object]:
         log.append((job.id, got))
         return got
 
-    def emptied(self: sidecar.SidecarPolicy, state: ClusterState, size: int) -> Slot | Failure:
+    def emptied(
+        self: sidecar.SidecarPolicy, state: ClusterState, size: int, waiting: int | None = None
+    ) -> Slot | Failure:
         for cache in (self._tops, self._by_room, self._static, self._parts, self._good, self._views):
             cache.clear()
+        self.ring_wait._good.clear()
         self.objective = ClusterObjective(self.objective.mix)
         self.objective.learn(self.allocators)
-        return place_pod(self, state, size)
+        return place_pod(self, state, size, waiting)
 
     with (
         mock.patch.object(sidecar.SidecarPolicy, "place", recorded),

@@ -113,8 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=Lifecycle.spill_after_s,
         metavar="SECONDS",
-        help="how long a gang waits for one domain of its own level before it takes a slower one "
-        "(0: at once, the behaviour before; default %(default)g)",
+        help="how long a gang waits for one domain of its own level before it takes a slower one, "
+        "and a pod of 2+ GPUs for a node at its best ring (0: at once, the behaviour before; default %(default)g)",
     )
     g = parser.add_argument_group("communication model")
     g.add_argument(

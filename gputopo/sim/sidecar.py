@@ -1,7 +1,8 @@
 """The `gputopo` and `gang-only` policies as deployed: kube-scheduler + the sidecar over time.
 
 Single pods go where kube-scheduler puts them given the extender's prioritize scores
-(`gputopo.kubesched`: scaled, weighted extender score + LeastAllocated, random among ties).
+(`gputopo.kubesched`: scaled, weighted extender score + LeastAllocated, random among ties), over
+the nodes the filter passes: one of 2+ GPUs waits for a node at its best ring (`gputopo.ringwait`).
 Gangs (`gputopo`) go through the sidecar's own `GangTracker`, driven the way kube-scheduler
 drives it: members are created over `arrival_spread_s` and each is filtered as it appears
 (the first ones wait for quorum); the last one's filter plans and reserves; the planning member
@@ -32,6 +33,7 @@ from gputopo.gang import ChoiceMemo, NodeView
 from gputopo.gangs import GangAsk, GangMember, GangTracker, Refused, Wait
 from gputopo.network import NetworkIndex
 from gputopo.placement import MAX_SCORE, scores_in_order
+from gputopo.ringwait import RingWait
 from gputopo.sim.levelwaits import LevelWaits
 from gputopo.sim.policies import Failure, Slot, place_one_by_one
 from gputopo.sim.state import ClusterState, SimCluster
@@ -95,6 +97,8 @@ class SidecarPolicy:
         # single pods: the cluster-level objective over the demand seen so far (as the sidecar)
         self.objective = ClusterObjective(DemandMix())
         self.objective.learn(allocators)
+        # a multi-GPU pod waits for a node at its best ring as a gang for its level (ringwait)
+        self.ring_wait = RingWait(self.objective.comm, self.objective.band, self.life.spill_after_s)
         self._seen_jobs: set[int] = set()
         self._views: dict[tuple[int, int], NodeView] = {}
         #: (pod size, the classes present) -> the classes at kube-scheduler's best total, for
@@ -167,8 +171,10 @@ class SidecarPolicy:
 
     # ------------------------------------------------------------------ single pods
 
-    def place_pod(self, state: ClusterState, size: int) -> Slot | Failure:
-        """kube-scheduler's choice among the nodes with room, given the extender's scores."""
+    def place_pod(self, state: ClusterState, size: int, waiting: int | None = None) -> Slot | Failure:
+        """kube-scheduler's choice among the nodes with room, given the extender's scores; the
+        pod of job `waiting` (a single pod, not a gang member) is held to the nodes that give it
+        their best ring while `ring_wait` says so, as the sidecar's filter holds it."""
         # Which classes kube-scheduler's best total falls on is a function of the pod size, the
         # set of classes present (the classes with room follow from it), the demand mix version
         # and the servers the objective knows (`_best_classes`), not of the classes' members: it
@@ -178,21 +184,21 @@ class SidecarPolicy:
         objective = self.objective
         if objective.mix.version != self._tops_version or objective.learned != self._parts_learned:
             self._renew()
+        held: list[tuple[int, int]] | None = None  # the classes the ring wait leaves, if it holds
+        if waiting is not None and size > 1:
+            room = [c for c in classes if c[1].bit_count() >= size]
+            good = [c for c in room if self._ring_good(classes, c, size)]
+            if len(good) < len(room) and self.ring_wait.held(waiting, True, state.now):
+                if not good:
+                    return Failure(f"waiting for a node that gives {size} GPUs its best ring")
+                held = good
         key = (size, frozenset(classes))
-        top = self._tops.get(key)
+        top = self._top_of_room(held, size) if held is not None else self._tops.get(key)
         if top is None:
             if len(self._tops) > 50_000:
                 self._tops.clear()
                 self._by_room.clear()
-            room = [c for c in classes if c[1].bit_count() >= size]
-            by_room = (size, frozenset(room))  # fewer sets than of every class: shared
-            top = self._by_room.get(by_room) or self._static.get(by_room)
-            if top is None:
-                top, static = self._best_classes(room, size)
-                if static and len(self._static) > 50_000:
-                    self._static.clear()
-                (self._static if static else self._by_room)[by_room] = top
-            self._tops[key] = top
+            top = self._tops[key] = self._top_of_room([c for c in classes if c[1].bit_count() >= size], size)
         if not top:
             return Failure(f"no node has {size} free GPUs")
         if len(top) == 1:
@@ -207,6 +213,22 @@ class SidecarPolicy:
         members = classes[chosen]
         node = sorted(members)[self.rng.randrange(len(members))] if len(members) > 1 else min(members)
         return node, (self._parts.get((chosen, size)) or self._part(chosen, size))[3]  # may be bounded away
+
+    def _top_of_room(self, room: list[tuple[int, int]], size: int) -> tuple[tuple[int, int], ...]:
+        """`_best_classes` of the classes with room, kept per (size, set with room): fewer sets
+        than of every class present, so shared between them."""
+        by_room = (size, frozenset(room))
+        top = self._by_room.get(by_room) or self._static.get(by_room)
+        if top is None:
+            top, static = self._best_classes(room, size)
+            if static and len(self._static) > 50_000:
+                self._static.clear()
+            (self._static if static else self._by_room)[by_room] = top
+        return top
+
+    def _ring_good(self, classes: dict[tuple[int, int], set[int]], c: tuple[int, int], size: int) -> bool:
+        v = self._view(min(classes[c]), c[1])
+        return self.ring_wait.good(v.allocator, v.free, size)
 
     def _renew(self) -> None:
         """A new demand mix version: every answer and good-enough key goes (an older mix is
@@ -293,7 +315,13 @@ class SidecarPolicy:
                 self.objective.mix.observe(size, gang=job.is_gang)
         if self._planner and job.is_gang:
             return self._lifecycle(state, job)
-        return place_one_by_one(state, job, self.place_pod)
+        if job.is_gang:
+            return place_one_by_one(state, job, self.place_pod)
+        got = self.place_pod(state, job.pods[0], job.id)
+        if isinstance(got, Failure):
+            return got
+        self.ring_wait.forget(job.id)
+        return [got]
 
     def _lifecycle(self, state: ClusterState, job: Job) -> list[Slot] | Failure:
         gang = f"sim/job-{job.id}"
