@@ -65,7 +65,9 @@ def select(config_dir: str, name: str | None, source: str) -> str | None:
         return os.path.join(config_dir, names[0]) if len(names) == 1 else None
     if name not in names:
         known = ", ".join(names[:20]) or "none"
-        raise ConfigError(f"node config {name[:64]!r} ({source}) is not in {config_dir} (known: {known})")
+        shown = ascii(name[:64])  # another party's text: escaped, and bounded however it escapes
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise ConfigError(f"node config {shown} ({source}) is not in {config_dir} (known: {known})")
     return os.path.join(config_dir, name)
 
 

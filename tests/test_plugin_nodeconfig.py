@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from deviceplugin.config import ConfigError, load_config
@@ -121,6 +121,8 @@ def test_fallbacks(tmp_path: Path, configs, env, labels, want) -> None:
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(value=st.one_of(st.text(max_size=300), st.sampled_from([*CONFIGS, "..data", ".", "../x", "default/"])))
+@example(value="\x00" * 300)  # escapes to four characters each: the message stays bounded
+@example(value="\U0001f600" * 300)  # ten each
 def test_any_label_value_picks_a_config_or_is_a_config_error(tmp_path: Path, value: str) -> None:
     """The label is another party's input: it selects a listed config or fails in one line."""
     root = tmp_path / "cm"
