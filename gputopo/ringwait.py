@@ -86,18 +86,20 @@ class RingWait:
             hit = self._good[key] = step(gpus, best) >= (1 - self.band) * step(gpus, ring)
         return hit
 
-    def held(self, pod: Hashable, declined: bool, now: float) -> bool:
+    def held(self, pod: Hashable, declined: bool, now: float, spill_after_s: float | None = None) -> bool:
         """Whether `pod` is held to the good nodes now, given that some node with room is not
         good enough (`declined`): its wait starts at the first such answer and ends after
-        `spill_after_s`. Without a declined node nothing is held and no wait starts."""
-        if not declined or self.spill_after_s <= 0:
+        `spill_after_s` (the pod's own bound, its gputopo.io/topology-wait; None: the
+        instance's). Without a declined node nothing is held and no wait starts."""
+        spill = self.spill_after_s if spill_after_s is None else spill_after_s
+        if not declined or spill <= 0:
             return False
         first = self._first.get(pod)
         if first is None:
             if len(self._first) >= self._max_held:
                 del self._first[next(iter(self._first))]
             first = self._first[pod] = now
-        return now - first < self.spill_after_s
+        return now - first < spill
 
     def split(
         self,
@@ -106,11 +108,13 @@ class RingWait:
         names: Sequence[str],
         classes: Callable[[Sequence[str]], Mapping[K, Sequence[str]]],
         now: float,
+        spill_after_s: float | None = None,
     ) -> tuple[set[str], str | None]:
         """A filter's part: of the candidates with room (`names`, grouped by `classes` into
         nodes alike in policy and free set), those dropped for `pod` now, and why (None: the pod
         is not held, nothing dropped; 1-GPU pods are never held and cost no grouping)."""
-        if gpus < 2 or self.spill_after_s <= 0:
+        spill = self.spill_after_s if spill_after_s is None else spill_after_s
+        if gpus < 2 or spill <= 0:
             return set(), None
         declined = {
             n
@@ -118,7 +122,7 @@ class RingWait:
             if not self.good(k.allocator, k.free, gpus)
             for n in group
         }
-        if not self.held(pod, bool(declined), now):
+        if not self.held(pod, bool(declined), now, spill):
             return set(), None
         waited = now - self._first[pod]
         return declined, f"waiting {waited:.0f} s for a node that gives {gpus} GPUs its best ring (ringwait)"

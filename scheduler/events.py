@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from gputopo import jsonlog
+from gputopo.gangs import Event
 
 log = logging.getLogger("gputopo.scheduler.events")
 
@@ -55,6 +56,26 @@ COMPONENT = "gputopo-scheduler"
 #: Event reasons (CamelCase, as Kubernetes components write them) and their type.
 WARNING_REASONS = frozenset({"GangUnschedulable", "BindRefused", "BindFailed"})
 MAX_MESSAGE = 1024  # the API server refuses longer event messages
+
+#: Tracker event kinds -> the reason of the Kubernetes Event written on the gang's group object.
+_GANG_REASONS = {
+    "plan": "GangPlanned",
+    "plan_failed": "GangUnschedulable",
+    "plan_dropped": "GangPlanDropped",
+    "replan": "GangReplanned",
+}
+
+
+def gang_event(e: Event) -> tuple[str, str] | None:
+    """The (reason, message) of the Kubernetes Event a gang tracker event writes on the gang's
+    group object, or None for kinds that write none (quorum waits: one per member filter)."""
+    reason = _GANG_REASONS.get(e.kind)
+    if reason is None:
+        return None
+    where = ""
+    if e.kind == "plan" and "level" in e.fields:
+        where = f" at level {e.fields['level']}, domain {e.fields.get('domain')}"
+    return reason, f"gang {e.gang}{where}: {e.reason}"
 
 
 class EventSink(Protocol):

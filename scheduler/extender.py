@@ -25,7 +25,7 @@ from gputopo.reservations import Assumed, Reservations
 from gputopo.ringwait import RingWait
 from scheduler import defaults
 from scheduler.cache import ClusterCache
-from scheduler.events import EventSink, NullEvents
+from scheduler.events import EventSink, NullEvents, gang_event
 from scheduler.metrics import Metrics
 from scheduler.model import BadInput, PodInfo, Snapshot
 from scheduler.nodeclasses import NodeViews
@@ -106,9 +106,9 @@ class Extender:
             result = _PLAN_RESULT.get(e.kind)
             if result is not None:
                 self.metrics.plans.labels(result=result).inc()
-            reason = _EVENT_REASON.get(e.kind)
-            if reason is not None:  # on the gang's group object (PodGroup, Workload, ...)
-                self.events.emit("", e.gang, reason, _event_message(e))
+            written = gang_event(e)
+            if written is not None:  # on the gang's group object (PodGroup, Workload, ...)
+                self.events.emit("", e.gang, *written)
         self.metrics.reservations.set(len(self.gangs.reservations))
 
     def _current(self, now: float) -> tuple[Snapshot, NodeViews]:
@@ -141,14 +141,15 @@ class Extender:
 
     def _ask(self, pod: PodInfo, snap: Snapshot) -> GangAsk:
         """The tracker's view of a gang: members bound per the watch or by our own binds."""
-        assert pod.gang is not None
-        gang = pod.gang.key
-        members = tuple(
-            GangMember(m.key, m.gpus, self.cache.bound_node(m)) for m in self.cache.members(gang, snap)
-        )
-        need = pod.gang.min_member or snap.min_members.get(gang)
         g = pod.gang
-        return GangAsk(gang, pod.key, members, need, g.required_level, g.preferred_level, g.level_wait_s)
+        assert g is not None
+        members = tuple(
+            GangMember(m.key, m.gpus, self.cache.bound_node(m)) for m in self.cache.members(g.key, snap)
+        )
+        need = g.min_member or snap.min_members.get(g.key)
+        return GangAsk(
+            g.key, pod.key, members, need, g.required_level, g.preferred_level, pod.topology_wait_s
+        )
 
     def _replan(self, gang: str, snap: Snapshot, views: NodeViews, now: float, cause: str) -> None:
         """Re-plan a gang's unbound members outside a filter (caller holds the lock)."""
@@ -168,7 +169,9 @@ class Extender:
             if pod.gang is not None and pod.gpus > 0:
                 return self._filter_gang(pod, names, snap, views, now)
             ok, failed = views.split(names, pod.gpus)  # per node its class's free count: no views made
-            drop, why = self.ring_wait.split(f"{pod.key}/{pod.uid}", pod.gpus, ok, views.classes, now)
+            drop, why = self.ring_wait.split(
+                f"{pod.key}/{pod.uid}", pod.gpus, ok, views.classes, now, pod.topology_wait_s
+            )
         if why is not None:  # held to the nodes that give it their best ring (gputopo.ringwait)
             ok, failed = [n for n in ok if n not in drop], failed | dict.fromkeys(drop, why)
         jsonlog.event(
@@ -357,22 +360,6 @@ class Extender:
             return view.allocator.choose(sorted(view.free), size).indices
         except AllocationError as e:
             raise BindError(f"{node}: {e}") from None
-
-
-#: Tracker event kinds -> the reason of the Kubernetes Event written on the gang's group object.
-_EVENT_REASON = {
-    "plan": "GangPlanned",
-    "plan_failed": "GangUnschedulable",
-    "plan_dropped": "GangPlanDropped",
-    "replan": "GangReplanned",
-}
-
-
-def _event_message(e: Event) -> str:
-    where = ""
-    if e.kind == "plan" and "level" in e.fields:
-        where = f" at level {e.fields['level']}, domain {e.fields.get('domain')}"
-    return f"gang {e.gang}{where}: {e.reason}"
 
 
 def _planned_message(plan: GangPlan | None, gang: str, node: str) -> str:

@@ -30,7 +30,6 @@ class GangRef:
     preferred_level: str | None = None
     source: str = ""  # the API that named the gang (scheduler/sources.py)
     level_source: str = ""  # the annotation family the levels came from; "" = none
-    level_wait_s: float | None = None  # gputopo.io/topology-wait; None = the sidecar's default
 
 
 @dataclass(frozen=True)
@@ -42,6 +41,9 @@ class PodInfo:
     node: str = ""  # spec.nodeName: bound already
     phase: str = "Pending"
     gang: GangRef | None = None
+    #: gputopo.io/topology-wait: how long this pod waits for its best topology (None: the
+    #: sidecar's --gang-spill-after)
+    topology_wait_s: float | None = None
 
     @property
     def key(self) -> str:
@@ -163,6 +165,10 @@ def parse_pod(raw: Any, resource: str = defaults.RESOURCE_NAME) -> PodInfo:
     phase = status.get("phase") or "Pending"
     if not isinstance(node, str) or not isinstance(phase, str) or not isinstance(uid, str):
         raise BadInput("Pod.spec.nodeName, Pod.status.phase and metadata.uid must be strings")
+    try:
+        wait = sources.level_wait(annotations)
+    except sources.SourceError as e:
+        raise BadInput(str(e)) from None
     return PodInfo(
         namespace=namespace,
         name=name,
@@ -171,6 +177,7 @@ def parse_pod(raw: Any, resource: str = defaults.RESOURCE_NAME) -> PodInfo:
         node=node,
         phase=phase,
         gang=_gang(namespace, labels, annotations, spec),
+        topology_wait_s=wait,
     )
 
 
@@ -184,9 +191,7 @@ def _gang(
         raise BadInput(str(e)) from None
     if g is None:
         return None
-    return GangRef(
-        g.key, g.min_member, g.required_level, g.preferred_level, g.source, g.level_source, g.level_wait_s
-    )
+    return GangRef(g.key, g.min_member, g.required_level, g.preferred_level, g.source, g.level_source)
 
 
 def parse_node_names(args: Mapping[str, Any]) -> tuple[list[str], bool]:

@@ -54,9 +54,10 @@ LEVEL_ANNOTATIONS: tuple[tuple[str, str, str], ...] = (
     ("kai", "kai.scheduler/topology-required-placement", "kai.scheduler/topology-preferred-placement"),
 )
 
-#: How long this gang waits for one domain of its own level before it takes a larger one
-#: (gputopo/gangwait.py), overriding the sidecar's --gang-spill-after: a duration ("300s",
-#: "30m", "1h30m") or seconds. Slurm's `--switches=count@max-time` is the same per-job bound.
+#: How long this pod waits for its best topology before it takes what there is, overriding the
+#: sidecar's --gang-spill-after: a gang for one domain of its own level (gputopo/gangwait.py), a
+#: multi-GPU pod for a node at its best ring (gputopo/ringwait.py). A duration ("300s", "30m",
+#: "1h30m") or seconds; Slurm's `--switches=count@max-time` is the same per-job bound.
 LEVEL_WAIT_ANNOTATION = "gputopo.io/topology-wait"
 #: The longest wait a pod may ask for (the sidecar's own flag has the same bound).
 MAX_LEVEL_WAIT_S = 30 * 86_400.0
@@ -83,7 +84,6 @@ class PodGang:
     required_level: str | None
     preferred_level: str | None
     level_source: str  # "gputopo", "kueue", "kai" or "" (none: the group object may set one)
-    level_wait_s: float | None = None  # LEVEL_WAIT_ANNOTATION; None: the sidecar's default
 
 
 def level_wait(annotations: Mapping[str, str]) -> float | None:
@@ -145,8 +145,7 @@ def pod_gang(
     required, preferred, level_source = pod_levels(annotations)
 
     def gang(key: str, source: str, minimum: int | None) -> PodGang:
-        wait = level_wait(annotations)
-        return PodGang(f"{namespace}/{key}", source, minimum, required, preferred, level_source, wait)
+        return PodGang(f"{namespace}/{key}", source, minimum, required, preferred, level_source)
 
     group = spec.get("schedulingGroup")
     if isinstance(group, Mapping) and group.get("podGroupName") is not None:

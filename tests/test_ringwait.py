@@ -208,3 +208,22 @@ def test_the_filter_waits_then_spills_after_the_gangs_spill_time(serve) -> None:
     other = fk.pod("ml", "p", 4, uid="uid-recreated")
     _, out = client.post("/filter", args(other, ["cross"]))
     assert out["NodeNames"] == [], "the same name with a new uid is a new pod: a new wait"
+
+
+def test_a_pods_topology_wait_bounds_its_own_ring_wait(serve) -> None:  # noqa: F811
+    """gputopo.io/topology-wait is the pod's own bound, as for a gang's level: "0s" takes the
+    straddling node at once, "1h" gives up after an hour where the sidecar's default waits."""
+    clock = [1000.0]
+    client, _ = serve(http_cluster(), clock)
+    now = fk.pod("ml", "now", 4, annotations={"gputopo.io/topology-wait": "0s"})
+    _, out = client.post("/filter", args(now, ["cross"]))
+    assert out["NodeNames"] == ["cross"]
+    hour = fk.pod("ml", "hour", 4, annotations={"gputopo.io/topology-wait": "1h"})
+    _, out = client.post("/filter", args(hour, ["cross"]))
+    assert out["NodeNames"] == []
+    clock[0] += 3600
+    _, out = client.post("/filter", args(hour, ["cross"]))
+    assert out["NodeNames"] == ["cross"]
+    bad = fk.pod("ml", "bad", 4, annotations={"gputopo.io/topology-wait": "1 week"})
+    status, out = client.post("/filter", args(bad, ["cross"]))
+    assert status == 400 and "topology-wait must be a duration" in out["Error"]

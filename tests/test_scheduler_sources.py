@@ -115,17 +115,18 @@ def test_a_named_but_malformed_source_is_a_clear_refusal(labels, annotations, sp
 
 
 def test_topology_wait_is_a_bounded_duration_or_a_refusal() -> None:
-    """gputopo.io/topology-wait: a duration or seconds; a typo is refused, never read as the
-    sidecar's default, and the pods of a gang that sets none carry None."""
-    light = {sources.LIGHT_GROUP_LABEL: "g", sources.LIGHT_MIN_LABEL: "2"}
-    assert gang_of(light).level_wait_s is None
+    """gputopo.io/topology-wait, on any pod (a gang's level wait, a multi-GPU pod's ring
+    wait): a duration or seconds; a typo is refused, never read as the sidecar's default."""
+
+    def wait_of(annotations: dict[str, str]) -> float | None:
+        return parse_pod(fk.pod("ml", "p", 2, annotations=annotations)).topology_wait_s
+
+    assert wait_of({}) is None
     for text, seconds in (("300s", 300.0), ("1h30m", 5400.0), ("0", 0.0), ("720h", 30 * 86_400.0)):
-        assert gang_of(light, {sources.LEVEL_WAIT_ANNOTATION: text}).level_wait_s == seconds
+        assert wait_of({sources.LEVEL_WAIT_ANNOTATION: text}) == seconds
     for bad in ("", "soon", "-5m", "721h", "5 m"):
         with pytest.raises(BadInput, match="topology-wait must be a duration"):
-            gang_of(light, {sources.LEVEL_WAIT_ANNOTATION: bad})
-    # a pod of no gang: the annotation says nothing and is not read
-    assert gang_of(None, {sources.LEVEL_WAIT_ANNOTATION: "soon"}) is None
+            wait_of({sources.LEVEL_WAIT_ANNOTATION: bad})
 
 
 def test_group_objects_of_each_kind() -> None:
