@@ -52,6 +52,7 @@ import numpy as np
 
 from gputopo.allocator import Choice
 from gputopo.clusterobjective import ClusterObjective
+from gputopo.gangbound import worst_cap
 from gputopo.gangcost import plan_cost
 from gputopo.gangreason import Miss, no_plan_reason
 from gputopo.network import CLUSTER, LevelIndex, NetworkIndex, validate_levels
@@ -167,6 +168,18 @@ class _Candidate:
         """Sort key: smaller is better — (2) fewest nodes, (3) best worst, (3b) fewest
         sub-domains, (4) least cost to future demand (`gangcost`), then fullest, (5) name."""
         return (self.nodes_used, _Desc(self.worst), self.spans, cost, self.domain_free, self.domain)
+
+
+def _contenders(cands: list[_Candidate], lead: _Candidate) -> list[_Candidate]:
+    """The candidates that can still win once (4)'s cost is known, in their order.
+
+    `rank` is lexicographic and the cost is its fourth key, after (2), (3) and (3b); `lead`
+    is a candidate with the least (2)-(3b) (the least `rank` at a cost of 0 for all). A
+    candidate behind `lead` on (2)-(3b) ranks after it whatever either one costs, so it cannot
+    be the least; every candidate that can is kept, in the order of `cands`, and the least of
+    these by the full rank is the least of all. Pricing the others (`plan_cost`) is skipped."""
+    head = (lead.nodes_used, lead.worst, lead.spans)
+    return [c for c in cands if (c.nodes_used, c.worst, c.spans) == head]
 
 
 @dataclass(frozen=True)
@@ -322,14 +335,18 @@ def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> 
         top = int(np.lexsort((np.arange(lx.count), -dfree, -slots, ~ok))[0])
         return Miss(level, lx.names[top], int(dfree[top]), int(slots[top]), bool(ok[top]))
     lower = lower_levels(pb.index, level)
-    cands = [
-        _evaluate(pb, level, d, k, packing, lx.members[d], int(dfree[d]), lower) for d, k, packing in tied
-    ]
+    if prune and pb.homogeneous and len(tied) > 1:
+        cands = _evaluate_promising(pb, level, tied, lx, dfree, lower)
+    else:
+        cands = [
+            _evaluate(pb, level, d, k, packing, lx.members[d], int(dfree[d]), lower) for d, k, packing in tied
+        ]
+    best = min(cands, key=_Candidate.rank)
     if pb.objective is not None and len(cands) > 1:
         objective = pb.objective
-        best = min(cands, key=lambda c: c.rank(plan_cost(objective, pb.views, c.assignment)))
-    else:
-        best = min(cands, key=_Candidate.rank)
+        rivals = _contenders(cands, best)
+        if len(rivals) > 1:
+            best = min(rivals, key=lambda c: c.rank(plan_cost(objective, pb.views, c.assignment)))
     placements = [Placement("", "", ())] * len(pb.sizes)
     for i, pos, choice in best.assignment:
         view = pb.views[pos]
@@ -346,6 +363,36 @@ def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> 
         domain_free=best.domain_free,
         spans=best.spans,
     )
+
+
+def _evaluate_promising(
+    pb: _Problem,
+    level: str,
+    tied: list[tuple[int, int, list[tuple[int, list[int]]]]],
+    lx: LevelIndex,
+    dfree: np.ndarray,
+    lower: Sequence[LevelIndex],
+) -> list[_Candidate]:
+    """The tied domains' candidates (equal sizes, fewest nodes `k` each), in `tied`'s order,
+    less those that cannot win: a domain whose `worst_cap` is below the worst member of a
+    candidate already found would rank after it on (3) whatever its (3b) and (4), and every
+    tied domain has the same (2). Domains are worked out highest bound first, so the first
+    bound below the best worst found ends the search."""
+    free = pb.free.tolist()
+    g = pb.sizes[0]
+    caps = [worst_cap(pb.views, free, lx.members[d].tolist(), g, k, pb.memo) for d, k, _ in tied]
+    found: dict[int, _Candidate] = {}
+    best: Quality | None = None
+    # highest bound first; a domain without one (None) is always worked out, so it goes first
+    for i in sorted(range(len(tied)), key=lambda i: (caps[i] is None, caps[i] or ()), reverse=True):
+        cap = caps[i]
+        if best is not None and cap is not None and cap < best:
+            break
+        d, k, packing = tied[i]
+        found[i] = c = _evaluate(pb, level, d, k, packing, lx.members[d], int(dfree[d]), lower)
+        if best is None or c.worst > best:
+            best = c.worst
+    return [found[i] for i in sorted(found)]
 
 
 #: Node views the domain evaluations of one memo may hold before they are dropped.
