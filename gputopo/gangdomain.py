@@ -1,0 +1,314 @@
+"""One domain's gang plan (`gputopo.gang`): the planning call's data, a domain's candidate plan
+with its objective values, and how a domain is worked out, with the bounds and memos that
+skip work whose result cannot win.
+
+`gang._plan_level` finds, per level, the domains that tie on (1) the level and (2) fewest
+nodes; `evaluate` works one out: for equal member sizes `_evaluate_equal` (the largest
+threshold T such that k nodes take every member with each set at least T, then the k nodes
+by (3b) and the node order), for mixed sizes the packing's nodes. `evaluate_promising` skips
+a tied domain whose `worst_cap` (a bound on (3) from one memo lookup per node) is below a plan
+already found, and `contenders` leaves out of (4)'s pricing every candidate already behind
+on (2)-(3b). Pure: no I/O, no clock, no globals; the memo is the caller's.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gputopo.allocator import Choice
+from gputopo.clusterobjective import ClusterObjective
+from gputopo.network import LevelIndex, NetworkIndex
+from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Quality, member_quality
+from gputopo.policy import GpuPolicy
+from gputopo.spread import count_spans, select_nodes
+
+_Kind = tuple[GpuPolicy | None, frozenset[int]]
+
+
+@dataclass
+class Problem:
+    """One planning call, aligned on the network index's node positions."""
+
+    index: NetworkIndex
+    views: list[NodeView | None]
+    free: np.ndarray  # free GPU count per position (0 where no view)
+    sizes: list[int]  # GPUs per member, spec order
+    memo: ChoiceMemo
+    roomiest: int = 0  # most free GPUs of one node
+    objective: ClusterObjective | None = None
+    homogeneous: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.homogeneous = len(set(self.sizes)) == 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes)
+
+    def choices(self, pos: int, sizes: Sequence[int]) -> list[Choice | None]:
+        """Sets for members of `sizes` placed on one node one after the other."""
+        view = self.views[pos]
+        assert view is not None
+        if view.allocator is None:
+            return [None] * len(sizes)
+        free = view.free
+        out: list[Choice | None] = []
+        for g in sizes:
+            choice = self.memo.choose(view.allocator, free, g)
+            out.append(choice)
+            free = free.difference(choice.indices)
+        return out
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A feasible placement inside one domain, with its objective values."""
+
+    domain: int
+    nodes_used: int
+    worst: Quality
+    spans: tuple[int, ...]  # (3b): domains touched per lower level, largest level first
+    domain_free: int
+    assignment: tuple[tuple[int, int, Choice | None], ...]  # (member index, node position, choice)
+
+    def rank(self, cost: float = 0.0) -> tuple[int, _Desc, tuple[int, ...], float, int, int]:
+        """Sort key: smaller is better — (2) fewest nodes, (3) best worst, (3b) fewest
+        sub-domains, (4) least cost to future demand (`gangcost`), then fullest, (5) name."""
+        return (self.nodes_used, _Desc(self.worst), self.spans, cost, self.domain_free, self.domain)
+
+
+def contenders(cands: list[Candidate], lead: Candidate) -> list[Candidate]:
+    """The candidates that can still win once (4)'s cost is known, in their order.
+
+    `rank` is lexicographic and the cost is its fourth key, after (2), (3) and (3b); `lead`
+    is a candidate with the least (2)-(3b) (the least `rank` at a cost of 0 for all). A
+    candidate behind `lead` on (2)-(3b) ranks after it whatever either one costs, so it cannot
+    be the least; every candidate that can is kept, in the order of `cands`, and the least of
+    these by the full rank is the least of all. Pricing the others (`plan_cost`) is skipped."""
+    head = (lead.nodes_used, lead.worst, lead.spans)
+    return [c for c in cands if (c.nodes_used, c.worst, c.spans) == head]
+
+
+@dataclass(frozen=True)
+class _Desc:
+    """Reverses the order of a tuple inside a sort key."""
+
+    value: Quality
+
+    def __lt__(self, other: _Desc) -> bool:
+        return self.value > other.value
+
+
+def evaluate_promising(
+    pb: Problem,
+    level: str,
+    tied: list[tuple[int, int, list[tuple[int, list[int]]]]],
+    lx: LevelIndex,
+    dfree: np.ndarray,
+    lower: Sequence[LevelIndex],
+) -> list[Candidate]:
+    """The tied domains' candidates (equal sizes, fewest nodes `k` each), in `tied`'s order,
+    less those that cannot win: a domain whose `worst_cap` is below the worst member of a
+    candidate already found would rank after it on (3) whatever its (3b) and (4), and every
+    tied domain has the same (2). Domains are worked out highest bound first, so the first
+    bound below the best worst found ends the search."""
+    free = pb.free.tolist()
+    g = pb.sizes[0]
+    caps = [worst_cap(pb.views, free, lx.members[d].tolist(), g, k, pb.memo) for d, k, _ in tied]
+    found: dict[int, Candidate] = {}
+    best: Quality | None = None
+    # highest bound first; a domain without one (None) is always worked out, so it goes first
+    for i in sorted(range(len(tied)), key=lambda i: (caps[i] is None, caps[i] or ()), reverse=True):
+        cap = caps[i]
+        if best is not None and cap is not None and cap < best:
+            break
+        d, k, packing = tied[i]
+        found[i] = c = evaluate(pb, level, d, k, packing, lx.members[d], int(dfree[d]), lower)
+        if best is None or c.worst > best:
+            best = c.worst
+    return [found[i] for i in sorted(found)]
+
+
+#: Node views the domain evaluations of one memo may hold before they are dropped.
+DOMAIN_VIEWS_HELD = 200_000
+
+
+def evaluate(
+    pb: Problem,
+    level: str,
+    d: int,
+    k: int,
+    packing: list[tuple[int, list[int]]],
+    positions: np.ndarray,
+    dfree: int,
+    lower: Sequence[LevelIndex],
+) -> Candidate:
+    if pb.homogeneous:
+        # Equal sizes: the answer is a function of the domain's node views (their free sets
+        # and allocators), the index and the shape; gangs planned one after another mostly
+        # meet the same views in every domain but the few that changed.
+        memo = pb.memo
+        if memo.domains_for is not pb.index or memo.domains_held > DOMAIN_VIEWS_HELD:
+            memo.domains.clear()
+            memo.domains_for, memo.domains_held = pb.index, 0
+        held = tuple([pb.views[p] for p in positions.tolist()])
+        mix = -1 if pb.objective is None else pb.objective.mix.version  # the node order's costs
+        key = (level, d, pb.sizes[0], len(pb.sizes), k, mix, *map(id, held))
+        hit = memo.domains.get(key)
+        if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
+            assert isinstance(hit[1], Candidate)
+            return hit[1]
+        got = _evaluate_equal(pb, d, k, positions, dfree, lower)
+        memo.domains[key] = (held, got)
+        memo.domains_held += len(held)
+        return got
+    # Mixed sizes: keep the first-fit-decreasing packing; biggest members choose first.
+    assignment: list[tuple[int, int, Choice | None]] = []
+    for pos, members in packing:
+        for i, choice in zip(members, pb.choices(pos, [pb.sizes[i] for i in members]), strict=True):
+            assignment.append((i, pos, choice))
+    worst = min(member_quality(c) for _, _, c in assignment)
+    spans = count_spans(lower, [pos for pos, _ in packing])
+    return Candidate(d, len(packing), worst, spans, dfree, tuple(assignment))
+
+
+def _costs(
+    pb: Problem, kinds: list[_Kind], table: list[tuple[list[int], int, int, list[Choice | None]]]
+) -> list[float]:
+    """Per kind of node: what its offered members' sets cost future demand (0 without an
+    objective or a topology): the node order's key after members offered."""
+    objective = pb.objective
+    if objective is None:
+        return [0.0] * len(table)
+    out = []
+    for (policy, free), (_, cnt, _, choices) in zip(kinds, table, strict=True):
+        taken = [i for c in choices[:cnt] if c is not None for i in c.indices]
+        out.append(round(objective.take_cost(policy, free, taken), 6) if policy is not None and cnt else 0.0)
+    return out
+
+
+def _evaluate_equal(
+    pb: Problem, d: int, k: int, positions: np.ndarray, dfree: int, lower: Sequence[LevelIndex]
+) -> Candidate:
+    """The k nodes of the domain that maximise the worst member's set (equal sizes).
+
+    Each node's members choose one after the other, so its i-th member's set is known and
+    `floor[i]` (the worst of the first i+1) only falls. For a threshold T a node offers the
+    members whose floor reaches T; the best plan is the largest T at which the k roomiest
+    nodes still take everyone. Any k nodes whose offers at T add up to n keep (1)-(3), so
+    `select_nodes` picks them for (3b); with no level to keep together, the order is most
+    members offered, least cost to future demand (with an objective), fewer free GPUs (best
+    fit), then name.
+    Nodes with the same allocator and free set are worked out once."""
+    g, n = pb.sizes[0], len(pb.sizes)
+    # kind (allocator, free set) -> (floor, choices, positions in name order)
+    kinds: dict[_Kind, tuple[list[Quality], list[Choice | None], list[int]]] = {}
+    for p in positions.tolist():
+        if pb.free[p] < g:
+            continue
+        view = pb.views[p]
+        assert view is not None
+        kind = (view.allocator, view.free)
+        entry = kinds.get(kind)
+        if entry is None:
+            choices = pb.choices(p, [g] * min(len(view.free) // g, n))
+            floor: list[Quality] = []
+            for c in choices:
+                q = member_quality(c)
+                floor.append(q if not floor or q < floor[-1] else floor[-1])
+            entry = kinds[kind] = (floor, choices, [])
+        entry[2].append(p)
+
+    def offer(floor: list[Quality], t: Quality) -> int:
+        count = 0  # floor only falls: count its prefix >= t
+        for q in floor:
+            if q < t:
+                break
+            count += 1
+        return count
+
+    def fits(t: Quality) -> bool:
+        nodes_left, members = k, 0
+        for cnt, many in sorted(((offer(f, t), len(ps)) for f, _, ps in kinds.values()), reverse=True):
+            take = min(many, nodes_left)
+            members += cnt * take
+            nodes_left -= take
+            if nodes_left == 0:
+                break
+        return members >= n
+
+    thresholds = sorted({q for floor, _, _ in kinds.values() for q in floor})
+    lo, hi = 0, len(thresholds) - 1  # the lowest threshold fits: k is feasible
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(thresholds[mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    t = thresholds[lo]
+    # Every node that offers a member at t: its position, members offered, free GPUs and kind.
+    table = [(ps, offer(floor, t), len(free), choices) for (_, free), (floor, choices, ps) in kinds.items()]
+    cost = _costs(pb, list(kinds), table)
+    table, cost = [r for r in table if r[1] > 0], [c for r, c in zip(table, cost, strict=True) if r[1] > 0]
+    if lower:
+        lens = [len(ps) for ps, _, _, _ in table]
+        pos = np.fromiter(itertools.chain.from_iterable(ps for ps, _, _, _ in table), np.int64, sum(lens))
+        weight = np.repeat(np.array([cnt for _, cnt, _, _ in table], dtype=np.int64), lens)
+        nfree = np.repeat(np.array([f for _, _, f, _ in table], dtype=np.int64), lens)
+        kind_ids = np.repeat(np.arange(len(table), dtype=np.int64), lens)
+        order = np.repeat(np.array(cost, dtype=np.float64), lens)
+        chosen = select_nodes(pos, weight, nfree, kind_ids, k, n, lower, order)
+    else:  # nothing to keep together: the k first by the node order (small domains: plain Python)
+        top = heapq.nsmallest(
+            k, ((-cnt, cost[row], f, p, row) for row, (ps, cnt, f, _) in enumerate(table) for p in ps)
+        )
+        chosen = [(p, row) for _, _, _, p, row in top]
+    assignment: list[tuple[int, int, Choice | None]] = []
+    for p, row in chosen:
+        _, cnt, _, choices = table[row]
+        for c in choices[: min(cnt, n - len(assignment))]:
+            assignment.append((len(assignment), p, c))
+    assert len(assignment) == n, "k nodes were proven to hold every member"
+    worst = min(member_quality(c) for _, _, c in assignment)
+    spans = count_spans(lower, [p for p, _ in chosen])
+    return Candidate(d, k, worst, spans, dfree, tuple(assignment))
+
+
+def worst_cap(
+    views: Sequence[NodeView | None],
+    free: Sequence[int],
+    positions: Sequence[int],
+    g: int,
+    k: int,
+    memo: ChoiceMemo,
+) -> Quality | None:
+    """An upper bound on the worst member of any equal-size plan (members of `g` GPUs) that
+    uses the fewest nodes, `k`, of the domain whose node positions are `positions`.
+
+    Why it holds: with k the fewest nodes that can take the members, every one of the plan's
+    k nodes takes at least one member (else k - 1 would do), and each node's members take
+    their sets one after the other, so its first member gets the set the allocator chooses
+    from all its free GPUs (`memo.choose(allocator, free, g)`). The worst member is at most
+    that first member's quality on each of the k nodes, so at most the k-th best such
+    quality over the domain's nodes with room for a member. Nodes of unknown topology offer
+    UNKNOWN_QUALITY, below every measured set, as the planner's members there do. None
+    (no bound: work the domain out) where fewer than k nodes have room, which the caller's k
+    rules out."""
+    firsts: list[Quality] = []
+    for p in positions:
+        if free[p] < g:
+            continue
+        view = views[p]
+        assert view is not None
+        alloc = view.allocator
+        firsts.append(UNKNOWN_QUALITY if alloc is None else member_quality(memo.choose(alloc, view.free, g)))
+    if len(firsts) < k:
+        return None
+    firsts.sort(reverse=True)
+    return firsts[k - 1]
