@@ -18,6 +18,7 @@ import itertools
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -164,7 +165,7 @@ def evaluate(
         if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
             assert isinstance(hit[1], Candidate)
             return hit[1]
-        got = _evaluate_equal(pb, d, k, positions, dfree, lower)
+        got = _evaluate_equal(pb, d, k, _domain_kinds(pb, held, positions), dfree, lower)
         memo.domains[key] = (held, got)
         memo.domains_held += len(held)
         return got
@@ -193,24 +194,35 @@ def _costs(
     return out
 
 
-def _evaluate_equal(
-    pb: Problem, d: int, k: int, positions: np.ndarray, dfree: int, lower: Sequence[LevelIndex]
-) -> Candidate:
-    """The k nodes of the domain that maximise the worst member's set (equal sizes).
+#: Per kind of node (allocator, free set): the running worst of its members' sets (`floor`),
+#: their choices one after the other, and the node positions of that kind, in name order.
+_Kinds = dict[_Kind, tuple[list[Quality], list[Choice | None], list[int]]]
 
-    Each node's members choose one after the other, so its i-th member's set is known and
-    `floor[i]` (the worst of the first i+1) only falls. For a threshold T a node offers the
-    members whose floor reaches T; the best plan is the largest T at which the k roomiest
-    nodes still take everyone. Any k nodes whose offers at T add up to n keep (1)-(3), so
-    `select_nodes` picks them for (3b); with no level to keep together, the order is most
-    members offered, least cost to future demand (with an objective), fewer free GPUs (best
-    fit), then name.
-    Nodes with the same allocator and free set are worked out once."""
+
+def _domain_kinds(pb: Problem, held: tuple[NodeView | None, ...], positions: np.ndarray) -> _Kinds:
+    """The domain's nodes with room for a member of `pb`'s size, by kind, with the sets of up
+    to `n` members each (`_evaluate_equal`'s first step).
+
+    A function of the node views and the member size alone, save for the number of members
+    worked out per node, min(its slots, n): a node's first m sets are the same whatever n >= m
+    (each member chooses from what the earlier ones left). So it is memoised on the views'
+    identity and the size, with the n it was worked out for: any gang of at most that many
+    members reads it, cut down to its own n, the same lists a fresh pass would build; one of
+    more members works it out again. The caller has reset the memo for this index."""
     g, n = pb.sizes[0], len(pb.sizes)
-    # kind (allocator, free set) -> (floor, choices, positions in name order)
-    kinds: dict[_Kind, tuple[list[Quality], list[Choice | None], list[int]]] = {}
+    memo = pb.memo
+    key = ("kinds", g, *map(id, held))
+    hit = memo.domains.get(key)
+    if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
+        upto, cached = cast(tuple[int, _Kinds], hit[1])
+        if upto == n:
+            return cached
+        if upto > n:
+            return {kind: (f[:n], c[:n], ps) for kind, (f, c, ps) in cached.items()}
+    kinds: _Kinds = {}
+    free = pb.free.tolist()
     for p in positions.tolist():
-        if pb.free[p] < g:
+        if free[p] < g:
             continue
         view = pb.views[p]
         assert view is not None
@@ -224,6 +236,25 @@ def _evaluate_equal(
                 floor.append(q if not floor or q < floor[-1] else floor[-1])
             entry = kinds[kind] = (floor, choices, [])
         entry[2].append(p)
+    memo.domains[key] = (held, (n, kinds))
+    memo.domains_held += len(held)
+    return kinds
+
+
+def _evaluate_equal(
+    pb: Problem, d: int, k: int, kinds: _Kinds, dfree: int, lower: Sequence[LevelIndex]
+) -> Candidate:
+    """The k nodes of the domain that maximise the worst member's set (equal sizes).
+
+    Each node's members choose one after the other, so its i-th member's set is known and
+    `floor[i]` (the worst of the first i+1) only falls. For a threshold T a node offers the
+    members whose floor reaches T; the best plan is the largest T at which the k roomiest
+    nodes still take everyone. Any k nodes whose offers at T add up to n keep (1)-(3), so
+    `select_nodes` picks them for (3b); with no level to keep together, the order is most
+    members offered, least cost to future demand (with an objective), fewer free GPUs (best
+    fit), then name.
+    Nodes with the same allocator and free set are worked out once."""
+    n = len(pb.sizes)
 
     def offer(floor: list[Quality], t: Quality) -> int:
         count = 0  # floor only falls: count its prefix >= t
