@@ -226,7 +226,8 @@ class ClusterObjective:
         """What taking `taken` out of a node's `free` GPUs costs future demand: `keys`' least
         cost (value lost + frag_weight x fragmentation growth), for the gang planner's tie order."""
         alloc = policy.exact
-        self.learn((alloc,))
+        if id(alloc) not in self._seen:
+            self.learn((alloc,))
         # A function of the allocator, the two sets, the mix version and the weight (what the
         # objective learned clears this memo): the planner asks the same few again and again.
         gpus = tuple(taken)

@@ -164,7 +164,7 @@ def plan_gang(
         policies.discard(None)
         objective.learn({p.exact for p in policies if p is not None})
     memo = memo if memo is not None else ChoiceMemo()
-    pb = Problem(index, views, free, sizes, memo, max(counts), objective)
+    pb = Problem(index, views, free, counts, sizes, memo, max(counts), objective)
     miss: Miss | None = None
     for k, level in enumerate(tried):
         # Only the last level's miss reaches the reason: the others skip working it out.
@@ -210,7 +210,7 @@ def _plan_level(
         return None  # every domain is one node, and none has room for the whole gang
     small = None
     if prune and pb.homogeneous and len(pb.views) <= SMALL_NODES:
-        small = equal_bounds(lx.domain_id, lx.count, pb.free, pb.sizes[0], len(pb.sizes))
+        small = equal_bounds(lx.domain_id, lx.count, pb.counts, pb.sizes[0], len(pb.sizes))
     if small is not None and not small[1] and not explain:
         return None  # no domain passes the necessary check: nothing to evaluate or explain
     if small is not None and small[1]:  # the same answer as below, on lists (small clusters)

@@ -13,7 +13,6 @@ on (2)-(3b). Pure: no I/O, no clock, no globals; the memo is the caller's.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import operator
 from collections.abc import Sequence
@@ -25,7 +24,7 @@ import numpy as np
 from gputopo.allocator import Choice
 from gputopo.clusterobjective import ClusterObjective
 from gputopo.network import LevelIndex, NetworkIndex
-from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Quality, member_quality
+from gputopo.nodeview import ChoiceMemo, NodeView, Quality, member_quality
 from gputopo.policy import GpuPolicy
 from gputopo.spread import count_spans, select_nodes
 
@@ -39,6 +38,7 @@ class Problem:
     index: NetworkIndex
     views: list[NodeView | None]
     free: np.ndarray  # free GPU count per position (0 where no view)
+    counts: list[int]  # the same, as a list (plain-Python loops read it)
     sizes: list[int]  # GPUs per member, spec order
     memo: ChoiceMemo
     roomiest: int = 0  # most free GPUs of one node
@@ -119,9 +119,16 @@ def evaluate_promising(
     candidate already found would rank after it on (3) whatever its (3b) and (4), and every
     tied domain has the same (2). Domains are worked out highest bound first, so the first
     bound below the best worst found ends the search."""
-    free = pb.free.tolist()
-    g = pb.sizes[0]
-    caps = [worst_cap(pb.views, free, lx.members[d].tolist(), g, k, pb.memo) for d, k, _ in tied]
+    _own_memo(pb)
+    views = pb.views
+    seen: list[tuple[tuple[NodeView | None, ...], _Kinds]] = []
+    caps: list[Quality | None] = []
+    for d, k, _ in tied:
+        positions = lx.members[d].tolist()
+        held = tuple([views[p] for p in positions])
+        kinds = _domain_kinds(pb, held, positions)
+        seen.append((held, kinds))
+        caps.append(worst_cap(kinds, k))
     found: dict[int, Candidate] = {}
     best: Quality | None = None
     # highest bound first; a domain without one (None) is always worked out, so it goes first
@@ -130,7 +137,7 @@ def evaluate_promising(
         if best is not None and cap is not None and cap < best:
             break
         d, k, packing = tied[i]
-        found[i] = c = evaluate(pb, level, d, k, packing, lx.members[d], int(dfree[d]), lower)
+        found[i] = c = evaluate(pb, level, d, k, packing, lx.members[d], int(dfree[d]), lower, seen[i])
         if best is None or c.worst > best:
             best = c.worst
     return [found[i] for i in sorted(found)]
@@ -138,6 +145,15 @@ def evaluate_promising(
 
 #: Node views the domain evaluations of one memo may hold before they are dropped.
 DOMAIN_VIEWS_HELD = 200_000
+
+
+def _own_memo(pb: Problem) -> None:
+    """Empty the memo's domain evaluations when they were made for another index or hold too
+    many views (they are keyed on positions of one index)."""
+    memo = pb.memo
+    if memo.domains_for is not pb.index or memo.domains_held > DOMAIN_VIEWS_HELD:
+        memo.domains.clear()
+        memo.domains_for, memo.domains_held = pb.index, 0
 
 
 def evaluate(
@@ -149,23 +165,28 @@ def evaluate(
     positions: np.ndarray,
     dfree: int,
     lower: Sequence[LevelIndex],
+    known: tuple[tuple[NodeView | None, ...], _Kinds] | None = None,
 ) -> Candidate:
+    """One domain's candidate. `known`: the domain's views and `_domain_kinds`, when the caller
+    already has them (equal sizes only)."""
     if pb.homogeneous:
         # Equal sizes: the answer is a function of the domain's node views (their free sets
         # and allocators), the index and the shape; gangs planned one after another mostly
         # meet the same views in every domain but the few that changed.
         memo = pb.memo
-        if memo.domains_for is not pb.index or memo.domains_held > DOMAIN_VIEWS_HELD:
-            memo.domains.clear()
-            memo.domains_for, memo.domains_held = pb.index, 0
-        held = tuple([pb.views[p] for p in positions.tolist()])
+        if known is None:
+            _own_memo(pb)
+            held = tuple([pb.views[p] for p in positions.tolist()])
+        else:
+            held = known[0]
         mix = -1 if pb.objective is None else pb.objective.mix.version  # the node order's costs
         key = (level, d, pb.sizes[0], len(pb.sizes), k, mix, *map(id, held))
         hit = memo.domains.get(key)
         if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
             assert isinstance(hit[1], Candidate)
             return hit[1]
-        got = _evaluate_equal(pb, d, k, _domain_kinds(pb, held, positions), dfree, lower)
+        kinds = known[1] if known is not None else _domain_kinds(pb, held, positions.tolist())
+        got = _evaluate_equal(pb, d, k, kinds, dfree, lower)
         memo.domains[key] = (held, got)
         memo.domains_held += len(held)
         return got
@@ -199,7 +220,7 @@ def _costs(
 _Kinds = dict[_Kind, tuple[list[Quality], list[Choice | None], list[int]]]
 
 
-def _domain_kinds(pb: Problem, held: tuple[NodeView | None, ...], positions: np.ndarray) -> _Kinds:
+def _domain_kinds(pb: Problem, held: tuple[NodeView | None, ...], positions: list[int]) -> _Kinds:
     """The domain's nodes with room for a member of `pb`'s size, by kind, with the sets of up
     to `n` members each (`_evaluate_equal`'s first step).
 
@@ -220,8 +241,8 @@ def _domain_kinds(pb: Problem, held: tuple[NodeView | None, ...], positions: np.
         if upto > n:
             return {kind: (f[:n], c[:n], ps) for kind, (f, c, ps) in cached.items()}
     kinds: _Kinds = {}
-    free = pb.free.tolist()
-    for p in positions.tolist():
+    free = pb.counts
+    for p in positions:
         if free[p] < g:
             continue
         view = pb.views[p]
@@ -296,50 +317,42 @@ def _evaluate_equal(
         order = np.repeat(np.array(cost, dtype=np.float64), lens)
         chosen = select_nodes(pos, weight, nfree, kind_ids, k, n, lower, order)
     else:  # nothing to keep together: the k first by the node order (small domains: plain Python)
-        top = heapq.nsmallest(
-            k, ((-cnt, cost[row], f, p, row) for row, (ps, cnt, f, _) in enumerate(table) for p in ps)
-        )
+        # sorted()[:k] is heapq.nsmallest(k, ...) (its documented equivalent), faster on few
+        top = sorted([(-cnt, cost[row], f, p, row) for row, (ps, cnt, f, _) in enumerate(table) for p in ps])[
+            :k
+        ]
         chosen = [(p, row) for _, _, _, p, row in top]
     assignment: list[tuple[int, int, Choice | None]] = []
+    floors = [floor for floor, _, _ in kinds.values() if offer(floor, t) > 0]  # table's rows
+    worst: Quality | None = None
     for p, row in chosen:
         _, cnt, _, choices = table[row]
-        for c in choices[: min(cnt, n - len(assignment))]:
+        take = min(cnt, n - len(assignment))
+        for c in choices[:take]:
             assignment.append((len(assignment), p, c))
-    assert len(assignment) == n, "k nodes were proven to hold every member"
-    worst = min(member_quality(c) for _, _, c in assignment)
+        # the worst of a node's first `take` sets is its floor there (the running worst)
+        if take and (worst is None or floors[row][take - 1] < worst):
+            worst = floors[row][take - 1]
+    assert len(assignment) == n and worst is not None, "k nodes were proven to hold every member"
     spans = count_spans(lower, [p for p, _ in chosen])
     return Candidate(d, k, worst, spans, dfree, tuple(assignment))
 
 
-def worst_cap(
-    views: Sequence[NodeView | None],
-    free: Sequence[int],
-    positions: Sequence[int],
-    g: int,
-    k: int,
-    memo: ChoiceMemo,
-) -> Quality | None:
-    """An upper bound on the worst member of any equal-size plan (members of `g` GPUs) that
-    uses the fewest nodes, `k`, of the domain whose node positions are `positions`.
+def worst_cap(kinds: _Kinds, k: int) -> Quality | None:
+    """An upper bound on the worst member of any equal-size plan that uses the fewest nodes,
+    `k`, of a domain whose nodes with room for a member are `kinds` (`_domain_kinds`).
 
     Why it holds: with k the fewest nodes that can take the members, every one of the plan's
     k nodes takes at least one member (else k - 1 would do), and each node's members take
     their sets one after the other, so its first member gets the set the allocator chooses
-    from all its free GPUs (`memo.choose(allocator, free, g)`). The worst member is at most
-    that first member's quality on each of the k nodes, so at most the k-th best such
-    quality over the domain's nodes with room for a member. Nodes of unknown topology offer
-    UNKNOWN_QUALITY, below every measured set, as the planner's members there do. None
-    (no bound: work the domain out) where fewer than k nodes have room, which the caller's k
-    rules out."""
-    firsts: list[Quality] = []
-    for p in positions:
-        if free[p] < g:
-            continue
-        view = views[p]
-        assert view is not None
-        alloc = view.allocator
-        firsts.append(UNKNOWN_QUALITY if alloc is None else member_quality(memo.choose(alloc, view.free, g)))
-    if len(firsts) < k:
-        return None
-    firsts.sort(reverse=True)
-    return firsts[k - 1]
+    from all its free GPUs: `floor[0]` of its kind. The worst member is at most that on each
+    of the k nodes, so at most the k-th best `floor[0]` over the domain's nodes with room.
+    Nodes of unknown topology offer UNKNOWN_QUALITY, below every measured set, as the
+    planner's members there do. None (no bound: work the domain out) where fewer than k
+    nodes have room, which the caller's k rules out."""
+    left = k
+    for first, many in sorted(((floor[0], len(ps)) for floor, _, ps in kinds.values()), reverse=True):
+        left -= many
+        if left <= 0:
+            return first
+    return None
