@@ -200,19 +200,14 @@ def evaluate(
     return Candidate(d, len(packing), worst, spans, dfree, tuple(assignment))
 
 
-def _costs(
-    pb: Problem, kinds: list[_Kind], table: list[tuple[list[int], int, int, list[Choice | None]]]
-) -> list[float]:
-    """Per kind of node: what its offered members' sets cost future demand (0 without an
-    objective or a topology): the node order's key after members offered."""
-    objective = pb.objective
-    if objective is None:
-        return [0.0] * len(table)
-    out = []
-    for (policy, free), (_, cnt, _, choices) in zip(kinds, table, strict=True):
-        taken = [i for c in choices[:cnt] if c is not None for i in c.indices]
-        out.append(round(objective.take_cost(policy, free, taken), 6) if policy is not None and cnt else 0.0)
-    return out
+def _cost(objective: ClusterObjective | None, kind: _Kind, choices: list[Choice | None], cnt: int) -> float:
+    """What a node of `kind` offering its first `cnt` members' sets costs future demand (0
+    without an objective or a topology): the node order's key after members offered."""
+    policy, free = kind
+    if objective is None or policy is None:
+        return 0.0
+    taken = [i for c in choices[:cnt] if c is not None for i in c.indices]
+    return round(objective.take_cost(policy, free, taken), 6)
 
 
 #: Per kind of node (allocator, free set): the running worst of its members' sets (`floor`),
@@ -304,35 +299,35 @@ def _evaluate_equal(
         else:
             hi = mid - 1
     t = thresholds[lo]
-    # Every node that offers a member at t: its position, members offered, free GPUs and kind.
-    table = [(ps, offer(floor, t), len(free), choices) for (_, free), (floor, choices, ps) in kinds.items()]
-    cost = _costs(pb, list(kinds), table)
-    table, cost = [r for r in table if r[1] > 0], [c for r, c in zip(table, cost, strict=True) if r[1] > 0]
+    # Every kind that offers a member at t: its positions, members offered, free GPUs, sets,
+    # floor, and cost to future demand.
+    table: list[tuple[list[int], int, int, list[Choice | None], list[Quality], float]] = []
+    for kind, (floor, choices, ps) in kinds.items():
+        cnt = offer(floor, t)
+        if cnt > 0:
+            table.append((ps, cnt, len(kind[1]), choices, floor, _cost(pb.objective, kind, choices, cnt)))
     if lower:
-        lens = [len(ps) for ps, _, _, _ in table]
-        pos = np.fromiter(itertools.chain.from_iterable(ps for ps, _, _, _ in table), np.int64, sum(lens))
-        weight = np.repeat(np.array([cnt for _, cnt, _, _ in table], dtype=np.int64), lens)
-        nfree = np.repeat(np.array([f for _, _, f, _ in table], dtype=np.int64), lens)
+        lens = [len(r[0]) for r in table]
+        pos = np.fromiter(itertools.chain.from_iterable(r[0] for r in table), np.int64, sum(lens))
+        weight = np.repeat(np.array([r[1] for r in table], dtype=np.int64), lens)
+        nfree = np.repeat(np.array([r[2] for r in table], dtype=np.int64), lens)
         kind_ids = np.repeat(np.arange(len(table), dtype=np.int64), lens)
-        order = np.repeat(np.array(cost, dtype=np.float64), lens)
+        order = np.repeat(np.array([r[5] for r in table], dtype=np.float64), lens)
         chosen = select_nodes(pos, weight, nfree, kind_ids, k, n, lower, order)
     else:  # nothing to keep together: the k first by the node order (small domains: plain Python)
         # sorted()[:k] is heapq.nsmallest(k, ...) (its documented equivalent), faster on few
-        top = sorted([(-cnt, cost[row], f, p, row) for row, (ps, cnt, f, _) in enumerate(table) for p in ps])[
-            :k
-        ]
+        top = sorted([(-r[1], r[5], r[2], p, row) for row, r in enumerate(table) for p in r[0]])[:k]
         chosen = [(p, row) for _, _, _, p, row in top]
     assignment: list[tuple[int, int, Choice | None]] = []
-    floors = [floor for floor, _, _ in kinds.values() if offer(floor, t) > 0]  # table's rows
     worst: Quality | None = None
     for p, row in chosen:
-        _, cnt, _, choices = table[row]
+        _, cnt, _, choices, floor, _ = table[row]
         take = min(cnt, n - len(assignment))
         for c in choices[:take]:
             assignment.append((len(assignment), p, c))
         # the worst of a node's first `take` sets is its floor there (the running worst)
-        if take and (worst is None or floors[row][take - 1] < worst):
-            worst = floors[row][take - 1]
+        if take and (worst is None or floor[take - 1] < worst):
+            worst = floor[take - 1]
     assert len(assignment) == n and worst is not None, "k nodes were proven to hold every member"
     spans = count_spans(lower, [p for p, _ in chosen])
     return Candidate(d, k, worst, spans, dfree, tuple(assignment))
