@@ -126,9 +126,9 @@ def evaluate_promising(
     for d, k, _ in tied:
         positions = lx.members[d].tolist()
         held = tuple([views[p] for p in positions])
-        kinds = _domain_kinds(pb, held, positions)
+        kinds, firsts = _domain_kinds(pb, held, positions)
         seen.append((held, kinds))
-        caps.append(worst_cap(kinds, k))
+        caps.append(worst_cap(firsts, k))
     found: dict[int, Candidate] = {}
     best: Quality | None = None
     # highest bound first; a domain without one (None) is always worked out, so it goes first
@@ -185,7 +185,7 @@ def evaluate(
         if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
             assert isinstance(hit[1], Candidate)
             return hit[1]
-        kinds = known[1] if known is not None else _domain_kinds(pb, held, positions.tolist())
+        kinds = known[1] if known is not None else _domain_kinds(pb, held, positions.tolist())[0]
         got = _evaluate_equal(pb, d, k, kinds, dfree, lower)
         memo.domains[key] = (held, got)
         memo.domains_held += len(held)
@@ -215,26 +215,34 @@ def _cost(objective: ClusterObjective | None, kind: _Kind, choices: list[Choice 
 _Kinds = dict[_Kind, tuple[list[Quality], list[Choice | None], list[int]]]
 
 
-def _domain_kinds(pb: Problem, held: tuple[NodeView | None, ...], positions: list[int]) -> _Kinds:
+#: A domain's kinds with, per kind, its first member's quality and its node count, best first
+#: (what `worst_cap` reads; the first member's set does not depend on n).
+_Firsts = list[tuple[Quality, int]]
+
+
+def _domain_kinds(
+    pb: Problem, held: tuple[NodeView | None, ...], positions: list[int]
+) -> tuple[_Kinds, _Firsts]:
     """The domain's nodes with room for a member of `pb`'s size, by kind, with the sets of up
-    to `n` members each (`_evaluate_equal`'s first step).
+    to `n` members each (`_evaluate_equal`'s first step), and their `_Firsts`.
 
     A function of the node views and the member size alone, save for the number of members
     worked out per node, min(its slots, n): a node's first m sets are the same whatever n >= m
     (each member chooses from what the earlier ones left). So it is memoised on the views'
     identity and the size, with the n it was worked out for: any gang of at most that many
-    members reads it, cut down to its own n, the same lists a fresh pass would build; one of
-    more members works it out again. The caller has reset the memo for this index."""
+    members reads it, cut down to its own n (a no-op when no node got more than n sets), the
+    same lists a fresh pass would build; one of more members works it out again. The caller
+    has reset the memo for this index."""
     g, n = pb.sizes[0], len(pb.sizes)
     memo = pb.memo
     key = ("kinds", g, *map(id, held))
     hit = memo.domains.get(key)
     if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
-        upto, cached = cast(tuple[int, _Kinds], hit[1])
-        if upto == n:
-            return cached
+        upto, longest, cached, firsts = cast(tuple[int, int, _Kinds, _Firsts], hit[1])
+        if upto >= n and longest <= n:
+            return cached, firsts
         if upto > n:
-            return {kind: (f[:n], c[:n], ps) for kind, (f, c, ps) in cached.items()}
+            return {kind: (f[:n], c[:n], ps) for kind, (f, c, ps) in cached.items()}, firsts
     kinds: _Kinds = {}
     free = pb.counts
     for p in positions:
@@ -252,9 +260,11 @@ def _domain_kinds(pb: Problem, held: tuple[NodeView | None, ...], positions: lis
                 floor.append(q if not floor or q < floor[-1] else floor[-1])
             entry = kinds[kind] = (floor, choices, [])
         entry[2].append(p)
-    memo.domains[key] = (held, (n, kinds))
+    firsts = sorted(((floor[0], len(ps)) for floor, _, ps in kinds.values()), reverse=True)
+    longest = max((len(c) for _, c, _ in kinds.values()), default=0)
+    memo.domains[key] = (held, (n, longest, kinds, firsts))
     memo.domains_held += len(held)
-    return kinds
+    return kinds, firsts
 
 
 def _evaluate_equal(
@@ -333,9 +343,9 @@ def _evaluate_equal(
     return Candidate(d, k, worst, spans, dfree, tuple(assignment))
 
 
-def worst_cap(kinds: _Kinds, k: int) -> Quality | None:
+def worst_cap(firsts: _Firsts, k: int) -> Quality | None:
     """An upper bound on the worst member of any equal-size plan that uses the fewest nodes,
-    `k`, of a domain whose nodes with room for a member are `kinds` (`_domain_kinds`).
+    `k`, of a domain whose nodes with room for a member have the `firsts` of `_domain_kinds`.
 
     Why it holds: with k the fewest nodes that can take the members, every one of the plan's
     k nodes takes at least one member (else k - 1 would do), and each node's members take
@@ -346,7 +356,7 @@ def worst_cap(kinds: _Kinds, k: int) -> Quality | None:
     planner's members there do. None (no bound: work the domain out) where fewer than k
     nodes have room, which the caller's k rules out."""
     left = k
-    for first, many in sorted(((floor[0], len(ps)) for floor, _, ps in kinds.values()), reverse=True):
+    for first, many in firsts:
         left -= many
         if left <= 0:
             return first
