@@ -121,10 +121,11 @@ def evaluate_promising(
     bound below the best worst found ends the search."""
     _own_memo(pb)
     views = pb.views
+    members = _member_lists(pb.memo, lx)
     seen: list[tuple[tuple[NodeView | None, ...], _Kinds]] = []
     caps: list[Quality | None] = []
     for d, k, _ in tied:
-        positions = lx.members[d].tolist()
+        positions = members[d]
         held = tuple([views[p] for p in positions])
         kinds, firsts = _domain_kinds(pb, held, positions)
         seen.append((held, kinds))
@@ -145,6 +146,17 @@ def evaluate_promising(
 
 #: Node views the domain evaluations of one memo may hold before they are dropped.
 DOMAIN_VIEWS_HELD = 200_000
+
+
+def _member_lists(memo: ChoiceMemo, lx: LevelIndex) -> list[list[int]]:
+    """`lx.members` as lists (made once per index and level: the memo was reset for the index)."""
+    key = ("members", lx.level)
+    hit = memo.domains.get(key)
+    if hit is not None and hit[0][0] is lx:
+        return cast(list[list[int]], hit[1])
+    lists = [m.tolist() for m in lx.members]
+    memo.domains[key] = ((lx,), lists)
+    return lists
 
 
 def _own_memo(pb: Problem) -> None:
