@@ -44,13 +44,11 @@ class Problem:
     roomiest: int = 0  # most free GPUs of one node
     objective: ClusterObjective | None = None
     homogeneous: bool = field(init=False)
+    total: int = field(init=False)  # GPUs of all members
 
     def __post_init__(self) -> None:
         self.homogeneous = len(set(self.sizes)) == 1
-
-    @property
-    def total(self) -> int:
-        return sum(self.sizes)
+        self.total = sum(self.sizes)
 
     def choices(self, pos: int, sizes: Sequence[int]) -> list[Choice | None]:
         """Sets for members of `sizes` placed on one node one after the other."""
