@@ -50,11 +50,11 @@ import numpy as np
 
 from gputopo.clusterobjective import ClusterObjective
 from gputopo.gangcost import plan_cost
-from gputopo.gangdomain import Candidate, Problem, contenders, evaluate, evaluate_promising
+from gputopo.gangdomain import Candidate, Problem, contenders, evaluate, evaluate_promising, level_bounds
 from gputopo.gangreason import Miss, no_plan_reason
 from gputopo.network import CLUSTER, NetworkIndex, validate_levels
 from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Placement, Quality, member_quality
-from gputopo.packing import NO_K, SMALL_NODES, equal_bounds, min_nodes, pack
+from gputopo.packing import NO_K, SMALL_NODES, min_nodes, pack
 from gputopo.spread import lower_levels
 
 # The names callers import from here (the node view, the memo and the placement are shared
@@ -210,7 +210,7 @@ def _plan_level(
         return None  # every domain is one node, and none has room for the whole gang
     small = None
     if prune and pb.homogeneous and len(pb.views) <= SMALL_NODES:
-        small = equal_bounds(lx.domain_id, lx.count, pb.counts, pb.sizes[0], len(pb.sizes))
+        small = level_bounds(pb, lx)  # packing.equal_bounds, memoised per domain
     if small is not None and not small[1] and not explain:
         return None  # no domain passes the necessary check: nothing to evaluate or explain
     if small is not None and small[1]:  # the same answer as below, on lists (small clusters)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -25,6 +25,7 @@ from gputopo.allocator import Choice
 from gputopo.clusterobjective import ClusterObjective
 from gputopo.network import LevelIndex, NetworkIndex
 from gputopo.nodeview import ChoiceMemo, NodeView, Quality, member_quality
+from gputopo.packing import NO_K, fewest
 from gputopo.policy import GpuPolicy
 from gputopo.spread import count_spans, select_nodes
 
@@ -144,6 +145,56 @@ def evaluate_promising(
 
 #: Node views the domain evaluations of one memo may hold before they are dropped.
 DOMAIN_VIEWS_HELD = 200_000
+
+
+def level_bounds(pb: Problem, lx: LevelIndex) -> tuple[np.ndarray, list[int], np.ndarray]:
+    """`packing.equal_bounds` for `pb`'s members (one size) over `lx`'s domains, each domain's
+    part memoised on its nodes' free GPU counts: per domain its free GPUs and its fewest nodes
+    are a function of those counts, the size and the member count alone, and gangs planned one
+    after another meet the same counts in every domain but the few that changed."""
+    _own_memo(pb)
+    g, n = pb.sizes[0], len(pb.sizes)
+    need, counts, memo = n * g, pb.counts, pb.memo
+    dfree: list[int] = []
+    bound: list[int] = []
+    for get in _count_getters(memo, lx):
+        t = get(counts)
+        key = ("bound", g, n, t)
+        hit = memo.domains.get(key)
+        if hit is None:
+            f = sum(t)
+            slots = [c // g for c in t if c >= g]
+            hit = memo.domains[key] = ((), (f, fewest(slots, n) if slots and f >= need else int(NO_K)))
+            memo.domains_held += 1
+        f, b = cast(tuple[int, int], hit[1])
+        dfree.append(f)
+        bound.append(b)
+    passing = sorted((d for d, b in enumerate(bound) if b != NO_K), key=bound.__getitem__)
+    return np.array(dfree, dtype=np.int64), passing, np.array(bound, dtype=np.int64)
+
+
+def _count_getters(memo: ChoiceMemo, lx: LevelIndex) -> list[Callable[[list[int]], tuple[int, ...]]]:
+    """Per domain of `lx`, a function picking its nodes' entries out of a per-position list
+    (made once per index and level)."""
+    key = ("getters", lx.level)
+    hit = memo.domains.get(key)
+    if hit is not None and hit[0][0] is lx:
+        return cast(list[Callable[[list[int]], tuple[int, ...]]], hit[1])
+    getters: list[Callable[[list[int]], tuple[int, ...]]] = []
+    for m in _member_lists(memo, lx):
+        if len(m) == 1:  # itemgetter of one index answers the item, not a tuple of it
+            getters.append(_picker(m[0]))
+        else:
+            getters.append(operator.itemgetter(*m))
+    memo.domains[key] = ((lx,), getters)
+    return getters
+
+
+def _picker(p: int) -> Callable[[list[int]], tuple[int, ...]]:
+    def pick(c: list[int]) -> tuple[int, ...]:
+        return (c[p],)
+
+    return pick
 
 
 def _member_lists(memo: ChoiceMemo, lx: LevelIndex) -> list[list[int]]:

@@ -49,10 +49,10 @@ def min_nodes_small(domain_id: np.ndarray, count: int, amount: np.ndarray, need:
     for d, a in zip(domain_id.tolist(), amount.tolist(), strict=True):
         if a > 0 or need <= 0:  # nodes without room never complete a positive need
             per[d].append(a)
-    return np.array([_fewest(got, need) if got else int(NO_K) for got in per], dtype=np.int64)
+    return np.array([fewest(got, need) if got else int(NO_K) for got in per], dtype=np.int64)
 
 
-def _fewest(amounts: list[int], need: int) -> int:
+def fewest(amounts: list[int], need: int) -> int:
     """How many of `amounts`, largest first, reach `need` (NO_K if all of them do not)."""
     acc = 0
     for rank, a in enumerate(sorted(amounts, reverse=True), 1):
@@ -76,7 +76,7 @@ def equal_bounds(
         if f >= g:
             slots[d].append(f // g)
     need = n * g
-    bound = [_fewest(got, n) if got and dfree[d] >= need else int(NO_K) for d, got in enumerate(slots)]
+    bound = [fewest(got, n) if got and dfree[d] >= need else int(NO_K) for d, got in enumerate(slots)]
     passing = sorted((d for d, b in enumerate(bound) if b != NO_K), key=bound.__getitem__)
     return np.array(dfree, dtype=np.int64), passing, np.array(bound, dtype=np.int64)
 

@@ -252,3 +252,30 @@ def test_equal_bounds_on_a_list_equal_those_on_an_array(
     a = packing.equal_bounds(domain_id, count, free, g, n)
     b = packing.equal_bounds(domain_id, count, np.array(free, dtype=np.int64), g, n)
     assert a[0].tolist() == b[0].tolist() and a[1] == b[1] and a[2].tolist() == b[2].tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_level_bounds_memoised_per_domain_equal_equal_bounds(seed: int) -> None:
+    """`gangdomain.level_bounds` with one memo across changing free counts, member sizes and
+    counts, on every level of a preset (single-node domains too), equals `packing.equal_bounds`."""
+    rng = random.Random(seed)
+    cluster = preset_cluster(rng.choice(["default", "mixed-leaf", "gb200-nvl"]))
+    index = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
+    sizes = [cluster.topologies[n.topology].n for n in cluster.nodes]
+    counts = [0] * len(index.nodes)
+    memo = ChoiceMemo()
+    for _ in range(20):
+        for node, size in rng.sample(list(zip(cluster.nodes, sizes, strict=True)), 8):
+            counts[index.position[node.name]] = rng.choice([0, size, rng.randint(0, size)])
+        g, n = rng.choice([1, 2, 4, 8]), rng.randint(1, 12)
+        pb = gangdomain.Problem(index, [None] * len(counts), np.array(counts), list(counts), [g] * n, memo)
+        for level in (*index.levels, "*"):
+            lx = index.level(level)
+            got = gangdomain.level_bounds(pb, lx)
+            want = packing.equal_bounds(lx.domain_id, lx.count, counts, g, n)
+            assert (
+                got[0].tolist() == want[0].tolist()
+                and got[1] == want[1]
+                and got[2].tolist() == want[2].tolist()
+            )
