@@ -3,12 +3,15 @@ with its objective values, and how a domain is worked out, with the bounds and m
 skip work whose result cannot win.
 
 `gang._plan_level` finds, per level, the domains that tie on (1) the level and (2) fewest
-nodes; `evaluate` works one out: for equal member sizes `_evaluate_equal` (the largest
+nodes (for equal sizes on small clusters `level_bounds`, `packing.equal_bounds` memoised per
+domain); `evaluate` works one out: for equal member sizes `_evaluate_equal` (the largest
 threshold T such that k nodes take every member with each set at least T, then the k nodes
-by (3b) and the node order), for mixed sizes the packing's nodes. `evaluate_promising` skips
-a tied domain whose `worst_cap` (a bound on (3) from one memo lookup per node) is below a plan
-already found, and `contenders` leaves out of (4)'s pricing every candidate already behind
-on (2)-(3b). Pure: no I/O, no clock, no globals; the memo is the caller's.
+by (3b) and the node order) over the domain's node kinds (`_domain_kinds`, memoised), for
+mixed sizes the packing's nodes. `evaluate_promising` skips a tied domain whose `worst_cap`
+(a bound on (3) read off its node kinds) is below a plan already found, and `contenders`
+leaves out of (4)'s pricing every candidate already behind on (2)-(3b). Pure: no I/O, no
+clock, no globals; the memos live in the caller's `ChoiceMemo` (`domains`), keyed on what
+their answers depend on and bounded by the views they hold.
 """
 
 from __future__ import annotations
