@@ -169,7 +169,7 @@ def level_bounds(pb: Problem, lx: LevelIndex) -> tuple[np.ndarray, list[int], np
             slots = [c // g for c in t if c >= g]
             hit = memo.domains[key] = ((), (f, fewest(slots, n) if slots and f >= need else int(NO_K)))
             memo.domains_held += 1
-        f, b = cast(tuple[int, int], hit[1])
+        f, b = cast("tuple[int, int]", hit[1])
         dfree.append(f)
         bound.append(b)
     passing = sorted((d for d, b in enumerate(bound) if b != NO_K), key=bound.__getitem__)
@@ -182,7 +182,7 @@ def _count_getters(memo: ChoiceMemo, lx: LevelIndex) -> list[Callable[[list[int]
     key = ("getters", lx.level)
     hit = memo.domains.get(key)
     if hit is not None and hit[0][0] is lx:
-        return cast(list[Callable[[list[int]], tuple[int, ...]]], hit[1])
+        return cast("list[Callable[[list[int]], tuple[int, ...]]]", hit[1])
     getters: list[Callable[[list[int]], tuple[int, ...]]] = []
     for m in _member_lists(memo, lx):
         if len(m) == 1:  # itemgetter of one index answers the item, not a tuple of it
@@ -205,7 +205,7 @@ def _member_lists(memo: ChoiceMemo, lx: LevelIndex) -> list[list[int]]:
     key = ("members", lx.level)
     hit = memo.domains.get(key)
     if hit is not None and hit[0][0] is lx:
-        return cast(list[list[int]], hit[1])
+        return cast("list[list[int]]", hit[1])
     lists = [m.tolist() for m in lx.members]
     memo.domains[key] = ((lx,), lists)
     return lists
@@ -302,7 +302,7 @@ def _domain_kinds(
     key = ("kinds", g, *map(id, held))
     hit = memo.domains.get(key)
     if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
-        upto, longest, cached, firsts = cast(tuple[int, int, _Kinds, _Firsts], hit[1])
+        upto, longest, cached, firsts = cast("tuple[int, int, _Kinds, _Firsts]", hit[1])
         if upto >= n and longest <= n:
             return cached, firsts
         if upto > n:
