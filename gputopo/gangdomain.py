@@ -146,7 +146,9 @@ def evaluate_promising(
     return [found[i] for i in sorted(found)]
 
 
-#: Node views the domain evaluations of one memo may hold before they are dropped.
+#: Node views the domain evaluations of one memo may hold before they are dropped. The memo's
+#: keys: a candidate's start with its level (a label key, or "*"); the others' with a tag that
+#: no label key can be ("#kinds", "#bound", "#members", "#getters").
 DOMAIN_VIEWS_HELD = 200_000
 
 
@@ -162,7 +164,7 @@ def level_bounds(pb: Problem, lx: LevelIndex) -> tuple[np.ndarray, list[int], np
     bound: list[int] = []
     for get in _count_getters(memo, lx):
         t = get(counts)
-        key = ("bound", g, n, t)
+        key = ("#bound", g, n, t)
         hit = memo.domains.get(key)
         if hit is None:
             f = sum(t)
@@ -179,7 +181,7 @@ def level_bounds(pb: Problem, lx: LevelIndex) -> tuple[np.ndarray, list[int], np
 def _count_getters(memo: ChoiceMemo, lx: LevelIndex) -> list[Callable[[list[int]], tuple[int, ...]]]:
     """Per domain of `lx`, a function picking its nodes' entries out of a per-position list
     (made once per index and level)."""
-    key = ("getters", lx.level)
+    key = ("#getters", lx.level)
     hit = memo.domains.get(key)
     if hit is not None and hit[0][0] is lx:
         return cast("list[Callable[[list[int]], tuple[int, ...]]]", hit[1])
@@ -202,7 +204,7 @@ def _picker(p: int) -> Callable[[list[int]], tuple[int, ...]]:
 
 def _member_lists(memo: ChoiceMemo, lx: LevelIndex) -> list[list[int]]:
     """`lx.members` as lists (made once per index and level: the memo was reset for the index)."""
-    key = ("members", lx.level)
+    key = ("#members", lx.level)
     hit = memo.domains.get(key)
     if hit is not None and hit[0][0] is lx:
         return cast("list[list[int]]", hit[1])
@@ -299,7 +301,7 @@ def _domain_kinds(
     has reset the memo for this index."""
     g, n = pb.sizes[0], len(pb.sizes)
     memo = pb.memo
-    key = ("kinds", g, *map(id, held))
+    key = ("#kinds", g, *map(id, held))
     hit = memo.domains.get(key)
     if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
         upto, longest, cached, firsts = cast("tuple[int, int, _Kinds, _Firsts]", hit[1])
