@@ -347,39 +347,12 @@ def _evaluate_equal(
     fit), then name.
     Nodes with the same allocator and free set are worked out once."""
     n = len(pb.sizes)
-
-    def offer(floor: list[Quality], t: Quality) -> int:
-        count = 0  # floor only falls: count its prefix >= t
-        for q in floor:
-            if q < t:
-                break
-            count += 1
-        return count
-
-    def fits(t: Quality) -> bool:
-        nodes_left, members = k, 0
-        for cnt, many in sorted(((offer(f, t), len(ps)) for f, _, ps in kinds.values()), reverse=True):
-            take = min(many, nodes_left)
-            members += cnt * take
-            nodes_left -= take
-            if nodes_left == 0:
-                break
-        return members >= n
-
-    thresholds = sorted({q for floor, _, _ in kinds.values() for q in floor})
-    lo, hi = 0, len(thresholds) - 1  # the lowest threshold fits: k is feasible
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(thresholds[mid]):
-            lo = mid
-        else:
-            hi = mid - 1
-    t = thresholds[lo]
+    t = _threshold(kinds, k, n)
     # Every kind that offers a member at t: its positions, members offered, free GPUs, sets,
     # floor, and cost to future demand.
     table: list[tuple[list[int], int, int, list[Choice | None], list[Quality], float]] = []
     for kind, (floor, choices, ps) in kinds.items():
-        cnt = offer(floor, t)
+        cnt = _offer(floor, t)
         if cnt > 0:
             table.append((ps, cnt, len(kind[1]), choices, floor, _cost(pb.objective, kind, choices, cnt)))
     if lower:
@@ -407,6 +380,55 @@ def _evaluate_equal(
     assert len(assignment) == n and worst is not None, "k nodes were proven to hold every member"
     spans = count_spans(lower, [p for p, _ in chosen])
     return Candidate(d, k, worst, spans, dfree, tuple(assignment))
+
+
+def _offer(floor: list[Quality], t: Quality) -> int:
+    """Members a node of this floor offers at threshold t (floor only falls: its prefix >= t)."""
+    count = 0
+    for q in floor:
+        if q < t:
+            break
+        count += 1
+    return count
+
+
+def _threshold(kinds: _Kinds, k: int, n: int) -> Quality:
+    """The largest threshold T at which k nodes take all n members (`_evaluate_equal`).
+
+    When no node offers a second member (every floor has one entry), a node offers a member at
+    T exactly when its first set reaches T, and k nodes take the n members (so k >= n) at T
+    exactly when n nodes' first sets reach T: the largest such T among the floors' values is
+    the n-th best first set, as `worst_cap` counts (whole-node members always get here).
+    Otherwise the binary search over the floors' values, `_searched_threshold`."""
+    if all(len(floor) == 1 for floor, _, _ in kinds.values()):
+        t = worst_cap(sorted(((floor[0], len(ps)) for floor, _, ps in kinds.values()), reverse=True), n)
+        assert t is not None, "k nodes were proven to have room"
+        return t
+    return _searched_threshold(kinds, k, n)
+
+
+def _searched_threshold(kinds: _Kinds, k: int, n: int) -> Quality:
+    """`_threshold` by a binary search over the floors' values (fits is monotone in T)."""
+
+    def fits(t: Quality) -> bool:
+        nodes_left, members = k, 0
+        for cnt, many in sorted(((_offer(f, t), len(ps)) for f, _, ps in kinds.values()), reverse=True):
+            take = min(many, nodes_left)
+            members += cnt * take
+            nodes_left -= take
+            if nodes_left == 0:
+                break
+        return members >= n
+
+    thresholds = sorted({q for floor, _, _ in kinds.values() for q in floor})
+    lo, hi = 0, len(thresholds) - 1  # the lowest threshold fits: k is feasible
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(thresholds[mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return thresholds[lo]
 
 
 def worst_cap(firsts: _Firsts, k: int) -> Quality | None:

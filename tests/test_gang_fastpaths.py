@@ -279,3 +279,33 @@ def test_level_bounds_memoised_per_domain_equal_equal_bounds(seed: int) -> None:
                 and got[1] == want[1]
                 and got[2].tolist() == want[2].tolist()
             )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_threshold_read_off_single_offers_equals_the_binary_search(seed: int) -> None:
+    """Where no node offers a second member (whole-node members, or one member per node), the
+    threshold taken as the n-th best first set equals the binary search's, for every feasible
+    k; elsewhere `_threshold` is the search itself."""
+    rng = random.Random(seed)
+    pool = AllocatorPool()
+    cluster = preset_cluster(rng.choice(["default", "mixed-leaf", "gb200-nvl"]))
+    index = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
+    views: list[NodeView | None] = [None] * len(index.nodes)
+    for node in cluster.nodes:
+        topo = cluster.topologies[node.topology]
+        free = frozenset(range(topo.n)) if rng.random() < 0.5 else frozenset(rng.sample(range(topo.n), 2))
+        alloc = pool.get(topo) if rng.random() < 0.9 else None
+        views[index.position[node.name]] = NodeView(node.name, node.labels, topo.n, free, alloc)
+    counts = [len(v.free) if v is not None else 0 for v in views]
+    g = rng.choice([2, 4, 8])
+    lx = index.level(rng.choice([lv for lv in index.levels if lv != "kubernetes.io/hostname"]))
+    positions = lx.members[rng.randrange(lx.count)].tolist()
+    held = tuple(views[p] for p in positions)
+    room = sum(1 for p in positions if counts[p] >= g)
+    for n in range(1, room + 1):
+        pb = gangdomain.Problem(index, views, np.array(counts), counts, [g] * n, ChoiceMemo())
+        kinds, _ = gangdomain._domain_kinds(pb, held, positions)
+        bound = packing.equal_bounds(lx.domain_id, lx.count, counts, g, n)[2]
+        k = int(bound[lx.domain_id[positions[0]]])
+        assert gangdomain._threshold(kinds, k, n) == gangdomain._searched_threshold(kinds, k, n)
