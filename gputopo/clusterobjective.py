@@ -171,6 +171,7 @@ class ClusterObjective:
         self._terms: dict[tuple[int, int], list[tuple[int, float, int]]] = {}  # see `_value`
         self._effs: dict[tuple[int, int], float] = {}  # (gpus, ring MB/s) -> efficiency
         self._worths: dict[int, list[tuple[int, float]]] = {}  # allocator id -> see `_frag_growth`
+        self._takes: dict[tuple[object, ...], float] = {}  # see `take_cost`
 
     def learn(self, allocators: Iterable[Allocator]) -> None:
         """Fold servers into "the best ring this size can get anywhere" (idempotent)."""
@@ -186,6 +187,7 @@ class ClusterObjective:
             self._terms.clear()
             self._effs.clear()
             self._worths.clear()
+            self._takes.clear()
 
     def efficiency(self, gpus: int, ring_mbps: int) -> float:
         hit = self._effs.get((gpus, ring_mbps))
@@ -243,11 +245,22 @@ class ClusterObjective:
         """What taking `taken` out of a node's `free` GPUs costs future demand: `keys`' least
         cost (value lost + frag_weight x fragmentation growth), for the gang planner's tie order."""
         alloc = policy.exact
-        self.learn((alloc,))
-        f_mask = _mask(free)
-        r_mask = f_mask & ~_mask(taken)
-        cost = self._value(alloc, f_mask) - self._value(alloc, r_mask)
-        return cost + self.frag_weight * self._frag_growth(alloc, f_mask.bit_count(), r_mask.bit_count())
+        if id(alloc) not in self._seen:
+            self.learn((alloc,))
+        # A function of the allocator, the two sets, the mix version and the weight (what the
+        # objective learned clears this memo): the planner asks the same few again and again.
+        gpus = tuple(taken)
+        key = (alloc, free, gpus, self.mix.version, self.frag_weight)
+        hit = self._takes.get(key)
+        if hit is None:
+            if len(self._takes) > 200_000:
+                self._takes.clear()
+            f_mask = _mask(free)
+            r_mask = f_mask & ~_mask(gpus)
+            cost = self._value(alloc, f_mask) - self._value(alloc, r_mask)
+            cost += self.frag_weight * self._frag_growth(alloc, f_mask.bit_count(), r_mask.bit_count())
+            hit = self._takes[key] = cost
+        return hit
 
     def _cost(self, alloc: Allocator, free: frozenset[int], choice: Choice) -> float:
         """The second key of a good-enough candidate: minus what taking `choice` out of `free`

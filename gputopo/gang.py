@@ -34,7 +34,8 @@ How a plan is found (docs/gang.md has the long form, with where it is exact):
   * GPU sets always come from `Allocator.choose` (one objective, one allocator); members that
     share a node get their sets one after the other from what the earlier ones left free.
 
-This module owns the plan and its objective; fewest nodes (2) is `gputopo.packing`, fewest
+This module owns the plan and its objective; one domain worked out (and the bounds that skip
+domains that cannot win) is `gputopo.gangdomain`, fewest nodes (2) is `gputopo.packing`, fewest
 sub-domains (3b) is `gputopo.spread`, and a pod outside any gang is `gputopo.placement`'s.
 Pure: no I/O, no clock, no globals. A `ChoiceMemo` owned by the caller may be shared across
 calls on the same allocators; everything else lives for one call.
@@ -42,23 +43,19 @@ calls on the same allocators; everything else lives for one call.
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import operator
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from gputopo.allocator import Choice
 from gputopo.clusterobjective import ClusterObjective
 from gputopo.gangcost import plan_cost
+from gputopo.gangdomain import Candidate, Problem, contenders, evaluate, evaluate_promising, level_bounds
 from gputopo.gangreason import Miss, no_plan_reason
-from gputopo.network import CLUSTER, LevelIndex, NetworkIndex, validate_levels
+from gputopo.network import CLUSTER, NetworkIndex, validate_levels
 from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Placement, Quality, member_quality
-from gputopo.packing import NO_K, SMALL_NODES, equal_bounds, min_nodes, pack
-from gputopo.policy import GpuPolicy
-from gputopo.spread import count_spans, lower_levels, select_nodes
+from gputopo.packing import NO_K, SMALL_NODES, min_nodes, pack
+from gputopo.spread import lower_levels
 
 # The names callers import from here (the node view, the memo and the placement are shared
 # with single-pod placement, gputopo.placement, and live in gputopo.nodeview).
@@ -75,8 +72,6 @@ __all__ = [
     "member_quality",
     "plan_gang",
 ]
-
-_Kind = tuple[GpuPolicy | None, frozenset[int]]
 
 
 @dataclass(frozen=True)
@@ -116,69 +111,6 @@ class NoPlan:
 # --------------------------------------------------------------------------- gang planning
 
 
-@dataclass
-class _Problem:
-    """One planning call, aligned on the network index's node positions."""
-
-    spec: GangSpec
-    index: NetworkIndex
-    views: list[NodeView | None]
-    free: np.ndarray  # free GPU count per position (0 where no view)
-    sizes: list[int]  # GPUs per member, spec order
-    memo: ChoiceMemo
-    roomiest: int = 0  # most free GPUs of one node
-    objective: ClusterObjective | None = None
-    homogeneous: bool = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.homogeneous = len(set(self.sizes)) == 1
-
-    @property
-    def total(self) -> int:
-        return sum(self.sizes)
-
-    def choices(self, pos: int, sizes: Sequence[int]) -> list[Choice | None]:
-        """Sets for members of `sizes` placed on one node one after the other."""
-        view = self.views[pos]
-        assert view is not None
-        if view.allocator is None:
-            return [None] * len(sizes)
-        free = view.free
-        out: list[Choice | None] = []
-        for g in sizes:
-            choice = self.memo.choose(view.allocator, free, g)
-            out.append(choice)
-            free = free.difference(choice.indices)
-        return out
-
-
-@dataclass(frozen=True)
-class _Candidate:
-    """A feasible placement inside one domain, with its objective values."""
-
-    domain: int
-    nodes_used: int
-    worst: Quality
-    spans: tuple[int, ...]  # (3b): domains touched per lower level, largest level first
-    domain_free: int
-    assignment: tuple[tuple[int, int, Choice | None], ...]  # (member index, node position, choice)
-
-    def rank(self, cost: float = 0.0) -> tuple[int, _Desc, tuple[int, ...], float, int, int]:
-        """Sort key: smaller is better — (2) fewest nodes, (3) best worst, (3b) fewest
-        sub-domains, (4) least cost to future demand (`gangcost`), then fullest, (5) name."""
-        return (self.nodes_used, _Desc(self.worst), self.spans, cost, self.domain_free, self.domain)
-
-
-@dataclass(frozen=True)
-class _Desc:
-    """Reverses the order of a tuple inside a sort key."""
-
-    value: Quality
-
-    def __lt__(self, other: _Desc) -> bool:
-        return self.value > other.value
-
-
 def plan_gang(
     spec: GangSpec,
     nodes: Sequence[NodeView],
@@ -215,26 +147,28 @@ def plan_gang(
     counts = [0] * len(index.nodes)
     position = index.position
     try:
-        at = [position[v.name] for v in nodes]
+        for v in nodes:
+            pos = position[v.name]
+            views[pos] = v
+            counts[pos] = len(v.free)
     except KeyError as e:
         raise ValueError(f"node {e.args[0]!r} is not in the network index") from None
-    for pos, v in zip(at, nodes, strict=True):
-        views[pos] = v
-        counts[pos] = len(v.free)
-    largest = max((v.gpu_count for v in nodes), default=0)
+    largest = max([v.gpu_count for v in nodes], default=0)
     free = np.array(counts, dtype=np.int64)
     sizes = [m.gpus for m in spec.members]
     if max(sizes) > largest:
         big = max(spec.members, key=lambda m: m.gpus)
         return NoPlan(spec.key, f"pod {big.pod} asks for {big.gpus} GPUs; the largest node has {largest}")
     if objective is not None:  # before any cost: efficiencies are against the best of every node
-        objective.learn({v.allocator.exact for v in nodes if v.allocator is not None})
+        policies = {v.allocator for v in nodes}  # a few distinct ones (from one pool)
+        policies.discard(None)
+        objective.learn({p.exact for p in policies if p is not None})
     memo = memo if memo is not None else ChoiceMemo()
-    pb = _Problem(spec, index, views, free, sizes, memo, max(counts), objective)
+    pb = Problem(index, views, free, counts, sizes, memo, max(counts), objective)
     miss: Miss | None = None
     for k, level in enumerate(tried):
         # Only the last level's miss reaches the reason: the others skip working it out.
-        found = _plan_level(pb, level, prune, explain=k == len(tried) - 1)
+        found = _plan_level(spec, pb, level, prune, explain=k == len(tried) - 1)
         if isinstance(found, GangPlan):
             return found
         miss = found
@@ -267,14 +201,16 @@ def _levels_to_try(spec: GangSpec, levels: tuple[str, ...]) -> list[str] | str:
     return [*levels[start:], CLUSTER]
 
 
-def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> GangPlan | Miss | None:
+def _plan_level(
+    spec: GangSpec, pb: Problem, level: str, prune: bool, explain: bool = True
+) -> GangPlan | Miss | None:
     """The best plan inside one domain of `level`, else why not (None when not `explain`)."""
     lx = pb.index.level(level)
     if prune and not explain and lx.count == len(pb.views) and pb.total > pb.roomiest:
         return None  # every domain is one node, and none has room for the whole gang
     small = None
     if prune and pb.homogeneous and len(pb.views) <= SMALL_NODES:
-        small = equal_bounds(lx.domain_id, lx.count, pb.free, pb.sizes[0], len(pb.sizes))
+        small = level_bounds(pb, lx)  # packing.equal_bounds, memoised per domain
     if small is not None and not small[1] and not explain:
         return None  # no domain passes the necessary check: nothing to evaluate or explain
     if small is not None and small[1]:  # the same answer as below, on lists (small clusters)
@@ -322,22 +258,26 @@ def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> 
         top = int(np.lexsort((np.arange(lx.count), -dfree, -slots, ~ok))[0])
         return Miss(level, lx.names[top], int(dfree[top]), int(slots[top]), bool(ok[top]))
     lower = lower_levels(pb.index, level)
-    cands = [
-        _evaluate(pb, level, d, k, packing, lx.members[d], int(dfree[d]), lower) for d, k, packing in tied
-    ]
+    if prune and pb.homogeneous and len(tied) > 1:
+        cands = evaluate_promising(pb, level, tied, lx, dfree, lower)
+    else:
+        cands = [
+            evaluate(pb, level, d, k, packing, lx.members[d], int(dfree[d]), lower) for d, k, packing in tied
+        ]
+    best = min(cands, key=Candidate.rank)
     if pb.objective is not None and len(cands) > 1:
         objective = pb.objective
-        best = min(cands, key=lambda c: c.rank(plan_cost(objective, pb.views, c.assignment)))
-    else:
-        best = min(cands, key=_Candidate.rank)
+        rivals = contenders(cands, best)
+        if len(rivals) > 1:
+            best = min(rivals, key=lambda c: c.rank(plan_cost(objective, pb.views, c.assignment)))
     placements = [Placement("", "", ())] * len(pb.sizes)
     for i, pos, choice in best.assignment:
         view = pb.views[pos]
         assert view is not None
         gpus = choice.indices if choice is not None else ()
-        placements[i] = Placement(pb.spec.members[i].pod, view.name, gpus, choice)
+        placements[i] = Placement(spec.members[i].pod, view.name, gpus, choice)
     return GangPlan(
-        gang=pb.spec.key,
+        gang=spec.key,
         level=level,
         domain=lx.names[best.domain],
         placements=tuple(placements),
@@ -346,148 +286,3 @@ def _plan_level(pb: _Problem, level: str, prune: bool, explain: bool = True) -> 
         domain_free=best.domain_free,
         spans=best.spans,
     )
-
-
-#: Node views the domain evaluations of one memo may hold before they are dropped.
-_DOMAIN_VIEWS_HELD = 200_000
-
-
-def _evaluate(
-    pb: _Problem,
-    level: str,
-    d: int,
-    k: int,
-    packing: list[tuple[int, list[int]]],
-    positions: np.ndarray,
-    dfree: int,
-    lower: Sequence[LevelIndex],
-) -> _Candidate:
-    if pb.homogeneous:
-        # Equal sizes: the answer is a function of the domain's node views (their free sets
-        # and allocators), the index and the shape; gangs planned one after another mostly
-        # meet the same views in every domain but the few that changed.
-        memo = pb.memo
-        if memo.domains_for is not pb.index or memo.domains_held > _DOMAIN_VIEWS_HELD:
-            memo.domains.clear()
-            memo.domains_for, memo.domains_held = pb.index, 0
-        held = tuple([pb.views[p] for p in positions.tolist()])
-        mix = -1 if pb.objective is None else pb.objective.mix.version  # the node order's costs
-        key = (level, d, pb.sizes[0], len(pb.sizes), k, mix, *map(id, held))
-        hit = memo.domains.get(key)
-        if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
-            assert isinstance(hit[1], _Candidate)
-            return hit[1]
-        got = _evaluate_equal(pb, d, k, positions, dfree, lower)
-        memo.domains[key] = (held, got)
-        memo.domains_held += len(held)
-        return got
-    # Mixed sizes: keep the first-fit-decreasing packing; biggest members choose first.
-    assignment: list[tuple[int, int, Choice | None]] = []
-    for pos, members in packing:
-        for i, choice in zip(members, pb.choices(pos, [pb.sizes[i] for i in members]), strict=True):
-            assignment.append((i, pos, choice))
-    worst = min(member_quality(c) for _, _, c in assignment)
-    spans = count_spans(lower, [pos for pos, _ in packing])
-    return _Candidate(d, len(packing), worst, spans, dfree, tuple(assignment))
-
-
-def _costs(
-    pb: _Problem, kinds: list[_Kind], table: list[tuple[list[int], int, int, list[Choice | None]]]
-) -> list[float]:
-    """Per kind of node: what its offered members' sets cost future demand (0 without an
-    objective or a topology): the node order's key after members offered."""
-    objective = pb.objective
-    if objective is None:
-        return [0.0] * len(table)
-    out = []
-    for (policy, free), (_, cnt, _, choices) in zip(kinds, table, strict=True):
-        taken = [i for c in choices[:cnt] if c is not None for i in c.indices]
-        out.append(round(objective.take_cost(policy, free, taken), 6) if policy is not None and cnt else 0.0)
-    return out
-
-
-def _evaluate_equal(
-    pb: _Problem, d: int, k: int, positions: np.ndarray, dfree: int, lower: Sequence[LevelIndex]
-) -> _Candidate:
-    """The k nodes of the domain that maximise the worst member's set (equal sizes).
-
-    Each node's members choose one after the other, so its i-th member's set is known and
-    `floor[i]` (the worst of the first i+1) only falls. For a threshold T a node offers the
-    members whose floor reaches T; the best plan is the largest T at which the k roomiest
-    nodes still take everyone. Any k nodes whose offers at T add up to n keep (1)-(3), so
-    `select_nodes` picks them for (3b); with no level to keep together, the order is most
-    members offered, least cost to future demand (with an objective), fewer free GPUs (best
-    fit), then name.
-    Nodes with the same allocator and free set are worked out once."""
-    g, n = pb.sizes[0], len(pb.sizes)
-    # kind (allocator, free set) -> (floor, choices, positions in name order)
-    kinds: dict[_Kind, tuple[list[Quality], list[Choice | None], list[int]]] = {}
-    for p in positions.tolist():
-        if pb.free[p] < g:
-            continue
-        view = pb.views[p]
-        assert view is not None
-        kind = (view.allocator, view.free)
-        entry = kinds.get(kind)
-        if entry is None:
-            choices = pb.choices(p, [g] * min(len(view.free) // g, n))
-            floor: list[Quality] = []
-            for c in choices:
-                q = member_quality(c)
-                floor.append(q if not floor or q < floor[-1] else floor[-1])
-            entry = kinds[kind] = (floor, choices, [])
-        entry[2].append(p)
-
-    def offer(floor: list[Quality], t: Quality) -> int:
-        count = 0  # floor only falls: count its prefix >= t
-        for q in floor:
-            if q < t:
-                break
-            count += 1
-        return count
-
-    def fits(t: Quality) -> bool:
-        nodes_left, members = k, 0
-        for cnt, many in sorted(((offer(f, t), len(ps)) for f, _, ps in kinds.values()), reverse=True):
-            take = min(many, nodes_left)
-            members += cnt * take
-            nodes_left -= take
-            if nodes_left == 0:
-                break
-        return members >= n
-
-    thresholds = sorted({q for floor, _, _ in kinds.values() for q in floor})
-    lo, hi = 0, len(thresholds) - 1  # the lowest threshold fits: k is feasible
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(thresholds[mid]):
-            lo = mid
-        else:
-            hi = mid - 1
-    t = thresholds[lo]
-    # Every node that offers a member at t: its position, members offered, free GPUs and kind.
-    table = [(ps, offer(floor, t), len(free), choices) for (_, free), (floor, choices, ps) in kinds.items()]
-    cost = _costs(pb, list(kinds), table)
-    table, cost = [r for r in table if r[1] > 0], [c for r, c in zip(table, cost, strict=True) if r[1] > 0]
-    if lower:
-        lens = [len(ps) for ps, _, _, _ in table]
-        pos = np.fromiter(itertools.chain.from_iterable(ps for ps, _, _, _ in table), np.int64, sum(lens))
-        weight = np.repeat(np.array([cnt for _, cnt, _, _ in table], dtype=np.int64), lens)
-        nfree = np.repeat(np.array([f for _, _, f, _ in table], dtype=np.int64), lens)
-        kind_ids = np.repeat(np.arange(len(table), dtype=np.int64), lens)
-        order = np.repeat(np.array(cost, dtype=np.float64), lens)
-        chosen = select_nodes(pos, weight, nfree, kind_ids, k, n, lower, order)
-    else:  # nothing to keep together: the k first by the node order (small domains: plain Python)
-        top = heapq.nsmallest(
-            k, ((-cnt, cost[row], f, p, row) for row, (ps, cnt, f, _) in enumerate(table) for p in ps)
-        )
-        chosen = [(p, row) for _, _, _, p, row in top]
-    assignment: list[tuple[int, int, Choice | None]] = []
-    for p, row in chosen:
-        _, cnt, _, choices = table[row]
-        for c in choices[: min(cnt, n - len(assignment))]:
-            assignment.append((len(assignment), p, c))
-    assert len(assignment) == n, "k nodes were proven to hold every member"
-    worst = min(member_quality(c) for _, _, c in assignment)
-    spans = count_spans(lower, [p for p, _ in chosen])
-    return _Candidate(d, k, worst, spans, dfree, tuple(assignment))

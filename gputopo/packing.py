@@ -49,10 +49,10 @@ def min_nodes_small(domain_id: np.ndarray, count: int, amount: np.ndarray, need:
     for d, a in zip(domain_id.tolist(), amount.tolist(), strict=True):
         if a > 0 or need <= 0:  # nodes without room never complete a positive need
             per[d].append(a)
-    return np.array([_fewest(got, need) if got else int(NO_K) for got in per], dtype=np.int64)
+    return np.array([fewest(got, need) if got else int(NO_K) for got in per], dtype=np.int64)
 
 
-def _fewest(amounts: list[int], need: int) -> int:
+def fewest(amounts: list[int], need: int) -> int:
     """How many of `amounts`, largest first, reach `need` (NO_K if all of them do not)."""
     acc = 0
     for rank, a in enumerate(sorted(amounts, reverse=True), 1):
@@ -63,19 +63,20 @@ def _fewest(amounts: list[int], need: int) -> int:
 
 
 def equal_bounds(
-    domain_id: np.ndarray, count: int, free: np.ndarray, g: int, n: int
+    domain_id: np.ndarray, count: int, free: np.ndarray | list[int], g: int, n: int
 ) -> tuple[np.ndarray, list[int], np.ndarray]:
     """For n members of g GPUs each, in one loop over the nodes (small clusters): per domain its
     free GPUs; the domains that pass the necessary check (n x g free GPUs, n member slots), by
     fewest nodes then id; and the fewest nodes per domain (NO_K for those that do not pass).
-    The gang planner's numpy steps give the same."""
+    The gang planner's numpy steps give the same. `free` may be the per-node list already."""
     dfree = [0] * count
     slots: list[list[int]] = [[] for _ in range(count)]
-    for d, f in zip(domain_id.tolist(), free.tolist(), strict=True):
+    for d, f in zip(domain_id.tolist(), free.tolist() if isinstance(free, np.ndarray) else free, strict=True):
         dfree[d] += f
         if f >= g:
             slots[d].append(f // g)
-    bound = [_fewest(got, n) if dfree[d] >= n * g else int(NO_K) for d, got in enumerate(slots)]
+    need = n * g
+    bound = [fewest(got, n) if got and dfree[d] >= need else int(NO_K) for d, got in enumerate(slots)]
     passing = sorted((d for d, b in enumerate(bound) if b != NO_K), key=bound.__getitem__)
     return np.array(dfree, dtype=np.int64), passing, np.array(bound, dtype=np.int64)
 
