@@ -24,8 +24,8 @@ Pure: no I/O, no clock (the caller passes `now`), no globals; the caller owns th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Hashable
+from typing import Protocol
 
 from gputopo.allocator import AllocationError
 from gputopo.clusterobjective import CommProfile
@@ -41,8 +41,6 @@ class Kind(Protocol):
     @property
     def free(self) -> frozenset[int]: ...
 
-
-K = TypeVar("K", bound=Kind)
 
 #: Pods whose first decline is remembered (oldest out beyond this).
 MAX_HELD = 100_000
@@ -101,31 +99,23 @@ class RingWait:
             first = self._first[pod] = now
         return now - first < spill
 
-    def split(
-        self,
-        pod: Hashable,
-        gpus: int,
-        names: Sequence[str],
-        classes: Callable[[Sequence[str]], Mapping[K, Sequence[str]]],
-        now: float,
-        spill_after_s: float | None = None,
-    ) -> tuple[set[str], str | None]:
-        """A filter's part: of the candidates with room (`names`, grouped by `classes` into
-        nodes alike in policy and free set), those dropped for `pod` now, and why (None: the pod
-        is not held, nothing dropped; 1-GPU pods are never held and cost no grouping)."""
+    def judge(self, gpus: int, spill_after_s: float | None = None) -> Callable[[Kind], bool] | None:
+        """The per-kind test a filter applies for a pod of `gpus` GPUs whose own bound is
+        `spill_after_s` (None: the instance's); None when such a pod is never held, so there is
+        nothing to judge."""
         spill = self.spill_after_s if spill_after_s is None else spill_after_s
         if gpus < 2 or spill <= 0:
-            return set(), None
-        declined = {
-            n
-            for k, group in classes(names).items()
-            if not self.good(k.allocator, k.free, gpus)
-            for n in group
-        }
-        if not self.held(pod, bool(declined), now, spill):
-            return set(), None
-        waited = now - self._first[pod]
-        return declined, f"waiting {waited:.0f} s for a node that gives {gpus} GPUs its best ring (ringwait)"
+            return None
+        return lambda k: self.good(k.allocator, k.free, gpus)
+
+    def reason(
+        self, pod: Hashable, gpus: int, declined: bool, now: float, spill_after_s: float | None = None
+    ) -> str | None:
+        """Why the declined nodes are dropped for `pod` now, or None when it is not held
+        (`held`; a pod of one GPU never is)."""
+        if gpus < 2 or not self.held(pod, declined, now, spill_after_s):
+            return None
+        return f"waiting {now - self._first[pod]:.0f} s for a node that gives {gpus} GPUs its best ring (ringwait)"
 
     def forget(self, pod: Hashable) -> None:
         """The pod is placed (or gone): its wait ends."""

@@ -168,9 +168,11 @@ class Extender:
             self._observe_demand(pod)
             if pod.gang is not None and pod.gpus > 0:
                 return self._filter_gang(pod, names, snap, views, now)
-            ok, failed = views.split(names, pod.gpus)  # per node its class's free count: no views made
-            drop, why = self.ring_wait.split(
-                f"{pod.key}/{pod.uid}", pod.gpus, ok, views.classes, now, pod.topology_wait_s
+            # one pass, per node its class's free count and (2+ GPUs) whether it gives its best ring
+            judge = self.ring_wait.judge(pod.gpus, pod.topology_wait_s)
+            ok, failed, drop = views.split(names, pod.gpus, judge)
+            why = self.ring_wait.reason(
+                f"{pod.key}/{pod.uid}", pod.gpus, bool(drop), now, pod.topology_wait_s
             )
         if why is not None:  # held to the nodes that give it their best ring (gputopo.ringwait)
             ok, failed = [n for n in ok if n not in drop], failed | dict.fromkeys(drop, why)

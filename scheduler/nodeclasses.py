@@ -12,7 +12,7 @@ keep their identity from one build to the next, which the gang planner's memo re
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from gputopo.gang import NodeView
 from gputopo.policy import GpuPolicy
@@ -87,12 +87,17 @@ class NodeViews(Mapping[str, NodeView]):
         c = self._classes.get(name)
         return None if c is None else c.count
 
-    def split(self, names: Iterable[str], gpus: int) -> tuple[list[str], dict[str, str]]:
+    def split(
+        self, names: Iterable[str], gpus: int, good: Callable[[NodeClass], bool] | None = None
+    ) -> tuple[list[str], dict[str, str], set[str]]:
         """The filter's answer, in one pass over the candidates: those with at least `gpus`
-        free, and the reason for each other one."""
+        free, the reason for each other one, and those of them whose class `good` turns down
+        (asked once per class; none without `good`), for the caller to drop or keep."""
         ok: list[str] = []
         failed: dict[str, str] = {}
+        declined: set[str] = set()
         reasons: dict[int, str] = {}
+        verdicts: dict[NodeClass, bool] = {}
         classes = self._classes
         for n in names:
             c = classes.get(n)
@@ -100,12 +105,18 @@ class NodeViews(Mapping[str, NodeView]):
                 failed[n] = "node unknown to gputopo"
             elif c.count >= gpus:
                 ok.append(n)
+                if good is not None:
+                    fine = verdicts.get(c)
+                    if fine is None:
+                        fine = verdicts[c] = good(c)
+                    if not fine:
+                        declined.add(n)
             else:
                 why = reasons.get(c.count)
                 if why is None:
                     why = reasons[c.count] = f"needs {gpus} GPUs, {c.count} free"
                 failed[n] = why
-        return ok, failed
+        return ok, failed, declined
 
     def classes(self, names: Iterable[str]) -> dict[NodeClass, list[str]]:
         """The known nodes among `names`, grouped by class (in first-seen order)."""
