@@ -25,6 +25,8 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import ne
 
 from gputopo import gangs, kubesched
 from gputopo.allocator import Allocator, Choice
@@ -109,6 +111,8 @@ class SidecarPolicy:
         self._tops_version = -1
         self._parts: dict[tuple[tuple[int, int], int], _Part] = {}  # (class, size) -> `_part`
         self._parts_learned = -1
+        #: (pod size, the classes present) -> `_ring_split`'s answer (pure in them: never renewed)
+        self._rings: dict[tuple[int, frozenset[tuple[int, int]]], tuple[list[tuple[int, int]], bool]] = {}
         self._good: dict[tuple[tuple[int, int], int], tuple[object, ...]] = {}  # see `_good_key`
         #: `_by_room`'s answers that hold for every mix version (`_best_classes`)
         self._static: dict[tuple[int, frozenset[tuple[int, int]]], tuple[tuple[int, int], ...]] = {}
@@ -162,11 +166,11 @@ class SidecarPolicy:
         so each placement gets its own), refreshing only the nodes whose free mask changed."""
         if len(self._seen) != len(state.mask):
             self._seen = [-1] * len(state.mask)
-        seen, names = self._seen, self._names
-        for i, mask in enumerate(state.mask):
-            if seen[i] != mask:
-                seen[i] = mask
-                self._all[names[i]] = self._view(i, mask)
+        seen, names, masks = self._seen, self._names, state.mask
+        if seen != masks:
+            for i in list(compress(range(len(masks)), map(ne, seen, masks))):  # nodes whose mask changed
+                seen[i] = masks[i]
+                self._all[names[i]] = self._view(i, masks[i])
         return dict(self._all)
 
     # ------------------------------------------------------------------ single pods
@@ -185,14 +189,13 @@ class SidecarPolicy:
         if objective.mix.version != self._tops_version or objective.learned != self._parts_learned:
             self._renew()
         held: list[tuple[int, int]] | None = None  # the classes the ring wait leaves, if it holds
+        key = (size, frozenset(classes))
         if waiting is not None and size > 1:
-            room = [c for c in classes if c[1].bit_count() >= size]
-            good = [c for c in room if self._ring_good(classes, c, size)]
-            if len(good) < len(room) and self.ring_wait.held(waiting, True, state.now):
+            good, declined = self._rings.get(key) or self._ring_split(classes, key)
+            if declined and self.ring_wait.held(waiting, True, state.now):
                 if not good:
                     return Failure(f"waiting for a node that gives {size} GPUs its best ring")
                 held = good
-        key = (size, frozenset(classes))
         top = self._top_of_room(held, size) if held is not None else self._tops.get(key)
         if top is None:
             if len(self._tops) > 50_000:
@@ -225,6 +228,22 @@ class SidecarPolicy:
                 self._static.clear()
             (self._static if static else self._by_room)[by_room] = top
         return top
+
+    def _ring_split(
+        self, classes: dict[tuple[int, int], set[int]], key: tuple[int, frozenset[tuple[int, int]]]
+    ) -> tuple[list[tuple[int, int]], bool]:
+        """The classes with room for `key`'s size whose set is good enough for it (`ring_wait.good`),
+        and whether some class with room is not: a function of the size and the set of classes
+        present (a class is a topology and a free mask; the ring wait's answer is pure in them),
+        so kept per key (`_rings`); the state's order of the classes present is read fresh only
+        where it decides (`place_pod`'s ties), never here."""
+        size = key[0]
+        room = [c for c in classes if c[1].bit_count() >= size]
+        good = [c for c in room if self._ring_good(classes, c, size)]
+        if len(self._rings) > 50_000:
+            self._rings.clear()
+        hit = self._rings[key] = (good, len(good) < len(room))
+        return hit
 
     def _ring_good(self, classes: dict[tuple[int, int], set[int]], c: tuple[int, int], size: int) -> bool:
         v = self._view(min(classes[c]), c[1])
