@@ -5,13 +5,14 @@ Single pods go where kube-scheduler puts them given the extender's prioritize sc
 the nodes the filter passes: one of 2+ GPUs waits for a node at its best ring (`gputopo.ringwait`).
 Gangs (`gputopo`) go through the sidecar's own `GangTracker`, driven the way kube-scheduler
 drives it: members are created over `arrival_spread_s` and each is filtered as it appears
-(the first ones wait for quorum); the last one's filter plans and reserves; the planning member
-binds at once, the others come back after kube-scheduler's 1 s pod back-off (its bind is the
-cluster event that requeues them) and bind one after another; a bind fails with probability
-`bind_failure_rate`, after which the member retries with kube-scheduler's doubling back-off
-(1 s to 10 s) and the tracker re-plans; a plan whose members do not bind within
-`reservation_ttl_s` of each other expires and is re-planned. The lifecycle runs on its own
-clock inside one placement: the rest of the cluster does not change meanwhile.
+(the first ones wait for quorum; only the first is asked, the others get the same answer);
+the last one's filter plans and reserves; the planning member binds at once, the others come
+back after kube-scheduler's 1 s pod back-off (its bind is the cluster event that requeues them)
+and bind one after another; a bind fails with probability `bind_failure_rate`, after which the
+member retries with kube-scheduler's doubling back-off (1 s to 10 s) and the tracker re-plans;
+a plan whose members do not bind within `reservation_ttl_s` of each other expires and is
+re-planned. The lifecycle runs on its own clock inside one placement: the rest of the cluster
+does not change meanwhile.
 `gang-only` places members one by one with kube-scheduler's choice (no gang planner).
 A gang waiting for a domain of its own level is asked again only when one may hold it now
 (`gputopo.sim.levelwaits`; the tracker's `repeat_wait` answers the rest as a filter would).
@@ -368,8 +369,12 @@ class SidecarPolicy:
             spread = self.life.arrival_spread_s
             if spread > 0:
                 times = sorted(self._binds.uniform(0, spread) for _ in range(n))
-                for k in range(n - 1):  # each member is filtered as it appears
-                    t.filter(ask(k, k + 1), self._offer, views, self._net, base + times[k] - times[0])
+                # each member is filtered as it appears: the first starts the gang's wait
+                # (`first_seen`); the ones up to the last are answered "waiting for quorum" with
+                # nothing kept but that event (no plan can exist yet, `_arrived` runs this
+                # once), so only the first is asked (test_sim_fastpaths has the check)
+                if n > 1:
+                    t.filter(ask(0, 1), self._offer, views, self._net, base)
                 self.stats["gangs_waited_for_quorum"] += 1
                 self._waited_s += times[-1] - times[0]
                 now = base + times[-1] - times[0]
