@@ -42,6 +42,7 @@ from gputopo.clusterobjective import ClusterObjective
 from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, plan_gang
 from gputopo.gangwait import LevelWait, OwnLevels
 from gputopo.network import NetworkIndex, domain_of
+from gputopo.policy import GpuPolicy
 from gputopo.reservations import Reservation, Reservations
 
 #: A plan's capacity is held this long without a bind of one of its members.
@@ -161,6 +162,7 @@ class GangTracker:
         self._memo = ChoiceMemo()
         self._first_seen: dict[str, float] = {}  # gang -> its first member's first filter
         self._own = OwnLevels()  # the gangs' own levels, kept per offer (capacity and labels)
+        self._policies: dict[int, GpuPolicy] = {}  # id -> node policy the objective learned (`_learn`)
 
     # ------------------------------------------------------------------ events
 
@@ -325,7 +327,7 @@ class GangTracker:
         result: GangPlan | str | None = None if waits is None else waits.reason(now)
         if result is None:
             if self.objective is not None:  # "the best ring a size gets anywhere": every server
-                self.objective.learn({v.allocator.exact for v in views.values() if v.allocator is not None})
+                self._learn(self.objective, views)
             result = self._search(spec, offered, bound, views, index)
             if isinstance(result, GangPlan) and not bound:
                 result = self._own.hold(spec, result, offer, offered, views, index, now - since, spill)
@@ -368,6 +370,20 @@ class GangTracker:
         self._backoff[gang] = _Backoff(now + delay, delay, reason, views, offer, level)
         self._emit("plan_failed", gang, result, members=members, retry_in_s=delay)
         return Wait(reason, "GangUnschedulable")
+
+    def _learn(self, objective: ClusterObjective, views: Mapping[str, NodeView]) -> None:
+        """`objective.learn` of every view's server, asked only for the policies not seen
+        before (by identity; a policy's `exact` is fixed): a plan would otherwise build a set
+        over every view although the servers rarely change."""
+        known = self._policies
+        fresh = [a for v in views.values() if (a := v.allocator) is not None and id(a) not in known]
+        if not fresh:
+            return
+        if len(known) > 10_000:  # bounded: learning again is a no-op for the objective
+            known.clear()
+        for a in fresh:
+            known[id(a)] = a  # the reference keeps the id its own
+        objective.learn({a.exact for a in fresh})
 
     def level_wait(self, gang: str) -> LevelWait | None:
         """What the gang's last plan, a wait for its own level found without planning

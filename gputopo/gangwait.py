@@ -74,17 +74,22 @@ def _fits_now_equal(
     few nodes with room. With one size, "the GPUs and the slots" is the slots alone (a slot
     holds `size` GPUs), so a domain passes when its nodes' slots reach `count`."""
     slots: dict[int, int] = {}
+    position = index.position
     for v in nodes:
-        pos = index.position.get(v.name)
-        if pos is not None and len(v.free) >= size:
-            slots[pos] = len(v.free) // size
+        k = len(v.free) // size
+        if k:
+            pos = position.get(v.name)
+            if pos is not None:
+                slots[pos] = k
+    if sum(slots.values()) < count:  # no domain holds more than the whole cluster
+        return [False] * len(levels)
     out = []
     for level in levels:
-        domain_id = index.level(level).domain_id
+        domain_id = index.level(level).domain_id.tolist()  # plain ints: no numpy scalar per node
         acc: dict[int, int] = {}
         hit = False
         for pos, k in slots.items():
-            d = int(domain_id[pos])
+            d = domain_id[pos]
             acc[d] = total = acc.get(d, 0) + k
             if total >= count:
                 hit = True

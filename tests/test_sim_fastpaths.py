@@ -10,6 +10,7 @@ caches against the same sidecar with every cache emptied before each pod.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from unittest import mock
@@ -19,7 +20,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gputopo import gang, packing, spread
+from gputopo import gang, gangs, packing, spread
 from gputopo.allocator import AllocatorPool, Choice
 from gputopo.clusterobjective import ClusterObjective, DemandMix
 from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, plan_gang
@@ -204,7 +205,15 @@ def _decisions(cluster: SimCluster, seed: int, cold: bool) -> list[object]:
     def emptied(
         self: sidecar.SidecarPolicy, state: ClusterState, size: int, waiting: int | None = None
     ) -> Slot | Failure:
-        for cache in (self._tops, self._by_room, self._static, self._parts, self._good, self._views):
+        for cache in (
+            self._tops,
+            self._by_room,
+            self._static,
+            self._parts,
+            self._good,
+            self._views,
+            self._rings,
+        ):
             cache.clear()
         self.ring_wait._good.clear()
         self.objective = ClusterObjective(self.objective.mix)
@@ -253,3 +262,87 @@ def test_fits_now_for_equal_members_equals_a_plain_domain_sum(seed: int) -> None
         free[index.position[v.name]] = len(v.free)
     want = [bool((index.free_per_domain(level, free // size) >= count).any()) for level in levels]
     assert gangwait.fits_now(spec, offered, index, levels) == want
+
+
+def _gang_run(seed: int, every_quorum_filter: bool) -> tuple[list[object], Counter[str]]:
+    """Every placement of a gputopo run with arriving members, and the tracker's events by kind;
+    with `every_quorum_filter`, each member before the last is filtered as it appears (after
+    the first, which the sidecar asks), as the simulator did before it asked only the first."""
+    cluster = default_cluster()
+    jobs = generate(
+        1200, capacity_gpus=cluster.capacity, load=0.8, rng=np.random.default_rng(seed), max_gpus=64
+    )
+    log: list[object] = []
+    kinds: Counter[str] = Counter()
+    place, filt, drain = sidecar.SidecarPolicy.place, gangs.GangTracker.filter, gangs.GangTracker.drain
+
+    def recorded(self: sidecar.SidecarPolicy, state: ClusterState, job: Job) -> list[Slot] | Failure:
+        got = place(self, state, job)
+        log.append((job.id, got))
+        return got
+
+    def every(self: gangs.GangTracker, ask: gangs.GangAsk, offer, views, index, now):  # type: ignore[no-untyped-def]
+        got = filt(self, ask, offer, views, index, now)
+        need = ask.min_member or 0
+        if every_quorum_filter and len(ask.members) == 1 and need > 1:
+            assert isinstance(got, gangs.Wait) and "waiting for members" in got.reason
+            for k in range(2, need):  # the members up to the last, later on
+                members = tuple(gangs.GangMember(f"{ask.gang}-{i}", ask.members[0].gpus) for i in range(k))
+                more = gangs.GangAsk(ask.gang, members[-1].pod, members, need)
+                again = filt(self, more, offer, views, index, now + k)
+                assert isinstance(again, gangs.Wait) and "waiting for members" in again.reason
+        return got
+
+    def counted(self: gangs.GangTracker) -> list[gangs.Event]:
+        out = drain(self)
+        kinds.update(e.kind for e in out)
+        return out
+
+    with (
+        mock.patch.object(sidecar.SidecarPolicy, "place", recorded),
+        mock.patch.object(gangs.GangTracker, "filter", every),
+        mock.patch.object(gangs.GangTracker, "drain", counted),
+    ):
+        simulate(cluster, jobs, "gputopo", RunConfig(seed=seed), pool=AllocatorPool())
+    return log, kinds
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_asking_only_the_first_member_for_quorum_places_as_asking_each(seed: int) -> None:
+    """The simulated sidecar filters only the first of a gang's members before the last (the
+    others' answer is the same quorum wait, with nothing kept but its event): a run that
+    filters each of them places every job the same, and differs only in quorum events."""
+    fast, fast_kinds = _gang_run(seed, every_quorum_filter=False)
+    slow, slow_kinds = _gang_run(seed, every_quorum_filter=True)
+    assert len(fast) > 500 and fast_kinds["plan"] > 50
+    assert fast == slow
+    assert slow_kinds["quorum_wait"] > fast_kinds["quorum_wait"] > 0
+    assert {k: v for k, v in fast_kinds.items() if k != "quorum_wait"} == {
+        k: v for k, v in slow_kinds.items() if k != "quorum_wait"
+    }
+
+
+def test_the_tracker_learns_every_new_server_once() -> None:
+    """`GangTracker._learn` asks the objective only for policies it has not seen: the objective
+    ends up as one that learned every view's server at every plan."""
+    from gputopo.network import HOSTNAME
+    from gputopo.topofile import load_preset
+
+    pool = AllocatorPool()
+    small, big = pool.get(load_preset("pcie8-plx")), pool.get(load_preset("dgx-a100"))
+    objective = ClusterObjective(DemandMix())
+    tracker = gangs.GangTracker((HOSTNAME,), objective=objective)
+    index = NetworkIndex.build([("a", {}), ("b", {})], (HOSTNAME,))
+    want = ClusterObjective(DemandMix())
+    for k, (first, second) in enumerate([(small, small), (small, big), (big, small)]):
+        views = {
+            "a": NodeView("a", {}, 8, frozenset(range(8)), first),
+            "b": NodeView("b", {}, 8, frozenset(range(8)), second),
+        }
+        members = (gangs.GangMember(f"g{k}-0", 8), gangs.GangMember(f"g{k}-1", 8))
+        got = tracker.filter(gangs.GangAsk(f"g{k}", f"g{k}-0", members, 2), ["a", "b"], views, index, 0.0)
+        assert isinstance(got, gangs.Planned)
+        want.learn({v.allocator.exact for v in views.values() if v.allocator is not None})
+        assert objective.learned == want.learned
+        assert all(objective.efficiency(g, 1000) == want.efficiency(g, 1000) for g in (2, 4, 8))
+    assert objective.learned == 2

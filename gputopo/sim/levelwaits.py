@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import ne
 
 from gputopo.gangwait import LevelWait
 from gputopo.network import NetworkIndex
@@ -73,8 +75,7 @@ class LevelWaits:
             return None
         size, old, now, domain = p.wait.size, p.masks, state.mask, p.domain
         gain: dict[int, int] = {}
-        changed = [i for i, mask in enumerate(now) if mask != old[i]]
-        for i in changed:
+        for i in compress(range(len(now)), map(ne, now, old)):  # the nodes whose mask changed
             delta = now[i].bit_count() // size - old[i].bit_count() // size
             if delta:
                 gain[domain[i]] = gain.get(domain[i], 0) + delta

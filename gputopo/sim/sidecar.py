@@ -5,13 +5,14 @@ Single pods go where kube-scheduler puts them given the extender's prioritize sc
 the nodes the filter passes: one of 2+ GPUs waits for a node at its best ring (`gputopo.ringwait`).
 Gangs (`gputopo`) go through the sidecar's own `GangTracker`, driven the way kube-scheduler
 drives it: members are created over `arrival_spread_s` and each is filtered as it appears
-(the first ones wait for quorum); the last one's filter plans and reserves; the planning member
-binds at once, the others come back after kube-scheduler's 1 s pod back-off (its bind is the
-cluster event that requeues them) and bind one after another; a bind fails with probability
-`bind_failure_rate`, after which the member retries with kube-scheduler's doubling back-off
-(1 s to 10 s) and the tracker re-plans; a plan whose members do not bind within
-`reservation_ttl_s` of each other expires and is re-planned. The lifecycle runs on its own
-clock inside one placement: the rest of the cluster does not change meanwhile.
+(the first ones wait for quorum; only the first is asked, the others get the same answer);
+the last one's filter plans and reserves; the planning member binds at once, the others come
+back after kube-scheduler's 1 s pod back-off (its bind is the cluster event that requeues them)
+and bind one after another; a bind fails with probability `bind_failure_rate`, after which the
+member retries with kube-scheduler's doubling back-off (1 s to 10 s) and the tracker re-plans;
+a plan whose members do not bind within `reservation_ttl_s` of each other expires and is
+re-planned. The lifecycle runs on its own clock inside one placement: the rest of the cluster
+does not change meanwhile.
 `gang-only` places members one by one with kube-scheduler's choice (no gang planner).
 A gang waiting for a domain of its own level is asked again only when one may hold it now
 (`gputopo.sim.levelwaits`; the tracker's `repeat_wait` answers the rest as a filter would).
@@ -25,6 +26,8 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import ne
 
 from gputopo import gangs, kubesched
 from gputopo.allocator import Allocator, Choice
@@ -109,6 +112,8 @@ class SidecarPolicy:
         self._tops_version = -1
         self._parts: dict[tuple[tuple[int, int], int], _Part] = {}  # (class, size) -> `_part`
         self._parts_learned = -1
+        #: (pod size, the classes present) -> `_ring_split`'s answer (pure in them: never renewed)
+        self._rings: dict[tuple[int, frozenset[tuple[int, int]]], tuple[list[tuple[int, int]], bool]] = {}
         self._good: dict[tuple[tuple[int, int], int], tuple[object, ...]] = {}  # see `_good_key`
         #: `_by_room`'s answers that hold for every mix version (`_best_classes`)
         self._static: dict[tuple[int, frozenset[tuple[int, int]]], tuple[tuple[int, int], ...]] = {}
@@ -162,11 +167,11 @@ class SidecarPolicy:
         so each placement gets its own), refreshing only the nodes whose free mask changed."""
         if len(self._seen) != len(state.mask):
             self._seen = [-1] * len(state.mask)
-        seen, names = self._seen, self._names
-        for i, mask in enumerate(state.mask):
-            if seen[i] != mask:
-                seen[i] = mask
-                self._all[names[i]] = self._view(i, mask)
+        seen, names, masks = self._seen, self._names, state.mask
+        if seen != masks:
+            for i in list(compress(range(len(masks)), map(ne, seen, masks))):  # nodes whose mask changed
+                seen[i] = masks[i]
+                self._all[names[i]] = self._view(i, masks[i])
         return dict(self._all)
 
     # ------------------------------------------------------------------ single pods
@@ -185,14 +190,13 @@ class SidecarPolicy:
         if objective.mix.version != self._tops_version or objective.learned != self._parts_learned:
             self._renew()
         held: list[tuple[int, int]] | None = None  # the classes the ring wait leaves, if it holds
+        key = (size, frozenset(classes))
         if waiting is not None and size > 1:
-            room = [c for c in classes if c[1].bit_count() >= size]
-            good = [c for c in room if self._ring_good(classes, c, size)]
-            if len(good) < len(room) and self.ring_wait.held(waiting, True, state.now):
+            good, declined = self._rings.get(key) or self._ring_split(classes, key)
+            if declined and self.ring_wait.held(waiting, True, state.now):
                 if not good:
                     return Failure(f"waiting for a node that gives {size} GPUs its best ring")
                 held = good
-        key = (size, frozenset(classes))
         top = self._top_of_room(held, size) if held is not None else self._tops.get(key)
         if top is None:
             if len(self._tops) > 50_000:
@@ -225,6 +229,22 @@ class SidecarPolicy:
                 self._static.clear()
             (self._static if static else self._by_room)[by_room] = top
         return top
+
+    def _ring_split(
+        self, classes: dict[tuple[int, int], set[int]], key: tuple[int, frozenset[tuple[int, int]]]
+    ) -> tuple[list[tuple[int, int]], bool]:
+        """The classes with room for `key`'s size whose set is good enough for it (`ring_wait.good`),
+        and whether some class with room is not: a function of the size and the set of classes
+        present (a class is a topology and a free mask; the ring wait's answer is pure in them),
+        so kept per key (`_rings`); the state's order of the classes present is read fresh only
+        where it decides (`place_pod`'s ties), never here."""
+        size = key[0]
+        room = [c for c in classes if c[1].bit_count() >= size]
+        good = [c for c in room if self._ring_good(classes, c, size)]
+        if len(self._rings) > 50_000:
+            self._rings.clear()
+        hit = self._rings[key] = (good, len(good) < len(room))
+        return hit
 
     def _ring_good(self, classes: dict[tuple[int, int], set[int]], c: tuple[int, int], size: int) -> bool:
         v = self._view(min(classes[c]), c[1])
@@ -349,8 +369,12 @@ class SidecarPolicy:
             spread = self.life.arrival_spread_s
             if spread > 0:
                 times = sorted(self._binds.uniform(0, spread) for _ in range(n))
-                for k in range(n - 1):  # each member is filtered as it appears
-                    t.filter(ask(k, k + 1), self._offer, views, self._net, base + times[k] - times[0])
+                # each member is filtered as it appears: the first starts the gang's wait
+                # (`first_seen`); the ones up to the last are answered "waiting for quorum" with
+                # nothing kept but that event (no plan can exist yet, `_arrived` runs this
+                # once), so only the first is asked (test_sim_fastpaths has the check)
+                if n > 1:
+                    t.filter(ask(0, 1), self._offer, views, self._net, base)
                 self.stats["gangs_waited_for_quorum"] += 1
                 self._waited_s += times[-1] - times[0]
                 now = base + times[-1] - times[0]
