@@ -35,7 +35,8 @@ How a plan is found (docs/gang.md has the long form, with where it is exact):
     share a node get their sets one after the other from what the earlier ones left free.
 
 This module owns the plan and its objective; one domain worked out (and the bounds that skip
-domains that cannot win) is `gputopo.gangdomain`, fewest nodes (2) is `gputopo.packing`, fewest
+domains that cannot win) is `gputopo.gangdomain`, a level where no node takes two members
+(whole-node members) in one pass is `gputopo.gangsingle`, fewest nodes (2) is `gputopo.packing`, fewest
 sub-domains (3b) is `gputopo.spread`, and a pod outside any gang is `gputopo.placement`'s.
 Pure: no I/O, no clock, no globals. A `ChoiceMemo` owned by the caller may be shared across
 calls on the same allocators; everything else lives for one call.

@@ -15,9 +15,12 @@ instead of per domain through that module's memos:
     `gangdomain._evaluate_equal` does: by (3b) with `select_nodes` over the same table of node
     kinds in the same order, else by (least cost to future demand, fewest free GPUs, name).
 
-The candidates are the ones `gangdomain.evaluate` makes for those domains, so the plan is the
-general path's (tests/test_gang_fastpaths.py checks it against that path). Pure: no I/O, no
-clock, no globals; what one call works out per node lives on its `Problem`.
+  * the best of those by the candidate rank's remaining keys ((3b), (4)'s plan cost, fewest
+    free GPUs, domain order) is the one candidate handed on: the plan is the one
+    `gang._best_plan` picks among every domain's `gangdomain.evaluate`
+    (tests/test_gang_fastpaths.py checks it against that path).
+
+Pure: no I/O, no clock, no globals; what one call works out per node lives on its `Problem`.
 """
 
 from __future__ import annotations
@@ -86,14 +89,21 @@ def _call(pb: Problem) -> _Call:
 
 
 def candidates(pb: Problem, lx: LevelIndex, lower: Sequence[LevelIndex]) -> list[Candidate]:
-    """The candidates of the domains of `lx` that tie on (1)-(3) with the best, in domain
-    order; [] when no domain has n nodes with room. `applies(pb)` must hold."""
+    """The best candidate of `lx`'s domains, as `gang._best_plan` would choose among every
+    domain's `gangdomain.evaluate` ([it], or [] when no domain has n nodes with room).
+
+    Every domain that passes uses n nodes (2), and one whose n-th best set is below the best
+    domain's ranks after it on (3) whatever follows, so only the domains tied on (3) are
+    worked out; among those the candidate rank's remaining keys decide: (3b) fewest
+    sub-domains, (4) the plan's cost (with an objective: the rivals tied on (2)-(3b) are
+    priced, and only they can win), fewest free GPUs, domain order. `applies(pb)` must hold."""
     _own_memo(pb)
     n = len(pb.sizes)
     offered = offers(pb)
+    members = _member_lists(pb.memo, lx)
     best: Quality | None = None
     tops: list[tuple[int, list[int]]] = []
-    for d, positions in enumerate(_member_lists(pb.memo, lx)):
+    for d, positions in enumerate(members):
         room = [p for p in positions if offered[p] is not None]
         if len(room) < n:
             continue
@@ -104,15 +114,25 @@ def candidates(pb: Problem, lx: LevelIndex, lower: Sequence[LevelIndex]) -> list
             tops.append((d, room))
     if best is None:
         return []
-    members = _member_lists(pb.memo, lx)
-    return [_candidate(pb, d, room, best, sum(pb.counts[p] for p in members[d]), lower) for d, room in tops]
+    counts = pb.counts
+    lead: tuple[tuple[int, ...], float, int, int, list[int], float | None] | None = None
+    for d, room in tops:
+        chosen, cost = _pick(pb, room, best, lower)
+        key = (count_spans(lower, chosen), cost or 0.0, sum([counts[p] for p in members[d]]), d, chosen, cost)
+        if lead is None or key[:4] < lead[:4]:
+            lead = key
+    assert lead is not None
+    spans, _, dfree, d, chosen, cost = lead
+    assignment = tuple((i, p, offered[p][1]) for i, p in enumerate(chosen))  # type: ignore[index]
+    worst = min(offered[p][0] for p in chosen)  # type: ignore[index]
+    return [Candidate(d, n, worst, spans, dfree, assignment, cost)]
 
 
-def _candidate(
-    pb: Problem, d: int, room: list[int], t: Quality, dfree: int, lower: Sequence[LevelIndex]
-) -> Candidate:
-    """Domain d's plan on n of its nodes whose set reaches t (`_evaluate_equal` with k = n),
-    with its `plan_cost` when there is an objective."""
+def _pick(
+    pb: Problem, room: list[int], t: Quality, lower: Sequence[LevelIndex]
+) -> tuple[list[int], float | None]:
+    """A domain's n nodes among `room` whose set reaches t (`_evaluate_equal` with k = n), in
+    the order members are assigned, and the plan's `plan_cost` (None without an objective)."""
     n = len(pb.sizes)
     offered = offers(pb)
     rows: dict[Kind, list[int]] = {}  # kinds, first seen first
@@ -135,17 +155,13 @@ def _candidate(
     else:  # the node order: least cost, fewest free GPUs, name (positions are in name order)
         top = sorted([(costs[row], len(kind[1]), p, row) for row, (kind, ps) in enumerate(table) for p in ps])
         picked = [(p, row) for _, _, p, row in top[:n]]
-    chosen = [p for p, _ in picked]
-    assignment = tuple((i, p, offered[p][1]) for i, p in enumerate(chosen))  # type: ignore[index]
-    worst = min(offered[p][0] for p in chosen)  # type: ignore[index]
-    cost = None
-    if pb.objective is not None:
-        # plan_cost: the unrounded take costs summed in the assignment's order, then rounded
-        total = 0.0
-        for _, row in picked:
-            total += taken[row]
-        cost = round(total, DIGITS)
-    return Candidate(d, n, worst, count_spans(lower, chosen), dfree, assignment, cost)
+    if pb.objective is None:
+        return [p for p, _ in picked], None
+    # plan_cost: the unrounded take costs summed in the assignment's order, then rounded
+    total = 0.0
+    for _, row in picked:
+        total += taken[row]
+    return [p for p, _ in picked], round(total, DIGITS)
 
 
 def _take_cost(pb: Problem, kind: Kind, choice: Choice | None) -> float:
