@@ -35,7 +35,8 @@ How a plan is found (docs/gang.md has the long form, with where it is exact):
     share a node get their sets one after the other from what the earlier ones left free.
 
 This module owns the plan and its objective; one domain worked out (and the bounds that skip
-domains that cannot win) is `gputopo.gangdomain`, fewest nodes (2) is `gputopo.packing`, fewest
+domains that cannot win) is `gputopo.gangdomain`, a level where no node takes two members
+(whole-node members) in one pass is `gputopo.gangsingle`, fewest nodes (2) is `gputopo.packing`, fewest
 sub-domains (3b) is `gputopo.spread`, and a pod outside any gang is `gputopo.placement`'s.
 Pure: no I/O, no clock, no globals. A `ChoiceMemo` owned by the caller may be shared across
 calls on the same allocators; everything else lives for one call.
@@ -48,11 +49,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gputopo import gangsingle
 from gputopo.clusterobjective import ClusterObjective
 from gputopo.gangcost import plan_cost
 from gputopo.gangdomain import Candidate, Problem, contenders, evaluate, evaluate_promising, level_bounds
 from gputopo.gangreason import Miss, no_plan_reason
-from gputopo.network import CLUSTER, NetworkIndex, validate_levels
+from gputopo.network import CLUSTER, LevelIndex, NetworkIndex, validate_levels
 from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Placement, Quality, member_quality
 from gputopo.packing import NO_K, SMALL_NODES, min_nodes, pack
 from gputopo.spread import lower_levels
@@ -208,6 +210,12 @@ def _plan_level(
     lx = pb.index.level(level)
     if prune and not explain and lx.count == len(pb.views) and pb.total > pb.roomiest:
         return None  # every domain is one node, and none has room for the whole gang
+    if prune and gangsingle.applies(pb):  # no node takes two members: one pass, the same plan
+        singles = gangsingle.candidates(pb, lx, lower_levels(pb.index, level))
+        if singles:
+            return _best_plan(spec, pb, level, lx, singles)
+        if not explain:
+            return None
     small = None
     if prune and pb.homogeneous and len(pb.views) <= SMALL_NODES:
         small = level_bounds(pb, lx)  # packing.equal_bounds, memoised per domain
@@ -264,12 +272,22 @@ def _plan_level(
         cands = [
             evaluate(pb, level, d, k, packing, lx.members[d], int(dfree[d]), lower) for d, k, packing in tied
         ]
+    return _best_plan(spec, pb, level, lx, cands)
+
+
+def _best_plan(spec: GangSpec, pb: Problem, level: str, lx: LevelIndex, cands: list[Candidate]) -> GangPlan:
+    """The plan of the best candidate: (2)-(3b), then (4)'s cost among those still level."""
     best = min(cands, key=Candidate.rank)
     if pb.objective is not None and len(cands) > 1:
         objective = pb.objective
         rivals = contenders(cands, best)
         if len(rivals) > 1:
-            best = min(rivals, key=lambda c: c.rank(plan_cost(objective, pb.views, c.assignment)))
+            best = min(
+                rivals,
+                key=lambda c: c.rank(
+                    c.cost if c.cost is not None else plan_cost(objective, pb.views, c.assignment)
+                ),
+            )
     placements = [Placement("", "", ())] * len(pb.sizes)
     for i, pos, choice in best.assignment:
         view = pb.views[pos]

@@ -49,6 +49,7 @@ class Problem:
     objective: ClusterObjective | None = None
     homogeneous: bool = field(init=False)
     total: int = field(init=False)  # GPUs of all members
+    single: object = field(default=None, init=False)  # `gangsingle`'s per-call work
 
     def __post_init__(self) -> None:
         self.homogeneous = len(set(self.sizes)) == 1
@@ -79,6 +80,8 @@ class Candidate:
     spans: tuple[int, ...]  # (3b): domains touched per lower level, largest level first
     domain_free: int
     assignment: tuple[tuple[int, int, Choice | None], ...]  # (member index, node position, choice)
+    # (4): `gangcost.plan_cost` of the assignment, when its maker already worked it out
+    cost: float | None = field(default=None, compare=False)
 
     def rank(self, cost: float = 0.0) -> tuple[int, _Desc, tuple[int, ...], float, int, int]:
         """Sort key: smaller is better — (2) fewest nodes, (3) best worst, (3b) fewest

@@ -5,7 +5,8 @@ worst member (`gangdomain.worst_cap`) is below a plan already found, and pricing
 candidates still level on (2)-(3b) (`gangdomain.contenders`), against working out and pricing
 every tied domain; the bound itself against its definition and the evaluated plans; the node
 kinds memoised across gangs of other sizes against a fresh pass; the objective's `take_cost`
-memo against a fresh objective; `packing.equal_bounds` on a list against it on an array.
+memo against a fresh objective; `packing.equal_bounds` on a list against it on an array; the
+single-offer path (`gangsingle`, no node takes two members) against the general search.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo import gang, gangdomain, packing
+from gputopo import gang, gangdomain, gangsingle, packing
 from gputopo.allocator import Allocator, AllocatorPool
 from gputopo.clusterobjective import ClusterObjective, DemandMix
 from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, plan_gang
+from gputopo.gangcost import plan_cost
 from gputopo.network import LevelIndex, NetworkIndex
 from gputopo.nodeview import UNKNOWN_QUALITY, member_quality
 from gputopo.sim.clusters import preset_cluster
@@ -48,6 +50,13 @@ def slow_paths() -> Iterator[None]:
         mock.patch.object(gang, "evaluate_promising", _every_tied_domain),
         mock.patch.object(gang, "contenders", lambda cands, lead: cands),
     ):
+        yield
+
+
+@contextmanager
+def general_path() -> Iterator[None]:
+    """The single-offer path off: every level through `gangdomain`'s search."""
+    with mock.patch.object(gangsingle, "applies", lambda pb: False):
         yield
 
 
@@ -114,7 +123,8 @@ def test_skipped_domains_and_unpriced_candidates_change_no_plan(preset: str, see
 
 def test_the_fast_paths_skip_work_on_the_default_cluster() -> None:
     """Not a speed assertion: the bound does skip tied domains here (whole-node gangs on a
-    cluster of mixed servers), so the agreement above is not vacuous."""
+    cluster of mixed servers, through the general search: the single-offer path takes them
+    otherwise), so the agreement above is not vacuous."""
     rng = random.Random(5)
     evaluated = {"fast": 0, "slow": 0}
     real = gangdomain.evaluate
@@ -128,9 +138,9 @@ def test_the_fast_paths_skip_work_on_the_default_cluster() -> None:
 
     for step, (views, index, levels, _) in enumerate(_cluster_views("default", rng, 30)):
         spec = GangSpec(f"ns/g{step}", tuple(Member(f"ns/p{k}", 8) for k in range(rng.randint(2, 4))))
-        with mock.patch.object(gangdomain, "evaluate", counting("fast")):
+        with general_path(), mock.patch.object(gangdomain, "evaluate", counting("fast")):
             got = plan_gang(spec, views, levels, index=index)
-        with slow_paths(), mock.patch.object(gangdomain, "evaluate", counting("slow")):
+        with general_path(), slow_paths(), mock.patch.object(gangdomain, "evaluate", counting("slow")):
             assert plan_gang(spec, views, levels, index=index) == got
     assert evaluated["fast"] < evaluated["slow"]
 
@@ -309,3 +319,111 @@ def test_threshold_read_off_single_offers_equals_the_binary_search(seed: int) ->
         bound = packing.equal_bounds(lx.domain_id, lx.count, counts, g, n)[2]
         k = int(bound[lx.domain_id[positions[0]]])
         assert gangdomain._threshold(kinds, k, n) == gangdomain._searched_threshold(kinds, k, n)
+
+
+@pytest.mark.parametrize("preset", ["default", "mixed-leaf", "gb200-nvl"])
+@pytest.mark.parametrize("seed", range(4))
+def test_single_offer_path_plans_as_the_general_search(preset: str, seed: int) -> None:
+    """Members too big for two to share a node (whole-node gangs and any size over half the
+    roomiest node), with a moving demand mix, a memo and an objective kept across gangs, now
+    and then a node of unknown topology or one missing from the list: the plan (or the NoPlan
+    and its reason) equals the general search's with a fresh memo and objective, and the
+    unpruned planner's."""
+    rng = random.Random(100 + seed)
+    mix = DemandMix(refresh=8)
+    kept = ClusterObjective(mix)
+    shared = ChoiceMemo()
+    taken = {"single": 0, "planned": 0, "missed": 0}
+    real = gangsingle.candidates
+
+    def counting(*args: object) -> list[gangdomain.Candidate]:
+        taken["single"] += 1
+        return real(*args)  # type: ignore[arg-type]
+
+    for step, (views, index, levels, allocators) in enumerate(_cluster_views(preset, rng, 40)):
+        for _ in range(rng.randint(1, 12)):
+            mix.observe(rng.choice([1, 1, 2, 4, 8]), gang=rng.random() < 0.3)
+        if rng.random() < 0.2:  # unknown topology on a few nodes
+            views = [
+                v if rng.random() < 0.9 else NodeView(v.name, v.labels, v.gpu_count, v.free) for v in views
+            ]
+        if rng.random() < 0.2:  # a few nodes not offered (they count as full)
+            views = [v for v in views if rng.random() < 0.9]
+        roomiest = max(len(v.free) for v in views)
+        largest = max(v.gpu_count for v in views)
+        g = rng.randint(roomiest // 2 + 1, largest) if roomiest else largest
+        # large ones too; every fifth fits nowhere (no node takes two members)
+        n = (
+            len(views) + 1
+            if step % 5 == 4
+            else rng.randint(1, 12)
+            if rng.random() < 0.8
+            else rng.randint(13, 70)
+        )
+        spec = GangSpec(f"ns/g{step}", tuple(Member(f"ns/p{k}", g) for k in range(n)))
+        objective = kept if rng.random() < 0.8 else None
+        with mock.patch.object(gangsingle, "candidates", counting):
+            got = plan_gang(spec, views, levels, index=index, memo=shared, objective=objective)
+        fresh = None if objective is None else ClusterObjective(mix)
+        unpruned = None if objective is None else ClusterObjective(mix)
+        for o in (fresh, unpruned):
+            if o is not None:
+                o.learn(allocators)
+        with general_path():
+            assert got == plan_gang(spec, views, levels, index=index, objective=fresh)
+        assert got == plan_gang(spec, views, levels, index=index, prune=False, objective=unpruned)
+        taken["planned" if isinstance(got, GangPlan) else "missed"] += 1
+    assert taken["single"] > 20 and taken["planned"] > 10 and taken["missed"] > 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_single_offer_candidates_are_the_general_evaluations(seed: int) -> None:
+    """Per level, the single-offer path's one candidate is the general evaluation
+    (`gangdomain.evaluate`) of every passing domain that ranks first, (4)'s cost included,
+    and the cost it carries is `plan_cost` of its assignment."""
+    rng = random.Random(seed)
+    pool = AllocatorPool()
+    cluster = preset_cluster(rng.choice(["default", "mixed-leaf", "gb200-nvl"]))
+    index = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
+    views: list[NodeView | None] = [None] * len(index.nodes)
+    for node in cluster.nodes:
+        topo = cluster.topologies[node.topology]
+        free = (
+            frozenset(range(topo.n))
+            if rng.random() < 0.5
+            else frozenset(rng.sample(range(topo.n), topo.n // 2))
+        )
+        alloc = pool.get(topo) if rng.random() < 0.9 else None
+        views[index.position[node.name]] = NodeView(node.name, node.labels, topo.n, free, alloc)
+    counts = [len(v.free) if v is not None else 0 for v in views]
+    g = rng.randint(max(counts) // 2 + 1, max(counts))
+    n = rng.randint(1, 10)
+    mix = DemandMix(refresh=4)
+    for _ in range(rng.randint(0, 20)):
+        mix.observe(rng.choice([1, 2, 4, 8]), gang=rng.random() < 0.3)
+    objective = ClusterObjective(mix) if rng.random() < 0.7 else None
+    if objective is not None:  # as plan_gang does before any cost
+        objective.learn([pool.get(t).exact for t in cluster.topologies])
+    pb = gangdomain.Problem(
+        index, views, np.array(counts), counts, [g] * n, ChoiceMemo(), max(counts), objective
+    )
+    assert gangsingle.applies(pb)
+    level = rng.choice([*index.levels, "*"])
+    lx = index.level(level)
+    lower = lower_levels(index, level)
+    got = gangsingle.candidates(pb, lx, lower)
+    dfree, passing, bound = packing.equal_bounds(lx.domain_id, lx.count, counts, g, n)
+    general = [
+        gangdomain.evaluate(pb, level, d, int(bound[d]), [], lx.members[d], int(dfree[d]), lower)
+        for d in sorted(passing)
+    ]
+    if not general:
+        assert got == []
+        return
+    priced = {
+        c.domain: 0.0 if objective is None else plan_cost(objective, views, c.assignment) for c in general
+    }
+    assert got == [min(general, key=lambda c: c.rank(priced[c.domain]))]
+    assert got[0].nodes_used == n
+    assert got[0].cost == (None if objective is None else priced[got[0].domain])

@@ -1,0 +1,177 @@
+"""Gang planning when no node can take a second member (`gputopo.gang`'s single-offer path).
+
+Members of one size g on nodes that each have fewer than 2g free GPUs (whole-node members,
+the common case: 8-GPU members on 8-GPU servers) are the general search of
+`gputopo.gangdomain` with most of its steps collapsed, worked out here in one pass per level
+instead of per domain through that module's memos:
+
+  * every node with g free GPUs offers exactly one member, its set the allocator's choice of
+    g out of its free GPUs, so (2) fewest nodes is n in every domain with n such nodes, and
+    no other domain passes (n nodes of g or more free GPUs are also the n x g GPUs);
+  * (3) a domain's best worst member is the n-th best of those nodes' sets (`worst_cap`'s
+    bound, which `_threshold` reads off single offers); the domains below the best of these
+    rank after it whatever their (3b) and (4), so only the ones equal to it are worked out;
+  * each of those takes its n nodes among the ones reaching that threshold as
+    `gangdomain._evaluate_equal` does: by (3b) with `select_nodes` over the same table of node
+    kinds in the same order, else by (least cost to future demand, fewest free GPUs, name).
+
+  * the best of those by the candidate rank's remaining keys ((3b), (4)'s plan cost, fewest
+    free GPUs, domain order) is the one candidate handed on: the plan is the one
+    `gang._best_plan` picks among every domain's `gangdomain.evaluate`
+    (tests/test_gang_fastpaths.py checks it against that path).
+
+Pure: no I/O, no clock, no globals; what one call works out per node lives on its `Problem`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+import numpy as np
+
+from gputopo.allocator import Choice
+from gputopo.gangcost import DIGITS
+from gputopo.gangdomain import Candidate, Problem, _member_lists, _own_memo
+from gputopo.network import LevelIndex
+from gputopo.nodeview import UNKNOWN_QUALITY, Quality
+from gputopo.policy import GpuPolicy
+from gputopo.spread import count_spans, select_nodes
+
+#: A node's allocator and free set: nodes of one kind answer alike.
+Kind = tuple[GpuPolicy | None, frozenset[int]]
+#: One node's only offer: its member's quality, set, and kind.
+Offer = tuple[Quality, Choice | None, Kind]
+
+
+def applies(pb: Problem) -> bool:
+    """Equal member sizes and no node with room for two members (the roomiest has < 2g)."""
+    return pb.homogeneous and pb.roomiest < 2 * pb.sizes[0]
+
+
+@dataclass
+class _Call:
+    """What one planning call works out per node and per kind, shared by every level."""
+
+    offers: list[Offer | None]  # per node position, its one offer (None without g free GPUs)
+    costs: dict[Kind, float] = field(default_factory=dict)  # `_take_cost` per kind
+
+
+def offers(pb: Problem) -> list[Offer | None]:
+    """Per node position, its one offer (None without g free GPUs), worked out once per call
+    and shared by every level; nodes of one kind share one allocator answer."""
+    return _call(pb).offers
+
+
+def _call(pb: Problem) -> _Call:
+    if pb.single is not None:
+        return cast("_Call", pb.single)
+    g, counts, views, memo = pb.sizes[0], pb.counts, pb.views, pb.memo
+    out: list[Offer | None] = [None] * len(counts)
+    seen: dict[Kind, Offer] = {}
+    for p in [p for p, c in enumerate(counts) if c >= g]:
+        view = views[p]
+        assert view is not None  # positions without a view count 0 free GPUs
+        kind = (view.allocator, view.free)
+        offer = seen.get(kind)
+        if offer is None:
+            if view.allocator is None:
+                offer = (UNKNOWN_QUALITY, None, kind)
+            else:
+                c = memo.choose(view.allocator, view.free, g)
+                offer = (c.ring_mbps, c.pair_sum_mbps), c, kind
+            seen[kind] = offer
+        out[p] = offer
+    pb.single = call = _Call(out)
+    return call
+
+
+def candidates(pb: Problem, lx: LevelIndex, lower: Sequence[LevelIndex]) -> list[Candidate]:
+    """The best candidate of `lx`'s domains, as `gang._best_plan` would choose among every
+    domain's `gangdomain.evaluate` ([it], or [] when no domain has n nodes with room).
+
+    Every domain that passes uses n nodes (2), and one whose n-th best set is below the best
+    domain's ranks after it on (3) whatever follows, so only the domains tied on (3) are
+    worked out; among those the candidate rank's remaining keys decide: (3b) fewest
+    sub-domains, (4) the plan's cost (with an objective: the rivals tied on (2)-(3b) are
+    priced, and only they can win), fewest free GPUs, domain order. `applies(pb)` must hold."""
+    _own_memo(pb)
+    n = len(pb.sizes)
+    offered = offers(pb)
+    members = _member_lists(pb.memo, lx)
+    best: Quality | None = None
+    tops: list[tuple[int, list[int]]] = []
+    for d, positions in enumerate(members):
+        room = [p for p in positions if offered[p] is not None]
+        if len(room) < n:
+            continue
+        t = sorted([offered[p][0] for p in room], reverse=True)[n - 1]  # type: ignore[index]
+        if best is None or t > best:
+            best, tops = t, [(d, room)]
+        elif t == best:
+            tops.append((d, room))
+    if best is None:
+        return []
+    counts = pb.counts
+    lead: tuple[tuple[int, ...], float, int, int, list[int], float | None] | None = None
+    for d, room in tops:
+        chosen, cost = _pick(pb, room, best, lower)
+        key = (count_spans(lower, chosen), cost or 0.0, sum([counts[p] for p in members[d]]), d, chosen, cost)
+        if lead is None or key[:4] < lead[:4]:
+            lead = key
+    assert lead is not None
+    spans, _, dfree, d, chosen, cost = lead
+    assignment = tuple((i, p, offered[p][1]) for i, p in enumerate(chosen))  # type: ignore[index]
+    worst = min(offered[p][0] for p in chosen)  # type: ignore[index]
+    return [Candidate(d, n, worst, spans, dfree, assignment, cost)]
+
+
+def _pick(
+    pb: Problem, room: list[int], t: Quality, lower: Sequence[LevelIndex]
+) -> tuple[list[int], float | None]:
+    """A domain's n nodes among `room` whose set reaches t (`_evaluate_equal` with k = n), in
+    the order members are assigned, and the plan's `plan_cost` (None without an objective)."""
+    n = len(pb.sizes)
+    offered = offers(pb)
+    rows: dict[Kind, list[int]] = {}  # kinds, first seen first
+    for p in room:
+        offer = offered[p]
+        assert offer is not None
+        if offer[0] >= t:
+            rows.setdefault(offer[2], []).append(p)
+    table = list(rows.items())
+    taken = [_take_cost(pb, kind, offered[ps[0]][1]) for kind, ps in table]  # type: ignore[index]
+    costs = [round(c, DIGITS) for c in taken]  # the node order's key, as `gangdomain._cost`
+    if lower:
+        lens = [len(ps) for _, ps in table]
+        pos = np.fromiter(itertools.chain.from_iterable(ps for _, ps in table), np.int64, sum(lens))
+        weight = np.ones(len(pos), dtype=np.int64)
+        nfree = np.repeat(np.array([len(kind[1]) for kind, _ in table], dtype=np.int64), lens)
+        kind_ids = np.repeat(np.arange(len(table), dtype=np.int64), lens)
+        order = np.repeat(np.array(costs, dtype=np.float64), lens)
+        picked = select_nodes(pos, weight, nfree, kind_ids, n, n, lower, order)
+    else:  # the node order: least cost, fewest free GPUs, name (positions are in name order)
+        top = sorted([(costs[row], len(kind[1]), p, row) for row, (kind, ps) in enumerate(table) for p in ps])
+        picked = [(p, row) for _, _, p, row in top[:n]]
+    if pb.objective is None:
+        return [p for p, _ in picked], None
+    # plan_cost: the unrounded take costs summed in the assignment's order, then rounded
+    total = 0.0
+    for _, row in picked:
+        total += taken[row]
+    return [p for p, _ in picked], round(total, DIGITS)
+
+
+def _take_cost(pb: Problem, kind: Kind, choice: Choice | None) -> float:
+    """`ClusterObjective.take_cost` of a node of `kind` giving its one member `choice` (0 without
+    an objective or a topology), once per kind and call."""
+    policy, free = kind
+    if pb.objective is None or policy is None or choice is None:
+        return 0.0
+    cache = _call(pb).costs
+    hit = cache.get(kind)
+    if hit is None:
+        hit = cache[kind] = pb.objective.take_cost(policy, free, choice.indices)
+    return hit
