@@ -12,7 +12,7 @@ single-offer path (`gangsingle`, no node takes two members) against the general 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from unittest import mock
 
@@ -145,6 +145,24 @@ def test_the_fast_paths_skip_work_on_the_default_cluster() -> None:
     assert evaluated["fast"] < evaluated["slow"]
 
 
+def _random_views(
+    rng: random.Random, free_of: Callable[[int], frozenset[int]]
+) -> tuple[NetworkIndex, list[NodeView | None]]:
+    """A random preset cluster's index and one view per node (in the index's order) with the
+    free set `free_of(gpu count)`; now and then a node of unknown topology (its members rank
+    below every measured set)."""
+    pool = AllocatorPool()
+    cluster = preset_cluster(rng.choice(["default", "mixed-leaf", "gb200-nvl"]))
+    index = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
+    views: list[NodeView | None] = [None] * len(index.nodes)
+    for node in cluster.nodes:
+        topo = cluster.topologies[node.topology]
+        free = free_of(topo.n)
+        alloc = pool.get(topo) if rng.random() < 0.9 else None
+        views[index.position[node.name]] = NodeView(node.name, node.labels, topo.n, free, alloc)
+    return index, views
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(0, 2**32 - 1))
 def test_worst_cap_is_the_k_th_best_first_set_and_bounds_every_plan(seed: int) -> None:
@@ -152,16 +170,7 @@ def test_worst_cap_is_the_k_th_best_first_set_and_bounds_every_plan(seed: int) -
     first member's set over the nodes with room (worked out here from the allocator), and the
     domain's plan has no better worst member."""
     rng = random.Random(seed)
-    pool = AllocatorPool()
-    cluster = preset_cluster(rng.choice(["default", "mixed-leaf", "gb200-nvl"]))
-    index = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
-    views: list[NodeView | None] = [None] * len(index.nodes)
-    for node in cluster.nodes:
-        topo = cluster.topologies[node.topology]
-        free = frozenset(g for g in range(topo.n) if rng.random() < 0.6)
-        # now and then a node of unknown topology: its members rank below every measured set
-        alloc = pool.get(topo) if rng.random() < 0.9 else None
-        views[index.position[node.name]] = NodeView(node.name, node.labels, topo.n, free, alloc)
+    index, views = _random_views(rng, lambda n: frozenset(g for g in range(n) if rng.random() < 0.6))
     counts = [len(v.free) if v is not None else 0 for v in views]
     g, n = rng.choice([1, 2, 4, 8]), rng.randint(1, 10)
     memo = ChoiceMemo()
@@ -298,15 +307,9 @@ def test_threshold_read_off_single_offers_equals_the_binary_search(seed: int) ->
     threshold taken as the n-th best first set equals the binary search's, for every feasible
     k; elsewhere `_threshold` is the search itself."""
     rng = random.Random(seed)
-    pool = AllocatorPool()
-    cluster = preset_cluster(rng.choice(["default", "mixed-leaf", "gb200-nvl"]))
-    index = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
-    views: list[NodeView | None] = [None] * len(index.nodes)
-    for node in cluster.nodes:
-        topo = cluster.topologies[node.topology]
-        free = frozenset(range(topo.n)) if rng.random() < 0.5 else frozenset(rng.sample(range(topo.n), 2))
-        alloc = pool.get(topo) if rng.random() < 0.9 else None
-        views[index.position[node.name]] = NodeView(node.name, node.labels, topo.n, free, alloc)
+    index, views = _random_views(
+        rng, lambda n: frozenset(range(n)) if rng.random() < 0.5 else frozenset(rng.sample(range(n), 2))
+    )
     counts = [len(v.free) if v is not None else 0 for v in views]
     g = rng.choice([2, 4, 8])
     lx = index.level(rng.choice([lv for lv in index.levels if lv != "kubernetes.io/hostname"]))
