@@ -34,12 +34,12 @@ guards it. Decisions come back as values with reasons, and what happened is queu
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Collection, Mapping, Sequence, Set
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gputopo.clusterobjective import ClusterObjective
 from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, plan_gang
+from gputopo.gangtypes import Decision, Event, GangAsk, GangMember, Planned, Refused, Wait
 from gputopo.gangwait import LevelWait, OwnLevels
 from gputopo.network import NetworkIndex, domain_of
 from gputopo.policy import GpuPolicy
@@ -56,71 +56,7 @@ SPILL_AFTER_S = 7 * 86_400.0
 #: deleted before it bound is never told, so the oldest are forgotten past this many.
 MAX_WAITING_GANGS = 100_000
 
-
-@dataclass(frozen=True)
-class GangMember:
-    """One active member as the caller sees it: `node` is where it is bound ("" = pending)."""
-
-    pod: str
-    gpus: int
-    node: str = ""
-
-
-@dataclass(frozen=True)
-class GangAsk:
-    """A member's question: who the gang is now, and what its PodGroup requires."""
-
-    gang: str
-    pod: str
-    members: tuple[GangMember, ...]  # every active member known, any order
-    min_member: int | None  # None: the PodGroup is not known (yet)
-    required_level: str | None = None
-    preferred_level: str | None = None
-    #: how long this gang waits for its own level (gangwait), the pods' gputopo.io/topology-wait;
-    #: None: the tracker's spill_after_s
-    spill_after_s: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.spill_after_s is not None and not 0 <= self.spill_after_s < math.inf:
-            raise ValueError(f"a gang's spill_after_s must be >= 0 seconds, got {self.spill_after_s!r}")
-
-
-@dataclass(frozen=True)
-class Wait:
-    """Not now: the member is refused in this cycle, with the reason kube-scheduler shows."""
-
-    reason: str
-    #: the Kubernetes Event reason a sidecar shows on the pod ("" = none): waiting for quorum,
-    #: or unschedulable (fits nowhere now)
-    event: str = "GangWaiting"
-
-
-@dataclass(frozen=True)
-class Planned:
-    """The member's planned node (its only feasible node in this cycle)."""
-
-    node: str
-    reason: str
-
-
-Decision = Wait | Planned
-
-
-class Refused(Exception):
-    """A bind the plan does not allow; the message is returned to kube-scheduler."""
-
-
-@dataclass(frozen=True)
-class Event:
-    """Something that happened to a gang: `kind` is one of plan, plan_failed, quorum_wait,
-    plan_dropped, replan, gang_bound; `cause` says why (expired, not_offered, gpus_taken,
-    bind_failed, member_gone, node_gone, not_in_plan)."""
-
-    kind: str
-    gang: str
-    reason: str
-    cause: str = ""
-    fields: Mapping[str, object] = field(default_factory=dict)
+__all__ = ["Decision", "Event", "GangAsk", "GangMember", "GangTracker", "Planned", "Refused", "Wait"]
 
 
 @dataclass
