@@ -147,10 +147,10 @@ def test_the_fast_paths_skip_work_on_the_default_cluster() -> None:
 
 def _random_views(
     rng: random.Random, free_of: Callable[[int], frozenset[int]]
-) -> tuple[NetworkIndex, list[NodeView | None]]:
-    """A random preset cluster's index and one view per node (in the index's order) with the
-    free set `free_of(gpu count)`; now and then a node of unknown topology (its members rank
-    below every measured set)."""
+) -> tuple[NetworkIndex, list[NodeView | None], list[Allocator]]:
+    """A random preset cluster's index, one view per node (in the index's order) with the
+    free set `free_of(gpu count)`, now and then a node of unknown topology (its members rank
+    below every measured set), and the allocator of each of the cluster's servers."""
     pool = AllocatorPool()
     cluster = preset_cluster(rng.choice(["default", "mixed-leaf", "gb200-nvl"]))
     index = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
@@ -160,7 +160,7 @@ def _random_views(
         free = free_of(topo.n)
         alloc = pool.get(topo) if rng.random() < 0.9 else None
         views[index.position[node.name]] = NodeView(node.name, node.labels, topo.n, free, alloc)
-    return index, views
+    return index, views, [pool.get(t) for t in cluster.topologies]
 
 
 @settings(max_examples=200, deadline=None)
@@ -170,7 +170,7 @@ def test_worst_cap_is_the_k_th_best_first_set_and_bounds_every_plan(seed: int) -
     first member's set over the nodes with room (worked out here from the allocator), and the
     domain's plan has no better worst member."""
     rng = random.Random(seed)
-    index, views = _random_views(rng, lambda n: frozenset(g for g in range(n) if rng.random() < 0.6))
+    index, views, _ = _random_views(rng, lambda n: frozenset(g for g in range(n) if rng.random() < 0.6))
     counts = [len(v.free) if v is not None else 0 for v in views]
     g, n = rng.choice([1, 2, 4, 8]), rng.randint(1, 10)
     memo = ChoiceMemo()
@@ -307,7 +307,7 @@ def test_threshold_read_off_single_offers_equals_the_binary_search(seed: int) ->
     threshold taken as the n-th best first set equals the binary search's, for every feasible
     k; elsewhere `_threshold` is the search itself."""
     rng = random.Random(seed)
-    index, views = _random_views(
+    index, views, _ = _random_views(
         rng, lambda n: frozenset(range(n)) if rng.random() < 0.5 else frozenset(rng.sample(range(n), 2))
     )
     counts = [len(v.free) if v is not None else 0 for v in views]
@@ -386,19 +386,9 @@ def test_single_offer_candidates_are_the_general_evaluations(seed: int) -> None:
     (`gangdomain.evaluate`) of every passing domain that ranks first, (4)'s cost included,
     and the cost it carries is `plan_cost` of its assignment."""
     rng = random.Random(seed)
-    pool = AllocatorPool()
-    cluster = preset_cluster(rng.choice(["default", "mixed-leaf", "gb200-nvl"]))
-    index = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
-    views: list[NodeView | None] = [None] * len(index.nodes)
-    for node in cluster.nodes:
-        topo = cluster.topologies[node.topology]
-        free = (
-            frozenset(range(topo.n))
-            if rng.random() < 0.5
-            else frozenset(rng.sample(range(topo.n), topo.n // 2))
-        )
-        alloc = pool.get(topo) if rng.random() < 0.9 else None
-        views[index.position[node.name]] = NodeView(node.name, node.labels, topo.n, free, alloc)
+    index, views, allocators = _random_views(
+        rng, lambda n: frozenset(range(n)) if rng.random() < 0.5 else frozenset(rng.sample(range(n), n // 2))
+    )
     counts = [len(v.free) if v is not None else 0 for v in views]
     g = rng.randint(max(counts) // 2 + 1, max(counts))
     n = rng.randint(1, 10)
@@ -407,7 +397,7 @@ def test_single_offer_candidates_are_the_general_evaluations(seed: int) -> None:
         mix.observe(rng.choice([1, 2, 4, 8]), gang=rng.random() < 0.3)
     objective = ClusterObjective(mix) if rng.random() < 0.7 else None
     if objective is not None:  # as plan_gang does before any cost
-        objective.learn([pool.get(t).exact for t in cluster.topologies])
+        objective.learn([a.exact for a in allocators])
     pb = gangdomain.Problem(
         index, views, np.array(counts), counts, [g] * n, ChoiceMemo(), max(counts), objective
     )
