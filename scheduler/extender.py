@@ -327,6 +327,7 @@ class Extender:
             raise
         with self._lock:
             self._binding.discard(key)
+            self.ring_wait.forget(f"{key}/{pod.uid}")  # placed: its ring wait, if any, is over
             if gang is not None:
                 waited = self.gangs.bound(key, gang, self.clock())
                 if waited is not None:  # the gang's last member: first filter to last bind

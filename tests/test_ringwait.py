@@ -227,3 +227,15 @@ def test_a_pods_topology_wait_bounds_its_own_ring_wait(serve) -> None:  # noqa: 
     bad = fk.pod("ml", "bad", 4, annotations={"gputopo.io/topology-wait": "1 week"})
     status, out = client.post("/filter", args(bad, ["cross"]))
     assert status == 400 and "topology-wait must be a duration" in out["Error"]
+
+
+def test_a_bound_pod_ends_its_ring_wait(serve) -> None:  # noqa: F811
+    """The wait's memory is the sidecar's own state: a bind over HTTP removes the pod from it."""
+    clock = [1000.0]
+    client, ext = serve(http_cluster(), clock)
+    pod = fk.pod("ml", "p", 4)
+    _, out = client.post("/filter", args(pod, ["cross", "socket"]))
+    assert out["NodeNames"] == ["socket"] and len(ext.ring_wait) == 1
+    body = {"PodName": "p", "PodNamespace": "ml", "PodUID": pod["metadata"]["uid"], "Node": "socket"}
+    assert client.post("/bind", body) == (200, {"Error": ""})
+    assert len(ext.ring_wait) == 0
