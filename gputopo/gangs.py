@@ -440,8 +440,17 @@ class GangTracker:
             del self._first_seen[next(iter(self._first_seen))]
         self._first_seen[gang] = now
 
-    def bind_failed(self, pod: str, gang: str, node: str, reason: str) -> None:
-        """The bind of a member failed: the plan is dropped (its capacity may be wrong now). The
-        caller re-plans at once when members are already bound (`replan`): released until the
-        next filter, that capacity could go to another pod and strand the bound members."""
-        self.drop(gang, f"bind of {pod} on {node} failed: {reason}", "bind_failed")
+    def bind_failed(self, pod: str, gang: str, node: str, reason: str) -> bool:
+        """The bind of a member failed: the plan is dropped (its capacity may be wrong now), and
+        True returned. The caller re-plans at once when members are already bound (`replan`):
+        released until the next filter, that capacity could go to another pod and strand the
+        bound members. A plan made while that bind was in flight that already gives the pod a
+        place (its node went away meanwhile) stands: the failure is of an older decision, and
+        the pod's next filter is steered to its new place (False)."""
+        why = f"bind of {pod} on {node} failed: {reason}"
+        r = self.reservations.get(pod)
+        if r is not None and r.gang == gang and r.node != node and gang in self.plans:
+            self._emit("plan_kept", gang, f"{why}; the plan made since places it on {r.node}", "bind_failed")
+            return False
+        self.drop(gang, why, "bind_failed")
+        return True

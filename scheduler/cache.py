@@ -68,6 +68,17 @@ class ClusterCache:
         a = self.assumed.get(pod.key)
         return pod.node or (a.node if a is not None else "")
 
+    def placed_node(self, pod: PodInfo, snap: Snapshot) -> str:
+        """Where gang planning counts the pod as placed: its bound node, or the node of a bind
+        of ours still in flight while that node exists. A bind in flight to a node deleted since
+        fails, or leaves a pod the pod garbage collector deletes: either way the gang needs a
+        place for that member, and planning the rest around it would put them in a domain the
+        gang can no longer complete there (a split gang)."""
+        if pod.node:
+            return pod.node
+        a = self.assumed.get(pod.key)
+        return a.node if a is not None and a.node in snap.nodes else ""
+
     def in_use(self, snap: Snapshot, node: str) -> set[int]:
         """GPUs of `node` that a pod holds: the published in-use set (less the GPUs of pods the
         watch saw end since, `views.in_use`) and our assumed binds."""

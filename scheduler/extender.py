@@ -144,7 +144,7 @@ class Extender:
         g = pod.gang
         assert g is not None
         members = tuple(
-            GangMember(m.key, m.gpus, self.cache.bound_node(m)) for m in self.cache.members(g.key, snap)
+            GangMember(m.key, m.gpus, self.cache.placed_node(m, snap)) for m in self.cache.members(g.key, snap)
         )
         need = g.min_member or snap.min_members.get(g.key)
         return GangAsk(
@@ -153,7 +153,7 @@ class Extender:
 
     def _replan(self, gang: str, snap: Snapshot, views: NodeViews, now: float, cause: str) -> None:
         """Re-plan a gang's unbound members outside a filter (caller holds the lock)."""
-        pending = [m for m in self.cache.members(gang, snap) if m.gpus > 0 and not self.cache.bound_node(m)]
+        pending = [m for m in self.cache.members(gang, snap) if m.gpus > 0 and not self.cache.placed_node(m, snap)]
         if pending:
             self.gangs.replan(self._ask(pending[0], snap), views, self.cache.network(snap), now, cause)
 
@@ -313,8 +313,7 @@ class Extender:
             with self._lock:
                 self._binding.discard(key)
                 self.cache.unassume(key)
-                if gang is not None:
-                    self.gangs.bind_failed(key, gang, node, str(e))
+                if gang is not None and self.gangs.bind_failed(key, gang, node, str(e)):
                     self._replan_partial(pod, gang)
                 self._log_events()
             self.metrics.binds.labels(result="failed").inc()
@@ -349,7 +348,7 @@ class Extender:
         strand the bound members where the rest no longer fits."""
         now = self.clock()
         snap, views = self._current(now)
-        if pod.gpus > 0 and any(self.cache.bound_node(m) for m in self.cache.members(gang, snap)):
+        if pod.gpus > 0 and any(self.cache.placed_node(m, snap) for m in self.cache.members(gang, snap)):
             self._replan(gang, snap, views, now, "bind_failed")
 
     def _pick(self, view: NodeView | None, size: int, node: str) -> tuple[int, ...]:

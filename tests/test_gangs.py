@@ -114,12 +114,42 @@ def test_a_replan_after_a_failed_bind_stays_next_to_the_bound_member_and_in_the_
     assert {r.node for r in t.reservations} <= set(offer)
     w0 = t.planned_node("ml/w-0", "ml/g") or ""
     t.permit("ml/w-0", "ml/g", 8, w0)
-    t.bind_failed("ml/w-1", "ml/g", "x", "injected")
+    w1 = t.planned_node("ml/w-1", "ml/g") or ""
+    t.permit("ml/w-1", "ml/g", 8, w1)
+    assert t.bind_failed("ml/w-1", "ml/g", w1, "injected"), "the plan it was permitted under is dropped"
+    assert not t.plans and not len(t.reservations)
     v = views({w0: frozenset()})
     plan = t.replan(ask(1, bound={0: w0}), v, INDEX, 1.0, "bind_failed")
     assert not isinstance(plan, Wait)
     assert {p.pod for p in plan.placements} == {"ml/w-1", "ml/w-2"}
     assert all(p.node in offer for p in plan.placements), "never a node kube-scheduler did not offer"
+
+
+def test_a_failed_bind_older_than_the_plan_keeps_the_plan_that_already_places_the_pod() -> None:
+    """w-0's bind to a0 is in flight when a0 goes away: the next plan places w-0 again (the
+    sidecar counts a bind to a deleted node as unplaced), whole in leaf b. When that old bind
+    then fails, the plan made since stands: dropping it would re-plan around members already
+    binding in leaf b, or split the gang."""
+    t = GangTracker(LEVELS)
+    t.filter(ask(0), NAMES, views(), INDEX, 0.0)
+    assert t.planned_node("ml/w-0", "ml/g") == "a0"
+    t.permit("ml/w-0", "ml/g", 8, "a0")
+    gone = {n: v for n, v in views().items() if n != "a0"}
+    got = t.filter(ask(1), [n for n in NAMES if n not in ("a0", "a1")], gone, INDEX, 1.0)
+    assert isinstance(got, Planned) and got.node.startswith("b")
+    plan = t.plans["ml/g"]
+    assert {p.pod for p in plan.placements} == {"ml/w-0", "ml/w-1", "ml/w-2"}
+    assert {p.node[0] for p in plan.placements} == {"b"}, "whole in one leaf"
+    t.drain()
+    assert not t.bind_failed("ml/w-0", "ml/g", "a0", "404 Not Found")
+    assert t.plans["ml/g"] is plan and len(t.reservations) == 3
+    (kept,) = t.drain()
+    assert kept.kind == "plan_kept" and "a0" in kept.reason
+    mine = t.planned_node("ml/w-0", "ml/g")
+    assert mine is not None and t.filter(ask(0), NAMES, gone, INDEX, 2.0) == Planned(
+        mine, f"gang ml/g planned on {mine}"
+    )
+    assert t.bind_failed("ml/w-0", "ml/g", mine, "409"), "a bind the plan made fails: dropped"
 
 
 @settings(max_examples=60, deadline=None)

@@ -203,6 +203,61 @@ def test_a_member_asked_about_again_while_its_binding_is_in_flight_keeps_the_pla
     assert ext.metrics.plans.labels(result="dropped")._value.get() == 0
 
 
+def test_a_bind_in_flight_to_a_node_deleted_meanwhile_does_not_split_the_gang(live) -> None:
+    """The CI race of issue 10's stop 14: kube-scheduler still offers nodes the previous test
+    deleted. g-0's bind is in flight to one of them when they go; the next member's plan must
+    place all three again (a bind to a deleted node will fail or leave a pod the pod GC
+    deletes), whole in one leaf. Planning only the other two, around a node no leaf has, put
+    them in leaf l1 while g-0 went on to l2 after its bind failed: a split gang."""
+    api, state, ext, start, _clock = live
+    for i, leaf in enumerate(["l1", "l1", "l2", "l2", "l2", "l2", "l2"]):
+        api.put("nodes", fk.node(f"n{i}", {LEAF: leaf}, annotations={KEY: annotation(f"n{i}")}))
+    api.put(
+        "podgroups",
+        {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": {"namespace": "ml", "name": "g"},
+            "spec": {"minMember": 3},
+        },
+    )
+    pods = [fk.pod("ml", f"g-{i}", 8, labels={"scheduling.x-k8s.io/pod-group": "g"}) for i in range(3)]
+    for p in pods:
+        api.put("pods", p)
+    client = start()
+    names = [f"n{i}" for i in range(7)]
+    l2 = set(names[2:])
+    client.post("/filter", args(pods[0], names))
+    first = {p.pod: p.node for p in ext.plans["ml/g"].placements}
+    assert set(first.values()) <= l2, "only l2 holds three"
+    api.bind_gate = threading.Event()
+    done: dict[str, tuple[int, dict]] = {}
+    t = threading.Thread(target=lambda: done.update(b=client.post("/bind", bind_body("g-0", first["ml/g-0"]))))
+    t.start()
+    try:
+        wait_until(lambda: ("bind", "ml/g-0") in api.requests)
+        gone = {first["ml/g-0"], first["ml/g-1"]}
+        for n in gone:
+            api.delete("nodes", n)
+        wait_until(lambda: not gone & set(state.snapshot().nodes))
+        _, out = client.post("/filter", args(pods[2], names))  # kube-scheduler's cache lags: stale offer
+        plan = ext.plans["ml/g"]
+        assert {p.pod for p in plan.placements} == {"ml/g-0", "ml/g-1", "ml/g-2"}
+        assert {p.node for p in plan.placements} == l2 - gone, "whole, in the one leaf that holds it"
+        assert out["NodeNames"] == [ext.gangs.planned_node("ml/g-2", "ml/g")]
+        api.inject("bind", 404)
+    finally:
+        api.bind_gate.set()
+        t.join()
+    assert "404" in done["b"][1]["Error"]
+    assert ext.plans["ml/g"] is plan, "the failed bind predates the plan: the plan stands"
+    for p in pods:
+        _, out = client.post("/filter", args(p, names))
+        (node,) = out["NodeNames"]
+        assert client.post("/bind", bind_body(p["metadata"]["name"], node)) == (200, {"Error": ""})
+    assert {n for _, n in api.bindings} == l2 - gone and len(api.bindings) == 3
+
+
 def test_a_reserved_member_deleted_gives_the_gangs_capacity_back_at_once(live) -> None:
     api, state, ext, start, _clock = live
     pods = two_leaves_and_a_gang(api, 2, 2)
