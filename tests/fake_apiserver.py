@@ -494,6 +494,22 @@ def node(
     }
 
 
+def podgroup(namespace: str, name: str, min_member: int) -> dict[str, Any]:
+    """A scheduler-plugins PodGroup (`scheduling.x-k8s.io/v1alpha1`) with its minMember."""
+    return {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"namespace": namespace, "name": name},
+        "spec": {"minMember": min_member},
+    }
+
+
+def gang_pods(namespace: str, group: str, count: int, gpus: int = 8) -> list[dict[str, Any]]:
+    """`count` pods `<group>-<i>` of `gpus` GPUs each, labelled into PodGroup `group`."""
+    label = {"scheduling.x-k8s.io/pod-group": group}
+    return [pod(namespace, f"{group}-{i}", gpus, labels=label) for i in range(count)]
+
+
 def pod(
     namespace: str,
     name: str,

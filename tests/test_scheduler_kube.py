@@ -60,15 +60,7 @@ def test_lists_nodes_pods_and_podgroups(clock: list[float]) -> None:
         api.put("nodes", fk.node("a3", gpus=4))
         api.put("pods", fk.pod("ml", "w-0", 2, labels={"scheduling.x-k8s.io/pod-group": "g1"}))
         api.put("pods", fk.pod("web", "nginx", 0))
-        api.put(
-            "podgroups",
-            {
-                "apiVersion": "scheduling.x-k8s.io/v1alpha1",
-                "kind": "PodGroup",
-                "metadata": {"namespace": "ml", "name": "g1"},
-                "spec": {"minMember": 4},
-            },
-        )
+        api.put("podgroups", fk.podgroup("ml", "g1", 4))
         state = start(api_client, clock)
         try:
             snap = state.snapshot()

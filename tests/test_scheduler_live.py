@@ -98,16 +98,8 @@ def test_gang_through_the_api_and_replan_after_a_refused_binding(live) -> None:
     api, _state, ext, start, _clock = live
     for i, leaf in enumerate(["l1", "l1", "l2", "l2"]):
         api.put("nodes", fk.node(f"n{i}", {LEAF: leaf}, annotations={KEY: annotation(f"n{i}")}))
-    api.put(
-        "podgroups",
-        {
-            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
-            "kind": "PodGroup",
-            "metadata": {"namespace": "ml", "name": "g"},
-            "spec": {"minMember": 2},
-        },
-    )
-    pods = [fk.pod("ml", f"g-{i}", 8, labels={"scheduling.x-k8s.io/pod-group": "g"}) for i in range(2)]
+    api.put("podgroups", fk.podgroup("ml", "g", 2))
+    pods = fk.gang_pods("ml", "g", 2)
     for p in pods:
         api.put("pods", p)
     client = start()
@@ -149,16 +141,8 @@ def test_readyz_waits_for_the_first_list(live) -> None:
 def two_leaves_and_a_gang(api, members: int, min_member: int) -> list[dict]:
     for i, leaf in enumerate(["l1", "l1", "l2", "l2"]):
         api.put("nodes", fk.node(f"n{i}", {LEAF: leaf}, annotations={KEY: annotation(f"n{i}")}))
-    api.put(
-        "podgroups",
-        {
-            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
-            "kind": "PodGroup",
-            "metadata": {"namespace": "ml", "name": "g"},
-            "spec": {"minMember": min_member},
-        },
-    )
-    pods = [fk.pod("ml", f"g-{i}", 8, labels={"scheduling.x-k8s.io/pod-group": "g"}) for i in range(members)]
+    api.put("podgroups", fk.podgroup("ml", "g", min_member))
+    pods = fk.gang_pods("ml", "g", members)
     for p in pods:
         api.put("pods", p)
     return pods
@@ -212,16 +196,8 @@ def test_a_bind_in_flight_to_a_node_deleted_meanwhile_does_not_split_the_gang(li
     api, state, ext, start, _clock = live
     for i, leaf in enumerate(["l1", "l1", "l2", "l2", "l2", "l2", "l2"]):
         api.put("nodes", fk.node(f"n{i}", {LEAF: leaf}, annotations={KEY: annotation(f"n{i}")}))
-    api.put(
-        "podgroups",
-        {
-            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
-            "kind": "PodGroup",
-            "metadata": {"namespace": "ml", "name": "g"},
-            "spec": {"minMember": 3},
-        },
-    )
-    pods = [fk.pod("ml", f"g-{i}", 8, labels={"scheduling.x-k8s.io/pod-group": "g"}) for i in range(3)]
+    api.put("podgroups", fk.podgroup("ml", "g", 3))
+    pods = fk.gang_pods("ml", "g", 3)
     for p in pods:
         api.put("pods", p)
     client = start()
@@ -232,7 +208,9 @@ def test_a_bind_in_flight_to_a_node_deleted_meanwhile_does_not_split_the_gang(li
     assert set(first.values()) <= l2, "only l2 holds three"
     api.bind_gate = threading.Event()
     done: dict[str, tuple[int, dict]] = {}
-    t = threading.Thread(target=lambda: done.update(b=client.post("/bind", bind_body("g-0", first["ml/g-0"]))))
+    t = threading.Thread(
+        target=lambda: done.update(b=client.post("/bind", bind_body("g-0", first["ml/g-0"])))
+    )
     t.start()
     try:
         wait_until(lambda: ("bind", "ml/g-0") in api.requests)

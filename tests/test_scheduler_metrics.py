@@ -85,16 +85,8 @@ def test_gang_wait_is_observed_once_from_first_filter_to_last_bind_over_http() -
         clock = [NOW]
         for i, leaf in enumerate(["l1", "l1", "l1", "l2"]):
             api.put("nodes", fk.node(f"n{i}", {LEAF: leaf}, annotations={KEY: annotation(f"n{i}")}))
-        api.put(
-            "podgroups",
-            {
-                "apiVersion": "scheduling.x-k8s.io/v1alpha1",
-                "kind": "PodGroup",
-                "metadata": {"namespace": "ml", "name": "g"},
-                "spec": {"minMember": 3},
-            },
-        )
-        pods = [fk.pod("ml", f"g-{i}", 8, labels={"scheduling.x-k8s.io/pod-group": "g"}) for i in range(3)]
+        api.put("podgroups", fk.podgroup("ml", "g", 3))
+        pods = fk.gang_pods("ml", "g", 3)
         api.put("pods", pods[0])
         state = KubeState(api_client, clock=lambda: clock[0], watch_timeout_s=5, backoff_s=(0.05, 0.2))
         metrics = Metrics()
