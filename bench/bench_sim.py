@@ -21,6 +21,7 @@ Run: .venv/bin/python bench/bench_sim.py [--workloads default,philly,helios,mixe
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from pathlib import Path
@@ -57,9 +58,13 @@ def workloads_table(names: list[str], repeat: int) -> None:
     for name in names:
         cluster, jobs, header, config, policies = prepare(parser.parse_args(WORKLOADS[name]))
         rates: dict[str, list[float]] = {p: [] for p in policies}
+        # As gputopo.sim.engine.compare: one pool, the CLI's order. The pool lives across the
+        # comparisons: built anew each time, its tables would be filled in every comparison by
+        # whichever policy runs first (gputopo) and found warm by the rest.
+        pool = AllocatorPool()
         for _ in range(repeat):
-            pool = AllocatorPool()  # as gputopo.sim.engine.compare: one pool, the CLI's order
             for p in policies:
+                gc.collect()  # no policy pays for the garbage of the one before it
                 r = simulate(cluster, jobs, p, config, pool=pool, clock=time.process_time)
                 rates[p].append(r.pods / r.seconds)
         best = {p: max(v) for p, v in rates.items()}
