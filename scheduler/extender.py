@@ -144,7 +144,8 @@ class Extender:
         g = pod.gang
         assert g is not None
         members = tuple(
-            GangMember(m.key, m.gpus, self.cache.placed_node(m, snap)) for m in self.cache.members(g.key, snap)
+            GangMember(m.key, m.gpus, self.cache.placed_node(m, snap))
+            for m in self.cache.members(g.key, snap)
         )
         need = g.min_member or snap.min_members.get(g.key)
         return GangAsk(
@@ -153,7 +154,9 @@ class Extender:
 
     def _replan(self, gang: str, snap: Snapshot, views: NodeViews, now: float, cause: str) -> None:
         """Re-plan a gang's unbound members outside a filter (caller holds the lock)."""
-        pending = [m for m in self.cache.members(gang, snap) if m.gpus > 0 and not self.cache.placed_node(m, snap)]
+        pending = [
+            m for m in self.cache.members(gang, snap) if m.gpus > 0 and not self.cache.placed_node(m, snap)
+        ]
         if pending:
             self.gangs.replan(self._ask(pending[0], snap), views, self.cache.network(snap), now, cause)
 
