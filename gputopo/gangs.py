@@ -120,6 +120,8 @@ class GangTracker:
 
     def expire(self, now: float) -> list[str]:
         """Drop every plan with a reservation past its time; the gangs dropped."""
+        if now < self.reservations.earliest:  # nothing can have run out (one call per member bind)
+            return []
         gangs = sorted(self.reservations.expired(now))
         for gang in gangs:
             self.drop(gang, "reservation expired before every member bound", "expired")
@@ -301,9 +303,14 @@ class GangTracker:
     ) -> Wait:
         """A plan that found no room: the back-off for the same question, and the answer."""
         back = self._backoff.get(gang)
-        delay = self.backoff_s[0] if back is None else min(back.delay * 2, self.backoff_s[1])
         reason = f"gang {gang} does not fit: {result}"
-        self._backoff[gang] = _Backoff(now + delay, delay, reason, views, offer, level)
+        if back is None:
+            delay = self.backoff_s[0]
+            self._backoff[gang] = _Backoff(now + delay, delay, reason, views, offer, level)
+        else:  # renewed in place: the tracker is the only holder (a gang waiting is asked often)
+            delay = min(back.delay * 2, self.backoff_s[1])
+            back.until, back.delay, back.reason = now + delay, delay, reason
+            back.views, back.offer, back.level = views, offer, level
         self._emit("plan_failed", gang, result, members=members, retry_in_s=delay)
         return Wait(reason, "GangUnschedulable")
 

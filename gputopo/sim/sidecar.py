@@ -329,13 +329,15 @@ class SidecarPolicy:
 
     def place(self, state: ClusterState, job: Job) -> list[Slot] | Failure:
         """All pods of the job, or a Failure; the state is left unchanged either way."""
+        gang = len(job.pods) > 1  # `job.is_gang`
         if job.id not in self._seen_jobs:  # the sidecar sees each pod when it is first filtered
             self._seen_jobs.add(job.id)
+            observe = self.objective.mix.observe
             for size in job.pods:
-                self.objective.mix.observe(size, gang=job.is_gang)
-        if self._planner and job.is_gang:
+                observe(size, gang=gang)
+        if gang and self._planner:
             return self._lifecycle(state, job)
-        if job.is_gang:
+        if gang:
             return place_one_by_one(state, job, self.place_pod)
         got = self.place_pod(state, job.pods[0], job.id)
         if isinstance(got, Failure):
@@ -359,26 +361,24 @@ class SidecarPolicy:
         views = self._all_views(state)
 
         current = tuple(members)  # every member as the gang is now (renewed on each bind)
-
-        def ask(k: int, count: int = n) -> GangAsk:
-            return GangAsk(gang, pods[k], current if count == n else tuple(members[:count]), n)
-
         base = now = state.now  # the simulation's clock: a gang's wait for its level spans placements
         if job.id not in self._arrived:  # members are created over the spread, once
             self._arrived.add(job.id)
             spread = self.life.arrival_spread_s
             if spread > 0:
-                times = sorted(self._binds.uniform(0, spread) for _ in range(n))
+                rand = self._binds.random  # `uniform(0, spread)` is `spread * random()`, bit for bit
+                times = [spread * rand() for _ in range(n)]
+                last, first_in = max(times), min(times)
                 # each member is filtered as it appears: the first starts the gang's wait
                 # (`first_seen`); the ones up to the last are answered "waiting for quorum" with
                 # nothing kept but that event (no plan can exist yet, `_arrived` runs this
                 # once), so only the first is asked (test_sim_fastpaths has the check)
                 if n > 1:
-                    t.filter(ask(0, 1), self._offer, views, self._net, base)
+                    t.filter(GangAsk(gang, pods[0], current[:1], n), self._offer, views, self._net, base)
                 self.stats["gangs_waited_for_quorum"] += 1
-                self._waited_s += times[-1] - times[0]
-                now = base + times[-1] - times[0]
-        first = t.filter(ask(n - 1), self._offer, views, self._net, now)
+                self._waited_s += last - first_in
+                now = base + last - first_in
+        first = t.filter(GangAsk(gang, pods[n - 1], current, n), self._offer, views, self._net, now)
         if isinstance(first, Wait):
             self._waiting.park(job.id, t.level_wait(gang), state)
             self._count(t.drain())
@@ -391,7 +391,7 @@ class SidecarPolicy:
             while queue:
                 now, seq, k = heapq.heappop(queue)
                 t.expire(now)
-                decision = t.filter(ask(k), self._offer, views, self._net, now)
+                decision = t.filter(GangAsk(gang, pods[k], current, n), self._offer, views, self._net, now)
                 if isinstance(decision, Wait):  # a re-plan around bound members found no room
                     self.stats["gangs_stalled"] += 1
                     return Failure(decision.reason)
@@ -405,7 +405,7 @@ class SidecarPolicy:
                         self.stats["bind_failures_injected"] += 1
                         t.bind_failed(pods[k], gang, decision.node, "injected API error")
                         if where:
-                            t.replan(ask(k), views, self._net, now, "bind_failed")
+                            t.replan(GangAsk(gang, pods[k], current, n), views, self._net, now, "bind_failed")
                     attempts[k] += 1
                     if attempts[k] > MAX_ATTEMPTS:  # bounded, whatever the failure rate
                         self.stats["gangs_stalled"] += 1
@@ -416,7 +416,9 @@ class SidecarPolicy:
                 node = self._index[r.node]
                 gpus = tuple(sorted(r.gpus))
                 mask = held.get(node, state.mask[node])
-                bits = sum(1 << g for g in gpus)
+                bits = 0
+                for g in gpus:
+                    bits |= 1 << g
                 if bits & ~mask or len(gpus) != bits.bit_count():
                     raise ValueError(f"GPUs {list(gpus)} are not free on node {r.node}")
                 held[node] = mask & ~bits
