@@ -192,12 +192,17 @@ class GangTracker:
         now: float,
     ) -> Decision:
         """The decision for one member's filter, `offer` being the nodes kube-scheduler sent."""
-        gang = ask.gang
-        self._seen(gang, now)
+        gang, pod = ask.gang, ask.pod
+        if gang not in self._first_seen:
+            self._seen(gang, now)
         plan = self.plans.get(gang)
         if plan is not None:
-            mine = next((p for p in plan.placements if p.pod == ask.pod), None)
-            if mine is not None and self.reservations.get(ask.pod) is not None:
+            mine = None
+            for p in plan.placements:  # once per member bind: a loop, not a generator
+                if p.pod == pod:
+                    mine = p
+                    break
+            if mine is not None and self.reservations.get(pod) is not None:
                 if mine.node in offer:
                     return Planned(mine.node, f"gang {gang} planned on {mine.node}")
                 self.drop(

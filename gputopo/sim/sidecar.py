@@ -169,9 +169,10 @@ class SidecarPolicy:
             self._seen = [-1] * len(state.mask)
         seen, names, masks = self._seen, self._names, state.mask
         if seen != masks:
+            cached, every = self._views, self._all
             for i in list(compress(range(len(masks)), map(ne, seen, masks))):  # nodes whose mask changed
-                seen[i] = masks[i]
-                self._all[names[i]] = self._view(i, masks[i])
+                mask = seen[i] = masks[i]
+                every[names[i]] = cached.get((i, mask)) or self._view(i, mask)
         return dict(self._all)
 
     # ------------------------------------------------------------------ single pods
