@@ -46,6 +46,11 @@ from gputopo.sim.workload import Job
 POD_BACKOFF_S = (1.0, 10.0)
 #: Binds tried per member within one placement before the gang is put back in the queue.
 MAX_ATTEMPTS = 100
+#: The most classes for which only the best distinct key gets MAX_SCORE (`scores_in_order`):
+#: `_best_classes` then looks at the classes with that key alone.
+_ALONE_AT_TOP = next(
+    k - 1 for k in range(2, 66) if sorted(scores_in_order([(i,) for i in range(k)]))[-2] >= MAX_SCORE
+)
 #: A class's parts of its single-pod score (`SidecarPolicy._part`).
 _Part = tuple[float, Choice, tuple[object, ...], tuple[int, ...], tuple[int, ...], Allocator, frozenset[int]]
 
@@ -271,9 +276,25 @@ class SidecarPolicy:
         good enough, no cost (the only part of a key that depends on the mix) decides a rank."""
         if not room:
             return (), True
-        totals, good = self._class_totals(room, size)
+        if len(room) <= _ALONE_AT_TOP:
+            # Only the best distinct key scores MAX_SCORE, and it is a good-enough class's (their
+            # keys lead with True): the best total is among the classes with that key unless a
+            # class below could reach it with a lower score (totals grow with the score). The
+            # same keys are asked in the same order as `_class_totals`, which decides otherwise.
+            parts, good = self._parts, self._good
+            got = [parts.get((c, size)) or self._part(c, size) for c in room]
+            floor = self.objective.floor(p[0] for p in got)
+            ok = [i for i, p in enumerate(got) if p[0] >= floor]
+            keys = [good.get((room[i], size)) or self._good_key(room[i], size, got[i]) for i in ok]
+            best_key = max(keys)
+            tied = [i for i, k in zip(ok, keys, strict=True) if k == best_key]
+            top = max(got[i][4][MAX_SCORE] for i in tied)
+            below = max((p[4][MAX_SCORE - 1] for i, p in enumerate(got) if i not in tied), default=-1)
+            if top > below:
+                return tuple(room[i] for i in tied if got[i][4][MAX_SCORE] == top), len(ok) <= 1
+        totals, good_enough = self._class_totals(room, size)
         best = max(totals)
-        return tuple(c for c, t in zip(room, totals, strict=True) if t == best), good <= 1
+        return tuple(c for c, t in zip(room, totals, strict=True) if t == best), good_enough <= 1
 
     def _class_totals(self, room: list[tuple[int, int]], size: int) -> tuple[list[int], int]:
         """kube-scheduler's total per class of `room` (non-empty classes with room for `size`):
