@@ -409,47 +409,56 @@ class SidecarPolicy:
         attempts = [0] * n
         slots: dict[int, Slot] = {}
         held: dict[int, int] = {}  # free masks of the nodes members bound to (the state is not touched)
+        offer, net, index, rate, draw = (
+            self._offer,
+            self._net,
+            self._index,
+            self.life.bind_failure_rate,
+            self._binds.random,
+        )
         try:
-            while queue:
+            while queue:  # once per member bind: the tracker's verbs and the loop's own state in locals
                 now, seq, k = heapq.heappop(queue)
+                pod = pods[k]
                 t.expire(now)
-                decision = t.filter(GangAsk(gang, pods[k], current, n), self._offer, views, self._net, now)
+                decision = t.filter(GangAsk(gang, pod, current, n), offer, views, net, now)
                 if isinstance(decision, Wait):  # a re-plan around bound members found no room
                     self.stats["gangs_stalled"] += 1
                     return Failure(decision.reason)
                 size = job.pods[k]
                 try:
-                    r = t.permit(pods[k], gang, size, decision.node)
+                    r = t.permit(pod, gang, size, decision.node)
                 except Refused:
                     r = None
-                if r is None or self._binds.random() < self.life.bind_failure_rate:
+                if r is None or draw() < rate:
                     if r is not None:
                         self.stats["bind_failures_injected"] += 1
-                        t.bind_failed(pods[k], gang, decision.node, "injected API error")
+                        t.bind_failed(pod, gang, decision.node, "injected API error")
                         if where:
-                            t.replan(GangAsk(gang, pods[k], current, n), views, self._net, now, "bind_failed")
+                            t.replan(GangAsk(gang, pod, current, n), views, net, now, "bind_failed")
                     attempts[k] += 1
                     if attempts[k] > MAX_ATTEMPTS:  # bounded, whatever the failure rate
                         self.stats["gangs_stalled"] += 1
-                        return Failure(f"member {pods[k]} failed to bind {MAX_ATTEMPTS} times")
+                        return Failure(f"member {pod} failed to bind {MAX_ATTEMPTS} times")
                     delay = min(POD_BACKOFF_S[0] * 2 ** (attempts[k] - 1), POD_BACKOFF_S[1])
                     heapq.heappush(queue, (now + delay, seq + n * attempts[k], k))
                     continue
-                node = self._index[r.node]
+                name = r.node
+                node = index[name]
                 gpus = tuple(sorted(r.gpus))
                 mask = held.get(node, state.mask[node])
                 bits = 0
                 for g in gpus:
                     bits |= 1 << g
                 if bits & ~mask or len(gpus) != bits.bit_count():
-                    raise ValueError(f"GPUs {list(gpus)} are not free on node {r.node}")
-                held[node] = mask & ~bits
+                    raise ValueError(f"GPUs {list(gpus)} are not free on node {name}")
+                mask = held[node] = mask & ~bits
                 slots[k] = (node, gpus)
-                where[pods[k]] = r.node
-                members[k] = GangMember(pods[k], size, r.node)
+                where[pod] = name
+                members[k] = GangMember(pod, size, name)
                 current = tuple(members)
-                views[r.node] = self._view(node, held[node])
-                t.bound(pods[k], gang, now)
+                views[name] = self._views.get((node, mask)) or self._view(node, mask)
+                t.bound(pod, gang, now)
         finally:
             self._count(t.drain())
             t.drop(gang, "simulated placement done", "done")
