@@ -213,6 +213,7 @@ def _decisions(cluster: SimCluster, seed: int, cold: bool) -> list[object]:
             self._good,
             self._views,
             self._rings,
+            self._ring_ok,
         ):
             cache.clear()
         self.ring_wait._good.clear()

@@ -120,6 +120,7 @@ class SidecarPolicy:
         #: (pod size, the classes present) -> `_ring_split`'s answer (pure in them: never renewed)
         self._rings: dict[tuple[int, frozenset[tuple[int, int]]], tuple[list[tuple[int, int]], bool]] = {}
         self._good: dict[tuple[tuple[int, int], int], tuple[object, ...]] = {}  # see `_good_key`
+        self._ring_ok: dict[tuple[tuple[int, int], int], bool] = {}  # see `_ring_good`
         #: `_by_room`'s answers that hold for every mix version (`_best_classes`)
         self._static: dict[tuple[int, frozenset[tuple[int, int]]], tuple[tuple[int, int], ...]] = {}
         self._index = {node.name: i for i, node in enumerate(cluster.nodes)}
@@ -253,8 +254,15 @@ class SidecarPolicy:
         return hit
 
     def _ring_good(self, classes: dict[tuple[int, int], set[int]], c: tuple[int, int], size: int) -> bool:
-        v = self._view(min(classes[c]), c[1])
-        return self.ring_wait.good(v.allocator, v.free, size)
+        """`ring_wait.good` of class `c`: pure in its topology, free mask and the size, so kept
+        per (class, size) in `_ring_ok`."""
+        hit = self._ring_ok.get((c, size))
+        if hit is None:
+            if len(self._ring_ok) > 100_000:
+                self._ring_ok.clear()
+            v = self._view(min(classes[c]), c[1])
+            hit = self._ring_ok[(c, size)] = self.ring_wait.good(v.allocator, v.free, size)
+        return hit
 
     def _renew(self) -> None:
         """A new demand mix version: every answer and good-enough key goes (an older mix is
