@@ -120,6 +120,8 @@ class GangTracker:
 
     def expire(self, now: float) -> list[str]:
         """Drop every plan with a reservation past its time; the gangs dropped."""
+        if now < self.reservations.earliest:  # nothing can have run out (one call per member bind)
+            return []
         gangs = sorted(self.reservations.expired(now))
         for gang in gangs:
             self.drop(gang, "reservation expired before every member bound", "expired")
@@ -190,12 +192,17 @@ class GangTracker:
         now: float,
     ) -> Decision:
         """The decision for one member's filter, `offer` being the nodes kube-scheduler sent."""
-        gang = ask.gang
-        self._seen(gang, now)
+        gang, pod = ask.gang, ask.pod
+        if gang not in self._first_seen:
+            self._seen(gang, now)
         plan = self.plans.get(gang)
         if plan is not None:
-            mine = next((p for p in plan.placements if p.pod == ask.pod), None)
-            if mine is not None and self.reservations.get(ask.pod) is not None:
+            mine = None
+            for p in plan.placements:  # once per member bind: a loop, not a generator
+                if p.pod == pod:
+                    mine = p
+                    break
+            if mine is not None and self.reservations.get(pod) is not None:
                 if mine.node in offer:
                     return Planned(mine.node, f"gang {gang} planned on {mine.node}")
                 self.drop(
@@ -301,9 +308,14 @@ class GangTracker:
     ) -> Wait:
         """A plan that found no room: the back-off for the same question, and the answer."""
         back = self._backoff.get(gang)
-        delay = self.backoff_s[0] if back is None else min(back.delay * 2, self.backoff_s[1])
         reason = f"gang {gang} does not fit: {result}"
-        self._backoff[gang] = _Backoff(now + delay, delay, reason, views, offer, level)
+        if back is None:
+            delay = self.backoff_s[0]
+            self._backoff[gang] = _Backoff(now + delay, delay, reason, views, offer, level)
+        else:  # renewed in place: the tracker is the only holder (a gang waiting is asked often)
+            delay = min(back.delay * 2, self.backoff_s[1])
+            back.until, back.delay, back.reason = now + delay, delay, reason
+            back.views, back.offer, back.level = views, offer, level
         self._emit("plan_failed", gang, result, members=members, retry_in_s=delay)
         return Wait(reason, "GangUnschedulable")
 

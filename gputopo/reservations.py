@@ -52,6 +52,11 @@ class Reservations:
             self._earliest = min(self._earliest, r.expires_at)
         self.version += 1
 
+    @property
+    def earliest(self) -> float:
+        """At most the earliest expiry held (inf when none): nothing expires before it."""
+        return self._earliest
+
     def get(self, pod: str) -> Reservation | None:
         return self._by_pod.get(pod)
 

@@ -76,6 +76,7 @@ def test_the_parked_count_equals_a_count_from_scratch(preset: str, seed: int) ->
         holds = _still_waits(state, index, wait)
         got = waits.unchanged(7, state)
         assert (got is wait) == (parked and holds) and (got is None or got is wait)
+        assert waits.unchanged(7, state) is got  # asked again on the same masks: the same answer
         parked = got is not None
         if holds and not parked:
             waits.park(7, wait, state)

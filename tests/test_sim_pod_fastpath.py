@@ -12,6 +12,7 @@ against the code `keys` and `node_scores` had before they were split.
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -24,6 +25,7 @@ from gputopo.clusterobjective import ClusterObjective, DemandMix
 from gputopo.gang import ChoiceMemo, NodeView
 from gputopo.placement import MAX_SCORE, node_scores, rank_scores, scores_in_order, single_key
 from gputopo.policy import GpuPolicy
+from gputopo.sim import sidecar
 from gputopo.sim.clusters import default_cluster, preset_cluster
 from gputopo.sim.policies import Failure, Slot
 from gputopo.sim.sidecar import SidecarPolicy
@@ -220,3 +222,37 @@ def test_the_same_classes_follow_the_demand_mix(seed: int) -> None:
                 key = (gpus, frozenset(state.classes))
                 tops.setdefault(key, set()).add(pol._tops[key])
     assert any(len(seen) > 1 for seen in tops.values())
+
+
+@pytest.mark.parametrize(("preset", "seed"), [("default", 4), ("mixed-leaf", 5), ("gb200-nvl", 6)])
+def test_best_classes_by_the_best_key_equal_the_full_totals(preset: str, seed: int) -> None:
+    """`_best_classes` looks only at the classes with the best key (only it scores MAX_SCORE
+    among up to `_ALONE_AT_TOP` classes): the same classes, in the same order, as the best of
+    every class's total (`_class_totals`), on random states and mix versions."""
+    assert sorted(scores_in_order([(i,) for i in range(sidecar._ALONE_AT_TOP)]))[-2] < MAX_SCORE
+    cluster = preset_cluster(preset)
+    pol = _policy(cluster, AllocatorPool(), seed, refresh=3)
+    rng = random.Random(seed)
+    shortcut = costs = 0
+    for _ in range(300):
+        state = ClusterState(cluster)
+        for _ in range(rng.randint(0, 3 * len(cluster.nodes))):
+            node = rng.randrange(len(cluster.nodes))
+            free = state.free(node)
+            if free:
+                state.take(node, rng.sample(free, rng.randint(1, len(free))))
+        size = rng.choice([1, 2, 3, 4, 8])
+        pol.objective.mix.observe(size, gang=rng.random() < 0.2)
+        pol._renew()
+        room = [c for c in state.classes if c[1].bit_count() >= size]
+        if not room:
+            continue
+        for c in room:  # totals grow with the extender score (what the shortcut relies on)
+            totals = pol._part(c, size)[4]
+            assert all(a < b for a, b in itertools.pairwise(totals))
+        totals, good = pol._class_totals(room, size)
+        want = tuple(c for c, t in zip(room, totals, strict=True) if t == max(totals))
+        assert pol._best_classes(room, size) == (want, good <= 1)
+        shortcut += len(room) <= sidecar._ALONE_AT_TOP
+        costs += good >= 2  # the mix's costs decide among the good-enough classes
+    assert shortcut > 50 and costs > 10

@@ -74,6 +74,8 @@ class LevelWaits:
         if p is None:
             return None
         size, old, now, domain = p.wait.size, p.masks, state.mask, p.domain
+        if now == old:  # nothing changed since it was last asked (a third of the asks): it holds
+            return p.wait
         gain: dict[int, int] = {}
         for i in compress(range(len(now)), map(ne, now, old)):  # the nodes whose mask changed
             delta = now[i].bit_count() // size - old[i].bit_count() // size

@@ -46,6 +46,11 @@ from gputopo.sim.workload import Job
 POD_BACKOFF_S = (1.0, 10.0)
 #: Binds tried per member within one placement before the gang is put back in the queue.
 MAX_ATTEMPTS = 100
+#: The most classes for which only the best distinct key gets MAX_SCORE (`scores_in_order`):
+#: `_best_classes` then looks at the classes with that key alone.
+_ALONE_AT_TOP = next(
+    k - 1 for k in range(2, 66) if sorted(scores_in_order([(i,) for i in range(k)]))[-2] >= MAX_SCORE
+)
 #: A class's parts of its single-pod score (`SidecarPolicy._part`).
 _Part = tuple[float, Choice, tuple[object, ...], tuple[int, ...], tuple[int, ...], Allocator, frozenset[int]]
 
@@ -115,6 +120,7 @@ class SidecarPolicy:
         #: (pod size, the classes present) -> `_ring_split`'s answer (pure in them: never renewed)
         self._rings: dict[tuple[int, frozenset[tuple[int, int]]], tuple[list[tuple[int, int]], bool]] = {}
         self._good: dict[tuple[tuple[int, int], int], tuple[object, ...]] = {}  # see `_good_key`
+        self._ring_ok: dict[tuple[tuple[int, int], int], bool] = {}  # see `_ring_good`
         #: `_by_room`'s answers that hold for every mix version (`_best_classes`)
         self._static: dict[tuple[int, frozenset[tuple[int, int]]], tuple[tuple[int, int], ...]] = {}
         self._index = {node.name: i for i, node in enumerate(cluster.nodes)}
@@ -169,9 +175,10 @@ class SidecarPolicy:
             self._seen = [-1] * len(state.mask)
         seen, names, masks = self._seen, self._names, state.mask
         if seen != masks:
+            cached, every = self._views, self._all
             for i in list(compress(range(len(masks)), map(ne, seen, masks))):  # nodes whose mask changed
-                seen[i] = masks[i]
-                self._all[names[i]] = self._view(i, masks[i])
+                mask = seen[i] = masks[i]
+                every[names[i]] = cached.get((i, mask)) or self._view(i, mask)
         return dict(self._all)
 
     # ------------------------------------------------------------------ single pods
@@ -247,8 +254,15 @@ class SidecarPolicy:
         return hit
 
     def _ring_good(self, classes: dict[tuple[int, int], set[int]], c: tuple[int, int], size: int) -> bool:
-        v = self._view(min(classes[c]), c[1])
-        return self.ring_wait.good(v.allocator, v.free, size)
+        """`ring_wait.good` of class `c`: pure in its topology, free mask and the size, so kept
+        per (class, size) in `_ring_ok`."""
+        hit = self._ring_ok.get((c, size))
+        if hit is None:
+            if len(self._ring_ok) > 100_000:
+                self._ring_ok.clear()
+            v = self._view(min(classes[c]), c[1])
+            hit = self._ring_ok[(c, size)] = self.ring_wait.good(v.allocator, v.free, size)
+        return hit
 
     def _renew(self) -> None:
         """A new demand mix version: every answer and good-enough key goes (an older mix is
@@ -270,9 +284,25 @@ class SidecarPolicy:
         good enough, no cost (the only part of a key that depends on the mix) decides a rank."""
         if not room:
             return (), True
-        totals, good = self._class_totals(room, size)
+        if len(room) <= _ALONE_AT_TOP:
+            # Only the best distinct key scores MAX_SCORE, and it is a good-enough class's (their
+            # keys lead with True): the best total is among the classes with that key unless a
+            # class below could reach it with a lower score (totals grow with the score). The
+            # same keys are asked in the same order as `_class_totals`, which decides otherwise.
+            parts, good = self._parts, self._good
+            got = [parts.get((c, size)) or self._part(c, size) for c in room]
+            floor = self.objective.floor(p[0] for p in got)
+            ok = [i for i, p in enumerate(got) if p[0] >= floor]
+            keys = [good.get((room[i], size)) or self._good_key(room[i], size, got[i]) for i in ok]
+            best_key = max(keys)
+            tied = [i for i, k in zip(ok, keys, strict=True) if k == best_key]
+            top = max(got[i][4][MAX_SCORE] for i in tied)
+            below = max((p[4][MAX_SCORE - 1] for i, p in enumerate(got) if i not in tied), default=-1)
+            if top > below:
+                return tuple(room[i] for i in tied if got[i][4][MAX_SCORE] == top), len(ok) <= 1
+        totals, good_enough = self._class_totals(room, size)
         best = max(totals)
-        return tuple(c for c, t in zip(room, totals, strict=True) if t == best), good <= 1
+        return tuple(c for c, t in zip(room, totals, strict=True) if t == best), good_enough <= 1
 
     def _class_totals(self, room: list[tuple[int, int]], size: int) -> tuple[list[int], int]:
         """kube-scheduler's total per class of `room` (non-empty classes with room for `size`):
@@ -329,13 +359,15 @@ class SidecarPolicy:
 
     def place(self, state: ClusterState, job: Job) -> list[Slot] | Failure:
         """All pods of the job, or a Failure; the state is left unchanged either way."""
+        gang = len(job.pods) > 1  # `job.is_gang`
         if job.id not in self._seen_jobs:  # the sidecar sees each pod when it is first filtered
             self._seen_jobs.add(job.id)
+            observe = self.objective.mix.observe
             for size in job.pods:
-                self.objective.mix.observe(size, gang=job.is_gang)
-        if self._planner and job.is_gang:
+                observe(size, gang=gang)
+        if gang and self._planner:
             return self._lifecycle(state, job)
-        if job.is_gang:
+        if gang:
             return place_one_by_one(state, job, self.place_pod)
         got = self.place_pod(state, job.pods[0], job.id)
         if isinstance(got, Failure):
@@ -359,26 +391,24 @@ class SidecarPolicy:
         views = self._all_views(state)
 
         current = tuple(members)  # every member as the gang is now (renewed on each bind)
-
-        def ask(k: int, count: int = n) -> GangAsk:
-            return GangAsk(gang, pods[k], current if count == n else tuple(members[:count]), n)
-
         base = now = state.now  # the simulation's clock: a gang's wait for its level spans placements
         if job.id not in self._arrived:  # members are created over the spread, once
             self._arrived.add(job.id)
             spread = self.life.arrival_spread_s
             if spread > 0:
-                times = sorted(self._binds.uniform(0, spread) for _ in range(n))
+                rand = self._binds.random  # `uniform(0, spread)` is `spread * random()`, bit for bit
+                times = [spread * rand() for _ in range(n)]
+                last, first_in = max(times), min(times)
                 # each member is filtered as it appears: the first starts the gang's wait
                 # (`first_seen`); the ones up to the last are answered "waiting for quorum" with
                 # nothing kept but that event (no plan can exist yet, `_arrived` runs this
                 # once), so only the first is asked (test_sim_fastpaths has the check)
                 if n > 1:
-                    t.filter(ask(0, 1), self._offer, views, self._net, base)
+                    t.filter(GangAsk(gang, pods[0], current[:1], n), self._offer, views, self._net, base)
                 self.stats["gangs_waited_for_quorum"] += 1
-                self._waited_s += times[-1] - times[0]
-                now = base + times[-1] - times[0]
-        first = t.filter(ask(n - 1), self._offer, views, self._net, now)
+                self._waited_s += last - first_in
+                now = base + last - first_in
+        first = t.filter(GangAsk(gang, pods[n - 1], current, n), self._offer, views, self._net, now)
         if isinstance(first, Wait):
             self._waiting.park(job.id, t.level_wait(gang), state)
             self._count(t.drain())
@@ -387,45 +417,56 @@ class SidecarPolicy:
         attempts = [0] * n
         slots: dict[int, Slot] = {}
         held: dict[int, int] = {}  # free masks of the nodes members bound to (the state is not touched)
+        offer, net, index, rate, draw = (
+            self._offer,
+            self._net,
+            self._index,
+            self.life.bind_failure_rate,
+            self._binds.random,
+        )
         try:
-            while queue:
+            while queue:  # once per member bind: the tracker's verbs and the loop's own state in locals
                 now, seq, k = heapq.heappop(queue)
+                pod = pods[k]
                 t.expire(now)
-                decision = t.filter(ask(k), self._offer, views, self._net, now)
+                decision = t.filter(GangAsk(gang, pod, current, n), offer, views, net, now)
                 if isinstance(decision, Wait):  # a re-plan around bound members found no room
                     self.stats["gangs_stalled"] += 1
                     return Failure(decision.reason)
                 size = job.pods[k]
                 try:
-                    r = t.permit(pods[k], gang, size, decision.node)
+                    r = t.permit(pod, gang, size, decision.node)
                 except Refused:
                     r = None
-                if r is None or self._binds.random() < self.life.bind_failure_rate:
+                if r is None or draw() < rate:
                     if r is not None:
                         self.stats["bind_failures_injected"] += 1
-                        t.bind_failed(pods[k], gang, decision.node, "injected API error")
+                        t.bind_failed(pod, gang, decision.node, "injected API error")
                         if where:
-                            t.replan(ask(k), views, self._net, now, "bind_failed")
+                            t.replan(GangAsk(gang, pod, current, n), views, net, now, "bind_failed")
                     attempts[k] += 1
                     if attempts[k] > MAX_ATTEMPTS:  # bounded, whatever the failure rate
                         self.stats["gangs_stalled"] += 1
-                        return Failure(f"member {pods[k]} failed to bind {MAX_ATTEMPTS} times")
+                        return Failure(f"member {pod} failed to bind {MAX_ATTEMPTS} times")
                     delay = min(POD_BACKOFF_S[0] * 2 ** (attempts[k] - 1), POD_BACKOFF_S[1])
                     heapq.heappush(queue, (now + delay, seq + n * attempts[k], k))
                     continue
-                node = self._index[r.node]
+                name = r.node
+                node = index[name]
                 gpus = tuple(sorted(r.gpus))
                 mask = held.get(node, state.mask[node])
-                bits = sum(1 << g for g in gpus)
+                bits = 0
+                for g in gpus:
+                    bits |= 1 << g
                 if bits & ~mask or len(gpus) != bits.bit_count():
-                    raise ValueError(f"GPUs {list(gpus)} are not free on node {r.node}")
-                held[node] = mask & ~bits
+                    raise ValueError(f"GPUs {list(gpus)} are not free on node {name}")
+                mask = held[node] = mask & ~bits
                 slots[k] = (node, gpus)
-                where[pods[k]] = r.node
-                members[k] = GangMember(pods[k], size, r.node)
+                where[pod] = name
+                members[k] = GangMember(pod, size, name)
                 current = tuple(members)
-                views[r.node] = self._view(node, held[node])
-                t.bound(pods[k], gang, now)
+                views[name] = self._views.get((node, mask)) or self._view(node, mask)
+                t.bound(pod, gang, now)
         finally:
             self._count(t.drain())
             t.drop(gang, "simulated placement done", "done")
