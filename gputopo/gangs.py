@@ -421,7 +421,10 @@ class GangTracker:
         """A member bound: the gang is progressing, so its other reservations get a new TTL;
         once no member holds a reservation the plan is complete. Returns, then, how long the
         gang waited from its first member's first filter (`first_seen`) to this last bind
-        (None while members remain, or when the gang was never filtered here)."""
+        (None while members remain, or when the gang was never filtered here). A place that a
+        plan made while this bind was in flight gave the pod again (its node was going away) is
+        given back: the bind went through after all."""
+        self.reservations.release_pod(pod)
         self.reservations.renew_gang(gang, now + self.ttl_s)
         plan = self.plans.get(gang)
         if plan is None or self.reservations.holds(gang):
