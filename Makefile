@@ -39,6 +39,7 @@ types: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
