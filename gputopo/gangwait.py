@@ -76,11 +76,11 @@ def _fits_now_equal(
     slots: dict[int, int] = {}
     position = index.position
     for v in nodes:
-        k = len(v.free) // size
-        if k:
+        f = len(v.free)
+        if f >= size:  # a slot (size > 0): only these divide
             pos = position.get(v.name)
             if pos is not None:
-                slots[pos] = k
+                slots[pos] = f // size
     if sum(slots.values()) < count:  # no domain holds more than the whole cluster
         return [False] * len(levels)
     out = []
