@@ -277,7 +277,7 @@ def _plan_level(
 
 def _best_plan(spec: GangSpec, pb: Problem, level: str, lx: LevelIndex, cands: list[Candidate]) -> GangPlan:
     """The plan of the best candidate: (2)-(3b), then (4)'s cost among those still level."""
-    best = min(cands, key=Candidate.rank)
+    best = cands[0] if len(cands) == 1 else min(cands, key=Candidate.rank)  # one: the single-offer path's
     if pb.objective is not None and len(cands) > 1:
         objective = pb.objective
         rivals = contenders(cands, best)

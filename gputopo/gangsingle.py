@@ -69,11 +69,27 @@ def _call(pb: Problem) -> _Call:
     if pb.single is not None:
         return cast("_Call", pb.single)
     g, counts, views, memo = pb.sizes[0], pb.counts, pb.views, pb.memo
-    out: list[Offer | None] = [None] * len(counts)
+    # A node's offer is a function of its view (frozen: its allocator and free set) and g, so
+    # the last call's offers for this g are kept (`_LAST`, in the caller's memo, for this
+    # index) and only the positions whose view is another object are worked out again: gangs
+    # planned one after another meet the same views on all nodes but the few that changed.
+    _own_memo(pb)
+    key = (_LAST, g)
+    last = memo.domains.get(key)
+    if last is not None and len(last[0]) == len(views):
+        held = last[0]
+        out = list(cast("list[Offer | None]", last[1]))
+        todo = [p for p in range(len(views)) if views[p] is not held[p]]
+    else:
+        out = [None] * len(counts)
+        todo = list(range(len(counts)))
+        memo.domains_held += len(views)  # a new entry (an entry found is replaced in place)
     seen: dict[Kind, Offer] = {}
-    for p in [p for p, c in enumerate(counts) if c >= g]:
+    for p in todo:
         view = views[p]
-        assert view is not None  # positions without a view count 0 free GPUs
+        if view is None or counts[p] < g:  # positions without a view count 0 free GPUs
+            out[p] = None
+            continue
         kind = (view.allocator, view.free)
         offer = seen.get(kind)
         if offer is None:
@@ -84,8 +100,13 @@ def _call(pb: Problem) -> _Call:
                 offer = (c.ring_mbps, c.pair_sum_mbps), c, kind
             seen[kind] = offer
         out[p] = offer
+    memo.domains[key] = (tuple(views), out)  # the views keep their ids theirs; `out` is copied
     pb.single = call = _Call(out)
     return call
+
+
+#: The memo key's tag of `_call`'s last offers per member size (no label key starts with "#").
+_LAST = "#single-offers"
 
 
 def candidates(pb: Problem, lx: LevelIndex, lower: Sequence[LevelIndex]) -> list[Candidate]:
@@ -134,7 +155,8 @@ def _pick(
     """A domain's n nodes among `room` whose set reaches t (`_evaluate_equal` with k = n), in
     the order members are assigned, and the plan's `plan_cost` (None without an objective)."""
     n = len(pb.sizes)
-    offered = offers(pb)
+    call = _call(pb)
+    offered = call.offers
     rows: dict[Kind, list[int]] = {}  # kinds, first seen first
     for p in room:
         offer = offered[p]
@@ -142,7 +164,7 @@ def _pick(
         if offer[0] >= t:
             rows.setdefault(offer[2], []).append(p)
     table = list(rows.items())
-    taken = [_take_cost(pb, kind, offered[ps[0]][1]) for kind, ps in table]  # type: ignore[index]
+    taken = [_take_cost(pb, call, kind, offered[ps[0]][1]) for kind, ps in table]  # type: ignore[index]
     costs = [round(c, DIGITS) for c in taken]  # the node order's key, as `gangdomain._cost`
     if lower:
         lens = [len(ps) for _, ps in table]
@@ -164,13 +186,13 @@ def _pick(
     return [p for p, _ in picked], round(total, DIGITS)
 
 
-def _take_cost(pb: Problem, kind: Kind, choice: Choice | None) -> float:
+def _take_cost(pb: Problem, call: _Call, kind: Kind, choice: Choice | None) -> float:
     """`ClusterObjective.take_cost` of a node of `kind` giving its one member `choice` (0 without
-    an objective or a topology), once per kind and call."""
+    an objective or a topology), once per kind and call (`call`: this one's `_call`)."""
     policy, free = kind
     if pb.objective is None or policy is None or choice is None:
         return 0.0
-    cache = _call(pb).costs
+    cache = call.costs
     hit = cache.get(kind)
     if hit is None:
         hit = cache[kind] = pb.objective.take_cost(policy, free, choice.indices)
