@@ -26,7 +26,7 @@ Pure: no I/O, no clock, no globals; what one call works out per node lives on it
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -36,7 +36,7 @@ from gputopo.allocator import Choice
 from gputopo.gangcost import DIGITS
 from gputopo.gangdomain import Candidate, Problem, _member_lists, _own_memo
 from gputopo.network import LevelIndex
-from gputopo.nodeview import UNKNOWN_QUALITY, Quality
+from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, Quality
 from gputopo.policy import GpuPolicy
 from gputopo.spread import count_spans, select_nodes
 
@@ -105,8 +105,9 @@ def _call(pb: Problem) -> _Call:
     return call
 
 
-#: The memo key's tag of `_call`'s last offers per member size (no label key starts with "#").
-_LAST = "#single-offers"
+#: The memo keys' tags (no label key starts with "#"): `_call`'s last offers per member size,
+#: `_rooms`' last rooms per member size and level, `_domain_ids`' lists.
+_LAST, _ROOMS, _IDS = "#single-offers", "#single-rooms", "#single-ids"
 
 
 def candidates(pb: Problem, lx: LevelIndex, lower: Sequence[LevelIndex]) -> list[Candidate]:
@@ -121,25 +122,36 @@ def candidates(pb: Problem, lx: LevelIndex, lower: Sequence[LevelIndex]) -> list
     _own_memo(pb)
     n = len(pb.sizes)
     offered = offers(pb)
-    members = _member_lists(pb.memo, lx)
+    rooms = _rooms(pb, lx, offered)
     best: Quality | None = None
-    tops: list[tuple[int, list[int]]] = []
-    for d, positions in enumerate(members):
-        room = [p for p in positions if offered[p] is not None]
-        if len(room) < n:
+    tops: list[tuple[int, _Room]] = []
+    for d, r in enumerate(rooms):
+        if len(r[0]) < n:
             continue
-        t = sorted([offered[p][0] for p in room], reverse=True)[n - 1]  # type: ignore[index]
+        t = r[1][n - 1]
         if best is None or t > best:
-            best, tops = t, [(d, room)]
+            best, tops = t, [(d, r)]
         elif t == best:
-            tops.append((d, room))
+            tops.append((d, r))
     if best is None:
         return []
-    counts = pb.counts
+    obj = pb.objective
+    # what `_pick` depends on besides the domain's views (its room's key) and the level's
+    # `lower`: the shape, the threshold, and the objective's take costs (`take_cost`'s memo key)
+    asked = (
+        (n, best, None)
+        if obj is None
+        else (n, best, obj, obj.mix, obj.mix.version, obj.frag_weight, obj.learned)
+    )
     lead: tuple[tuple[int, ...], float, int, int, list[int], float | None] | None = None
-    for d, room in tops:
-        chosen, cost = _pick(pb, room, best, lower)
-        key = (count_spans(lower, chosen), cost or 0.0, sum([counts[p] for p in members[d]]), d, chosen, cost)
+    for d, (room, _, dfree, picks) in tops:
+        got = picks.get(asked)
+        if got is None:
+            if len(picks) >= _PICKS_HELD:
+                picks.clear()
+            got = picks[asked] = _pick(pb, room, best, lower)
+        chosen, cost = got
+        key = (count_spans(lower, chosen), cost or 0.0, dfree, d, chosen, cost)
         if lead is None or key[:4] < lead[:4]:
             lead = key
     assert lead is not None
@@ -147,6 +159,52 @@ def candidates(pb: Problem, lx: LevelIndex, lower: Sequence[LevelIndex]) -> list
     assignment = tuple((i, p, offered[p][1]) for i, p in enumerate(chosen))  # type: ignore[index]
     worst = min(offered[p][0] for p in chosen)  # type: ignore[index]
     return [Candidate(d, n, worst, spans, dfree, assignment, cost)]
+
+
+#: Per domain: its nodes with an offer (name order), their offers' qualities best first, its
+#: free GPUs, and `_pick`'s answers on those views (keyed on what else they depend on).
+_Room = tuple[list[int], list[Quality], int, dict[tuple[object, ...], tuple[list[int], float | None]]]
+#: `_pick` answers kept per domain (for as long as its views are the same).
+_PICKS_HELD = 32
+
+
+def _rooms(pb: Problem, lx: LevelIndex, offered: list[Offer | None]) -> list[_Room]:
+    """`_Room` per domain of `lx`. A function of the domain's views and the member size, so
+    kept per (size, level) with the views they were made from (`_ROOMS`, in the caller's
+    memo for this index): only the domains with a view that is another object since are
+    worked out again. The caller has reset the memo for this index (`_own_memo`)."""
+    memo, views, counts = pb.memo, pb.views, pb.counts
+    members = _member_lists(memo, lx)
+    key = (_ROOMS, pb.sizes[0], lx.level)
+    hit = memo.domains.get(key)
+    todo: Iterable[int]
+    if hit is not None and len(hit[0]) == len(views) and len(cast("list[_Room]", hit[1])) == len(members):
+        held = hit[0]
+        per = list(cast("list[_Room]", hit[1]))
+        ids = _domain_ids(memo, lx)
+        todo = {ids[p] for p in range(len(views)) if views[p] is not held[p]}
+    else:
+        per = [([], [], 0, {})] * len(members)
+        todo = range(len(members))
+        memo.domains_held += len(views)  # a new entry (an entry found is replaced in place)
+    for d in todo:
+        positions = members[d]
+        room = [p for p in positions if offered[p] is not None]
+        best_first = sorted([offered[p][0] for p in room], reverse=True)  # type: ignore[index]
+        per[d] = (room, best_first, sum([counts[p] for p in positions]), {})
+    memo.domains[key] = (tuple(views), per)  # the views keep their ids theirs; `per` is copied
+    return per
+
+
+def _domain_ids(memo: ChoiceMemo, lx: LevelIndex) -> list[int]:
+    """`lx.domain_id` as a list (made once per index and level, as `_member_lists`)."""
+    key = (_IDS, lx.level)
+    hit = memo.domains.get(key)
+    if hit is not None and hit[0][0] is lx:
+        return cast("list[int]", hit[1])
+    ids: list[int] = lx.domain_id.tolist()
+    memo.domains[key] = ((lx,), ids)
+    return ids
 
 
 def _pick(
