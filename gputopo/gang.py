@@ -46,13 +46,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
 from gputopo import gangsingle
 from gputopo.clusterobjective import ClusterObjective
 from gputopo.gangcost import plan_cost
-from gputopo.gangdomain import Candidate, Problem, contenders, evaluate, evaluate_promising, level_bounds
+from gputopo.gangdomain import (
+    Candidate,
+    Problem,
+    contenders,
+    evaluate,
+    evaluate_promising,
+    level_bounds,
+    own_memo,
+)
 from gputopo.gangreason import Miss, no_plan_reason
 from gputopo.network import CLUSTER, LevelIndex, NetworkIndex, validate_levels
 from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Placement, Quality, member_quality
@@ -145,27 +154,13 @@ def plan_gang(
         index = NetworkIndex.build(((v.name, v.labels) for v in nodes), levels)
     elif index.levels != levels:
         raise ValueError(f"network index was built for levels {list(index.levels)}, not {list(levels)}")
-    views: list[NodeView | None] = [None] * len(index.nodes)
-    counts = [0] * len(index.nodes)
-    position = index.position
-    try:
-        for v in nodes:
-            pos = position[v.name]
-            views[pos] = v
-            counts[pos] = len(v.free)
-    except KeyError as e:
-        raise ValueError(f"node {e.args[0]!r} is not in the network index") from None
-    largest = max([v.gpu_count for v in nodes], default=0)
-    free = np.array(counts, dtype=np.int64)
+    memo = memo if memo is not None else ChoiceMemo()
     sizes = [m.gpus for m in spec.members]
+    views, counts, largest = _layout(nodes, index, memo, objective, max(sizes))
+    free = np.array(counts, dtype=np.int64)
     if max(sizes) > largest:
         big = max(spec.members, key=lambda m: m.gpus)
         return NoPlan(spec.key, f"pod {big.pod} asks for {big.gpus} GPUs; the largest node has {largest}")
-    if objective is not None:  # before any cost: efficiencies are against the best of every node
-        policies = {v.allocator for v in nodes}  # a few distinct ones (from one pool)
-        policies.discard(None)
-        objective.learn({p.exact for p in policies if p is not None})
-    memo = memo if memo is not None else ChoiceMemo()
     pb = Problem(index, views, free, counts, sizes, memo, max(counts), objective)
     miss: Miss | None = None
     for k, level in enumerate(tried):
@@ -176,6 +171,79 @@ def plan_gang(
         miss = found
     assert miss is not None
     return NoPlan(spec.key, no_plan_reason(spec.key, pb.sizes, miss))
+
+
+#: The memo key of `_layout`'s last answer (no label key starts with "#").
+_LAYOUT = ("#layout",)
+
+
+def _layout(
+    nodes: Sequence[NodeView],
+    index: NetworkIndex,
+    memo: ChoiceMemo,
+    objective: ClusterObjective | None,
+    need: int,
+) -> tuple[list[NodeView | None], list[int], int]:
+    """Per index position its view (None where `nodes` lacks one) and free GPUs, and the
+    largest node's GPU count; with `objective`, when that node holds the largest member
+    (`need`, else the plan is a NoPlan), every node's allocator learned before any cost
+    (efficiencies are against the best of every node).
+
+    A function of the views (frozen), so the last answer is kept in the memo (for this index)
+    with the nodes it was made from: plans asked one after another get the same views on all
+    nodes but the few that changed, and only those are read again, when they keep their
+    names (and the names are distinct: a name given twice takes the last view, as a full pass
+    does). The objective learned them already when it is the same one: learning only adds."""
+    own_memo(memo, index)
+    hit = memo.domains.get(_LAYOUT)
+    if hit is not None and len(hit[0]) == len(nodes):
+        last = hit[0]
+        views, counts, gpus, learner = cast(
+            "tuple[list[NodeView | None], list[int], list[int], object]", hit[1]
+        )
+        changed = [i for i in range(len(nodes)) if nodes[i] is not last[i]]
+        if all(nodes[i].name == cast("NodeView", last[i]).name for i in changed):
+            views, counts, gpus = views.copy(), counts.copy(), gpus.copy()
+            position = index.position
+            for i in changed:
+                v = nodes[i]
+                pos = position[v.name]
+                views[pos] = v
+                counts[pos] = len(v.free)
+                gpus[i] = v.gpu_count
+            largest = max(gpus, default=0)
+            learned = objective is not None and largest >= need
+            if objective is not None and learned:
+                _learn(objective, nodes if learner is not objective else [nodes[i] for i in changed])
+            memo.domains[_LAYOUT] = (tuple(nodes), (views, counts, gpus, objective if learned else None))
+            return views, counts, largest
+    views = [None] * len(index.nodes)
+    counts = [0] * len(index.nodes)
+    position = index.position
+    try:
+        for v in nodes:
+            pos = position[v.name]
+            views[pos] = v
+            counts[pos] = len(v.free)
+    except KeyError as e:
+        raise ValueError(f"node {e.args[0]!r} is not in the network index") from None
+    gpus = [v.gpu_count for v in nodes]
+    largest = max(gpus, default=0)
+    learned = objective is not None and largest >= need
+    if objective is not None and learned:
+        _learn(objective, nodes)
+    if len({v.name for v in nodes}) == len(nodes):  # see above: kept for distinct names only
+        if hit is None:
+            memo.domains_held += len(nodes)  # a new entry (an entry found is replaced in place)
+        memo.domains[_LAYOUT] = (tuple(nodes), (views, counts, gpus, objective if learned else None))
+    return views, counts, largest
+
+
+def _learn(objective: ClusterObjective, nodes: Sequence[NodeView]) -> None:
+    """`objective.learn` of the nodes' allocators (a few distinct ones, from one pool)."""
+    policies = {v.allocator for v in nodes}
+    policies.discard(None)
+    objective.learn({p.exact for p in policies if p is not None})
 
 
 def _spec_problem(spec: GangSpec) -> str:

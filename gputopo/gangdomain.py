@@ -219,10 +219,14 @@ def _member_lists(memo: ChoiceMemo, lx: LevelIndex) -> list[list[int]]:
 def _own_memo(pb: Problem) -> None:
     """Empty the memo's domain evaluations when they were made for another index or hold too
     many views (they are keyed on positions of one index)."""
-    memo = pb.memo
-    if memo.domains_for is not pb.index or memo.domains_held > DOMAIN_VIEWS_HELD:
+    own_memo(pb.memo, pb.index)
+
+
+def own_memo(memo: ChoiceMemo, index: NetworkIndex) -> None:
+    """`_own_memo` before a `Problem` exists (`gang.plan_gang`'s node layout)."""
+    if memo.domains_for is not index or memo.domains_held > DOMAIN_VIEWS_HELD:
         memo.domains.clear()
-        memo.domains_for, memo.domains_held = pb.index, 0
+        memo.domains_for, memo.domains_held = index, 0
 
 
 def evaluate(
