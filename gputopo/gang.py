@@ -56,6 +56,7 @@ from gputopo.gangcost import plan_cost
 from gputopo.gangdomain import (
     Candidate,
     Problem,
+    Since,
     contenders,
     evaluate,
     evaluate_promising,
@@ -156,12 +157,13 @@ def plan_gang(
         raise ValueError(f"network index was built for levels {list(index.levels)}, not {list(levels)}")
     memo = memo if memo is not None else ChoiceMemo()
     sizes = [m.gpus for m in spec.members]
-    views, counts, largest = _layout(nodes, index, memo, objective, max(sizes))
+    views, counts, largest, since = _layout(nodes, index, memo, objective, max(sizes))
     free = np.array(counts, dtype=np.int64)
     if max(sizes) > largest:
         big = max(spec.members, key=lambda m: m.gpus)
         return NoPlan(spec.key, f"pod {big.pod} asks for {big.gpus} GPUs; the largest node has {largest}")
     pb = Problem(index, views, free, counts, sizes, memo, max(counts), objective)
+    pb.since = since
     miss: Miss | None = None
     for k, level in enumerate(tried):
         # Only the last level's miss reaches the reason: the others skip working it out.
@@ -183,11 +185,12 @@ def _layout(
     memo: ChoiceMemo,
     objective: ClusterObjective | None,
     need: int,
-) -> tuple[list[NodeView | None], list[int], int]:
-    """Per index position its view (None where `nodes` lacks one) and free GPUs, and the
-    largest node's GPU count; with `objective`, when that node holds the largest member
-    (`need`, else the plan is a NoPlan), every node's allocator learned before any cost
-    (efficiencies are against the best of every node).
+) -> tuple[list[NodeView | None], list[int], int, Since]:
+    """Per index position its view (None where `nodes` lacks one) and free GPUs, the largest
+    node's GPU count, and what changed since the last call (`Problem.since`, None: unknown);
+    with `objective`, when that node holds the largest member (`need`, else the plan is a
+    NoPlan), every node's allocator learned before any cost (efficiencies are against the
+    best of every node).
 
     A function of the views (frozen), so the last answer is kept in the memo (for this index)
     with the nodes it was made from: plans asked one after another get the same views on all
@@ -203,11 +206,14 @@ def _layout(
         )
         changed = [i for i in range(len(nodes)) if nodes[i] is not last[i]]
         if all(nodes[i].name == cast("NodeView", last[i]).name for i in changed):
+            before = views
             views, counts, gpus = views.copy(), counts.copy(), gpus.copy()
             position = index.position
+            moved: list[int] = []
             for i in changed:
                 v = nodes[i]
                 pos = position[v.name]
+                moved.append(pos)
                 views[pos] = v
                 counts[pos] = len(v.free)
                 gpus[i] = v.gpu_count
@@ -216,7 +222,7 @@ def _layout(
             if objective is not None and learned:
                 _learn(objective, nodes if learner is not objective else [nodes[i] for i in changed])
             memo.domains[_LAYOUT] = (tuple(nodes), (views, counts, gpus, objective if learned else None))
-            return views, counts, largest
+            return views, counts, largest, (before, moved)
     views = [None] * len(index.nodes)
     counts = [0] * len(index.nodes)
     position = index.position
@@ -236,7 +242,7 @@ def _layout(
         if hit is None:
             memo.domains_held += len(nodes)  # a new entry (an entry found is replaced in place)
         memo.domains[_LAYOUT] = (tuple(nodes), (views, counts, gpus, objective if learned else None))
-    return views, counts, largest
+    return views, counts, largest, None
 
 
 def _learn(objective: ClusterObjective, nodes: Sequence[NodeView]) -> None:

@@ -33,6 +33,8 @@ from gputopo.policy import GpuPolicy
 from gputopo.spread import count_spans, select_nodes
 
 _Kind = tuple[GpuPolicy | None, frozenset[int]]
+#: `Problem.since`.
+Since = tuple[list[NodeView | None], list[int]] | None
 
 
 @dataclass
@@ -50,6 +52,9 @@ class Problem:
     homogeneous: bool = field(init=False)
     total: int = field(init=False)  # GPUs of all members
     single: object = field(default=None, init=False)  # `gangsingle`'s per-call work
+    # the views list of the memo's previous call (by identity) and the positions whose view
+    # is another object now (`gang._layout`); None: not known, compare every position
+    since: Since = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.homogeneous = len(set(self.sizes)) == 1

@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from gputopo.allocator import Choice
 from gputopo.gangcost import DIGITS
 from gputopo.gangdomain import Candidate, Problem, _member_lists, _own_memo
 from gputopo.network import LevelIndex
-from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, Quality
+from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Quality
 from gputopo.policy import GpuPolicy
 from gputopo.spread import count_spans, select_nodes
 
@@ -76,14 +76,13 @@ def _call(pb: Problem) -> _Call:
     _own_memo(pb)
     key = (_LAST, g)
     last = memo.domains.get(key)
-    if last is not None and len(last[0]) == len(views):
-        held = last[0]
-        out = list(cast("list[Offer | None]", last[1]))
-        todo = [p for p in range(len(views)) if views[p] is not held[p]]
+    todo = None if last is None else _changed(pb, cast("_Kept", last[1])[0])
+    if last is not None and todo is not None:
+        out = list(cast("_Kept", last[1])[1])
     else:
         out = [None] * len(counts)
         todo = list(range(len(counts)))
-        memo.domains_held += len(views)  # a new entry (an entry found is replaced in place)
+        memo.domains_held += len(views) if last is None else 0  # an entry found is replaced
     seen: dict[Kind, Offer] = {}
     for p in todo:
         view = views[p]
@@ -100,9 +99,25 @@ def _call(pb: Problem) -> _Call:
                 offer = (c.ring_mbps, c.pair_sum_mbps), c, kind
             seen[kind] = offer
         out[p] = offer
-    memo.domains[key] = (tuple(views), out)  # the views keep their ids theirs; `out` is copied
+    memo.domains[key] = ((), (views, out))  # `views` (never changed) keeps its id its own
     pb.single = call = _Call(out)
     return call
+
+
+#: What `_call` and `_rooms` keep: the views list they were made from, and their answers.
+_Kept = tuple[list["NodeView | None"], list[Any]]
+
+
+def _changed(pb: Problem, held: list[NodeView | None]) -> list[int] | None:
+    """The positions whose view is another object in `pb.views` than in `held` (a views list
+    of an earlier call): `gang._layout`'s when `held` is the one it compared with, else by
+    comparing every position; None when the lists do not align."""
+    if pb.since is not None and pb.since[0] is held:
+        return pb.since[1]
+    views = pb.views
+    if len(held) != len(views):
+        return None
+    return [p for p in range(len(views)) if views[p] is not held[p]]
 
 
 #: The memo keys' tags (no label key starts with "#"): `_call`'s last offers per member size,
@@ -178,21 +193,21 @@ def _rooms(pb: Problem, lx: LevelIndex, offered: list[Offer | None]) -> list[_Ro
     key = (_ROOMS, pb.sizes[0], lx.level)
     hit = memo.domains.get(key)
     todo: Iterable[int]
-    if hit is not None and len(hit[0]) == len(views) and len(cast("list[_Room]", hit[1])) == len(members):
-        held = hit[0]
-        per = list(cast("list[_Room]", hit[1]))
+    changed = None if hit is None else _changed(pb, cast("_Kept", hit[1])[0])
+    if hit is not None and changed is not None and len(cast("_Kept", hit[1])[1]) == len(members):
+        per = list(cast("_Kept", hit[1])[1])
         ids = _domain_ids(memo, lx)
-        todo = {ids[p] for p in range(len(views)) if views[p] is not held[p]}
+        todo = {ids[p] for p in changed}
     else:
         per = [([], [], 0, {})] * len(members)
         todo = range(len(members))
-        memo.domains_held += len(views)  # a new entry (an entry found is replaced in place)
+        memo.domains_held += len(views) if hit is None else 0  # an entry found is replaced
     for d in todo:
         positions = members[d]
         room = [p for p in positions if offered[p] is not None]
         best_first = sorted([offered[p][0] for p in room], reverse=True)  # type: ignore[index]
         per[d] = (room, best_first, sum([counts[p] for p in positions]), {})
-    memo.domains[key] = (tuple(views), per)  # the views keep their ids theirs; `per` is copied
+    memo.domains[key] = ((), (views, per))  # `views` (never changed) keeps its id its own
     return per
 
 
