@@ -39,7 +39,8 @@ domains that cannot win) is `gputopo.gangdomain`, a level where no node takes tw
 (whole-node members) in one pass is `gputopo.gangsingle`, fewest nodes (2) is `gputopo.packing`, fewest
 sub-domains (3b) is `gputopo.spread`, and a pod outside any gang is `gputopo.placement`'s.
 Pure: no I/O, no clock, no globals. A `ChoiceMemo` owned by the caller may be shared across
-calls on the same allocators; everything else lives for one call.
+calls on the same allocators (it also keeps answers that are a function of the node views,
+with those views, e.g. `_layout`'s); everything else lives for one call.
 """
 
 from __future__ import annotations

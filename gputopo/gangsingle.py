@@ -20,7 +20,9 @@ instead of per domain through that module's memos:
     `gang._best_plan` picks among every domain's `gangdomain.evaluate`
     (tests/test_gang_fastpaths.py checks it against that path).
 
-Pure: no I/O, no clock, no globals; what one call works out per node lives on its `Problem`.
+Pure: no I/O, no clock, no globals; what one call works out per node lives on its `Problem`,
+and what is a function of the node views alone (offers, rooms, picks) is kept in the caller's
+`ChoiceMemo` with the views it was made from, so the next call reads only the changed nodes.
 """
 
 from __future__ import annotations
