@@ -39,20 +39,31 @@ domains that cannot win) is `gputopo.gangdomain`, a level where no node takes tw
 (whole-node members) in one pass is `gputopo.gangsingle`, fewest nodes (2) is `gputopo.packing`, fewest
 sub-domains (3b) is `gputopo.spread`, and a pod outside any gang is `gputopo.placement`'s.
 Pure: no I/O, no clock, no globals. A `ChoiceMemo` owned by the caller may be shared across
-calls on the same allocators; everything else lives for one call.
+calls on the same allocators (it also keeps answers that are a function of the node views,
+with those views, e.g. `_layout`'s); everything else lives for one call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
 from gputopo import gangsingle
 from gputopo.clusterobjective import ClusterObjective
 from gputopo.gangcost import plan_cost
-from gputopo.gangdomain import Candidate, Problem, contenders, evaluate, evaluate_promising, level_bounds
+from gputopo.gangdomain import (
+    Candidate,
+    Problem,
+    Since,
+    contenders,
+    evaluate,
+    evaluate_promising,
+    level_bounds,
+    own_memo,
+)
 from gputopo.gangreason import Miss, no_plan_reason
 from gputopo.network import CLUSTER, LevelIndex, NetworkIndex, validate_levels
 from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Placement, Quality, member_quality
@@ -145,28 +156,15 @@ def plan_gang(
         index = NetworkIndex.build(((v.name, v.labels) for v in nodes), levels)
     elif index.levels != levels:
         raise ValueError(f"network index was built for levels {list(index.levels)}, not {list(levels)}")
-    views: list[NodeView | None] = [None] * len(index.nodes)
-    counts = [0] * len(index.nodes)
-    position = index.position
-    try:
-        for v in nodes:
-            pos = position[v.name]
-            views[pos] = v
-            counts[pos] = len(v.free)
-    except KeyError as e:
-        raise ValueError(f"node {e.args[0]!r} is not in the network index") from None
-    largest = max([v.gpu_count for v in nodes], default=0)
-    free = np.array(counts, dtype=np.int64)
+    memo = memo if memo is not None else ChoiceMemo()
     sizes = [m.gpus for m in spec.members]
+    views, counts, largest, since = _layout(nodes, index, memo, objective, max(sizes))
+    free = np.array(counts, dtype=np.int64)
     if max(sizes) > largest:
         big = max(spec.members, key=lambda m: m.gpus)
         return NoPlan(spec.key, f"pod {big.pod} asks for {big.gpus} GPUs; the largest node has {largest}")
-    if objective is not None:  # before any cost: efficiencies are against the best of every node
-        policies = {v.allocator for v in nodes}  # a few distinct ones (from one pool)
-        policies.discard(None)
-        objective.learn({p.exact for p in policies if p is not None})
-    memo = memo if memo is not None else ChoiceMemo()
     pb = Problem(index, views, free, counts, sizes, memo, max(counts), objective)
+    pb.since = since
     miss: Miss | None = None
     for k, level in enumerate(tried):
         # Only the last level's miss reaches the reason: the others skip working it out.
@@ -176,6 +174,83 @@ def plan_gang(
         miss = found
     assert miss is not None
     return NoPlan(spec.key, no_plan_reason(spec.key, pb.sizes, miss))
+
+
+#: The memo key of `_layout`'s last answer (no label key starts with "#").
+_LAYOUT = ("#layout",)
+
+
+def _layout(
+    nodes: Sequence[NodeView],
+    index: NetworkIndex,
+    memo: ChoiceMemo,
+    objective: ClusterObjective | None,
+    need: int,
+) -> tuple[list[NodeView | None], list[int], int, Since]:
+    """Per index position its view (None where `nodes` lacks one) and free GPUs, the largest
+    node's GPU count, and what changed since the last call (`Problem.since`, None: unknown);
+    with `objective`, when that node holds the largest member (`need`, else the plan is a
+    NoPlan), every node's allocator learned before any cost (efficiencies are against the
+    best of every node).
+
+    A function of the views (frozen), so the last answer is kept in the memo (for this index)
+    with the nodes it was made from: plans asked one after another get the same views on all
+    nodes but the few that changed, and only those are read again, when they keep their
+    names (and the names are distinct: a name given twice takes the last view, as a full pass
+    does). The objective learned them already when it is the same one: learning only adds."""
+    own_memo(memo, index)
+    hit = memo.domains.get(_LAYOUT)
+    if hit is not None and len(hit[0]) == len(nodes):
+        last = hit[0]
+        views, counts, gpus, learner = cast(
+            "tuple[list[NodeView | None], list[int], list[int], object]", hit[1]
+        )
+        changed = [i for i in range(len(nodes)) if nodes[i] is not last[i]]
+        if all(nodes[i].name == cast("NodeView", last[i]).name for i in changed):
+            before = views
+            views, counts, gpus = views.copy(), counts.copy(), gpus.copy()
+            position = index.position
+            moved: list[int] = []
+            for i in changed:
+                v = nodes[i]
+                pos = position[v.name]
+                moved.append(pos)
+                views[pos] = v
+                counts[pos] = len(v.free)
+                gpus[i] = v.gpu_count
+            largest = max(gpus, default=0)
+            learned = objective is not None and largest >= need
+            if objective is not None and learned:
+                _learn(objective, nodes if learner is not objective else [nodes[i] for i in changed])
+            memo.domains[_LAYOUT] = (tuple(nodes), (views, counts, gpus, objective if learned else None))
+            return views, counts, largest, (before, moved)
+    views = [None] * len(index.nodes)
+    counts = [0] * len(index.nodes)
+    position = index.position
+    try:
+        for v in nodes:
+            pos = position[v.name]
+            views[pos] = v
+            counts[pos] = len(v.free)
+    except KeyError as e:
+        raise ValueError(f"node {e.args[0]!r} is not in the network index") from None
+    gpus = [v.gpu_count for v in nodes]
+    largest = max(gpus, default=0)
+    learned = objective is not None and largest >= need
+    if objective is not None and learned:
+        _learn(objective, nodes)
+    if len({v.name for v in nodes}) == len(nodes):  # see above: kept for distinct names only
+        if hit is None:
+            memo.domains_held += len(nodes)  # a new entry (an entry found is replaced in place)
+        memo.domains[_LAYOUT] = (tuple(nodes), (views, counts, gpus, objective if learned else None))
+    return views, counts, largest, None
+
+
+def _learn(objective: ClusterObjective, nodes: Sequence[NodeView]) -> None:
+    """`objective.learn` of the nodes' allocators (a few distinct ones, from one pool)."""
+    policies = {v.allocator for v in nodes}
+    policies.discard(None)
+    objective.learn({p.exact for p in policies if p is not None})
 
 
 def _spec_problem(spec: GangSpec) -> str:
@@ -277,7 +352,7 @@ def _plan_level(
 
 def _best_plan(spec: GangSpec, pb: Problem, level: str, lx: LevelIndex, cands: list[Candidate]) -> GangPlan:
     """The plan of the best candidate: (2)-(3b), then (4)'s cost among those still level."""
-    best = min(cands, key=Candidate.rank)
+    best = cands[0] if len(cands) == 1 else min(cands, key=Candidate.rank)  # one: the single-offer path's
     if pb.objective is not None and len(cands) > 1:
         objective = pb.objective
         rivals = contenders(cands, best)

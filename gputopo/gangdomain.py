@@ -33,6 +33,8 @@ from gputopo.policy import GpuPolicy
 from gputopo.spread import count_spans, select_nodes
 
 _Kind = tuple[GpuPolicy | None, frozenset[int]]
+#: `Problem.since`.
+Since = tuple[list[NodeView | None], list[int]] | None
 
 
 @dataclass
@@ -50,6 +52,9 @@ class Problem:
     homogeneous: bool = field(init=False)
     total: int = field(init=False)  # GPUs of all members
     single: object = field(default=None, init=False)  # `gangsingle`'s per-call work
+    # the views list of the memo's previous call (by identity) and the positions whose view
+    # is another object now (`gang._layout`); None: not known, compare every position
+    since: Since = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.homogeneous = len(set(self.sizes)) == 1
@@ -219,10 +224,14 @@ def _member_lists(memo: ChoiceMemo, lx: LevelIndex) -> list[list[int]]:
 def _own_memo(pb: Problem) -> None:
     """Empty the memo's domain evaluations when they were made for another index or hold too
     many views (they are keyed on positions of one index)."""
-    memo = pb.memo
-    if memo.domains_for is not pb.index or memo.domains_held > DOMAIN_VIEWS_HELD:
+    own_memo(pb.memo, pb.index)
+
+
+def own_memo(memo: ChoiceMemo, index: NetworkIndex) -> None:
+    """`_own_memo` before a `Problem` exists (`gang.plan_gang`'s node layout)."""
+    if memo.domains_for is not index or memo.domains_held > DOMAIN_VIEWS_HELD:
         memo.domains.clear()
-        memo.domains_for, memo.domains_held = pb.index, 0
+        memo.domains_for, memo.domains_held = index, 0
 
 
 def evaluate(

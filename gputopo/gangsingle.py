@@ -20,15 +20,17 @@ instead of per domain through that module's memos:
     `gang._best_plan` picks among every domain's `gangdomain.evaluate`
     (tests/test_gang_fastpaths.py checks it against that path).
 
-Pure: no I/O, no clock, no globals; what one call works out per node lives on its `Problem`.
+Pure: no I/O, no clock, no globals; what one call works out per node lives on its `Problem`,
+and what is a function of the node views alone (offers, rooms, picks) is kept in the caller's
+`ChoiceMemo` with the views it was made from, so the next call reads only the changed nodes.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -36,7 +38,7 @@ from gputopo.allocator import Choice
 from gputopo.gangcost import DIGITS
 from gputopo.gangdomain import Candidate, Problem, _member_lists, _own_memo
 from gputopo.network import LevelIndex
-from gputopo.nodeview import UNKNOWN_QUALITY, Quality
+from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Quality
 from gputopo.policy import GpuPolicy
 from gputopo.spread import count_spans, select_nodes
 
@@ -69,11 +71,26 @@ def _call(pb: Problem) -> _Call:
     if pb.single is not None:
         return cast("_Call", pb.single)
     g, counts, views, memo = pb.sizes[0], pb.counts, pb.views, pb.memo
-    out: list[Offer | None] = [None] * len(counts)
+    # A node's offer is a function of its view (frozen: its allocator and free set) and g, so
+    # the last call's offers for this g are kept (`_LAST`, in the caller's memo, for this
+    # index) and only the positions whose view is another object are worked out again: gangs
+    # planned one after another meet the same views on all nodes but the few that changed.
+    _own_memo(pb)
+    key = (_LAST, g)
+    last = memo.domains.get(key)
+    todo = None if last is None else _changed(pb, cast("_Kept", last[1])[0])
+    if last is not None and todo is not None:
+        out = list(cast("_Kept", last[1])[1])
+    else:
+        out = [None] * len(counts)
+        todo = list(range(len(counts)))
+        memo.domains_held += len(views) if last is None else 0  # an entry found is replaced
     seen: dict[Kind, Offer] = {}
-    for p in [p for p, c in enumerate(counts) if c >= g]:
+    for p in todo:
         view = views[p]
-        assert view is not None  # positions without a view count 0 free GPUs
+        if view is None or counts[p] < g:  # positions without a view count 0 free GPUs
+            out[p] = None
+            continue
         kind = (view.allocator, view.free)
         offer = seen.get(kind)
         if offer is None:
@@ -84,8 +101,30 @@ def _call(pb: Problem) -> _Call:
                 offer = (c.ring_mbps, c.pair_sum_mbps), c, kind
             seen[kind] = offer
         out[p] = offer
+    memo.domains[key] = ((), (views, out))  # `views` (never changed) keeps its id its own
     pb.single = call = _Call(out)
     return call
+
+
+#: What `_call` and `_rooms` keep: the views list they were made from, and their answers.
+_Kept = tuple[list["NodeView | None"], list[Any]]
+
+
+def _changed(pb: Problem, held: list[NodeView | None]) -> list[int] | None:
+    """The positions whose view is another object in `pb.views` than in `held` (a views list
+    of an earlier call): `gang._layout`'s when `held` is the one it compared with, else by
+    comparing every position; None when the lists do not align."""
+    if pb.since is not None and pb.since[0] is held:
+        return pb.since[1]
+    views = pb.views
+    if len(held) != len(views):
+        return None
+    return [p for p in range(len(views)) if views[p] is not held[p]]
+
+
+#: The memo keys' tags (no label key starts with "#"): `_call`'s last offers per member size,
+#: `_rooms`' last rooms per member size and level, `_domain_ids`' lists.
+_LAST, _ROOMS, _IDS = "#single-offers", "#single-rooms", "#single-ids"
 
 
 def candidates(pb: Problem, lx: LevelIndex, lower: Sequence[LevelIndex]) -> list[Candidate]:
@@ -100,25 +139,36 @@ def candidates(pb: Problem, lx: LevelIndex, lower: Sequence[LevelIndex]) -> list
     _own_memo(pb)
     n = len(pb.sizes)
     offered = offers(pb)
-    members = _member_lists(pb.memo, lx)
+    rooms = _rooms(pb, lx, offered)
     best: Quality | None = None
-    tops: list[tuple[int, list[int]]] = []
-    for d, positions in enumerate(members):
-        room = [p for p in positions if offered[p] is not None]
-        if len(room) < n:
+    tops: list[tuple[int, _Room]] = []
+    for d, r in enumerate(rooms):
+        if len(r[0]) < n:
             continue
-        t = sorted([offered[p][0] for p in room], reverse=True)[n - 1]  # type: ignore[index]
+        t = r[1][n - 1]
         if best is None or t > best:
-            best, tops = t, [(d, room)]
+            best, tops = t, [(d, r)]
         elif t == best:
-            tops.append((d, room))
+            tops.append((d, r))
     if best is None:
         return []
-    counts = pb.counts
+    obj = pb.objective
+    # what `_pick` depends on besides the domain's views (its room's key) and the level's
+    # `lower`: the shape, the threshold, and the objective's take costs (`take_cost`'s memo key)
+    asked = (
+        (n, best, None)
+        if obj is None
+        else (n, best, obj, obj.mix, obj.mix.version, obj.frag_weight, obj.learned)
+    )
     lead: tuple[tuple[int, ...], float, int, int, list[int], float | None] | None = None
-    for d, room in tops:
-        chosen, cost = _pick(pb, room, best, lower)
-        key = (count_spans(lower, chosen), cost or 0.0, sum([counts[p] for p in members[d]]), d, chosen, cost)
+    for d, (room, _, dfree, picks) in tops:
+        got = picks.get(asked)
+        if got is None:
+            if len(picks) >= _PICKS_HELD:
+                picks.clear()
+            got = picks[asked] = _pick(pb, room, best, lower)
+        chosen, cost = got
+        key = (count_spans(lower, chosen), cost or 0.0, dfree, d, chosen, cost)
         if lead is None or key[:4] < lead[:4]:
             lead = key
     assert lead is not None
@@ -128,13 +178,60 @@ def candidates(pb: Problem, lx: LevelIndex, lower: Sequence[LevelIndex]) -> list
     return [Candidate(d, n, worst, spans, dfree, assignment, cost)]
 
 
+#: Per domain: its nodes with an offer (name order), their offers' qualities best first, its
+#: free GPUs, and `_pick`'s answers on those views (keyed on what else they depend on).
+_Room = tuple[list[int], list[Quality], int, dict[tuple[object, ...], tuple[list[int], float | None]]]
+#: `_pick` answers kept per domain (for as long as its views are the same).
+_PICKS_HELD = 32
+
+
+def _rooms(pb: Problem, lx: LevelIndex, offered: list[Offer | None]) -> list[_Room]:
+    """`_Room` per domain of `lx`. A function of the domain's views and the member size, so
+    kept per (size, level) with the views they were made from (`_ROOMS`, in the caller's
+    memo for this index): only the domains with a view that is another object since are
+    worked out again. The caller has reset the memo for this index (`_own_memo`)."""
+    memo, views, counts = pb.memo, pb.views, pb.counts
+    members = _member_lists(memo, lx)
+    key = (_ROOMS, pb.sizes[0], lx.level)
+    hit = memo.domains.get(key)
+    todo: Iterable[int]
+    changed = None if hit is None else _changed(pb, cast("_Kept", hit[1])[0])
+    if hit is not None and changed is not None and len(cast("_Kept", hit[1])[1]) == len(members):
+        per = list(cast("_Kept", hit[1])[1])
+        ids = _domain_ids(memo, lx)
+        todo = {ids[p] for p in changed}
+    else:
+        per = [([], [], 0, {})] * len(members)
+        todo = range(len(members))
+        memo.domains_held += len(views) if hit is None else 0  # an entry found is replaced
+    for d in todo:
+        positions = members[d]
+        room = [p for p in positions if offered[p] is not None]
+        best_first = sorted([offered[p][0] for p in room], reverse=True)  # type: ignore[index]
+        per[d] = (room, best_first, sum([counts[p] for p in positions]), {})
+    memo.domains[key] = ((), (views, per))  # `views` (never changed) keeps its id its own
+    return per
+
+
+def _domain_ids(memo: ChoiceMemo, lx: LevelIndex) -> list[int]:
+    """`lx.domain_id` as a list (made once per index and level, as `_member_lists`)."""
+    key = (_IDS, lx.level)
+    hit = memo.domains.get(key)
+    if hit is not None and hit[0][0] is lx:
+        return cast("list[int]", hit[1])
+    ids: list[int] = lx.domain_id.tolist()
+    memo.domains[key] = ((lx,), ids)
+    return ids
+
+
 def _pick(
     pb: Problem, room: list[int], t: Quality, lower: Sequence[LevelIndex]
 ) -> tuple[list[int], float | None]:
     """A domain's n nodes among `room` whose set reaches t (`_evaluate_equal` with k = n), in
     the order members are assigned, and the plan's `plan_cost` (None without an objective)."""
     n = len(pb.sizes)
-    offered = offers(pb)
+    call = _call(pb)
+    offered = call.offers
     rows: dict[Kind, list[int]] = {}  # kinds, first seen first
     for p in room:
         offer = offered[p]
@@ -142,7 +239,7 @@ def _pick(
         if offer[0] >= t:
             rows.setdefault(offer[2], []).append(p)
     table = list(rows.items())
-    taken = [_take_cost(pb, kind, offered[ps[0]][1]) for kind, ps in table]  # type: ignore[index]
+    taken = [_take_cost(pb, call, kind, offered[ps[0]][1]) for kind, ps in table]  # type: ignore[index]
     costs = [round(c, DIGITS) for c in taken]  # the node order's key, as `gangdomain._cost`
     if lower:
         lens = [len(ps) for _, ps in table]
@@ -164,13 +261,13 @@ def _pick(
     return [p for p, _ in picked], round(total, DIGITS)
 
 
-def _take_cost(pb: Problem, kind: Kind, choice: Choice | None) -> float:
+def _take_cost(pb: Problem, call: _Call, kind: Kind, choice: Choice | None) -> float:
     """`ClusterObjective.take_cost` of a node of `kind` giving its one member `choice` (0 without
-    an objective or a topology), once per kind and call."""
+    an objective or a topology), once per kind and call (`call`: this one's `_call`)."""
     policy, free = kind
     if pb.objective is None or policy is None or choice is None:
         return 0.0
-    cache = _call(pb).costs
+    cache = call.costs
     hit = cache.get(kind)
     if hit is None:
         hit = cache[kind] = pb.objective.take_cost(policy, free, choice.indices)

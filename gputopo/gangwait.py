@@ -23,6 +23,7 @@ Pure: no I/O, no clock, no globals.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -76,16 +77,20 @@ def _fits_now_equal(
     slots: dict[int, int] = {}
     position = index.position
     for v in nodes:
-        k = len(v.free) // size
-        if k:
+        f = len(v.free)
+        if f >= size:  # a slot (size > 0): only these divide
             pos = position.get(v.name)
             if pos is not None:
-                slots[pos] = k
+                slots[pos] = f // size
     if sum(slots.values()) < count:  # no domain holds more than the whole cluster
         return [False] * len(levels)
     out = []
     for level in levels:
-        domain_id = index.level(level).domain_id.tolist()  # plain ints: no numpy scalar per node
+        lx = index.level(level)
+        if lx.count == 1:  # one domain (the whole cluster): it holds every slot, and they are enough
+            out.append(True)
+            continue
+        domain_id = lx.domain_id.tolist()  # plain ints: no numpy scalar per node
         acc: dict[int, int] = {}
         hit = False
         for pos, k in slots.items():
@@ -107,6 +112,22 @@ class OwnLevels:
     def __init__(self) -> None:
         #: key -> (own level, carried by every offered node, the index the key's id is of)
         self._memo: dict[tuple[object, ...], tuple[str | None, bool, NetworkIndex]] = {}
+        #: `carried` per (index, the plan's node views) by identity -> (what the ids are of, answer)
+        self._carries: dict[tuple[int, ...], tuple[tuple[object, ...], frozenset[str]]] = {}
+
+    def _carried(self, plan: GangPlan, views: Mapping[str, NodeView], index: NetworkIndex) -> frozenset[str]:
+        """`carried`, a function of the index and the labels of the plan's nodes' views (frozen):
+        kept on their identity, so a plan over nodes seen before reads no labels."""
+        held = (index, *[views.get(p.node) for p in plan.placements])
+        key = tuple(map(id, held))
+        hit = self._carries.get(key)
+        if hit is not None and all(map(operator.is_, hit[0], held)):
+            return hit[1]
+        if len(self._carries) > 10_000:
+            self._carries.clear()
+        got = frozenset(carried(plan, views, index))
+        self._carries[key] = (held, got)  # the objects keep their ids theirs
+        return got
 
     def level(
         self,
@@ -168,7 +189,7 @@ class OwnLevels:
         level (of the plan's label family, `carried`)."""
         if waited >= spill_after_s:
             return plan
-        own, _ = self.level(spec, offer, offered, index, frozenset(carried(plan, views, index)))
+        own, _ = self.level(spec, offer, offered, index, self._carried(plan, views, index))
         if own is None or level_rank(index, plan.level) <= level_rank(index, own):
             return plan
         return wait_reason(spec, own, spill_after_s, waited)

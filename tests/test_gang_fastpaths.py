@@ -420,3 +420,47 @@ def test_single_offer_candidates_are_the_general_evaluations(seed: int) -> None:
     assert got == [min(general, key=lambda c: c.rank(priced[c.domain]))]
     assert got[0].nodes_used == n
     assert got[0].cost == (None if objective is None else priced[got[0].domain])
+
+
+@pytest.mark.parametrize("preset", ["default", "gb200-nvl"])
+@pytest.mark.parametrize("seed", range(3))
+def test_answers_kept_from_the_last_call_plan_as_a_fresh_memo(preset: str, seed: int) -> None:
+    """What a shared memo keeps from one plan to the next (`gang._layout`'s node layout,
+    `gangsingle`'s per-node offers, domain rooms and picks), against a fresh memo each time,
+    while the node list changes between calls as no simulator changes it: a few nodes left
+    out, the list reversed, a name given twice (its last view counts), the objective switched
+    between two (other weights) and none, now and then a gang too big for every node (a NoPlan
+    before anything is learned). Every objective has learned every listed node's allocator
+    once it planned over them."""
+    rng = random.Random(300 + seed)
+    mix = DemandMix(refresh=8)
+    objectives = [ClusterObjective(mix), ClusterObjective(mix, frag_weight=0.25), None]
+    shared = ChoiceMemo()
+    planned = 0
+    for step, (views, index, levels, allocators) in enumerate(_cluster_views(preset, rng, 60)):
+        for _ in range(rng.randint(0, 6)):
+            mix.observe(rng.choice([1, 2, 4, 8]), gang=rng.random() < 0.3)
+        r = rng.random()
+        if r < 0.15:
+            views = [v for v in views if rng.random() < 0.9]
+        elif r < 0.25:
+            views = list(reversed(views))
+        elif r < 0.3:
+            v = views[rng.randrange(len(views))]
+            views = [*views, NodeView(v.name, v.labels, v.gpu_count, frozenset(), v.allocator)]
+        objective = rng.choice(objectives)
+        largest = max(v.gpu_count for v in views)
+        g = largest + 1 if step % 9 == 8 else rng.choice([largest, largest, largest // 2 + 1, 2, 1])
+        spec = GangSpec(f"ns/g{step}", tuple(Member(f"ns/p{k}", g) for k in range(rng.randint(1, 10))))
+        got = plan_gang(spec, views, levels, index=index, memo=shared, objective=objective)
+        oracle = None
+        if objective is not None:
+            oracle = ClusterObjective(mix, frag_weight=objective.frag_weight)
+            oracle.learn(allocators)
+            if g <= largest:  # the shared objective folded in every listed node's server
+                before = objective.learned
+                objective.learn({v.allocator.exact for v in views if v.allocator is not None})
+                assert objective.learned == before
+        assert got == plan_gang(spec, views, levels, index=index, memo=ChoiceMemo(), objective=oracle)
+        planned += isinstance(got, GangPlan)
+    assert planned > 20

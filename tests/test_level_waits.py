@@ -291,3 +291,36 @@ def test_a_run_with_the_skip_answers_as_one_that_asks_every_time(args: list[str]
     assert len(fast) == len(slow)
     assert fast == slow
     assert fast_figures == slow_figures
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_carried_levels_kept_per_plan_views_equal_a_fresh_reading(seed: int) -> None:
+    """`OwnLevels` keeps the plan's carried levels on the identity of its nodes' views: over
+    plans on nodes seen before, nodes whose view (and labels) changed, and nodes missing from
+    the views, the kept answer is `carried`'s read afresh."""
+    from gputopo.gang import GangPlan, Placement
+    from gputopo.gangwait import OwnLevels, carried
+
+    rng = random.Random(seed)
+    names = [f"n{i}" for i in range(8)]
+    levels = (HOSTNAME, LEAF, SPINE)
+
+    def view(name: str) -> NodeView:
+        labels = {HOSTNAME: name}
+        for lv in (LEAF, SPINE):
+            if rng.random() < 0.8:
+                labels[lv] = rng.choice(["a", "b"])
+        return NodeView(name, labels, 8, frozenset(range(8)))
+
+    index = NetworkIndex.build(((n, {}) for n in names), levels)
+    kept = OwnLevels()
+    current = {n: view(n) for n in names}
+    for step in range(30):
+        for n in rng.sample(names, 2):  # a new view, maybe other labels
+            current[n] = view(n)
+        shown = {n: v for n, v in current.items() if rng.random() < 0.9}
+        plan = GangPlan(
+            "g", LEAF, "a", tuple(Placement(f"p{k}", n, ()) for k, n in enumerate(rng.sample(names, 3)))
+        )
+        assert kept._carried(plan, shown, index) == frozenset(carried(plan, shown, index)), step
