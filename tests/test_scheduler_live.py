@@ -96,12 +96,7 @@ def test_unknown_topology_is_neutral_and_binds_go_through_the_api(live, caplog) 
 
 def test_gang_through_the_api_and_replan_after_a_refused_binding(live) -> None:
     api, _state, ext, start, _clock = live
-    for i, leaf in enumerate(["l1", "l1", "l2", "l2"]):
-        api.put("nodes", fk.node(f"n{i}", {LEAF: leaf}, annotations={KEY: annotation(f"n{i}")}))
-    api.put("podgroups", fk.podgroup("ml", "g", 2))
-    pods = fk.gang_pods("ml", "g", 2)
-    for p in pods:
-        api.put("pods", p)
+    pods = two_leaves_and_a_gang(api, 2, 2)
     client = start()
     names = [f"n{i}" for i in range(4)]
     _, out = client.post("/filter", args(pods[0], names))
@@ -139,7 +134,12 @@ def test_readyz_waits_for_the_first_list(live) -> None:
 
 
 def two_leaves_and_a_gang(api, members: int, min_member: int) -> list[dict]:
-    for i, leaf in enumerate(["l1", "l1", "l2", "l2"]):
+    return gang_on_leaves(api, ["l1", "l1", "l2", "l2"], members, min_member)
+
+
+def gang_on_leaves(api, leaves: list[str], members: int, min_member: int) -> list[dict]:
+    """Nodes n0, n1, ... (DGX A100s) on the given leaves, PodGroup ml/g and its 8-GPU pods."""
+    for i, leaf in enumerate(leaves):
         api.put("nodes", fk.node(f"n{i}", {LEAF: leaf}, annotations={KEY: annotation(f"n{i}")}))
     api.put("podgroups", fk.podgroup("ml", "g", min_member))
     pods = fk.gang_pods("ml", "g", members)
@@ -196,12 +196,7 @@ def test_a_bind_in_flight_to_a_node_deleted_meanwhile_does_not_split_the_gang(li
     them in leaf l1 while g-0 went on to l2 after its bind failed: a split gang. The real API
     server accepts a binding to a deleted node: then g-0's new place is given back."""
     api, state, ext, start, _clock = live
-    for i, leaf in enumerate(["l1", "l1", "l2", "l2", "l2", "l2", "l2"]):
-        api.put("nodes", fk.node(f"n{i}", {LEAF: leaf}, annotations={KEY: annotation(f"n{i}")}))
-    api.put("podgroups", fk.podgroup("ml", "g", 3))
-    pods = fk.gang_pods("ml", "g", 3)
-    for p in pods:
-        api.put("pods", p)
+    pods = gang_on_leaves(api, ["l1", "l1", "l2", "l2", "l2", "l2", "l2"], 3, 3)
     client = start()
     names = [f"n{i}" for i in range(7)]
     l2 = set(names[2:])
