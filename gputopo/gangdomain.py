@@ -257,8 +257,7 @@ def evaluate(
             held = tuple([pb.views[p] for p in positions.tolist()])
         else:
             held = known[0]
-        mix = -1 if pb.objective is None else pb.objective.mix.version  # the node order's costs
-        key = (level, d, pb.sizes[0], len(pb.sizes), k, mix, *map(id, held))
+        key = (level, d, pb.sizes[0], len(pb.sizes), k, cost_key(pb.objective), *map(id, held))
         hit = memo.domains.get(key)
         if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
             assert isinstance(hit[1], Candidate)
@@ -276,6 +275,16 @@ def evaluate(
     worst = min(member_quality(c) for _, _, c in assignment)
     spans = count_spans(lower, [pos for pos, _ in packing])
     return Candidate(d, len(packing), worst, spans, dfree, tuple(assignment))
+
+
+def cost_key(objective: ClusterObjective | None) -> tuple[object, ...]:
+    """What the node order's costs (`ClusterObjective.take_cost`) depend on besides the sets:
+    the objective itself and its weight, the mix (its identity, not only its version: two mixes
+    count versions alike) and the servers it learned. Part of every memo key of an answer that
+    orders by those costs, so a memo shared by planners of different objectives stays right."""
+    if objective is None:
+        return ()
+    return (objective, objective.mix, objective.mix.version, objective.frag_weight, objective.learned)
 
 
 def _cost(objective: ClusterObjective | None, kind: _Kind, choices: list[Choice | None], cnt: int) -> float:

@@ -47,3 +47,37 @@ def test_plans_with_a_shared_memo_equal_plans_with_a_fresh_one(seed: int) -> Non
         assert with_shared == fresh
         planned += isinstance(fresh, GangPlan)
     assert planned > 10 and shared.domains  # the memo was filled and plans were made
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_memo_shared_by_planners_with_different_objectives_gives_each_its_own_plan(seed: int) -> None:
+    """One memo, two cluster objectives that order nodes differently (no fragmentation weight
+    and a heavy one; all-small and all-large demand): a domain worked out for one must not be
+    read back for the other, though the views, the shape and the mix versions are the same."""
+    from gputopo.clusterobjective import ClusterObjective, DemandMix
+
+    cluster = default_cluster()
+    pool = AllocatorPool()
+    allocators = [pool.get(t) for t in cluster.topologies]
+    index = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
+    sizes = [cluster.topologies[n.topology].n for n in cluster.nodes]
+    rng = random.Random(seed)
+    objectives = [
+        ClusterObjective(DemandMix({1: 1.0}), frag_weight=0.0),
+        ClusterObjective(DemandMix({8: 1.0}), frag_weight=10.0),
+    ]
+    shared = ChoiceMemo()
+    differed = 0
+    for step in range(40):
+        masks = [rng.getrandbits(s) | rng.getrandbits(s) for s in sizes]
+        views = []
+        for i, node in enumerate(cluster.nodes):
+            free = frozenset(g for g in range(sizes[i]) if masks[i] >> g & 1)
+            views.append(NodeView(node.name, node.labels, sizes[i], free, allocators[node.topology]))
+        g = rng.choice([1, 2])  # several members per node: the domain evaluation's path
+        spec = GangSpec(f"ns/g{step}", tuple(Member(f"ns/p{k}", g) for k in range(rng.randint(3, 10))))
+        fresh = [plan_gang(spec, views, cluster.levels, index=index, objective=o) for o in objectives]
+        for o, want in zip(objectives, fresh, strict=True):
+            assert plan_gang(spec, views, cluster.levels, index=index, memo=shared, objective=o) == want
+        differed += fresh[0] != fresh[1]
+    assert differed  # the two objectives do disagree somewhere, or the test would prove nothing
