@@ -45,8 +45,10 @@ with those views, e.g. `_layout`'s); everything else lives for one call.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
 from typing import cast
 
 import numpy as np
@@ -201,28 +203,37 @@ def _layout(
     own_memo(memo, index)
     hit = memo.domains.get(_LAYOUT)
     if hit is not None and len(hit[0]) == len(nodes):
-        last = hit[0]
-        views, counts, gpus, learner = cast(
-            "tuple[list[NodeView | None], list[int], list[int], object]", hit[1]
+        last = cast("tuple[NodeView, ...]", hit[0])
+        views, counts, gpus, learner, largest = cast(
+            "tuple[list[NodeView | None], list[int], list[int], object, int]", hit[1]
         )
-        changed = [i for i in range(len(nodes)) if nodes[i] is not last[i]]
-        if all(nodes[i].name == cast("NodeView", last[i]).name for i in changed):
+        changed = list(compress(range(len(nodes)), map(operator.is_not, nodes, last)))
+        if _same_names(nodes, last, changed):
             before = views
             views, counts, gpus = views.copy(), counts.copy(), gpus.copy()
             position = index.position
             moved: list[int] = []
+            regrown = False  # a node's GPU count changed: the largest is found again
             for i in changed:
                 v = nodes[i]
                 pos = position[v.name]
                 moved.append(pos)
                 views[pos] = v
                 counts[pos] = len(v.free)
-                gpus[i] = v.gpu_count
-            largest = max(gpus, default=0)
+                if gpus[i] != v.gpu_count:
+                    gpus[i], regrown = v.gpu_count, True
+            if regrown:
+                largest = max(gpus, default=0)
             learned = objective is not None and largest >= need
             if objective is not None and learned:
-                _learn(objective, nodes if learner is not objective else [nodes[i] for i in changed])
-            memo.domains[_LAYOUT] = (tuple(nodes), (views, counts, gpus, objective if learned else None))
+                if learner is not objective:
+                    _learn(objective, nodes)
+                else:  # the kept nodes' servers are learned: only another server is new
+                    fresh = [nodes[i] for i in changed if nodes[i].allocator is not last[i].allocator]
+                    if fresh:
+                        _learn(objective, fresh)
+            kept = (views, counts, gpus, objective if learned else None, largest)
+            memo.domains[_LAYOUT] = (tuple(nodes), kept)
             return views, counts, largest, (before, moved)
     views = [None] * len(index.nodes)
     counts = [0] * len(index.nodes)
@@ -242,8 +253,16 @@ def _layout(
     if len({v.name for v in nodes}) == len(nodes):  # see above: kept for distinct names only
         if hit is None:
             memo.domains_held += len(nodes)  # a new entry (an entry found is replaced in place)
-        memo.domains[_LAYOUT] = (tuple(nodes), (views, counts, gpus, objective if learned else None))
+        memo.domains[_LAYOUT] = (tuple(nodes), (views, counts, gpus, objective if learned else None, largest))
     return views, counts, largest, None
+
+
+def _same_names(nodes: Sequence[NodeView], last: Sequence[NodeView], changed: list[int]) -> bool:
+    """Whether every changed position keeps its node's name."""
+    for i in changed:
+        if nodes[i].name != last[i].name:
+            return False
+    return True
 
 
 def _learn(objective: ClusterObjective, nodes: Sequence[NodeView]) -> None:
