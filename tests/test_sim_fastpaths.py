@@ -1,7 +1,7 @@
 """The simulator's speed-ups must not change a decision.
 
 Each fast path is checked against the path it short-cuts: the plain-Python small-cluster paths
-of the planner (`packing.min_nodes_small`, `spread._select_equal`, `packing.equal_bounds`)
+of the planner (`packing.min_nodes_small`, `spread.select_equal`, `packing.equal_bounds`)
 against the vectorised numpy ones, the objective's memos against a fresh objective, the
 reservation table's early exit against a full scan, and the simulated sidecar with all its
 caches against the same sidecar with every cache emptied before each pod.
