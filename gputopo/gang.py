@@ -160,8 +160,7 @@ def plan_gang(
         raise ValueError(f"network index was built for levels {list(index.levels)}, not {list(levels)}")
     memo = memo if memo is not None else ChoiceMemo()
     sizes = [m.gpus for m in spec.members]
-    views, counts, largest, since = _layout(nodes, index, memo, objective, max(sizes))
-    free = np.array(counts, dtype=np.int64)
+    views, counts, free, largest, since = _layout(nodes, index, memo, objective, max(sizes))
     if max(sizes) > largest:
         big = max(spec.members, key=lambda m: m.gpus)
         return NoPlan(spec.key, f"pod {big.pod} asks for {big.gpus} GPUs; the largest node has {largest}")
@@ -188,8 +187,9 @@ def _layout(
     memo: ChoiceMemo,
     objective: ClusterObjective | None,
     need: int,
-) -> tuple[list[NodeView | None], list[int], int, Since]:
-    """Per index position its view (None where `nodes` lacks one) and free GPUs, the largest
+) -> tuple[list[NodeView | None], list[int], np.ndarray, int, Since]:
+    """Per index position its view (None where `nodes` lacks one) and free GPUs (as a list and
+    as a read-only array: the kept answer's, shared by the calls that meet it), the largest
     node's GPU count, and what changed since the last call (`Problem.since`, None: unknown);
     with `objective`, when that node holds the largest member (`need`, else the plan is a
     NoPlan), every node's allocator learned before any cost (efficiencies are against the
@@ -204,8 +204,8 @@ def _layout(
     hit = memo.domains.get(_LAYOUT)
     if hit is not None and len(hit[0]) == len(nodes):
         last = cast("tuple[NodeView, ...]", hit[0])
-        views, counts, gpus, learner, largest = cast(
-            "tuple[list[NodeView | None], list[int], list[int], object, int]", hit[1]
+        views, counts, gpus, learner, largest, free = cast(
+            "tuple[list[NodeView | None], list[int], list[int], object, int, np.ndarray]", hit[1]
         )
         changed = list(compress(range(len(nodes)), map(operator.is_not, nodes, last)))
         if _same_names(nodes, last, changed):
@@ -224,6 +224,10 @@ def _layout(
                     gpus[i], regrown = v.gpu_count, True
             if regrown:
                 largest = max(gpus, default=0)
+            if moved:
+                free = free.copy()
+                free[moved] = [counts[p] for p in moved]
+                free.flags.writeable = False
             learned = objective is not None and largest >= need
             if objective is not None and learned:
                 if learner is not objective:
@@ -232,9 +236,9 @@ def _layout(
                     fresh = [nodes[i] for i in changed if nodes[i].allocator is not last[i].allocator]
                     if fresh:
                         _learn(objective, fresh)
-            kept = (views, counts, gpus, objective if learned else None, largest)
+            kept = (views, counts, gpus, objective if learned else None, largest, free)
             memo.domains[_LAYOUT] = (tuple(nodes), kept)
-            return views, counts, largest, (before, moved)
+            return views, counts, free, largest, (before, moved)
     views = [None] * len(index.nodes)
     counts = [0] * len(index.nodes)
     position = index.position
@@ -250,19 +254,21 @@ def _layout(
     learned = objective is not None and largest >= need
     if objective is not None and learned:
         _learn(objective, nodes)
+    free = np.array(counts, dtype=np.int64)
+    free.flags.writeable = False  # kept with the answer: whoever meets it reads it only
     if len({v.name for v in nodes}) == len(nodes):  # see above: kept for distinct names only
         if hit is None:
             memo.domains_held += len(nodes)  # a new entry (an entry found is replaced in place)
-        memo.domains[_LAYOUT] = (tuple(nodes), (views, counts, gpus, objective if learned else None, largest))
-    return views, counts, largest, None
+        memo.domains[_LAYOUT] = (
+            tuple(nodes),
+            (views, counts, gpus, objective if learned else None, largest, free),
+        )
+    return views, counts, free, largest, None
 
 
 def _same_names(nodes: Sequence[NodeView], last: Sequence[NodeView], changed: list[int]) -> bool:
     """Whether every changed position keeps its node's name."""
-    for i in changed:
-        if nodes[i].name != last[i].name:
-            return False
-    return True
+    return all(nodes[i].name == last[i].name for i in changed)
 
 
 def _learn(objective: ClusterObjective, nodes: Sequence[NodeView]) -> None:
@@ -273,6 +279,14 @@ def _learn(objective: ClusterObjective, nodes: Sequence[NodeView]) -> None:
 
 
 def _spec_problem(spec: GangSpec) -> str:
+    """Why the gang itself cannot be planned ("" when it can)."""
+    members = spec.members
+    for m in members:  # the common case first: every size a plain int >= 1, every pod once
+        if type(m.gpus) is not int or m.gpus < 1:  # a bool or an int subclass too: the full check
+            break
+    else:
+        if members and len({m.pod for m in members}) == len(members):
+            return ""
     if not spec.members:
         return f"gang {spec.key} has no pending members to place"
     seen: set[str] = set()
@@ -305,7 +319,7 @@ def _plan_level(
     if prune and not explain and lx.count == len(pb.views) and pb.total > pb.roomiest:
         return None  # every domain is one node, and none has room for the whole gang
     if prune and gangsingle.applies(pb):  # no node takes two members: one pass, the same plan
-        singles = gangsingle.candidates(pb, lx, lower_levels(pb.index, level))
+        singles = gangsingle.candidates(pb, lx, _lower(pb, level))
         if singles:
             return _best_plan(spec, pb, level, lx, singles)
         if not explain:
@@ -359,7 +373,7 @@ def _plan_level(
         slots = pb.index.free_per_domain(level, pb.free // max(pb.sizes))
         top = int(np.lexsort((np.arange(lx.count), -dfree, -slots, ~ok))[0])
         return Miss(level, lx.names[top], int(dfree[top]), int(slots[top]), bool(ok[top]))
-    lower = lower_levels(pb.index, level)
+    lower = _lower(pb, level)
     if prune and pb.homogeneous and len(tied) > 1:
         cands = evaluate_promising(pb, level, tied, lx, dfree, lower)
     else:
@@ -367,6 +381,18 @@ def _plan_level(
             evaluate(pb, level, d, k, packing, lx.members[d], int(dfree[d]), lower) for d, k, packing in tied
         ]
     return _best_plan(spec, pb, level, lx, cands)
+
+
+def _lower(pb: Problem, level: str) -> list[LevelIndex]:
+    """`spread.lower_levels(pb.index, level)`, a function of the index and the level: made once
+    per level and kept in the memo (which `_layout` reset for this index)."""
+    key = ("#lower", level)
+    hit = pb.memo.domains.get(key)
+    if hit is not None and hit[0][0] is pb.index:
+        return cast("list[LevelIndex]", hit[1])
+    lower = lower_levels(pb.index, level)
+    pb.memo.domains[key] = ((pb.index,), lower)
+    return lower
 
 
 def _best_plan(spec: GangSpec, pb: Problem, level: str, lx: LevelIndex, cands: list[Candidate]) -> GangPlan:

@@ -29,18 +29,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
 
+from gputopo import spread
 from gputopo.allocator import Choice
 from gputopo.gangcost import DIGITS
 from gputopo.gangdomain import Candidate, Problem, _member_lists, _own_memo
 from gputopo.network import LevelIndex
 from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Quality
 from gputopo.policy import GpuPolicy
-from gputopo import spread
 from gputopo.spread import count_spans
 
 #: A node's allocator and free set: nodes of one kind answer alike.
@@ -54,12 +53,15 @@ def applies(pb: Problem) -> bool:
     return pb.homogeneous and pb.roomiest < 2 * pb.sizes[0]
 
 
-@dataclass
 class _Call:
-    """What one planning call works out per node and per kind, shared by every level."""
+    """What one planning call works out per node and per kind, shared by every level (a plain
+    class: one is made per call)."""
 
-    offers: list[Offer | None]  # per node position, its one offer (None without g free GPUs)
-    costs: dict[Kind, float] = field(default_factory=dict)  # `_take_cost` per kind
+    __slots__ = ("costs", "offers")
+
+    def __init__(self, offers: list[Offer | None]) -> None:
+        self.offers = offers  # per node position, its one offer (None without g free GPUs)
+        self.costs: dict[Kind, float] = {}  # `_take_cost` per kind
 
 
 def offers(pb: Problem) -> list[Offer | None]:
@@ -247,7 +249,13 @@ def _pick(
             else:
                 ps.append(p)
     table = list(rows.items())
-    taken = [_take_cost(pb, call, kind, offered[ps[0]][1]) for kind, ps in table]  # type: ignore[index]
+    cache = call.costs
+    taken: list[float] = []  # `_take_cost` per row, inline: once per kind and call
+    for kind, ps in table:
+        hit = cache.get(kind)
+        if hit is None:
+            hit = _take_cost(pb, call, kind, offered[ps[0]][1])  # type: ignore[index]
+        taken.append(hit)
     costs = [round(c, DIGITS) for c in taken]  # the node order's key, as `gangdomain._cost`
     if lower:
         lens = [len(ps) for _, ps in table]

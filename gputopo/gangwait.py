@@ -243,7 +243,7 @@ class OwnLevels:
     ) -> tuple[str | None, bool]:
         """`own_level` over `offered` (the views of `offer`), and whether every offered node
         carries a label of it."""
-        sizes = tuple(sorted(m.gpus for m in spec.members))
+        sizes = tuple(sorted([m.gpus for m in spec.members]))
         key = (id(index), offer, sizes, spec.preferred_level, spec.required_level, among)
         hit = self._memo.get(key)
         if hit is None or hit[2] is not index:
