@@ -160,11 +160,11 @@ def plan_gang(
         raise ValueError(f"network index was built for levels {list(index.levels)}, not {list(levels)}")
     memo = memo if memo is not None else ChoiceMemo()
     sizes = [m.gpus for m in spec.members]
-    views, counts, free, largest, since = _layout(nodes, index, memo, objective, max(sizes))
+    views, counts, largest, since = _layout(nodes, index, memo, objective, max(sizes))
     if max(sizes) > largest:
         big = max(spec.members, key=lambda m: m.gpus)
         return NoPlan(spec.key, f"pod {big.pod} asks for {big.gpus} GPUs; the largest node has {largest}")
-    pb = Problem(index, views, free, counts, sizes, memo, max(counts), objective)
+    pb = Problem(index, views, None, counts, sizes, memo, max(counts), objective)  # `free`: when read
     pb.since = since
     miss: Miss | None = None
     for k, level in enumerate(tried):
@@ -187,9 +187,8 @@ def _layout(
     memo: ChoiceMemo,
     objective: ClusterObjective | None,
     need: int,
-) -> tuple[list[NodeView | None], list[int], np.ndarray, int, Since]:
-    """Per index position its view (None where `nodes` lacks one) and free GPUs (as a list and
-    as a read-only array: the kept answer's, shared by the calls that meet it), the largest
+) -> tuple[list[NodeView | None], list[int], int, Since]:
+    """Per index position its view (None where `nodes` lacks one) and free GPUs, the largest
     node's GPU count, and what changed since the last call (`Problem.since`, None: unknown);
     with `objective`, when that node holds the largest member (`need`, else the plan is a
     NoPlan), every node's allocator learned before any cost (efficiencies are against the
@@ -204,8 +203,8 @@ def _layout(
     hit = memo.domains.get(_LAYOUT)
     if hit is not None and len(hit[0]) == len(nodes):
         last = cast("tuple[NodeView, ...]", hit[0])
-        views, counts, gpus, learner, largest, free = cast(
-            "tuple[list[NodeView | None], list[int], list[int], object, int, np.ndarray]", hit[1]
+        views, counts, gpus, learner, largest = cast(
+            "tuple[list[NodeView | None], list[int], list[int], object, int]", hit[1]
         )
         changed = list(compress(range(len(nodes)), map(operator.is_not, nodes, last)))
         if _same_names(nodes, last, changed):
@@ -224,10 +223,6 @@ def _layout(
                     gpus[i], regrown = v.gpu_count, True
             if regrown:
                 largest = max(gpus, default=0)
-            if moved:
-                free = free.copy()
-                free[moved] = [counts[p] for p in moved]
-                free.flags.writeable = False
             learned = objective is not None and largest >= need
             if objective is not None and learned:
                 if learner is not objective:
@@ -236,9 +231,9 @@ def _layout(
                     fresh = [nodes[i] for i in changed if nodes[i].allocator is not last[i].allocator]
                     if fresh:
                         _learn(objective, fresh)
-            kept = (views, counts, gpus, objective if learned else None, largest, free)
+            kept = (views, counts, gpus, objective if learned else None, largest)
             memo.domains[_LAYOUT] = (tuple(nodes), kept)
-            return views, counts, free, largest, (before, moved)
+            return views, counts, largest, (before, moved)
     views = [None] * len(index.nodes)
     counts = [0] * len(index.nodes)
     position = index.position
@@ -254,16 +249,11 @@ def _layout(
     learned = objective is not None and largest >= need
     if objective is not None and learned:
         _learn(objective, nodes)
-    free = np.array(counts, dtype=np.int64)
-    free.flags.writeable = False  # kept with the answer: whoever meets it reads it only
     if len({v.name for v in nodes}) == len(nodes):  # see above: kept for distinct names only
         if hit is None:
             memo.domains_held += len(nodes)  # a new entry (an entry found is replaced in place)
-        memo.domains[_LAYOUT] = (
-            tuple(nodes),
-            (views, counts, gpus, objective if learned else None, largest, free),
-        )
-    return views, counts, free, largest, None
+        memo.domains[_LAYOUT] = (tuple(nodes), (views, counts, gpus, objective if learned else None, largest))
+    return views, counts, largest, None
 
 
 def _same_names(nodes: Sequence[NodeView], last: Sequence[NodeView], changed: list[int]) -> bool:
