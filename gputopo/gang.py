@@ -398,17 +398,18 @@ def _best_plan(spec: GangSpec, pb: Problem, level: str, lx: LevelIndex, cands: l
                     c.cost if c.cost is not None else plan_cost(objective, pb.views, c.assignment)
                 ),
             )
-    placements = [Placement("", "", ())] * len(pb.sizes)
+    placements: list[Placement | None] = [None] * len(pb.sizes)  # every member is assigned once
+    views, members = pb.views, spec.members
     for i, pos, choice in best.assignment:
-        view = pb.views[pos]
+        view = views[pos]
         assert view is not None
         gpus = choice.indices if choice is not None else ()
-        placements[i] = Placement(spec.members[i].pod, view.name, gpus, choice)
+        placements[i] = Placement(members[i].pod, view.name, gpus, choice)
     return GangPlan(
         gang=spec.key,
         level=level,
         domain=lx.names[best.domain],
-        placements=tuple(placements),
+        placements=cast("tuple[Placement, ...]", tuple(placements)),
         nodes_used=best.nodes_used,
         worst=best.worst,
         domain_free=best.domain_free,
