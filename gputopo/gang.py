@@ -258,7 +258,7 @@ def _layout(
 
 def _same_names(nodes: Sequence[NodeView], last: Sequence[NodeView], changed: list[int]) -> bool:
     """Whether every changed position keeps its node's name."""
-    return all(nodes[i].name == last[i].name for i in changed)
+    return [nodes[i].name for i in changed] == [last[i].name for i in changed]
 
 
 def _learn(objective: ClusterObjective, nodes: Sequence[NodeView]) -> None:

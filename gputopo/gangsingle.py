@@ -40,7 +40,6 @@ from gputopo.gangdomain import Candidate, Problem, _member_lists, _own_memo
 from gputopo.network import LevelIndex
 from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Quality
 from gputopo.policy import GpuPolicy
-from gputopo.spread import count_spans
 
 #: A node's allocator and free set: nodes of one kind answer alike.
 Kind = tuple[GpuPolicy | None, frozenset[int]]
@@ -278,7 +277,10 @@ def _pick(
         top = sorted([(costs[row], len(kind[1]), p, row) for row, (kind, ps) in enumerate(table) for p in ps])
         picked = [(p, row) for _, _, p, row in top[:n]]
     chosen = [p for p, _ in picked]
-    spans = count_spans(lower, chosen)
+    if lower:  # `count_spans` on the kept domain ids (plain ints)
+        spans = tuple([len({of[p] for p in chosen}) for of in [_domain_ids(pb.memo, lx) for lx in lower]])
+    else:
+        spans = ()
     if pb.objective is None:
         return chosen, None, spans
     # plan_cost: the unrounded take costs summed in the assignment's order, then rounded
