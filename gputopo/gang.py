@@ -45,8 +45,10 @@ with those views, e.g. `_layout`'s); everything else lives for one call.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
 from typing import cast
 
 import numpy as np
@@ -159,11 +161,10 @@ def plan_gang(
     memo = memo if memo is not None else ChoiceMemo()
     sizes = [m.gpus for m in spec.members]
     views, counts, largest, since = _layout(nodes, index, memo, objective, max(sizes))
-    free = np.array(counts, dtype=np.int64)
     if max(sizes) > largest:
         big = max(spec.members, key=lambda m: m.gpus)
         return NoPlan(spec.key, f"pod {big.pod} asks for {big.gpus} GPUs; the largest node has {largest}")
-    pb = Problem(index, views, free, counts, sizes, memo, max(counts), objective)
+    pb = Problem(index, views, None, counts, sizes, memo, max(counts), objective)  # `free`: when read
     pb.since = since
     miss: Miss | None = None
     for k, level in enumerate(tried):
@@ -201,28 +202,37 @@ def _layout(
     own_memo(memo, index)
     hit = memo.domains.get(_LAYOUT)
     if hit is not None and len(hit[0]) == len(nodes):
-        last = hit[0]
-        views, counts, gpus, learner = cast(
-            "tuple[list[NodeView | None], list[int], list[int], object]", hit[1]
+        last = cast("tuple[NodeView, ...]", hit[0])
+        views, counts, gpus, learner, largest = cast(
+            "tuple[list[NodeView | None], list[int], list[int], object, int]", hit[1]
         )
-        changed = [i for i in range(len(nodes)) if nodes[i] is not last[i]]
-        if all(nodes[i].name == cast("NodeView", last[i]).name for i in changed):
+        changed = list(compress(range(len(nodes)), map(operator.is_not, nodes, last)))
+        if _same_names(nodes, last, changed):
             before = views
             views, counts, gpus = views.copy(), counts.copy(), gpus.copy()
             position = index.position
             moved: list[int] = []
+            regrown = False  # a node's GPU count changed: the largest is found again
             for i in changed:
                 v = nodes[i]
                 pos = position[v.name]
                 moved.append(pos)
                 views[pos] = v
                 counts[pos] = len(v.free)
-                gpus[i] = v.gpu_count
-            largest = max(gpus, default=0)
+                if gpus[i] != v.gpu_count:
+                    gpus[i], regrown = v.gpu_count, True
+            if regrown:
+                largest = max(gpus, default=0)
             learned = objective is not None and largest >= need
             if objective is not None and learned:
-                _learn(objective, nodes if learner is not objective else [nodes[i] for i in changed])
-            memo.domains[_LAYOUT] = (tuple(nodes), (views, counts, gpus, objective if learned else None))
+                if learner is not objective:
+                    _learn(objective, nodes)
+                else:  # the kept nodes' servers are learned: only another server is new
+                    fresh = [nodes[i] for i in changed if nodes[i].allocator is not last[i].allocator]
+                    if fresh:
+                        _learn(objective, fresh)
+            kept = (views, counts, gpus, objective if learned else None, largest)
+            memo.domains[_LAYOUT] = (tuple(nodes), kept)
             return views, counts, largest, (before, moved)
     views = [None] * len(index.nodes)
     counts = [0] * len(index.nodes)
@@ -242,8 +252,13 @@ def _layout(
     if len({v.name for v in nodes}) == len(nodes):  # see above: kept for distinct names only
         if hit is None:
             memo.domains_held += len(nodes)  # a new entry (an entry found is replaced in place)
-        memo.domains[_LAYOUT] = (tuple(nodes), (views, counts, gpus, objective if learned else None))
+        memo.domains[_LAYOUT] = (tuple(nodes), (views, counts, gpus, objective if learned else None, largest))
     return views, counts, largest, None
+
+
+def _same_names(nodes: Sequence[NodeView], last: Sequence[NodeView], changed: list[int]) -> bool:
+    """Whether every changed position keeps its node's name."""
+    return [nodes[i].name for i in changed] == [last[i].name for i in changed]
 
 
 def _learn(objective: ClusterObjective, nodes: Sequence[NodeView]) -> None:
@@ -254,6 +269,14 @@ def _learn(objective: ClusterObjective, nodes: Sequence[NodeView]) -> None:
 
 
 def _spec_problem(spec: GangSpec) -> str:
+    """Why the gang itself cannot be planned ("" when it can)."""
+    members = spec.members
+    for m in members:  # the common case first: every size a plain int >= 1, every pod once
+        if type(m.gpus) is not int or m.gpus < 1:  # a bool or an int subclass too: the full check
+            break
+    else:
+        if members and len({m.pod for m in members}) == len(members):
+            return ""
     if not spec.members:
         return f"gang {spec.key} has no pending members to place"
     seen: set[str] = set()
@@ -286,7 +309,7 @@ def _plan_level(
     if prune and not explain and lx.count == len(pb.views) and pb.total > pb.roomiest:
         return None  # every domain is one node, and none has room for the whole gang
     if prune and gangsingle.applies(pb):  # no node takes two members: one pass, the same plan
-        singles = gangsingle.candidates(pb, lx, lower_levels(pb.index, level))
+        singles = gangsingle.candidates(pb, lx, _lower(pb, level))
         if singles:
             return _best_plan(spec, pb, level, lx, singles)
         if not explain:
@@ -340,7 +363,7 @@ def _plan_level(
         slots = pb.index.free_per_domain(level, pb.free // max(pb.sizes))
         top = int(np.lexsort((np.arange(lx.count), -dfree, -slots, ~ok))[0])
         return Miss(level, lx.names[top], int(dfree[top]), int(slots[top]), bool(ok[top]))
-    lower = lower_levels(pb.index, level)
+    lower = _lower(pb, level)
     if prune and pb.homogeneous and len(tied) > 1:
         cands = evaluate_promising(pb, level, tied, lx, dfree, lower)
     else:
@@ -348,6 +371,18 @@ def _plan_level(
             evaluate(pb, level, d, k, packing, lx.members[d], int(dfree[d]), lower) for d, k, packing in tied
         ]
     return _best_plan(spec, pb, level, lx, cands)
+
+
+def _lower(pb: Problem, level: str) -> list[LevelIndex]:
+    """`spread.lower_levels(pb.index, level)`, a function of the index and the level: made once
+    per level and kept in the memo (which `_layout` reset for this index)."""
+    key = ("#lower", level)
+    hit = pb.memo.domains.get(key)
+    if hit is not None and hit[0][0] is pb.index:
+        return cast("list[LevelIndex]", hit[1])
+    lower = lower_levels(pb.index, level)
+    pb.memo.domains[key] = ((pb.index,), lower)
+    return lower
 
 
 def _best_plan(spec: GangSpec, pb: Problem, level: str, lx: LevelIndex, cands: list[Candidate]) -> GangPlan:
@@ -363,17 +398,18 @@ def _best_plan(spec: GangSpec, pb: Problem, level: str, lx: LevelIndex, cands: l
                     c.cost if c.cost is not None else plan_cost(objective, pb.views, c.assignment)
                 ),
             )
-    placements = [Placement("", "", ())] * len(pb.sizes)
+    placements: list[Placement | None] = [None] * len(pb.sizes)  # every member is assigned once
+    views, members = pb.views, spec.members
     for i, pos, choice in best.assignment:
-        view = pb.views[pos]
+        view = views[pos]
         assert view is not None
         gpus = choice.indices if choice is not None else ()
-        placements[i] = Placement(spec.members[i].pod, view.name, gpus, choice)
+        placements[i] = Placement(members[i].pod, view.name, gpus, choice)
     return GangPlan(
         gang=spec.key,
         level=level,
         domain=lx.names[best.domain],
-        placements=tuple(placements),
+        placements=cast("tuple[Placement, ...]", tuple(placements)),
         nodes_used=best.nodes_used,
         worst=best.worst,
         domain_free=best.domain_free,

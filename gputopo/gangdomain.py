@@ -43,8 +43,10 @@ class Problem:
 
     index: NetworkIndex
     views: list[NodeView | None]
-    free: np.ndarray  # free GPU count per position (0 where no view)
-    counts: list[int]  # the same, as a list (plain-Python loops read it)
+    # free GPU count per position (0 where no view), read as `free`; None: made from `counts`
+    # when first read (the single-offer path reads lists only)
+    free_array: np.ndarray | None
+    counts: list[int]  # free GPUs per position, as a list (plain-Python loops read it)
     sizes: list[int]  # GPUs per member, spec order
     memo: ChoiceMemo
     roomiest: int = 0  # most free GPUs of one node
@@ -59,6 +61,13 @@ class Problem:
     def __post_init__(self) -> None:
         self.homogeneous = len(set(self.sizes)) == 1
         self.total = sum(self.sizes)
+
+    @property
+    def free(self) -> np.ndarray:
+        """Free GPU count per position (0 where no view)."""
+        if self.free_array is None:
+            self.free_array = np.array(self.counts, dtype=np.int64)
+        return self.free_array
 
     def choices(self, pos: int, sizes: Sequence[int]) -> list[Choice | None]:
         """Sets for members of `sizes` placed on one node one after the other."""

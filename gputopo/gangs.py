@@ -34,6 +34,7 @@ guards it. Decisions come back as values with reasons, and what happened is queu
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Collection, Mapping, Sequence, Set
 from dataclasses import dataclass
 
@@ -55,6 +56,9 @@ SPILL_AFTER_S = 7 * 86_400.0
 #: Gangs whose first filter time is remembered (for the wait until their last bind); a gang
 #: deleted before it bound is never told, so the oldest are forgotten past this many.
 MAX_WAITING_GANGS = 100_000
+
+_pod_of = operator.attrgetter("pod")
+_allocator_of = operator.attrgetter("allocator")
 
 __all__ = ["Decision", "Event", "GangAsk", "GangMember", "GangTracker", "Planned", "Refused", "Wait"]
 
@@ -251,12 +255,12 @@ class GangTracker:
         the planner's reason (and a back-off for the same question)."""
         gang = ask.gang
         # Members without GPUs count towards minMember but need no placement.
-        pending = sorted((m for m in ask.members if not m.node and m.gpus > 0), key=lambda m: m.pod)
+        pending = sorted([m for m in ask.members if not m.node and m.gpus > 0], key=_pod_of)
         if not pending:
             return Wait(f"gang {gang} has no pending member that needs GPUs", "")
         spec = GangSpec(
             gang,
-            tuple(Member(m.pod, m.gpus) for m in pending),
+            tuple([Member(m.pod, m.gpus) for m in pending]),
             required_level=ask.required_level,
             preferred_level=ask.preferred_level,
         )
@@ -284,9 +288,12 @@ class GangTracker:
         self.plans[gang] = result
         self._offers[gang] = offer
         gpus_of = {m.pod: m.gpus for m in pending}
+        expires = now + self.ttl_s
         self.reservations.add(
-            Reservation(p.pod, gang, p.node, tuple(p.gpus), gpus_of[p.pod], now + self.ttl_s)
-            for p in result.placements
+            [
+                Reservation(p.pod, gang, p.node, tuple(p.gpus), gpus_of[p.pod], expires)
+                for p in result.placements
+            ]
         )
         self._emit(
             "plan",
@@ -329,7 +336,7 @@ class GangTracker:
         over every view although the servers rarely change."""
         known = self._policies
         # the distinct allocators first (a few, from one pool): `learn` takes a set anyway
-        fresh = [a for a in {v.allocator for v in views.values()} if a is not None and id(a) not in known]
+        fresh = [a for a in set(map(_allocator_of, views.values())) if a is not None and id(a) not in known]
         if not fresh:
             return
         if len(known) > 10_000:  # bounded: learning again is a no-op for the objective

@@ -29,18 +29,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
 
+from gputopo import spread
 from gputopo.allocator import Choice
 from gputopo.gangcost import DIGITS
 from gputopo.gangdomain import Candidate, Problem, _member_lists, _own_memo
 from gputopo.network import LevelIndex
 from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Quality
 from gputopo.policy import GpuPolicy
-from gputopo.spread import count_spans, select_nodes
 
 #: A node's allocator and free set: nodes of one kind answer alike.
 Kind = tuple[GpuPolicy | None, frozenset[int]]
@@ -53,12 +52,15 @@ def applies(pb: Problem) -> bool:
     return pb.homogeneous and pb.roomiest < 2 * pb.sizes[0]
 
 
-@dataclass
 class _Call:
-    """What one planning call works out per node and per kind, shared by every level."""
+    """What one planning call works out per node and per kind, shared by every level (a plain
+    class: one is made per call)."""
 
-    offers: list[Offer | None]  # per node position, its one offer (None without g free GPUs)
-    costs: dict[Kind, float] = field(default_factory=dict)  # `_take_cost` per kind
+    __slots__ = ("costs", "offers")
+
+    def __init__(self, offers: list[Offer | None]) -> None:
+        self.offers = offers  # per node position, its one offer (None without g free GPUs)
+        self.costs: dict[Kind, float] = {}  # `_take_cost` per kind
 
 
 def offers(pb: Problem) -> list[Offer | None]:
@@ -167,20 +169,22 @@ def candidates(pb: Problem, lx: LevelIndex, lower: Sequence[LevelIndex]) -> list
             if len(picks) >= _PICKS_HELD:
                 picks.clear()
             got = picks[asked] = _pick(pb, room, best, lower)
-        chosen, cost = got
-        key = (count_spans(lower, chosen), cost or 0.0, dfree, d, chosen, cost)
+        chosen, cost, spans = got
+        key = (spans, cost or 0.0, dfree, d, chosen, cost)
         if lead is None or key[:4] < lead[:4]:
             lead = key
     assert lead is not None
     spans, _, dfree, d, chosen, cost = lead
-    assignment = tuple((i, p, offered[p][1]) for i, p in enumerate(chosen))  # type: ignore[index]
-    worst = min(offered[p][0] for p in chosen)  # type: ignore[index]
+    assignment = tuple([(i, p, offered[p][1]) for i, p in enumerate(chosen)])  # type: ignore[index]
+    worst = min([offered[p][0] for p in chosen])  # type: ignore[index]
     return [Candidate(d, n, worst, spans, dfree, assignment, cost)]
 
 
 #: Per domain: its nodes with an offer (name order), their offers' qualities best first, its
 #: free GPUs, and `_pick`'s answers on those views (keyed on what else they depend on).
-_Room = tuple[list[int], list[Quality], int, dict[tuple[object, ...], tuple[list[int], float | None]]]
+_Room = tuple[
+    list[int], list[Quality], int, dict[tuple[object, ...], tuple[list[int], float | None, tuple[int, ...]]]
+]
 #: `_pick` answers kept per domain (for as long as its views are the same).
 _PICKS_HELD = 32
 
@@ -226,9 +230,10 @@ def _domain_ids(memo: ChoiceMemo, lx: LevelIndex) -> list[int]:
 
 def _pick(
     pb: Problem, room: list[int], t: Quality, lower: Sequence[LevelIndex]
-) -> tuple[list[int], float | None]:
+) -> tuple[list[int], float | None, tuple[int, ...]]:
     """A domain's n nodes among `room` whose set reaches t (`_evaluate_equal` with k = n), in
-    the order members are assigned, and the plan's `plan_cost` (None without an objective)."""
+    the order members are assigned, the plan's `plan_cost` (None without an objective), and
+    its (3b) `count_spans` over `lower`."""
     n = len(pb.sizes)
     call = _call(pb)
     offered = call.offers
@@ -237,28 +242,52 @@ def _pick(
         offer = offered[p]
         assert offer is not None
         if offer[0] >= t:
-            rows.setdefault(offer[2], []).append(p)
+            ps = rows.get(offer[2])
+            if ps is None:
+                rows[offer[2]] = [p]
+            else:
+                ps.append(p)
     table = list(rows.items())
-    taken = [_take_cost(pb, call, kind, offered[ps[0]][1]) for kind, ps in table]  # type: ignore[index]
+    cache = call.costs
+    taken: list[float] = []  # `_take_cost` per row, inline: once per kind and call
+    for kind, ps in table:
+        hit = cache.get(kind)
+        if hit is None:
+            hit = _take_cost(pb, call, kind, offered[ps[0]][1])  # type: ignore[index]
+        taken.append(hit)
     costs = [round(c, DIGITS) for c in taken]  # the node order's key, as `gangdomain._cost`
     if lower:
         lens = [len(ps) for _, ps in table]
-        pos = np.fromiter(itertools.chain.from_iterable(ps for _, ps in table), np.int64, sum(lens))
-        weight = np.ones(len(pos), dtype=np.int64)
-        nfree = np.repeat(np.array([len(kind[1]) for kind, _ in table], dtype=np.int64), lens)
-        kind_ids = np.repeat(np.arange(len(table), dtype=np.int64), lens)
-        order = np.repeat(np.array(costs, dtype=np.float64), lens)
-        picked = select_nodes(pos, weight, nfree, kind_ids, n, n, lower, order)
+        total = sum(lens)
+        if 0 < total <= spread.SMALL_CANDIDATES:  # `select_nodes`' own test: its list path, on lists
+            pos = [p for _, ps in table for p in ps]
+            nfree = [len(kind[1]) for kind, ps in table for _ in ps]
+            kinds = [row for row, (_, ps) in enumerate(table) for _ in ps]
+            order = [costs[row] for row in kinds]
+            ids = [_domain_ids(pb.memo, lx) for lx in lower]
+            picked = spread.select_equal(pos, 1, nfree, kinds, n, n, lower, order, ids)
+        else:
+            at = np.fromiter(itertools.chain.from_iterable(ps for _, ps in table), np.int64, total)
+            weight = np.ones(total, dtype=np.int64)
+            free = np.repeat(np.array([len(kind[1]) for kind, _ in table], dtype=np.int64), lens)
+            kind_ids = np.repeat(np.arange(len(table), dtype=np.int64), lens)
+            cost = np.repeat(np.array(costs, dtype=np.float64), lens)
+            picked = spread.select_nodes(at, weight, free, kind_ids, n, n, lower, cost)
     else:  # the node order: least cost, fewest free GPUs, name (positions are in name order)
         top = sorted([(costs[row], len(kind[1]), p, row) for row, (kind, ps) in enumerate(table) for p in ps])
         picked = [(p, row) for _, _, p, row in top[:n]]
+    chosen = [p for p, _ in picked]
+    if lower:  # `count_spans` on the kept domain ids (plain ints)
+        spans = tuple([len({of[p] for p in chosen}) for of in [_domain_ids(pb.memo, lx) for lx in lower]])
+    else:
+        spans = ()
     if pb.objective is None:
-        return [p for p, _ in picked], None
+        return chosen, None, spans
     # plan_cost: the unrounded take costs summed in the assignment's order, then rounded
-    total = 0.0
+    total_cost = 0.0
     for _, row in picked:
-        total += taken[row]
-    return [p for p, _ in picked], round(total, DIGITS)
+        total_cost += taken[row]
+    return chosen, round(total_cost, DIGITS), spans
 
 
 def _take_cost(pb: Problem, call: _Call, kind: Kind, choice: Choice | None) -> float:

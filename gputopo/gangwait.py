@@ -26,6 +26,8 @@ from __future__ import annotations
 import operator
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
+from typing import cast
 
 import numpy as np
 
@@ -103,6 +105,107 @@ def _fits_now_equal(
     return out
 
 
+class SlotCount:
+    """`fits_now` for members of one size, kept from one call to the next: a waiting gang's
+    check is asked at every change of the cluster over views that are the last call's but for
+    a few nodes, and every view is frozen, so per (index, member size) the last nodes and each
+    position's slots (free GPUs // size, 0 below one slot), their sum and, per level asked,
+    every domain's sum are kept, and only the nodes that are another object since are read
+    again. Kept only for nodes of distinct names (a name given twice takes, in a full pass,
+    the last view with a slot), and only while the changed nodes keep their names."""
+
+    #: (index, size) entries kept; past this many they are dropped.
+    HELD = 64
+
+    def __init__(self) -> None:
+        #: (id(index), size) -> [index, nodes, slots per position, total,
+        #: {level: (domain per position, slots per domain)}]
+        self._kept: dict[tuple[int, int], list[object]] = {}
+
+    def fits(
+        self, size: int, count: int, nodes: Sequence[NodeView], index: NetworkIndex, levels: Sequence[str]
+    ) -> list[bool]:
+        """`_fits_now_equal(size, count, nodes, index, levels)`, the same answer."""
+        key = (id(index), size)
+        hit = self._kept.get(key)
+        if hit is None or hit[0] is not index or not self._update(hit, size, nodes, index):
+            hit = self._fresh(key, size, nodes, index)
+            if hit is None:
+                return _fits_now_equal(size, count, nodes, index, levels)
+        total = cast("int", hit[3])
+        if total < count:  # no domain holds more than the whole cluster
+            return [False] * len(levels)
+        per_level = cast("dict[str, tuple[list[int], list[int]]]", hit[4])
+        out = []
+        for level in levels:
+            sums = per_level.get(level)
+            if sums is None:
+                sums = per_level[level] = _domain_sums(index, level, cast("list[int]", hit[2]))
+            out.append(max(sums[1]) >= count)
+        return out
+
+    def _fresh(
+        self, key: tuple[int, int], size: int, nodes: Sequence[NodeView], index: NetworkIndex
+    ) -> list[object] | None:
+        """A new entry for `nodes` (None, and nothing kept, when a name is given twice)."""
+        if len({v.name for v in nodes}) != len(nodes):
+            return None
+        slots = [0] * len(index.nodes)
+        position = index.position
+        for v in nodes:
+            f = len(v.free)
+            if f >= size:
+                pos = position.get(v.name)
+                if pos is not None:
+                    slots[pos] = f // size
+        if len(self._kept) >= self.HELD:
+            self._kept.clear()
+        hit = self._kept[key] = [index, tuple(nodes), slots, sum(slots), {}]  # the index keeps its id
+        return hit
+
+    @staticmethod
+    def _update(hit: list[object], size: int, nodes: Sequence[NodeView], index: NetworkIndex) -> bool:
+        """Bring `hit` to `nodes` by the positions whose view is another object; False (and
+        `hit` untouched) when they do not align with the kept nodes by name."""
+        last = cast("tuple[NodeView, ...]", hit[1])
+        if len(last) != len(nodes):
+            return False
+        changed = list(compress(range(len(nodes)), map(operator.is_not, nodes, last)))
+        if not changed:
+            return True
+        for i in changed:
+            if nodes[i].name != last[i].name:
+                return False
+        slots = cast("list[int]", hit[2])
+        per_level = cast("dict[str, tuple[list[int], list[int]]]", hit[4])
+        total = cast("int", hit[3])
+        position = index.position
+        for i in changed:
+            v = nodes[i]
+            pos = position.get(v.name)
+            if pos is None:
+                continue
+            f = len(v.free)
+            delta = (f // size if f >= size else 0) - slots[pos]
+            if delta:
+                slots[pos] += delta
+                total += delta
+                for domain_id, acc in per_level.values():
+                    acc[domain_id[pos]] += delta
+        hit[1], hit[3] = tuple(nodes), total
+        return True
+
+
+def _domain_sums(index: NetworkIndex, level: str, slots: list[int]) -> tuple[list[int], list[int]]:
+    """`level`'s domain per position (plain ints), and per domain its positions' `slots` summed."""
+    lx = index.level(level)
+    domain_id: list[int] = lx.domain_id.tolist()
+    acc = [0] * lx.count
+    for pos, d in enumerate(domain_id):
+        acc[d] += slots[pos]
+    return domain_id, acc
+
+
 class OwnLevels:
     """The tracker's "wait for the own level?" answers. A gang's own level depends on the
     offered nodes' capacity and labels only, fixed by an index and an offer (the sidecar
@@ -114,6 +217,7 @@ class OwnLevels:
         self._memo: dict[tuple[object, ...], tuple[str | None, bool, NetworkIndex]] = {}
         #: `carried` per (index, the plan's node views) by identity -> (what the ids are of, answer)
         self._carries: dict[tuple[int, ...], tuple[tuple[object, ...], frozenset[str]]] = {}
+        self._slots = SlotCount()  # `fits_now` kept from one call to the next
 
     def _carried(self, plan: GangPlan, views: Mapping[str, NodeView], index: NetworkIndex) -> frozenset[str]:
         """`carried`, a function of the index and the labels of the plan's nodes' views (frozen):
@@ -139,7 +243,7 @@ class OwnLevels:
     ) -> tuple[str | None, bool]:
         """`own_level` over `offered` (the views of `offer`), and whether every offered node
         carries a label of it."""
-        sizes = tuple(sorted(m.gpus for m in spec.members))
+        sizes = tuple(sorted([m.gpus for m in spec.members]))
         key = (id(index), offer, sizes, spec.preferred_level, spec.required_level, among)
         hit = self._memo.get(key)
         if hit is None or hit[2] is not index:
@@ -169,7 +273,11 @@ class OwnLevels:
         own, carried_by_all = self.level(spec, offer, offered, index)
         if own is None or own == CLUSTER or not carried_by_all:
             return None
-        here, anywhere = fits_now(spec, offered, index, (own, CLUSTER))
+        size, levels = spec.members[0].gpus, (own, CLUSTER)
+        if size > 0:  # kept from the last call: only the nodes that changed are read
+            here, anywhere = self._slots.fits(size, len(spec.members), offered, index, levels)
+        else:
+            here, anywhere = fits_now(spec, offered, index, levels)
         if here or not anywhere:
             return None  # the plan is at its own level, or the planner says why nothing fits
         return LevelWait(spec, own, index, since, spill_after_s)

@@ -45,11 +45,17 @@ class Reservations:
         self._earliest = float("inf")  # at most the earliest expiry held: `expired` skips the scan before it
 
     def add(self, items: Iterable[Reservation]) -> None:
+        by_pod, by_gang = self._by_pod, self._by_gang
         for r in items:
-            self.release_pod(r.pod)
-            self._by_pod[r.pod] = r
-            self._by_gang.setdefault(r.gang, {})[r.pod] = r
-            self._earliest = min(self._earliest, r.expires_at)
+            if r.pod in by_pod:  # `release_pod` of a pod without one changes nothing
+                self.release_pod(r.pod)
+            by_pod[r.pod] = r
+            mine = by_gang.get(r.gang)
+            if mine is None:
+                mine = by_gang[r.gang] = {}
+            mine[r.pod] = r
+            if r.expires_at < self._earliest:
+                self._earliest = r.expires_at
         self.version += 1
 
     @property

@@ -54,7 +54,7 @@ def select_nodes(
     plan's threshold, so (3) holds whichever k are taken; feasibility is kept at every step."""
     if 0 < len(pos) <= SMALL_CANDIDATES and int(weight.min()) == int(weight.max()):
         costs = None if cost is None else cost.tolist()
-        return _select_equal(pos.tolist(), int(weight[0]), free.tolist(), kind.tolist(), k, n, lower, costs)
+        return select_equal(pos.tolist(), int(weight[0]), free.tolist(), kind.tolist(), k, n, lower, costs)
     for lx in lower:
         ids = lx.domain_id[pos].tolist()
         uniq = sorted(set(ids))
@@ -77,7 +77,7 @@ def select_nodes(
 SMALL_CANDIDATES = 256
 
 
-def _select_equal(
+def select_equal(
     pos: list[int],
     w: int,
     free: list[int],
@@ -86,12 +86,18 @@ def _select_equal(
     n: int,
     lower: Sequence[LevelIndex],
     cost: list[float] | None = None,
+    domain_ids: Sequence[Sequence[int]] | None = None,
 ) -> list[tuple[int, int]]:
     """`select_nodes` when every candidate offers `w` members: the same steps on lists (and
-    the same node order: equal weights, then the cost when given, then free GPUs, then name)."""
-    for lx in lower:
-        domain_id = lx.domain_id
-        ids = [int(domain_id[p]) for p in pos]
+    the same node order: equal weights, then the cost when given, then free GPUs, then name).
+    `domain_ids`: each lower level's `domain_id` as plain ints, when the caller keeps them."""
+    for j, lx in enumerate(lower):
+        if domain_ids is not None:
+            of = domain_ids[j]
+            ids = [of[p] for p in pos]
+        else:
+            domain_id = lx.domain_id
+            ids = [int(domain_id[p]) for p in pos]
         uniq = sorted(set(ids))
         if len(uniq) in (1, len(pos)):
             continue

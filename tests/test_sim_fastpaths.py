@@ -1,7 +1,7 @@
 """The simulator's speed-ups must not change a decision.
 
 Each fast path is checked against the path it short-cuts: the plain-Python small-cluster paths
-of the planner (`packing.min_nodes_small`, `spread._select_equal`, `packing.equal_bounds`)
+of the planner (`packing.min_nodes_small`, `spread.select_equal`, `packing.equal_bounds`)
 against the vectorised numpy ones, the objective's memos against a fresh objective, the
 reservation table's early exit against a full scan, and the simulated sidecar with all its
 caches against the same sidecar with every cache emptied before each pod.
@@ -96,6 +96,11 @@ def test_select_nodes_on_lists_equals_the_vectorised_answer(seed: int) -> None:
     small = spread.select_nodes(pos, weight, free, kind, k, n, lower, cost)
     with vectorised():
         assert small == spread.select_nodes(pos, weight, free, kind, k, n, lower, cost)
+    # the single-offer planner calls the list path itself, with the levels' domain ids it keeps
+    ids = [lx.domain_id.tolist() for lx in lower]
+    costs = None if cost is None else cost.tolist()
+    args = (pos.tolist(), w, free.tolist(), kind.tolist(), k, n, lower, costs)
+    assert spread.select_equal(*args, ids) == small
 
 
 @pytest.mark.parametrize("preset", ["default", "mixed-leaf", "gb200-nvl"])
@@ -264,6 +269,83 @@ def test_fits_now_for_equal_members_equals_a_plain_domain_sum(seed: int) -> None
         free[index.position[v.name]] = len(v.free)
     want = [bool((index.free_per_domain(level, free // size) >= count).any()) for level in levels]
     assert gangwait.fits_now(spec, offered, index, levels) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_slot_count_kept_across_calls_equals_a_fresh_count(seed: int) -> None:
+    """`gangwait.SlotCount` (the waiting gang's check, kept from one call to the next and
+    brought up to date by the nodes that are another object) answers as a fresh
+    `_fits_now_equal` over a run of calls: a few nodes changing their free GPUs at a time, a
+    node renamed at its position, a name given twice, a node missing from the index, another
+    index, other member sizes and counts, and levels asked for the first time later on."""
+    from gputopo import gangwait
+    from gputopo.network import CLUSTER
+
+    rng = random.Random(seed)
+    nodes = rng.randint(1, 24)
+    indexes = [_index(rng, nodes), _index(rng, nodes)]
+    names = list(indexes[0].nodes)
+    views = [NodeView(name, {}, 8, frozenset(rng.sample(range(8), rng.randint(0, 8)))) for name in names]
+    kept = gangwait.SlotCount()
+    levels_all = ("kubernetes.io/hostname", "leaf", "spine", CLUSTER)
+    for _ in range(30):
+        for i in rng.sample(range(len(views)), min(len(views), rng.randint(0, 3))):
+            views[i] = NodeView(views[i].name, {}, 8, frozenset(rng.sample(range(8), rng.randint(0, 8))))
+        offered = list(views)
+        twist = rng.random()
+        if twist < 0.1 and len(offered) > 1:  # a name given twice: the full pass decides
+            offered[0] = NodeView(offered[1].name, {}, 8, frozenset(range(rng.randint(0, 8))))
+        elif twist < 0.2:  # a node the index does not know
+            offered.append(NodeView("not-in-index", {}, 8, frozenset(range(8))))
+        elif twist < 0.3 and len(offered) > 1:  # two nodes swap places in the list
+            offered[0], offered[-1] = offered[-1], offered[0]
+        index = indexes[rng.random() < 0.2]
+        size, count = rng.choice([1, 2, 4, 8]), rng.randint(1, 8)
+        levels = tuple(rng.sample(levels_all, rng.randint(1, len(levels_all))))
+        want = gangwait._fits_now_equal(size, count, offered, index, levels)
+        assert kept.fits(size, count, offered, index, levels) == want
+
+
+def test_spec_check_gives_the_reason_of_the_member_by_member_check() -> None:
+    """`gang._spec_problem`'s one-pass check of the common case answers as its definition,
+    member by member in spec order (the first bad size or repeated pod names the reason)."""
+
+    def definition(spec: GangSpec) -> str:
+        if not spec.members:
+            return f"gang {spec.key} has no pending members to place"
+        seen: set[str] = set()
+        for m in spec.members:
+            if not isinstance(m.gpus, int) or isinstance(m.gpus, bool) or m.gpus < 1:
+                return f"pod {m.pod} asks for {m.gpus!r} GPUs; gang members must ask for at least 1"
+            if m.pod in seen:
+                return f"pod {m.pod} is listed twice in gang {spec.key}"
+            seen.add(m.pod)
+        return ""
+
+    class Sized(int):
+        pass
+
+    rng = random.Random(7)
+    odd: list[object] = [1, 2, 8, 0, -1, True, False, 1.0, "2", None, Sized(2)]
+    for _ in range(500):
+        members = tuple(
+            Member(f"p{rng.randrange(4)}", rng.choice(odd))  # type: ignore[arg-type]
+            for _ in range(rng.randint(0, 4))
+        )
+        spec = GangSpec("ns/g", members)
+        assert gang._spec_problem(spec) == definition(spec)
+
+
+def test_problem_free_array_is_made_from_the_counts_when_first_read() -> None:
+    """`plan_gang` hands `Problem` no free GPU array (the single-offer path reads lists): the
+    general path reads the same array as it was given before."""
+    from gputopo import gangdomain
+
+    index = NetworkIndex.build([("a", {}), ("b", {})], ("kubernetes.io/hostname",))
+    pb = gangdomain.Problem(index, [None, None], None, [3, 5], [1], ChoiceMemo())
+    assert pb.free.tolist() == [3, 5] and pb.free.dtype == np.int64
+    assert pb.free is pb.free  # made once
 
 
 def _gang_run(seed: int, every_quorum_filter: bool) -> tuple[list[object], Counter[str]]:
