@@ -36,7 +36,7 @@ import numpy as np
 from gputopo import spread
 from gputopo.allocator import Choice
 from gputopo.gangcost import DIGITS
-from gputopo.gangdomain import Candidate, Problem, _member_lists, _own_memo
+from gputopo.gangdomain import Candidate, Problem, _member_lists, _own_memo, cost_key
 from gputopo.network import LevelIndex
 from gputopo.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Quality
 from gputopo.policy import GpuPolicy
@@ -154,14 +154,9 @@ def candidates(pb: Problem, lx: LevelIndex, lower: Sequence[LevelIndex]) -> list
             tops.append((d, r))
     if best is None:
         return []
-    obj = pb.objective
     # what `_pick` depends on besides the domain's views (its room's key) and the level's
-    # `lower`: the shape, the threshold, and the objective's take costs (`take_cost`'s memo key)
-    asked = (
-        (n, best, None)
-        if obj is None
-        else (n, best, obj, obj.mix, obj.mix.version, obj.frag_weight, obj.learned)
-    )
+    # `lower`: the shape, the threshold, and the objective's take costs
+    asked = (n, best, *cost_key(pb.objective))
     lead: tuple[tuple[int, ...], float, int, int, list[int], float | None] | None = None
     for d, (room, _, dfree, picks) in tops:
         got = picks.get(asked)
