@@ -250,6 +250,11 @@ class ClusterObjective:
         second = self._cost(policy.exact, free, choice) if ok else round(eff, 6)
         return (ok, second, single_key(free, choice, gpus))
 
+    def cost(self, policy: GpuPolicy, free: frozenset[int], choice: Choice) -> float:
+        """The second part of a good-enough candidate's key (`key(..., ok=True)[1]`), for a
+        caller that keeps the rest of the key (it depends on no mix version)."""
+        return self._cost(policy.exact, free, choice)
+
     def take_cost(self, policy: GpuPolicy, free: frozenset[int], taken: Iterable[int]) -> float:
         """What taking `taken` out of a node's `free` GPUs costs future demand: `keys`' least
         cost (value lost + frag_weight x fragmentation growth), for the gang planner's tie order."""

@@ -210,6 +210,8 @@ def _decisions(cluster: SimCluster, seed: int, cold: bool) -> list[object]:
             self._tops,
             self._by_room,
             self._static,
+            self._fixed,
+            self._frames,
             self._parts,
             self._good,
             self._views,

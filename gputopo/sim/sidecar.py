@@ -53,6 +53,8 @@ _ALONE_AT_TOP = next(
 )
 #: A class's parts of its single-pod score (`SidecarPolicy._part`).
 _Part = tuple[float, Choice, tuple[object, ...], tuple[int, ...], tuple[int, ...], Allocator, frozenset[int]]
+#: What `_best_classes` reads of a set of classes with room that no mix changes (`SidecarPolicy._frame`).
+_Frame = tuple[tuple[tuple[int, int], ...], list[_Part], list[int]]
 
 
 @dataclass(frozen=True)
@@ -121,8 +123,13 @@ class SidecarPolicy:
         self._rings: dict[tuple[int, frozenset[tuple[int, int]]], tuple[list[tuple[int, int]], bool]] = {}
         self._good: dict[tuple[tuple[int, int], int], tuple[object, ...]] = {}  # see `_good_key`
         self._ring_ok: dict[tuple[tuple[int, int], int], bool] = {}  # see `_ring_good`
-        #: `_by_room`'s answers that hold for every mix version (`_best_classes`)
+        #: `_by_room`'s answers that hold for every mix version (`_best_classes`), and `_tops`'
+        #: (`place_pod` copies them back after a new version)
         self._static: dict[tuple[int, frozenset[tuple[int, int]]], tuple[tuple[int, int], ...]] = {}
+        self._fixed: dict[tuple[int, frozenset[tuple[int, int]]], tuple[tuple[int, int], ...]] = {}
+        #: (pod size, the classes with room) -> what `_best_classes` reads of them that does not
+        #: depend on the mix (`_frame`)
+        self._frames: dict[tuple[int, frozenset[tuple[int, int]]], _Frame] = {}
         self._index = {node.name: i for i, node in enumerate(cluster.nodes)}
         self._names = [node.name for node in cluster.nodes]
         self._offer = frozenset(self._names)  # every node, as kube-scheduler offers them
@@ -209,7 +216,16 @@ class SidecarPolicy:
             if len(self._tops) > 50_000:
                 self._tops.clear()
                 self._by_room.clear()
-            top = self._tops[key] = self._top_of_room([c for c in classes if c[1].bit_count() >= size], size)
+            top = self._fixed.get(key)  # an answer no mix version changes, found before
+            if top is None:
+                room = [c for c in classes if c[1].bit_count() >= size]
+                by_room = (size, frozenset(room))
+                top = self._top_of_room(room, size)
+                if by_room in self._static:
+                    if len(self._fixed) > 50_000:
+                        self._fixed.clear()
+                    self._fixed[key] = top
+            self._tops[key] = top
         if not top:
             return Failure(f"no node has {size} free GPUs")
         if len(top) == 1:
@@ -274,6 +290,8 @@ class SidecarPolicy:
         if self.objective.learned != self._parts_learned:
             self._parts.clear()
             self._static.clear()
+            self._fixed.clear()
+            self._frames.clear()
             self._parts_learned = self.objective.learned
 
     def _best_classes(
@@ -289,20 +307,35 @@ class SidecarPolicy:
             # keys lead with True): the best total is among the classes with that key unless a
             # class below could reach it with a lower score (totals grow with the score). The
             # same keys are asked in the same order as `_class_totals`, which decides otherwise.
-            parts, good = self._parts, self._good
-            got = [parts.get((c, size)) or self._part(c, size) for c in room]
-            floor = self.objective.floor(p[0] for p in got)
-            ok = [i for i, p in enumerate(got) if p[0] >= floor]
-            keys = [good.get((room[i], size)) or self._good_key(room[i], size, got[i]) for i in ok]
+            order, got, ok = self._frames.get((size, frozenset(room))) or self._frame(room, size)
+            good = self._good
+            keys = [good.get((order[i], size)) or self._good_key(order[i], size, got[i]) for i in ok]
             best_key = max(keys)
             tied = [i for i, k in zip(ok, keys, strict=True) if k == best_key]
             top = max(got[i][4][MAX_SCORE] for i in tied)
             below = max((p[4][MAX_SCORE - 1] for i, p in enumerate(got) if i not in tied), default=-1)
             if top > below:
-                return tuple(room[i] for i in tied if got[i][4][MAX_SCORE] == top), len(ok) <= 1
+                best = [order[i] for i in tied if got[i][4][MAX_SCORE] == top]  # in `room`'s order:
+                return (best[0],) if len(best) == 1 else tuple(c for c in room if c in best), len(ok) <= 1
         totals, good_enough = self._class_totals(room, size)
         best = max(totals)
         return tuple(c for c, t in zip(room, totals, strict=True) if t == best), good_enough <= 1
+
+    def _frame(self, room: list[tuple[int, int]], size: int) -> _Frame:
+        """What `_best_classes` reads of `room` that depends on no mix version: the classes (in
+        the order first asked: the answer is read as a set), their parts and which of them are
+        good enough (`ClusterObjective.floor`); kept per (size, room set) for rooms where the
+        costs decide (two or more good enough) while the objective learns no new server."""
+        parts = self._parts
+        got = [parts.get((c, size)) or self._part(c, size) for c in room]
+        floor = self.objective.floor(p[0] for p in got)
+        ok = [i for i, p in enumerate(got) if p[0] >= floor]
+        frame = (tuple(room), got, ok)
+        if len(ok) > 1:
+            if len(self._frames) > 50_000:
+                self._frames.clear()
+            self._frames[(size, frozenset(room))] = frame
+        return frame
 
     def _class_totals(self, room: list[tuple[int, int]], size: int) -> tuple[list[int], int]:
         """kube-scheduler's total per class of `room` (non-empty classes with room for `size`):
@@ -349,10 +382,11 @@ class SidecarPolicy:
 
     def _good_key(self, c: tuple[int, int], size: int, part: _Part) -> tuple[object, ...]:
         """The objective's key of class `c` when good enough, for the mix version `_tops_version`
-        (`_renew` empties them when it changes)."""
+        (`_renew` empties them when it changes): `ClusterObjective.key`'s, with the first cut's
+        part of it taken from the key when not good enough (`_part`: it depends on no mix)."""
         if len(self._good) > 100_000:
             self._good.clear()
-        hit = self._good[(c, size)] = self.objective.key(size, part[5], part[6], part[1], part[0], True)
+        hit = self._good[(c, size)] = (True, self.objective.cost(part[5], part[6], part[1]), part[2][2])
         return hit
 
     # ------------------------------------------------------------------ jobs
