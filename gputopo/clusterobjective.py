@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gputopo.allocator import Allocator, Choice
+from gputopo.allocator import DISRUPTION_SIZES, Allocator, Choice
 from gputopo.placement import single_key
 from gputopo.policy import GpuPolicy
 
@@ -174,6 +174,7 @@ class ClusterObjective:
         self._values: dict[tuple[int, int, int], float] = {}  # (allocator id, mask, mix version)
         self._costs: dict[tuple[object, ...], float] = {}  # see `_cost`
         self._recipes: dict[tuple[object, ...], _Recipe] = {}  # see `_cost`
+        self._weighed: tuple[DemandMix, int, dict[int, float], dict[int, float]] | None = None
         self._terms: dict[tuple[int, int], list[tuple[int, float, int]]] = {}  # see `_value`
         self._effs: dict[tuple[int, int], float] = {}  # (gpus, ring MB/s) -> efficiency
         self._worths: dict[int, list[tuple[int, float]]] = {}  # allocator id -> see `_frag_growth`
@@ -296,16 +297,31 @@ class ClusterObjective:
                     self._terms_of(alloc, r_mask),
                     [(m, worth, (after % m) - (before % m)) for m, worth in self._worths_of(alloc)],
                 )
-            single, whole = self.mix.single, self.mix.whole
-            cost = sum(single(m) * m * eff * count for m, eff, count in recipe[0]) - sum(
-                single(m) * m * eff * count for m, eff, count in recipe[1]
+            single, whole = self._weights()
+            cost = sum([single[m] * eff * count for m, eff, count in recipe[0]]) - sum(
+                [single[m] * eff * count for m, eff, count in recipe[1]]
             )
             growth = 0.0
             for m, worth, delta in recipe[2]:
-                growth += whole(m) * worth * delta
+                growth += whole[m] * worth * delta
             cost += self.frag_weight * growth
             hit = self._costs[key] = -round(cost, 6)
         return hit
+
+    def _weights(self) -> tuple[dict[int, float], dict[int, float]]:
+        """The mix's factors of this version as `_cost` multiplies them: `single(m) * m` (the
+        first product of `_value`'s terms, so the same float) and `whole(m)`, per size a group
+        or a leftover can have; kept for one mix object and version."""
+        mix, kept = self.mix, self._weighed
+        if kept is None or kept[0] is not mix or kept[1] != mix.version:
+            sizes = sorted({*SIZE_CLASSES, *DISRUPTION_SIZES})
+            kept = self._weighed = (
+                mix,
+                mix.version,
+                {m: mix.single(m) * m for m in sizes},
+                {m: mix.whole(m) for m in sizes},
+            )
+        return kept[2], kept[3]
 
     def _value(self, alloc: Allocator, mask: int) -> float:
         """Ideal GPU-seconds per second that single pods of 2, 4 and 8 could still get here."""

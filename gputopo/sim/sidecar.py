@@ -118,6 +118,7 @@ class SidecarPolicy:
         self._by_room: dict[tuple[int, frozenset[tuple[int, int]]], tuple[tuple[int, int], ...]] = {}
         self._tops_version = -1
         self._parts: dict[tuple[tuple[int, int], int], _Part] = {}  # (class, size) -> `_part`
+        self._totals: dict[tuple[int, int], tuple[int, ...]] = {}  # (GPUs left, GPUs) -> `_part`'s totals
         self._parts_learned = -1
         #: (pod size, the classes present) -> `_ring_split`'s answer (pure in them: never renewed)
         self._rings: dict[tuple[int, frozenset[tuple[int, int]]], tuple[list[tuple[int, int]], bool]] = {}
@@ -368,7 +369,11 @@ class SidecarPolicy:
         choice = self._memo.choose(allocator, free, size)
         eff = self.objective.efficiency(size, choice.ring_mbps)
         low = self.objective.key(size, allocator, free, choice, eff, False)
-        totals = tuple(kubesched.total_score(s, len(free) - size, n) for s in range(MAX_SCORE + 1))
+        totals = self._totals.get((len(free) - size, n))  # pure in the GPUs left and the node's
+        if totals is None:
+            totals = self._totals[(len(free) - size, n)] = tuple(
+                kubesched.total_score(s, len(free) - size, n) for s in range(MAX_SCORE + 1)
+            )
         hit = self._parts[(c, size)] = (
             eff,
             choice,
