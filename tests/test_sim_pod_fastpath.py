@@ -25,7 +25,7 @@ from gputopo.clusterobjective import ClusterObjective, DemandMix
 from gputopo.gang import ChoiceMemo, NodeView
 from gputopo.placement import MAX_SCORE, node_scores, rank_scores, scores_in_order, single_key
 from gputopo.policy import GpuPolicy
-from gputopo.sim import sidecar
+from gputopo.sim import podclasses
 from gputopo.sim.clusters import default_cluster, preset_cluster
 from gputopo.sim.policies import Failure, Slot
 from gputopo.sim.sidecar import SidecarPolicy
@@ -229,7 +229,7 @@ def test_best_classes_by_the_best_key_equal_the_full_totals(preset: str, seed: i
     """`_best_classes` looks only at the classes with the best key (only it scores MAX_SCORE
     among up to `_ALONE_AT_TOP` classes): the same classes, in the same order, as the best of
     every class's total (`_class_totals`), on random states and mix versions."""
-    assert sorted(scores_in_order([(i,) for i in range(sidecar._ALONE_AT_TOP)]))[-2] < MAX_SCORE
+    assert sorted(scores_in_order([(i,) for i in range(podclasses._ALONE_AT_TOP)]))[-2] < MAX_SCORE
     cluster = preset_cluster(preset)
     pol = _policy(cluster, AllocatorPool(), seed, refresh=3)
     rng = random.Random(seed)
@@ -253,6 +253,6 @@ def test_best_classes_by_the_best_key_equal_the_full_totals(preset: str, seed: i
         totals, good = pol._class_totals(room, size)
         want = tuple(c for c, t in zip(room, totals, strict=True) if t == max(totals))
         assert pol._best_classes(room, size) == (want, good <= 1)
-        shortcut += len(room) <= sidecar._ALONE_AT_TOP
+        shortcut += len(room) <= podclasses._ALONE_AT_TOP
         costs += good >= 2  # the mix's costs decide among the good-enough classes
     assert shortcut > 50 and costs > 10
