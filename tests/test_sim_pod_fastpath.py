@@ -256,3 +256,38 @@ def test_best_classes_by_the_best_key_equal_the_full_totals(preset: str, seed: i
         shortcut += len(room) <= podclasses._ALONE_AT_TOP
         costs += good >= 2  # the mix's costs decide among the good-enough classes
     assert shortcut > 50 and costs > 10
+
+
+@pytest.mark.parametrize(("preset", "seed"), [("default", 7), ("mixed-leaf", 8)])
+def test_a_kept_frame_answers_every_order_of_its_classes(preset: str, seed: int) -> None:
+    """`_best_classes` keeps what no mix changes per set of classes with room (`_frame`, in the
+    order first asked) across mix versions: asked in another order, after new versions, the
+    answer is the full totals' in that order; a server learned empties the frames."""
+    cluster = preset_cluster(preset)
+    pool = AllocatorPool()
+    pol = _policy(cluster, pool, seed, refresh=1)
+    rng = random.Random(seed)
+    reused = 0
+    for step in range(300):
+        if step == 150:
+            assert pol._frames
+            pol.objective.learn([pool.get(t) for t in preset_cluster("gb200-nvl").topologies])
+            pol._renew()
+            assert not pol._frames and not pol._fixed
+        state = ClusterState(cluster)
+        for _ in range(rng.randint(0, 3 * len(cluster.nodes))):
+            node = rng.randrange(len(cluster.nodes))
+            free = state.free(node)
+            if free:
+                state.take(node, rng.sample(free, rng.randint(1, len(free))))
+        size = rng.choice([1, 2, 4])
+        room = [c for c in state.classes if c[1].bit_count() >= size]
+        for _ in range(3):
+            pol.objective.mix.observe(rng.choice([1, 2, 4, 8]), gang=rng.random() < 0.3)
+            pol._renew()
+            rng.shuffle(room)
+            reused += (size, frozenset(room)) in pol._frames
+            totals, good = pol._class_totals(room, size)
+            want = tuple(c for c, t in zip(room, totals, strict=True) if t == max(totals, default=0))
+            assert pol._best_classes(room, size) == (want, good <= 1)
+    assert reused > 50
