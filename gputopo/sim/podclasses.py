@@ -155,9 +155,13 @@ class PodClasses:
         present (a class is a topology and a free mask; the ring wait's answer is pure in them),
         so kept per key (`_rings`); the state's order of the classes present is read fresh only
         where it decides (`place_pod`'s ties), never here."""
-        size = key[0]
+        size, known = key[0], self._ring_ok
         room = [c for c in classes if c[1].bit_count() >= size]
-        good = [c for c in room if self._ring_good(classes, c, size)]
+        good = []
+        for c in room:  # `_ring_good`, its memo read here
+            fine = known.get((c, size))
+            if fine or (fine is None and self._ring_good(classes, c, size)):
+                good.append(c)
         if len(self._rings) > 50_000:
             self._rings.clear()
         hit = self._rings[key] = (good, len(good) < len(room))
@@ -171,7 +175,7 @@ class PodClasses:
             if len(self._ring_ok) > 100_000:
                 self._ring_ok.clear()
             v = self._view(min(classes[c]), c[1])
-            hit = self._ring_ok[(c, size)] = self.ring_wait.good(v.allocator, v.free, size)
+            hit = self._ring_ok[(c, size)] = self.ring_wait.good(v.allocator, v.free, size, self._memo)
         return hit
 
     def _renew(self) -> None:
