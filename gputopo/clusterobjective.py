@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gputopo.allocator import Allocator, Choice
+from gputopo.allocator import DISRUPTION_SIZES, Allocator, Choice
 from gputopo.placement import single_key
 from gputopo.policy import GpuPolicy
 
@@ -95,12 +95,13 @@ class DemandMix:
             raise ValueError("the prior needs a positive share for some size class")
         self._decay = 0.5 ** (1.0 / half_life)
         # the prior weighs as much as 100 GPUs of demand: a few pods already move it
-        self._single = {m: 100.0 * prior.get(m, 0.0) / total for m in SIZE_CLASSES}
+        self._single = [100.0 * prior.get(m, 0.0) / total for m in SIZE_CLASSES]  # SIZE_CLASSES' order
         self._gang = 0.0
         self._version = 0
         self._refresh = max(1, refresh)
         self._pending = 0  # observations since the shares were frozen
         self.observations = 0  # pods observed in all
+        self._steps: dict[int, tuple[float, int]] = {}  # gpus -> (decay**gpus, its class's place)
         self._frozen = self._shares()
 
     @property
@@ -112,14 +113,18 @@ class DemandMix:
         """One pod of `gpus` GPUs (a member of a multi-node gang when `gang`)."""
         if gpus < 1:
             return
-        factor = self._decay**gpus
-        for m in SIZE_CLASSES:
-            self._single[m] *= factor
+        step = self._steps.get(gpus)  # the same float `decay**gpus` gives, found once per size
+        if step is None:
+            if len(self._steps) > 1024:
+                self._steps.clear()
+            step = self._steps[gpus] = (self._decay**gpus, SIZE_CLASSES.index(size_class(gpus)))
+        factor = step[0]
+        single = self._single = [v * factor for v in self._single]
         self._gang *= factor
         if gang:
             self._gang += gpus
         else:
-            self._single[size_class(gpus)] += gpus
+            single[step[1]] += gpus
         self._pending += 1
         self.observations += 1
         if self._pending >= self._refresh or self._version == 0:
@@ -136,8 +141,8 @@ class DemandMix:
         return self._frozen[1].get(m, 0.0)
 
     def _shares(self) -> tuple[dict[int, float], dict[int, float]]:
-        total = sum(self._single.values()) + self._gang
-        single = {m: v / total for m, v in self._single.items()}
+        total = sum(self._single) + self._gang
+        single = {m: v / total for m, v in zip(SIZE_CLASSES, self._single, strict=True)}
         whole = dict(single)
         whole[SIZE_CLASSES[-1]] = single.get(SIZE_CLASSES[-1], 0.0) + self._gang / total
         return single, whole
@@ -168,6 +173,8 @@ class ClusterObjective:
         self._keep: list[Allocator] = []  # ...kept alive so their ids stay theirs
         self._values: dict[tuple[int, int, int], float] = {}  # (allocator id, mask, mix version)
         self._costs: dict[tuple[object, ...], float] = {}  # see `_cost`
+        self._recipes: dict[tuple[object, ...], _Recipe] = {}  # see `_cost`
+        self._weighed: tuple[DemandMix, int, dict[int, float], dict[int, float]] | None = None
         self._terms: dict[tuple[int, int], list[tuple[int, float, int]]] = {}  # see `_value`
         self._effs: dict[tuple[int, int], float] = {}  # (gpus, ring MB/s) -> efficiency
         self._worths: dict[int, list[tuple[int, float]]] = {}  # allocator id -> see `_frag_growth`
@@ -184,6 +191,7 @@ class ClusterObjective:
                 self._best[m] = max(self._best.get(m, 0), a.best_ring_mbps(m))
             self._values.clear()
             self._costs.clear()
+            self._recipes.clear()
             self._terms.clear()
             self._effs.clear()
             self._worths.clear()
@@ -229,6 +237,8 @@ class ClusterObjective:
             self._costs.clear()
         if len(self._terms) > 200_000:
             self._terms.clear()
+        if len(self._recipes) > 200_000:
+            self._recipes.clear()
         return (1 - self.band) * max(effs, default=1.0)
 
     def key(
@@ -240,6 +250,11 @@ class ClusterObjective:
         the allocator, the sets and the mix version)."""
         second = self._cost(policy.exact, free, choice) if ok else round(eff, 6)
         return (ok, second, single_key(free, choice, gpus))
+
+    def cost(self, policy: GpuPolicy, free: frozenset[int], choice: Choice) -> float:
+        """The second part of a good-enough candidate's key (`key(..., ok=True)[1]`), for a
+        caller that keeps the rest of the key (it depends on no mix version)."""
+        return self._cost(policy.exact, free, choice)
 
     def take_cost(self, policy: GpuPolicy, free: frozenset[int], taken: Iterable[int]) -> float:
         """What taking `taken` out of a node's `free` GPUs costs future demand: `keys`' least
@@ -265,45 +280,92 @@ class ClusterObjective:
     def _cost(self, alloc: Allocator, free: frozenset[int], choice: Choice) -> float:
         """The second key of a good-enough candidate: minus what taking `choice` out of `free`
         costs the future (value lost plus weighted fragmentation growth), rounded. A function of
-        the allocator, the sets, the mix version and the weight: memoised on them."""
+        the allocator, the sets, the mix version and the weight: memoised on them. What does not
+        depend on the mix (the groups of both sets and their efficiencies, the change of each
+        size's leftover) is kept across versions (`_recipes`): a new version only weighs it, with
+        `_value`'s and `_frag_growth`'s arithmetic in their order, so the floats are theirs."""
         key = (alloc, free, choice.indices, self.mix.version, self.frag_weight)
         hit = self._costs.get(key)
         if hit is None:
-            f_mask = _mask(free)
-            r_mask = f_mask & ~_mask(choice.indices)
-            cost = self._value(alloc, f_mask) - self._value(alloc, r_mask)
-            cost += self.frag_weight * self._frag_growth(alloc, f_mask.bit_count(), r_mask.bit_count())
+            recipe = self._recipes.get(key[:3])
+            if recipe is None:
+                f_mask = _mask(free)
+                r_mask = f_mask & ~_mask(choice.indices)
+                before, after = f_mask.bit_count(), r_mask.bit_count()
+                recipe = self._recipes[key[:3]] = (
+                    self._terms_of(alloc, f_mask),
+                    self._terms_of(alloc, r_mask),
+                    [(m, worth, (after % m) - (before % m)) for m, worth in self._worths_of(alloc)],
+                )
+            single, whole = self._weights()
+            cost = sum([single[m] * eff * count for m, eff, count in recipe[0]]) - sum(
+                [single[m] * eff * count for m, eff, count in recipe[1]]
+            )
+            growth = 0.0
+            for m, worth, delta in recipe[2]:
+                growth += whole[m] * worth * delta
+            cost += self.frag_weight * growth
             hit = self._costs[key] = -round(cost, 6)
         return hit
+
+    def _weights(self) -> tuple[dict[int, float], dict[int, float]]:
+        """The mix's factors of this version as `_cost` multiplies them: `single(m) * m` (the
+        first product of `_value`'s terms, so the same float) and `whole(m)`, per size a group
+        or a leftover can have; kept for one mix object and version."""
+        mix, kept = self.mix, self._weighed
+        if kept is None or kept[0] is not mix or kept[1] != mix.version:
+            sizes = sorted({*SIZE_CLASSES, *DISRUPTION_SIZES})
+            kept = self._weighed = (
+                mix,
+                mix.version,
+                {m: mix.single(m) * m for m in sizes},
+                {m: mix.whole(m) for m in sizes},
+            )
+        return kept[2], kept[3]
 
     def _value(self, alloc: Allocator, mask: int) -> float:
         """Ideal GPU-seconds per second that single pods of 2, 4 and 8 could still get here."""
         key = (id(alloc), mask, self.mix.version)
         hit = self._values.get(key)
         if hit is None:
-            # the groups and their efficiencies do not depend on the mix: kept across versions
-            terms = self._terms.get((id(alloc), mask))
-            if terms is None:
-                free = [i for i in range(alloc.n) if mask >> i & 1]
-                terms = self._terms[(id(alloc), mask)] = [
-                    (m, self.efficiency(m, best), count) for m, best, count in alloc.groups(free)
-                ]
+            terms = self._terms_of(alloc, mask)
             hit = sum(self.mix.single(m) * m * eff * count for m, eff, count in terms)
             self._values[key] = hit
         return hit
 
-    def _frag_growth(self, alloc: Allocator, before: int, after: int) -> float:
-        """FGD's growth of expected fragmentation, each size weighted by this server's worth to it."""
-        worths = self._worths.get(id(alloc))  # the server's worth per size: not the mix's
+    def _terms_of(self, alloc: Allocator, mask: int) -> list[tuple[int, float, int]]:
+        """(size, efficiency of its best group, how many) of the groups a free mask offers: they
+        do not depend on the mix, so they are kept across versions."""
+        terms = self._terms.get((id(alloc), mask))
+        if terms is None:
+            free = [i for i in range(alloc.n) if mask >> i & 1]
+            terms = self._terms[(id(alloc), mask)] = [
+                (m, self.efficiency(m, best), count) for m, best, count in alloc.groups(free)
+            ]
+        return terms
+
+    def _worths_of(self, alloc: Allocator) -> list[tuple[int, float]]:
+        """The server's worth per size class above 1 (`_frag_growth`): not the mix's."""
+        worths = self._worths.get(id(alloc))
         if worths is None:
             worths = self._worths[id(alloc)] = [
                 (m, self.efficiency(m, alloc.best_ring_mbps(m)) if alloc.n >= m else 0.0)
                 for m in SIZE_CLASSES[1:]
             ]
+        return worths
+
+    def _frag_growth(self, alloc: Allocator, before: int, after: int) -> float:
+        """FGD's growth of expected fragmentation, each size weighted by this server's worth to it."""
         growth = 0.0
-        for m, worth in worths:
+        for m, worth in self._worths_of(alloc):
             growth += self.mix.whole(m) * worth * ((after % m) - (before % m))
         return growth
+
+
+#: What `ClusterObjective._cost` keeps of one (allocator, free set, choice) across mix versions:
+#: the groups of the free set and of what stays (`_terms_of`), and per size class above 1 the
+#: server's worth and the change of the leftover `|free| mod m`.
+_Recipe = tuple[list[tuple[int, float, int]], list[tuple[int, float, int]], list[tuple[int, float, int]]]
 
 
 def _mask(indices: Iterable[int]) -> int:

@@ -29,6 +29,7 @@ from typing import Protocol
 
 from gputopo.allocator import AllocationError
 from gputopo.clusterobjective import CommProfile
+from gputopo.nodeview import ChoiceMemo
 from gputopo.policy import GpuPolicy
 
 
@@ -63,10 +64,13 @@ class RingWait:
         self._first: dict[Hashable, float] = {}  # pod -> when a node with room was first declined
         self._good: dict[tuple[GpuPolicy, frozenset[int], int], bool] = {}
 
-    def good(self, policy: GpuPolicy | None, free: frozenset[int], gpus: int) -> bool:
+    def good(
+        self, policy: GpuPolicy | None, free: frozenset[int], gpus: int, memo: ChoiceMemo | None = None
+    ) -> bool:
         """Whether the set the node's policy gives `gpus` GPUs out of `free` is good enough on
         this node: its step time within `band` of the node's best ring's (a function of the
-        policy, the free set and the size: memoised on them)."""
+        policy, the free set and the size: memoised on them). A caller that keeps the policy's
+        answers in a `memo` (the simulator) has the set asked of it: the same call, made once."""
         if policy is None or gpus < 2:
             return True
         key = (policy, free, gpus)
@@ -75,7 +79,9 @@ class RingWait:
             if len(self._good) > 200_000:
                 self._good.clear()
             try:
-                ring = policy.choose(sorted(free), gpus).ring_mbps
+                ring = (
+                    policy.choose(sorted(free), gpus) if memo is None else memo.choose(policy, free, gpus)
+                ).ring_mbps
                 best = policy.exact.best_ring_mbps(gpus)
             except AllocationError:  # the node's own policy refuses: nothing to judge it by
                 hit = self._good[key] = True

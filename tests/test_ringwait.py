@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from gputopo.allocator import AllocatorPool
 from gputopo.cluster import parse_cluster
 from gputopo.clusterobjective import CommProfile
+from gputopo.gang import ChoiceMemo
 from gputopo.network import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
 from gputopo.ringwait import RingWait
 from gputopo.sim.policies import Failure
@@ -57,6 +58,10 @@ def test_a_node_is_good_when_its_best_set_is_within_the_band_of_the_empty_nodes(
     wait = RingWait(CommProfile(), BAND, WEEK)
     alloc = POOL.get(load_preset(name))
     assert wait.good(alloc, frozenset(free), gpus) == oracle_good(name, frozenset(free), gpus)
+    # asked through a caller's memo (the simulator's): the same verdict, the memo holds the set
+    memo, fresh = ChoiceMemo(), RingWait(CommProfile(), BAND, WEEK)
+    assert fresh.good(alloc, frozenset(free), gpus, memo) == oracle_good(name, frozenset(free), gpus)
+    assert memo.choose(alloc, frozenset(free), gpus) == alloc.choose(sorted(free), gpus) and len(memo) == 1
 
 
 def test_the_pcie_box_straddling_its_sockets_is_not_good_for_four_but_is_for_two() -> None:

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gputopo import gang, gangs, packing, spread
+from gputopo import clusterobjective, gang, gangs, packing, spread
 from gputopo.allocator import AllocatorPool, Choice
 from gputopo.clusterobjective import ClusterObjective, DemandMix
 from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, plan_gang
@@ -215,6 +215,8 @@ def _decisions(cluster: SimCluster, seed: int, cold: bool) -> list[object]:
             self._tops,
             self._by_room,
             self._static,
+            self._fixed,
+            self._frames,
             self._parts,
             self._good,
             self._views,
@@ -430,3 +432,138 @@ def test_the_tracker_learns_every_new_server_once() -> None:
         assert objective.learned == want.learned
         assert all(objective.efficiency(g, 1000) == want.efficiency(g, 1000) for g in (2, 4, 8))
     assert objective.learned == 2
+
+
+# --------------------------------------------------------------------------- the objective's costs
+
+
+class _PlainMix:
+    """`DemandMix` as written before its singles became a list and its decay steps were kept:
+    the oracle of `test_demand_mix_observes_as_the_plain_mix`."""
+
+    def __init__(self, prior: dict[int, float], half_life: float, refresh: int) -> None:
+        total = sum(prior.get(m, 0.0) for m in (1, 2, 4, 8))
+        self.decay = 0.5 ** (1.0 / half_life)
+        self.single = {m: 100.0 * prior.get(m, 0.0) / total for m in (1, 2, 4, 8)}
+        self.gang, self.version, self.refresh, self.pending = 0.0, 0, max(1, refresh), 0
+        self.frozen = self.shares()
+
+    def observe(self, gpus: int, gang: bool) -> None:
+        if gpus < 1:
+            return
+        factor = self.decay**gpus
+        for m in (1, 2, 4, 8):
+            self.single[m] *= factor
+        self.gang *= factor
+        if gang:
+            self.gang += gpus
+        else:
+            self.single[next((m for m in (1, 2, 4) if gpus <= m), 8)] += gpus
+        self.pending += 1
+        if self.pending >= self.refresh or self.version == 0:
+            self.pending = 0
+            self.frozen = self.shares()
+            self.version += 1
+
+    def shares(self) -> tuple[dict[int, float], dict[int, float]]:
+        total = sum(self.single.values()) + self.gang
+        single = {m: v / total for m, v in self.single.items()}
+        whole = dict(single)
+        whole[8] = single.get(8, 0.0) + self.gang / total
+        return single, whole
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from([1, 2, 4, 8]), st.floats(0.01, 5.0), min_size=1),
+    st.floats(1.0, 50_000.0),
+    st.integers(1, 40),
+    st.lists(st.tuples(st.integers(-1, 70), st.booleans()), max_size=300),
+)
+def test_demand_mix_observes_as_the_plain_mix(
+    prior: dict[int, float], half_life: float, refresh: int, pods: list[tuple[int, bool]]
+) -> None:
+    """`DemandMix.observe` keeps its decay per size and its singles in a list: the same shares,
+    bit for bit, and the same version bumps as the plain dict code after every pod."""
+    mix, plain = DemandMix(prior, half_life, refresh), _PlainMix(prior, half_life, refresh)
+    for gpus, gang_member in pods:
+        mix.observe(gpus, gang=gang_member)
+        plain.observe(gpus, gang_member)
+        assert mix.version == plain.version
+        for m in (1, 2, 3, 4, 8, 16):
+            assert mix.single(m) == plain.frozen[0].get(m, 0.0)
+            assert mix.whole(m) == plain.frozen[1].get(m, 0.0)
+
+
+def _plain_cost(
+    obj: ClusterObjective, alloc: GpuPolicy, free: frozenset[int], choice: Choice, exact: bool = False
+) -> float:
+    """`ClusterObjective._cost` as written before the mix-free parts were kept across versions:
+    `_value` of both sets from the groups, `_frag_growth` from the worths, nothing memoised."""
+    a = alloc.exact
+    mix = obj.mix
+
+    def value(mask: int) -> float:
+        groups = a.groups([i for i in range(a.n) if mask >> i & 1])
+        terms = [(m, obj.efficiency(m, best), count) for m, best, count in groups]
+        return sum(mix.single(m) * m * eff * count for m, eff, count in terms)
+
+    f_mask = sum(1 << i for i in free)
+    r_mask = f_mask & ~sum(1 << i for i in choice.indices)
+    before, after = f_mask.bit_count(), r_mask.bit_count()
+    cost = value(f_mask) - value(r_mask)
+    growth = 0.0
+    for m in (2, 4, 8):
+        worth = obj.efficiency(m, a.best_ring_mbps(m)) if a.n >= m else 0.0
+        growth += mix.whole(m) * worth * ((after % m) - (before % m))
+    cost += obj.frag_weight * growth
+    return -cost if exact else -round(cost, 6)
+
+
+@pytest.mark.parametrize(
+    ("preset", "frag_weight", "exact"),
+    [
+        ("default", 1.0, False),
+        ("mixed-leaf", 0.3, False),
+        ("gb200-nvl", 2.5, False),
+        ("mixed-leaf", 1.0, True),
+    ],
+)
+def test_costs_kept_across_mix_versions_equal_the_plain_costs(
+    preset: str, frag_weight: float, exact: bool
+) -> None:
+    """A cost asked again after many mix versions weighs what it kept (`_recipes`, `_weights`):
+    the same float as the plain computation, for good-enough keys (`key`, `cost`) and for the
+    planner's `take_cost`; a new weight is followed too. `exact`: with the rounding taken out
+    of both, so that a difference in the last bit shows."""
+    with mock.patch.object(clusterobjective, "round", (lambda x, n: x) if exact else round, create=True):
+        _costs_across_versions(preset, frag_weight, exact)
+
+
+def _costs_across_versions(preset: str, frag_weight: float, exact: bool) -> None:
+    cluster = preset_cluster(preset)
+    pool = AllocatorPool()
+    allocators = [pool.get(t) for t in cluster.topologies]
+    obj = ClusterObjective(DemandMix(refresh=3), frag_weight=frag_weight)
+    obj.learn(allocators)
+    rng = random.Random(5)
+    memo = ChoiceMemo()
+    asked: list[tuple[GpuPolicy, frozenset[int], Choice, int]] = []
+    for step in range(600):
+        if step == 400:
+            obj.frag_weight = frag_weight / 2
+        obj.mix.observe(rng.choice([1, 1, 2, 4, 8]), gang=rng.random() < 0.3)
+        if len(asked) < 60 or rng.random() < 0.2:
+            a = rng.choice(allocators)
+            free = frozenset(i for i in range(a.n) if rng.random() < 0.7)
+            gpus = rng.choice([g for g in (1, 2, 3, 4, 8) if g <= max(len(free), 1)])
+            if len(free) >= gpus:
+                asked.append((a, free, memo.choose(a, free, gpus), gpus))
+        for a, free, choice, gpus in rng.sample(asked, min(len(asked), 8)):
+            want = _plain_cost(obj, a, free, choice, exact)
+            assert obj.cost(a, free, choice) == want
+            eff = obj.efficiency(gpus, choice.ring_mbps)
+            assert obj.key(gpus, a, free, choice, eff, True)[1] == want
+            taken = obj.take_cost(a, free, choice.indices)  # the same cost, unrounded, the other sign
+            assert (-taken if exact else -round(taken, 6)) == want
+    assert obj.mix.version > 100

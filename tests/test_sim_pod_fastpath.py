@@ -25,7 +25,7 @@ from gputopo.clusterobjective import ClusterObjective, DemandMix
 from gputopo.gang import ChoiceMemo, NodeView
 from gputopo.placement import MAX_SCORE, node_scores, rank_scores, scores_in_order, single_key
 from gputopo.policy import GpuPolicy
-from gputopo.sim import sidecar
+from gputopo.sim import podclasses
 from gputopo.sim.clusters import default_cluster, preset_cluster
 from gputopo.sim.policies import Failure, Slot
 from gputopo.sim.sidecar import SidecarPolicy
@@ -229,7 +229,7 @@ def test_best_classes_by_the_best_key_equal_the_full_totals(preset: str, seed: i
     """`_best_classes` looks only at the classes with the best key (only it scores MAX_SCORE
     among up to `_ALONE_AT_TOP` classes): the same classes, in the same order, as the best of
     every class's total (`_class_totals`), on random states and mix versions."""
-    assert sorted(scores_in_order([(i,) for i in range(sidecar._ALONE_AT_TOP)]))[-2] < MAX_SCORE
+    assert sorted(scores_in_order([(i,) for i in range(podclasses._ALONE_AT_TOP)]))[-2] < MAX_SCORE
     cluster = preset_cluster(preset)
     pol = _policy(cluster, AllocatorPool(), seed, refresh=3)
     rng = random.Random(seed)
@@ -253,6 +253,41 @@ def test_best_classes_by_the_best_key_equal_the_full_totals(preset: str, seed: i
         totals, good = pol._class_totals(room, size)
         want = tuple(c for c, t in zip(room, totals, strict=True) if t == max(totals))
         assert pol._best_classes(room, size) == (want, good <= 1)
-        shortcut += len(room) <= sidecar._ALONE_AT_TOP
+        shortcut += len(room) <= podclasses._ALONE_AT_TOP
         costs += good >= 2  # the mix's costs decide among the good-enough classes
     assert shortcut > 50 and costs > 10
+
+
+@pytest.mark.parametrize(("preset", "seed"), [("default", 7), ("mixed-leaf", 8)])
+def test_a_kept_frame_answers_every_order_of_its_classes(preset: str, seed: int) -> None:
+    """`_best_classes` keeps what no mix changes per set of classes with room (`_frame`, in the
+    order first asked) across mix versions: asked in another order, after new versions, the
+    answer is the full totals' in that order; a server learned empties the frames."""
+    cluster = preset_cluster(preset)
+    pool = AllocatorPool()
+    pol = _policy(cluster, pool, seed, refresh=1)
+    rng = random.Random(seed)
+    reused = 0
+    for step in range(300):
+        if step == 150:
+            assert pol._frames
+            pol.objective.learn([pool.get(t) for t in preset_cluster("gb200-nvl").topologies])
+            pol._renew()
+            assert not pol._frames and not pol._fixed
+        state = ClusterState(cluster)
+        for _ in range(rng.randint(0, 3 * len(cluster.nodes))):
+            node = rng.randrange(len(cluster.nodes))
+            free = state.free(node)
+            if free:
+                state.take(node, rng.sample(free, rng.randint(1, len(free))))
+        size = rng.choice([1, 2, 4])
+        room = [c for c in state.classes if c[1].bit_count() >= size]
+        for _ in range(3):
+            pol.objective.mix.observe(rng.choice([1, 2, 4, 8]), gang=rng.random() < 0.3)
+            pol._renew()
+            rng.shuffle(room)
+            reused += (size, frozenset(room)) in pol._frames
+            totals, good = pol._class_totals(room, size)
+            want = tuple(c for c, t in zip(room, totals, strict=True) if t == max(totals, default=0))
+            assert pol._best_classes(room, size) == (want, good <= 1)
+    assert reused > 50

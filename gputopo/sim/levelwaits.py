@@ -29,6 +29,7 @@ MAX_PARKED = 100_000
 @dataclass
 class _Parked:
     wait: LevelWait
+    size: int  # the wait's member size (`LevelWait.size`, read on every ask)
     domain: list[int]  # per node (the state's order): its domain of the wait's level
     short: dict[int, int]  # domain -> slots it lacks to hold the gang (every one > 0)
     spare: int  # slots of the whole cluster beyond the gang's count (>= 0)
@@ -63,7 +64,7 @@ class LevelWaits:
             return
         if len(self._parked) >= MAX_PARKED:
             del self._parked[next(iter(self._parked))]
-        self._parked[job] = _Parked(wait, domain, short, spare, list(state.mask))
+        self._parked[job] = _Parked(wait, size, domain, short, spare, list(state.mask))
 
     def unchanged(self, job: int, state: ClusterState) -> LevelWait | None:
         """The parked answer while it still holds on the state's capacity: no domain of its
@@ -73,21 +74,22 @@ class LevelWaits:
         p = self._parked.get(job)
         if p is None:
             return None
-        size, old, now, domain = p.wait.size, p.masks, state.mask, p.domain
+        old, now = p.masks, state.mask
         if now == old:  # nothing changed since it was last asked (a third of the asks): it holds
             return p.wait
-        gain: dict[int, int] = {}
+        size, domain, short, spare = p.size, p.domain, p.short, p.spare
+        gained: list[int] = []  # the domains whose slots changed, each as often as its nodes
         for i in compress(range(len(now)), map(ne, now, old)):  # the nodes whose mask changed
             delta = now[i].bit_count() // size - old[i].bit_count() // size
             if delta:
-                gain[domain[i]] = gain.get(domain[i], 0) + delta
-        p.masks = list(now)
-        short = p.short
-        for d, k in gain.items():
-            short[d] -= k
-            p.spare += k
-        # a domain may hold the gang now, or the cluster cannot (the planner says why)
-        if p.spare < 0 or any(short[d] <= 0 for d in gain):
+                d = domain[i]
+                short[d] -= delta
+                spare += delta
+                gained.append(d)
+        p.masks, p.spare = now[:], spare
+        # a domain may hold the gang now, or the cluster cannot (the planner says why): on the
+        # counts after every change, as a count from scratch would find them
+        if spare < 0 or any(short[d] <= 0 for d in gained):
             del self._parked[job]
             return None
         return p.wait
