@@ -164,7 +164,7 @@ class ClusterObjective:
             raise ValueError(f"band must be within 0..1, got {band!r}")
         if frag_weight < 0:
             raise ValueError(f"frag_weight must be >= 0, got {frag_weight!r}")
-        self.mix = mix if mix is not None else DemandMix()
+        self._mix = mix if mix is not None else DemandMix()
         self.comm = comm or CommProfile()
         self.band = band
         self.frag_weight = frag_weight
@@ -179,6 +179,22 @@ class ClusterObjective:
         self._effs: dict[tuple[int, int], float] = {}  # (gpus, ring MB/s) -> efficiency
         self._worths: dict[int, list[tuple[int, float]]] = {}  # allocator id -> see `_frag_growth`
         self._takes: dict[tuple[object, ...], float] = {}  # see `take_cost`
+
+    @property
+    def mix(self) -> DemandMix:
+        """The demand mix the costs weigh by. The memos of costs are keyed on its version, and
+        two mixes count versions alike: setting another mix (a warm copy handed to a fresh
+        sidecar) empties them."""
+        return self._mix
+
+    @mix.setter
+    def mix(self, mix: DemandMix) -> None:
+        if mix is not self._mix:
+            self._mix = mix
+            self._values.clear()
+            self._costs.clear()
+            self._takes.clear()
+            self._weighed = None
 
     def learn(self, allocators: Iterable[Allocator]) -> None:
         """Fold servers into "the best ring this size can get anywhere" (idempotent)."""
@@ -265,7 +281,7 @@ class ClusterObjective:
         # A function of the allocator, the two sets, the mix version and the weight (what the
         # objective learned clears this memo): the planner asks the same few again and again.
         gpus = tuple(taken)
-        key = (alloc, free, gpus, self.mix.version, self.frag_weight)
+        key = (alloc, free, gpus, self._mix.version, self.frag_weight)
         hit = self._takes.get(key)
         if hit is None:
             if len(self._takes) > 200_000:
@@ -284,7 +300,7 @@ class ClusterObjective:
         depend on the mix (the groups of both sets and their efficiencies, the change of each
         size's leftover) is kept across versions (`_recipes`): a new version only weighs it, with
         `_value`'s and `_frag_growth`'s arithmetic in their order, so the floats are theirs."""
-        key = (alloc, free, choice.indices, self.mix.version, self.frag_weight)
+        key = (alloc, free, choice.indices, self._mix.version, self.frag_weight)
         hit = self._costs.get(key)
         if hit is None:
             recipe = self._recipes.get(key[:3])
@@ -312,7 +328,7 @@ class ClusterObjective:
         """The mix's factors of this version as `_cost` multiplies them: `single(m) * m` (the
         first product of `_value`'s terms, so the same float) and `whole(m)`, per size a group
         or a leftover can have; kept for one mix object and version."""
-        mix, kept = self.mix, self._weighed
+        mix, kept = self._mix, self._weighed
         if kept is None or kept[0] is not mix or kept[1] != mix.version:
             sizes = sorted({*SIZE_CLASSES, *DISRUPTION_SIZES})
             kept = self._weighed = (
@@ -325,11 +341,11 @@ class ClusterObjective:
 
     def _value(self, alloc: Allocator, mask: int) -> float:
         """Ideal GPU-seconds per second that single pods of 2, 4 and 8 could still get here."""
-        key = (id(alloc), mask, self.mix.version)
+        key = (id(alloc), mask, self._mix.version)
         hit = self._values.get(key)
         if hit is None:
             terms = self._terms_of(alloc, mask)
-            hit = sum(self.mix.single(m) * m * eff * count for m, eff, count in terms)
+            hit = sum(self._mix.single(m) * m * eff * count for m, eff, count in terms)
             self._values[key] = hit
         return hit
 
@@ -358,7 +374,7 @@ class ClusterObjective:
         """FGD's growth of expected fragmentation, each size weighted by this server's worth to it."""
         growth = 0.0
         for m, worth in self._worths_of(alloc):
-            growth += self.mix.whole(m) * worth * ((after % m) - (before % m))
+            growth += self._mix.whole(m) * worth * ((after % m) - (before % m))
         return growth
 
 

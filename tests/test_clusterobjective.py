@@ -157,3 +157,21 @@ def test_the_sidecar_prioritizes_by_the_cluster_objective_over_http() -> None:
         assert ext.objective.mix.observations == before + 1
     finally:
         server.stop()
+
+
+def test_another_mix_at_the_same_version_is_weighed_afresh() -> None:
+    """The cost memos are keyed on the mix version, and two mixes count versions alike: an
+    objective handed another mix (as a warm copy is handed to a fresh sidecar) answers as a
+    fresh objective over that mix, not from what it kept for the old one."""
+    alloc = AllocatorPool().get(load_preset("hgx-h100"))
+    small, large = DemandMix({1: 1.0}), DemandMix({8: 1.0})
+    assert small.version == large.version
+    free = frozenset(range(8)) - {3}
+    obj = ClusterObjective(small)
+    choice = alloc.choose(free, 2)
+    before = (obj.cost(alloc, free, choice), obj.take_cost(alloc, free, choice.indices))
+    obj.mix = large
+    fresh = ClusterObjective(large)
+    after = (obj.cost(alloc, free, choice), obj.take_cost(alloc, free, choice.indices))
+    assert after == (fresh.cost(alloc, free, choice), fresh.take_cost(alloc, free, choice.indices))
+    assert after != before  # the two mixes do weigh this set differently
