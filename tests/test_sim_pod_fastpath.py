@@ -224,6 +224,17 @@ def test_the_same_classes_follow_the_demand_mix(seed: int) -> None:
     assert any(len(seen) > 1 for seen in tops.values())
 
 
+def _random_state(cluster: SimCluster, rng: random.Random) -> ClusterState:
+    """The cluster with a random share of its GPUs taken, node by node."""
+    state = ClusterState(cluster)
+    for _ in range(rng.randint(0, 3 * len(cluster.nodes))):
+        node = rng.randrange(len(cluster.nodes))
+        free = state.free(node)
+        if free:
+            state.take(node, rng.sample(free, rng.randint(1, len(free))))
+    return state
+
+
 @pytest.mark.parametrize(("preset", "seed"), [("default", 4), ("mixed-leaf", 5), ("gb200-nvl", 6)])
 def test_best_classes_by_the_best_key_equal_the_full_totals(preset: str, seed: int) -> None:
     """`_best_classes` looks only at the classes with the best key (only it scores MAX_SCORE
@@ -235,12 +246,7 @@ def test_best_classes_by_the_best_key_equal_the_full_totals(preset: str, seed: i
     rng = random.Random(seed)
     shortcut = costs = 0
     for _ in range(300):
-        state = ClusterState(cluster)
-        for _ in range(rng.randint(0, 3 * len(cluster.nodes))):
-            node = rng.randrange(len(cluster.nodes))
-            free = state.free(node)
-            if free:
-                state.take(node, rng.sample(free, rng.randint(1, len(free))))
+        state = _random_state(cluster, rng)
         size = rng.choice([1, 2, 3, 4, 8])
         pol.objective.mix.observe(size, gang=rng.random() < 0.2)
         pol._renew()
@@ -274,12 +280,7 @@ def test_a_kept_frame_answers_every_order_of_its_classes(preset: str, seed: int)
             pol.objective.learn([pool.get(t) for t in preset_cluster("gb200-nvl").topologies])
             pol._renew()
             assert not pol._frames and not pol._fixed
-        state = ClusterState(cluster)
-        for _ in range(rng.randint(0, 3 * len(cluster.nodes))):
-            node = rng.randrange(len(cluster.nodes))
-            free = state.free(node)
-            if free:
-                state.take(node, rng.sample(free, rng.randint(1, len(free))))
+        state = _random_state(cluster, rng)
         size = rng.choice([1, 2, 4])
         room = [c for c in state.classes if c[1].bit_count() >= size]
         for _ in range(3):
