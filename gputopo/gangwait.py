@@ -27,7 +27,6 @@ import operator
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from typing import cast
 
 import numpy as np
 
@@ -105,6 +104,17 @@ def _fits_now_equal(
     return out
 
 
+@dataclass(slots=True)
+class _Kept:
+    """What `SlotCount` keeps per (index, member size)."""
+
+    index: NetworkIndex
+    nodes: tuple[NodeView, ...]  # the last call's views, in its order
+    slots: list[int]  # per index position: free GPUs // size (0 below one slot)
+    total: int  # their sum
+    per_level: dict[str, tuple[list[int], list[int]]]  # level -> (domain per position, slots per domain)
+
+
 class SlotCount:
     """`fits_now` for members of one size, kept from one call to the next: a waiting gang's
     check is asked at every change of the cluster over views that are the last call's but for
@@ -118,9 +128,7 @@ class SlotCount:
     HELD = 64
 
     def __init__(self) -> None:
-        #: (id(index), size) -> [index, nodes, slots per position, total,
-        #: {level: (domain per position, slots per domain)}]
-        self._kept: dict[tuple[int, int], list[object]] = {}
+        self._kept: dict[tuple[int, int], _Kept] = {}  # (id(index), size) -> what is kept
 
     def fits(
         self, size: int, count: int, nodes: Sequence[NodeView], index: NetworkIndex, levels: Sequence[str]
@@ -128,25 +136,24 @@ class SlotCount:
         """`_fits_now_equal(size, count, nodes, index, levels)`, the same answer."""
         key = (id(index), size)
         hit = self._kept.get(key)
-        if hit is None or hit[0] is not index or not self._update(hit, size, nodes, index):
+        if hit is None or hit.index is not index or not self._update(hit, size, nodes, index):
             hit = self._fresh(key, size, nodes, index)
             if hit is None:
                 return _fits_now_equal(size, count, nodes, index, levels)
-        total = cast("int", hit[3])
-        if total < count:  # no domain holds more than the whole cluster
+        if hit.total < count:  # no domain holds more than the whole cluster
             return [False] * len(levels)
-        per_level = cast("dict[str, tuple[list[int], list[int]]]", hit[4])
+        per_level = hit.per_level
         out = []
         for level in levels:
             sums = per_level.get(level)
             if sums is None:
-                sums = per_level[level] = _domain_sums(index, level, cast("list[int]", hit[2]))
+                sums = per_level[level] = _domain_sums(index, level, hit.slots)
             out.append(max(sums[1]) >= count)
         return out
 
     def _fresh(
         self, key: tuple[int, int], size: int, nodes: Sequence[NodeView], index: NetworkIndex
-    ) -> list[object] | None:
+    ) -> _Kept | None:
         """A new entry for `nodes` (None, and nothing kept, when a name is given twice)."""
         if len({v.name for v in nodes}) != len(nodes):
             return None
@@ -160,14 +167,14 @@ class SlotCount:
                     slots[pos] = f // size
         if len(self._kept) >= self.HELD:
             self._kept.clear()
-        hit = self._kept[key] = [index, tuple(nodes), slots, sum(slots), {}]  # the index keeps its id
+        hit = self._kept[key] = _Kept(index, tuple(nodes), slots, sum(slots), {})  # the index keeps its id
         return hit
 
     @staticmethod
-    def _update(hit: list[object], size: int, nodes: Sequence[NodeView], index: NetworkIndex) -> bool:
+    def _update(hit: _Kept, size: int, nodes: Sequence[NodeView], index: NetworkIndex) -> bool:
         """Bring `hit` to `nodes` by the positions whose view is another object; False (and
         `hit` untouched) when they do not align with the kept nodes by name."""
-        last = cast("tuple[NodeView, ...]", hit[1])
+        last = hit.nodes
         if len(last) != len(nodes):
             return False
         changed = list(compress(range(len(nodes)), map(operator.is_not, nodes, last)))
@@ -176,9 +183,7 @@ class SlotCount:
         for i in changed:
             if nodes[i].name != last[i].name:
                 return False
-        slots = cast("list[int]", hit[2])
-        per_level = cast("dict[str, tuple[list[int], list[int]]]", hit[4])
-        total = cast("int", hit[3])
+        slots, per_level, total = hit.slots, hit.per_level, hit.total
         position = index.position
         for i in changed:
             v = nodes[i]
@@ -192,7 +197,7 @@ class SlotCount:
                 total += delta
                 for domain_id, acc in per_level.values():
                     acc[domain_id[pos]] += delta
-        hit[1], hit[3] = tuple(nodes), total
+        hit.nodes, hit.total = tuple(nodes), total
         return True
 
 

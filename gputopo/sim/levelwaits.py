@@ -29,7 +29,6 @@ MAX_PARKED = 100_000
 @dataclass
 class _Parked:
     wait: LevelWait
-    size: int  # the wait's member size (`LevelWait.size`, read on every ask)
     domain: list[int]  # per node (the state's order): its domain of the wait's level
     short: dict[int, int]  # domain -> slots it lacks to hold the gang (every one > 0)
     spare: int  # slots of the whole cluster beyond the gang's count (>= 0)
@@ -64,7 +63,7 @@ class LevelWaits:
             return
         if len(self._parked) >= MAX_PARKED:
             del self._parked[next(iter(self._parked))]
-        self._parked[job] = _Parked(wait, size, domain, short, spare, list(state.mask))
+        self._parked[job] = _Parked(wait, domain, short, spare, list(state.mask))
 
     def unchanged(self, job: int, state: ClusterState) -> LevelWait | None:
         """The parked answer while it still holds on the state's capacity: no domain of its
@@ -77,7 +76,7 @@ class LevelWaits:
         old, now = p.masks, state.mask
         if now == old:  # nothing changed since it was last asked (a third of the asks): it holds
             return p.wait
-        size, domain, short, spare = p.size, p.domain, p.short, p.spare
+        size, domain, short, spare = p.wait.size, p.domain, p.short, p.spare
         gained: list[int] = []  # the domains whose slots changed, each as often as its nodes
         for i in compress(range(len(now)), map(ne, now, old)):  # the nodes whose mask changed
             delta = now[i].bit_count() // size - old[i].bit_count() // size
