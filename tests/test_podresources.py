@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import pathlib
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -53,9 +53,8 @@ def kubelet() -> Iterator[tuple[FakeLister, str]]:
     try:
         yield lister, path
     finally:
-        server.stop(0)
-        if os.path.exists(path):
-            os.unlink(path)
+        server.stop(0).wait()  # gRPC removes its socket as it stops: wait for that, then tidy up
+        pathlib.Path(path).unlink(missing_ok=True)
         folder.rmdir()
 
 
