@@ -351,22 +351,33 @@ class GangTracker:
         back = self._backoff.get(gang)
         return None if back is None else back.level
 
+    def vouches(self, gang: str, offer: frozenset[str], index: NetworkIndex, now: float) -> bool:
+        """Whether `repeat_wait` would answer (not None) for the same question at `now`: the
+        gang's last answer was a wait for its own level (`level_wait`) over the same offer and
+        index, no plan exists, its first filter is the one the wait counts from and the spill
+        time has not come. Reads only: the caller that gets True may skip asking altogether when
+        it has checked the capacity side itself (the simulator's queueing hint); the tracker's
+        back-off and `plan_failed` event for that ask are then not booked."""
+        back = self._backoff.get(gang)
+        wait = None if back is None else back.level
+        if back is None or wait is None or gang in self.plans or wait.index is not index:
+            return False
+        if back.offer is not offer and back.offer != offer:
+            return False
+        return self._first_seen.get(gang) == wait.since and not wait.spills(now)
+
     def repeat_wait(
         self, gang: str, offer: frozenset[str], views: object, index: NetworkIndex, now: float
     ) -> Wait | None:
         """`filter`'s answer and bookkeeping for a gang whose last plan was `level_wait(gang)`,
         asked again at `now` with the same members over new `views` in which, the caller
         checked, no domain of that level reached `count` slots and the offer still has them.
-        This checks the rest (spill time, first filter, plan, offer, index); None when the
-        answer could differ: ask `filter` then."""
-        back = self._backoff.get(gang)
-        wait = None if back is None else back.level
-        if back is None or wait is None or gang in self.plans or wait.index is not index:
+        This checks the rest (`vouches`); None when the answer could differ: ask `filter` then."""
+        if not self.vouches(gang, offer, index, now):
             return None
-        if back.offer is not offer and back.offer != offer:
-            return None
-        if self._first_seen.get(gang) != wait.since or wait.spills(now):
-            return None
+        back = self._backoff[gang]
+        wait = back.level
+        assert wait is not None  # `vouches` checked it
         if now < back.until and back.views is views:  # as `filter`'s back-off
             return Wait(f"{back.reason} (retry in {back.until - now:.0f}s)", "GangUnschedulable")
         return self._failed(gang, wait.reason(now), wait.count, views, offer, now, wait)

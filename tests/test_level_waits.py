@@ -15,6 +15,8 @@ import argparse
 import dataclasses
 import math
 import random
+from collections import Counter
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from unittest import mock
 
@@ -32,6 +34,7 @@ from gputopo.sim.cli import add_arguments, prepare
 from gputopo.sim.clusters import preset_cluster
 from gputopo.sim.engine import simulate
 from gputopo.sim.levelwaits import LevelWaits
+from gputopo.sim.metrics import Recorder
 from gputopo.sim.policies import Failure, Slot
 from gputopo.sim.state import ClusterState
 from gputopo.sim.workload import Job
@@ -142,14 +145,24 @@ def test_repeat_wait_answers_and_books_as_a_real_filter() -> None:
     assert fast.level_wait("ml/g") is None  # planned: no wait to repeat
 
 
+def _vouched(t: GangTracker, gang: str, offer: frozenset[str], index: NetworkIndex, now: float) -> bool:
+    """`vouches`, which reads only, says whether `repeat_wait` answers: the two agree."""
+    before = t.vouches(gang, offer, index, now)
+    assert t.vouches(gang, offer, index, now) == before  # reads only
+    assert (t.repeat_wait(gang, offer, {}, index, now) is not None) == before
+    return before
+
+
 def test_repeat_wait_refuses_what_it_cannot_vouch_for() -> None:
     t = GangTracker(TLEVELS, spill_after_s=600.0)
     offer = frozenset(NAMES)
-    assert t.repeat_wait("ml/g", offer, {}, INDEX, 0.0) is None  # never asked
+    assert not _vouched(t, "ml/g", offer, INDEX, 0.0)  # never asked
     assert isinstance(t.filter(_ask(), offer, views({"a1", "b1"}), INDEX, 0.0), Wait)
-    assert t.repeat_wait("ml/g", frozenset(NAMES[:3]), {}, INDEX, 1.0) is None  # another offer
+    assert not _vouched(t, "ml/g", frozenset(NAMES[:3]), INDEX, 1.0)  # another offer
     other = NetworkIndex.build(((n, v.labels) for n, v in views(set()).items()), TLEVELS)
-    assert t.repeat_wait("ml/g", offer, {}, other, 1.0) is None  # another index
+    assert not _vouched(t, "ml/g", offer, other, 1.0)  # another index
+    assert _vouched(t, "ml/g", offer, INDEX, 1.0)  # the same question: answered
+    assert not _vouched(t, "ml/g", offer, INDEX, 600.0)  # the spill time has come
     same = views({"a1", "b1"})
     assert isinstance(t.filter(_ask(), offer, same, INDEX, 2.0), Wait)
     # the same views object within the back-off: filter's back-off answer, as filter gives it
@@ -157,7 +170,7 @@ def test_repeat_wait_refuses_what_it_cannot_vouch_for() -> None:
     # a gang that does not fit anywhere is no wait for its own level
     t2 = GangTracker(TLEVELS, spill_after_s=600.0)
     assert isinstance(t2.filter(_ask(), offer, views({"a0", "a1", "b1"}), INDEX, 0.0), Wait)
-    assert t2.level_wait("ml/g") is None and t2.repeat_wait("ml/g", offer, {}, INDEX, 1.0) is None
+    assert t2.level_wait("ml/g") is None and not _vouched(t2, "ml/g", offer, INDEX, 1.0)
 
 
 def test_a_required_level_is_not_answered_with_another_gangs_own_level() -> None:
@@ -213,43 +226,77 @@ def test_the_hold_check_answers_as_without_its_memo() -> None:
 # --------------------------------------------------------------------------- whole runs
 
 
-def _run(args: list[str], skip: bool) -> tuple[list[object], dict[str, object], int]:
-    """Every answer of the gputopo policy on `gputopo simulate`'s run of `args`, every tracker
-    event, the summary, and how many asks were answered without a real filter."""
+#: How a run asks the simulated sidecar about a gang waiting for its own level: the engine's
+#: queueing hint skips the ask (`Failure.holds`, the default); without hints the tracker's
+#: `repeat_wait` answers it without planning; or every ask is a real filter.
+MODES = ("hint", "tracker", "ask")
+
+
+def _run(
+    args: list[str], mode: str
+) -> tuple[list[object], list[object], list[object], dict[str, object], Counter[str]]:
+    """On `gputopo simulate`'s run of `args`: what the engine recorded of every attempt (each
+    placement and failure, with the time and the free GPUs), every answer of the gputopo
+    policy, every tracker event, the summary, and how many asks each short cut answered."""
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     cluster, jobs, _, config, _ = prepare(parser.parse_args([*args, "--policies", "gputopo"]))
-    log: list[object] = []
+    outcomes: list[object] = []
+    answers: list[object] = []
+    events: list[object] = []
+    used: Counter[str] = Counter()
     place, count, repeat = sidecar.SidecarPolicy.place, sidecar.SidecarPolicy._count, GangTracker.repeat_wait
-    skipped = 0
+    failure, placed, holds = Recorder.failure, Recorder.placed_job, sidecar.SidecarPolicy._holds
 
     def recorded(self: sidecar.SidecarPolicy, state: ClusterState, job: Job) -> list[Slot] | Failure:
         got = place(self, state, job)
-        log.append((job.id, state.now, got))
+        answers.append((job.id, state.now, got))
         return got
 
-    def counted(self: sidecar.SidecarPolicy, events: list[Event]) -> None:
-        log.extend((e.kind, e.gang, e.reason, e.cause, dict(e.fields)) for e in events)
-        count(self, events)
+    def counted(self: sidecar.SidecarPolicy, got: list[Event]) -> None:
+        events.extend((e.kind, e.gang, e.reason, e.cause, dict(e.fields)) for e in got)
+        count(self, got)
 
     def repeated(
         self: GangTracker, gang: str, offer: frozenset[str], views: object, index: NetworkIndex, now: float
     ) -> Wait | None:
-        nonlocal skipped
         got = repeat(self, gang, offer, views, index, now)
-        skipped += got is not None
+        used["tracker"] += got is not None
         return got
+
+    def hint(self: sidecar.SidecarPolicy, job: int, gang: str, state: ClusterState) -> Callable[[], bool]:
+        still = holds(self, job, gang, state)
+
+        def counted_hint() -> bool:
+            got = still()
+            used["hint"] += got
+            return got
+
+        return counted_hint
+
+    def failed(self: Recorder, job: Job, now: float, free_total: int, admission: bool) -> None:
+        outcomes.append(("failed", job.id, now, free_total, admission))
+        failure(self, job, now, free_total, admission)
+
+    def placed_job(self: Recorder, job: Job, slots: Sequence[Slot], now: float) -> float:
+        outcomes.append(("placed", job.id, now, list(slots)))
+        return placed(self, job, slots, now)
 
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(sidecar.SidecarPolicy, "place", recorded))
         stack.enter_context(mock.patch.object(sidecar.SidecarPolicy, "_count", counted))
         stack.enter_context(mock.patch.object(GangTracker, "repeat_wait", repeated))
-        if not skip:  # every ask goes to the tracker's filter
+        stack.enter_context(mock.patch.object(Recorder, "failure", failed))
+        stack.enter_context(mock.patch.object(Recorder, "placed_job", placed_job))
+        # without a queueing hint the engine asks the policy every time
+        hints = hint if mode == "hint" else lambda *a: None
+        stack.enter_context(mock.patch.object(sidecar.SidecarPolicy, "_holds", hints))
+        if mode == "ask":  # every ask goes to the tracker's filter
             stack.enter_context(mock.patch.object(LevelWaits, "unchanged", lambda self, job, state: None))
         summary = simulate(cluster, jobs, "gputopo", config, pool=AllocatorPool())
     figures = dataclasses.asdict(summary)
     figures.pop("seconds")
-    return log, figures, skipped
+    return outcomes, answers, events, figures, used
 
 
 @pytest.mark.parametrize(
@@ -285,12 +332,23 @@ def _run(args: list[str], skip: bool) -> tuple[list[object], dict[str, object], 
     ],
 )
 def test_a_run_with_the_skip_answers_as_one_that_asks_every_time(args: list[str]) -> None:
-    fast, fast_figures, skipped = _run(args, skip=True)
-    slow, slow_figures, none = _run(args, skip=False)
-    assert none == 0 and skipped > 50  # the skip is exercised
-    assert len(fast) == len(slow)
-    assert fast == slow
-    assert fast_figures == slow_figures
+    """The engine sees the same outcome of every attempt (placed or not, at the same time with
+    the same free GPUs) whether the hint skips the ask, the tracker answers it without
+    planning, or a real filter does; the answers the hint did not skip are the tracker's, and
+    only the skipped asks' `plan_failed` events (their back-off bookkeeping) are missing."""
+    runs = {mode: _run(args, mode) for mode in MODES}
+    hinted, tracked, asked = (runs[m] for m in MODES)
+    assert hinted[4]["hint"] > 50 and hinted[4]["tracker"] == 0  # the hint is exercised
+    assert tracked[4]["tracker"] > 50 and tracked[4]["hint"] == 0  # without it, the tracker's skip
+    assert asked[4]["tracker"] == 0 and asked[4]["hint"] == 0
+    assert hinted[0] == tracked[0] == asked[0]  # every attempt's outcome
+    assert tracked[1] == asked[1] and tracked[2] == asked[2]  # every answer and event
+    assert hinted[3] == tracked[3] == asked[3]  # the summary and the lifecycle's figures
+    # the hinted run's answers are the others' less the skipped asks, in order
+    left = iter(tracked[1])
+    assert all(any(a == b for b in left) for a in hinted[1])
+    assert len(tracked[1]) - len(hinted[1]) == hinted[4]["hint"]
+    assert [e for e in hinted[2] if e[0] != "plan_failed"] == [e for e in tracked[2] if e[0] != "plan_failed"]
 
 
 @settings(max_examples=100, deadline=None)

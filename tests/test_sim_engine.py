@@ -10,8 +10,9 @@ import pytest
 from gputopo.allocator import AllocatorPool
 from gputopo.network import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
 from gputopo.sim.comm import CommModel
-from gputopo.sim.engine import RunConfig, compare, simulate
-from gputopo.sim.policies import build_policy
+from gputopo.sim.engine import RunConfig, compare, run_replay, simulate
+from gputopo.sim.metrics import Recorder
+from gputopo.sim.policies import Failure, build_policy
 from gputopo.sim.state import ClusterState, SimCluster, SimNode
 from gputopo.sim.workload import Job
 from gputopo.topofile import load_preset
@@ -308,3 +309,74 @@ def test_table_says_which_way_is_better() -> None:
     directions = {label: better for label, better, _ in ROWS}
     assert directions["free GPUs at first failure (FGD)"] == LOWER
     assert directions["throughput vs kubelet-default (multi-GPU jobs)"] == HIGHER
+
+
+class _HintedLedger:
+    """A ledger over a counter of free GPUs whose policy refuses job 0 with a queueing hint
+    while `hold` says so (and places everything else): what the engine asks, and when."""
+
+    def __init__(self, free: int) -> None:
+        self.free_gpus = free
+        self.hold = True
+        self.asked: list[tuple[int, float]] = []
+        self.hint_calls = 0
+        self.now = 0.0
+
+    def shape(self, j: Job) -> tuple[int, ...]:
+        return j.pods
+
+    def _holds(self) -> bool:
+        self.hint_calls += 1
+        return self.hold
+
+    def place(self, j: Job) -> tuple[list[tuple[int, tuple[int, ...]]], int] | Failure:
+        self.asked.append((j.id, self.now))
+        if j.id == 0 and self.hold:
+            return Failure("waiting for its own level", holds=self._holds)
+        if j.gpus > self.free_gpus:
+            return Failure("not enough free GPUs")
+        return [(0, tuple(range(j.gpus)))], 0
+
+    def take(self, held: tuple[list[tuple[int, tuple[int, ...]]], int]) -> None:
+        self.free_gpus -= sum(len(g) for _, g in held[0])
+
+    def give(self, held: tuple[list[tuple[int, tuple[int, ...]]], int]) -> None:
+        self.free_gpus += sum(len(g) for _, g in held[0])
+
+    def free(self) -> int:
+        return self.free_gpus
+
+    def tick(self, now: float) -> None:
+        self.now = now
+        self.hold = now < 250.0  # the gang's wait ends (its spill time, say) at 250 s
+
+
+def test_a_failure_that_holds_is_not_asked_again_until_its_hint_says_so() -> None:
+    """Job 0's answer carries a queueing hint: at every later pass while the hint holds, the
+    engine records the same failure (with the free GPUs of that moment) without asking the
+    policy; once it does not, the policy is asked and places it."""
+    c = cluster("hgx-h100", [("n1", "a", frozenset())])
+    jobs = [
+        job(0, (8,), submit=0.0, duration=10.0),
+        job(1, (1,), submit=0.0, duration=100.0),
+        job(2, (1,), submit=50.0, duration=100.0),  # leaves at 150
+        job(3, (1,), submit=200.0, duration=100.0),  # leaves at 300
+    ]
+    ledger = _HintedLedger(free=8)
+    rec = Recorder(c, [AllocatorPool().get(t) for t in c.topologies], CommModel())
+    failures: list[tuple[int, float, int]] = []
+    record = rec.failure
+
+    def failed(j: Job, now: float, free_total: int, admission: bool) -> None:
+        failures.append((j.id, now, free_total))
+        record(j, now, free_total, admission)
+
+    rec.failure = failed  # type: ignore[method-assign]
+    never = run_replay(ledger, jobs, rec, None)
+    assert never == 0 and rec.placed == 4
+    # job 0 is asked at 0 (hint given), skipped while the hint holds, asked again at 300
+    assert [t for i, t in ledger.asked if i == 0] == [0.0, 300.0]
+    # every pass that would have asked it (after a departure: not at 50 or 200, when only
+    # arrivals came) still records its failure, with that moment's free GPUs
+    assert [f for f in failures if f[0] == 0] == [(0, 0.0, 8), (0, 100.0, 7), (0, 150.0, 8)]
+    assert ledger.hint_calls == 3  # at 100, 150 (holds) and 300 (does not)

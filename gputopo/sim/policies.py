@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gputopo.allocator import AllocationError, Allocator, AllocatorPool
@@ -55,10 +55,16 @@ Slot = tuple[int, tuple[int, ...]]
 @dataclass(frozen=True)
 class Failure:
     """Why a job could not be placed now; `admission` marks a kubelet admission failure
-    (the node was chosen but the device plugin's answer was unusable)."""
+    (the node was chosen but the device plugin's answer was unusable).
+
+    `holds` is a queueing hint, as a kube-scheduler plugin's QueueingHint says which cluster
+    events may make a pod schedulable: while it returns True, asking the policy again for the
+    same job would get this same answer, so the engine need not ask. It reads the state as it
+    is when called and may update the policy's own counts of it, as the ask would."""
 
     reason: str
     admission: bool = False
+    holds: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
 
 
 class Policy:

@@ -16,7 +16,8 @@ re-planned. The lifecycle runs on its own clock inside one placement: the rest o
 does not change meanwhile.
 `gang-only` places members one by one with kube-scheduler's choice (no gang planner).
 A gang waiting for a domain of its own level is asked again only when one may hold it now
-(`gputopo.sim.levelwaits`; the tracker's `repeat_wait` answers the rest as a filter would).
+(`gputopo.sim.levelwaits`; the tracker's `repeat_wait` answers the rest as a filter would), and
+its failure carries a queueing hint (`Failure.holds`) so the engine does not even ask meanwhile.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import heapq
 import math
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from operator import ne
@@ -177,7 +178,7 @@ class SidecarPolicy(PodClasses):
             again = t.repeat_wait(gang, self._offer, {}, self._net, state.now)
             if again is not None:
                 self._count(t.drain())
-                return Failure(again.reason)
+                return Failure(again.reason, holds=self._holds(job.id, gang, state))
             self._waiting.forget(job.id)
         pods = [f"{gang}-{k}" for k in range(n)]
         where: dict[str, str] = {}
@@ -204,9 +205,10 @@ class SidecarPolicy(PodClasses):
                 now = base + last - first_in
         first = t.filter(GangAsk(gang, pods[n - 1], current, n), self._offer, views, self._net, now)
         if isinstance(first, Wait):
-            self._waiting.park(job.id, t.level_wait(gang), state)
+            wait = t.level_wait(gang)
+            self._waiting.park(job.id, wait, state)
             self._count(t.drain())
-            return Failure(first.reason)
+            return Failure(first.reason, holds=None if wait is None else self._holds(job.id, gang, state))
         queue = [(now, 0, n - 1)] + [(now + POD_BACKOFF_S[0], k + 1, k) for k in range(n - 1)]
         attempts = [0] * n
         slots: dict[int, Slot] = {}
@@ -267,6 +269,16 @@ class SidecarPolicy(PodClasses):
             t.drain()
         self._arrived.discard(job.id)  # placed: the engine will not ask again
         return [slots[k] for k in range(n)]
+
+    def _holds(self, job: int, gang: str, state: ClusterState) -> Callable[[], bool]:
+        """The queueing hint of a gang parked waiting for its own level (`Failure.holds`):
+        True while asking again would be answered by `repeat_wait` without planning, the
+        checks `_lifecycle` makes first, in its order (the parked counts brought up to date
+        as that ask would)."""
+        waiting, tracker, offer, net = self._waiting, self.tracker, self._offer, self._net
+        return lambda: (
+            waiting.unchanged(job, state) is not None and tracker.vouches(gang, offer, net, state.now)
+        )
 
     def _count(self, events: list[gangs.Event]) -> None:
         """Fold tracker events into the figures: which drops were followed by a new plan."""
