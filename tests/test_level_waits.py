@@ -227,7 +227,7 @@ def test_the_hold_check_answers_as_without_its_memo() -> None:
 
 
 #: How a run asks the simulated sidecar about a gang waiting for its own level: the engine's
-#: queueing hint skips the ask (`Failure.holds`, the default); without hints the tracker's
+#: queueing hint skips the ask (`policies.Hinted`, the default); without hints the tracker's
 #: `repeat_wait` answers it without planning; or every ask is a real filter.
 MODES = ("hint", "tracker", "ask")
 
@@ -288,8 +288,8 @@ def _run(
         stack.enter_context(mock.patch.object(GangTracker, "repeat_wait", repeated))
         stack.enter_context(mock.patch.object(Recorder, "failure", failed))
         stack.enter_context(mock.patch.object(Recorder, "placed_job", placed_job))
-        # without a queueing hint the engine asks the policy every time
-        hints = hint if mode == "hint" else lambda *a: None
+        # a queueing hint that never holds: the engine asks the policy every time
+        hints = hint if mode == "hint" else lambda *a: lambda: False
         stack.enter_context(mock.patch.object(sidecar.SidecarPolicy, "_holds", hints))
         if mode == "ask":  # every ask goes to the tracker's filter
             stack.enter_context(mock.patch.object(LevelWaits, "unchanged", lambda self, job, state: None))

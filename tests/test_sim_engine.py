@@ -12,7 +12,7 @@ from gputopo.network import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
 from gputopo.sim.comm import CommModel
 from gputopo.sim.engine import RunConfig, compare, run_replay, simulate
 from gputopo.sim.metrics import Recorder
-from gputopo.sim.policies import Failure, build_policy
+from gputopo.sim.policies import Failure, Hinted, build_policy
 from gputopo.sim.state import ClusterState, SimCluster, SimNode
 from gputopo.sim.workload import Job
 from gputopo.topofile import load_preset
@@ -332,7 +332,7 @@ class _HintedLedger:
     def place(self, j: Job) -> tuple[list[tuple[int, tuple[int, ...]]], int] | Failure:
         self.asked.append((j.id, self.now))
         if j.id == 0 and self.hold:
-            return Failure("waiting for its own level", holds=self._holds)
+            return Hinted("waiting for its own level", holds=self._holds)
         if j.gpus > self.free_gpus:
             return Failure("not enough free GPUs")
         return [(0, tuple(range(j.gpus)))], 0

@@ -11,7 +11,7 @@ shape fit or fail alike, so the queue is kept per shape and a pass tries only th
 each shape, merging heads in arrival order; once a shape fails, the rest of it is skipped,
 and it stays skipped until a departure frees GPUs (arrivals only ever take capacity away).
 kube-scheduler likewise retries unschedulable pods on cluster events, not in a loop.
-A policy's failure may carry a queueing hint (`Failure.holds`, after kube-scheduler's
+A policy's failure may carry a queueing hint (`policies.Hinted`, after kube-scheduler's
 QueueingHint): while it holds, the head's pass records the same failure without asking the
 policy (a gang waiting for its own level: the sidecar's answer is known without planning).
 """
@@ -30,7 +30,7 @@ from typing import Protocol
 from gputopo.allocator import AllocatorPool
 from gputopo.sim.comm import CommModel
 from gputopo.sim.metrics import Recorder, Summary
-from gputopo.sim.policies import BASELINE, Failure, Slot, build_policy
+from gputopo.sim.policies import BASELINE, Failure, Hinted, Slot, build_policy
 from gputopo.sim.sidecar import Lifecycle
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
@@ -174,8 +174,7 @@ def run_replay(ledger: Ledger, jobs: Sequence[Job], rec: Recorder, progress: Pro
     departures: list[tuple[float, int, Held]] = []
     queues: dict[Hashable, deque[int]] = {}
     blocked: set[Hashable] = set()  # shapes that failed since capacity was last freed
-    # shape -> its head's last answer when that carried a queueing hint (`Failure.holds`)
-    hints: dict[Hashable, tuple[int, Failure, Callable[[], bool]]] = {}
+    hints: dict[Hashable, tuple[int, Hinted]] = {}  # shape -> its head's last answer, if Hinted
     nxt = 0
     handled = 0
     seq = 0
@@ -197,13 +196,13 @@ def run_replay(ledger: Ledger, jobs: Sequence[Job], rec: Recorder, progress: Pro
         while heads:
             idx, shape = heapq.heappop(heads)
             job = jobs[idx]
-            hint = hints.get(shape)  # the policy's last answer, unasked while it says it holds
-            got = hint[1] if hint is not None and hint[0] == idx and hint[2]() else ledger.place(job)
+            hint = hints.get(shape) if hints else None  # the policy's last answer, unasked while it holds
+            got = hint[1] if hint is not None and hint[0] == idx and hint[1].holds() else ledger.place(job)
             if isinstance(got, Failure):
                 rec.failure(job, now, ledger.free(), got.admission)
                 blocked.add(shape)
-                if got.holds is not None:
-                    hints[shape] = (idx, got, got.holds)
+                if isinstance(got, Hinted):
+                    hints[shape] = (idx, got)
                 continue
             ledger.take(got)
             stretch = rec.placed_job(job, got[0], now)
@@ -215,7 +214,8 @@ def run_replay(ledger: Ledger, jobs: Sequence[Job], rec: Recorder, progress: Pro
                 heapq.heappush(heads, (queue[0], shape))
             else:
                 del queues[shape]
-            hints.pop(shape, None)  # its head was placed: the hint was about that job
+            if hints:
+                hints.pop(shape, None)  # its head was placed: the hint was about that job
             handled += len(job.pods)
             if progress is not None and handled % 512 < len(job.pods):
                 progress(handled)

@@ -55,16 +55,25 @@ Slot = tuple[int, tuple[int, ...]]
 @dataclass(frozen=True)
 class Failure:
     """Why a job could not be placed now; `admission` marks a kubelet admission failure
-    (the node was chosen but the device plugin's answer was unusable).
-
-    `holds` is a queueing hint, as a kube-scheduler plugin's QueueingHint says which cluster
-    events may make a pod schedulable: while it returns True, asking the policy again for the
-    same job would get this same answer, so the engine need not ask. It reads the state as it
-    is when called and may update the policy's own counts of it, as the ask would."""
+    (the node was chosen but the device plugin's answer was unusable)."""
 
     reason: str
     admission: bool = False
-    holds: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
+
+
+def _asks_again() -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Hinted(Failure):
+    """A Failure with a queueing hint, as a kube-scheduler plugin's QueueingHint says which
+    cluster events may make a pod schedulable: while `holds()` returns True, asking the policy
+    again for the same job would get this same answer, so the engine need not ask. It reads the
+    state as it is when called and may update the policy's own counts of it, as the ask would.
+    (A subclass, not a field of every Failure: the baselines build one per failed attempt.)"""
+
+    holds: Callable[[], bool] = field(default=_asks_again, compare=False, repr=False)
 
 
 class Policy:

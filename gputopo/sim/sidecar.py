@@ -17,7 +17,7 @@ does not change meanwhile.
 `gang-only` places members one by one with kube-scheduler's choice (no gang planner).
 A gang waiting for a domain of its own level is asked again only when one may hold it now
 (`gputopo.sim.levelwaits`; the tracker's `repeat_wait` answers the rest as a filter would), and
-its failure carries a queueing hint (`Failure.holds`) so the engine does not even ask meanwhile.
+its failure carries a queueing hint (`policies.Hinted`) so the engine does not even ask meanwhile.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from gputopo.network import NetworkIndex
 from gputopo.ringwait import RingWait
 from gputopo.sim.levelwaits import LevelWaits
 from gputopo.sim.podclasses import PodClasses
-from gputopo.sim.policies import Failure, Slot, place_one_by_one
+from gputopo.sim.policies import Failure, Hinted, Slot, place_one_by_one
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
 
@@ -178,7 +178,7 @@ class SidecarPolicy(PodClasses):
             again = t.repeat_wait(gang, self._offer, {}, self._net, state.now)
             if again is not None:
                 self._count(t.drain())
-                return Failure(again.reason, holds=self._holds(job.id, gang, state))
+                return Hinted(again.reason, holds=self._holds(job.id, gang, state))
             self._waiting.forget(job.id)
         pods = [f"{gang}-{k}" for k in range(n)]
         where: dict[str, str] = {}
@@ -208,7 +208,11 @@ class SidecarPolicy(PodClasses):
             wait = t.level_wait(gang)
             self._waiting.park(job.id, wait, state)
             self._count(t.drain())
-            return Failure(first.reason, holds=None if wait is None else self._holds(job.id, gang, state))
+            return (
+                Failure(first.reason)
+                if wait is None
+                else Hinted(first.reason, holds=self._holds(job.id, gang, state))
+            )
         queue = [(now, 0, n - 1)] + [(now + POD_BACKOFF_S[0], k + 1, k) for k in range(n - 1)]
         attempts = [0] * n
         slots: dict[int, Slot] = {}
@@ -271,7 +275,7 @@ class SidecarPolicy(PodClasses):
         return [slots[k] for k in range(n)]
 
     def _holds(self, job: int, gang: str, state: ClusterState) -> Callable[[], bool]:
-        """The queueing hint of a gang parked waiting for its own level (`Failure.holds`):
+        """The queueing hint of a gang parked waiting for its own level (`Hinted.holds`):
         True while asking again would be answered by `repeat_wait` without planning, the
         checks `_lifecycle` makes first, in its order (the parked counts brought up to date
         as that ask would)."""
