@@ -31,7 +31,7 @@ from typing import Any, NoReturn
 from gputopo.sim import report
 from gputopo.sim.cli import UsageError, add_arguments, prepare
 from gputopo.sim.clusters import CLUSTER_PRESETS
-from gputopo.sim.engine import compare
+from gputopo.sim.engine import QUEUE_ORDERS, compare
 from gputopo.sim.metrics import Summary
 from gputopo.sim.policies import POLICIES
 
@@ -67,6 +67,8 @@ def _names(text: str, known: Sequence[str], flag: str, parser: _Parser) -> list[
 def _sim_args(workload: str, cluster: str, policies: Sequence[str], args: argparse.Namespace) -> list[str]:
     """The `gputopo simulate` command line of one cell of the matrix."""
     argv = ["--cluster-preset", cluster, "--policies", ",".join(policies), "--seed", str(args.seed)]
+    if args.queue_order != "arrival" and workload != "openb-fill":  # a fill has no queue
+        argv += ["--queue-order", args.queue_order]
     trace = TRACES[workload]
     if trace is None:
         return [*argv, "--pods", str(args.pods)]
@@ -177,6 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma list (default: every policy)")
     parser.add_argument("--pods", type=int, default=20000, help="pods of the generator (default 20000)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--queue-order",
+        choices=QUEUE_ORDERS,
+        default="arrival",
+        help="the replays' queue order, the same for every policy (gputopo simulate --queue-order)",
+    )
     parser.add_argument(
         "--traces", default=str(ROOT.parent / "shared" / "traces"), help="folder of the shared traces"
     )

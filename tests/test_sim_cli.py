@@ -35,6 +35,11 @@ def sim(*args: str, module: tuple[str, ...] = ("gputopo.sim",)) -> subprocess.Co
         (["--compute-s", "nan"], "--compute-s must be a positive number"),
         (["--mode", "fill"], "applies to pod lists"),
         (["--seed", "-1"], "--seed must be a non-negative integer"),
+        (["--queue-order", "shortest"], "argument --queue-order: invalid choice"),
+        (
+            ["--trace", str(TRACES / "openb_pod_list_multigpu50_slice.csv"), "--queue-order", "smallest"],
+            "a fill places jobs in list order and has no queue",
+        ),
         (["--gang-spill-after", "-5"], "--gang-spill-after must be between 0 and"),
         (["--gang-spill-after", "inf"], "--gang-spill-after must be between 0 and"),
         (["--pods", "999999999"], "--pods must be at most"),
@@ -194,3 +199,20 @@ def test_yaml_output_is_the_json_document() -> None:
     wide = sim(*args, "-o", "wide")
     assert wide.returncode == 0 and "communication model: allreduce_bytes 1e+09, compute_s 0.2" in wide.stdout
     assert "leaf 25" in wide.stdout.splitlines()[-1]
+
+
+def test_queue_order_is_named_in_the_run_and_reaches_the_engine() -> None:
+    """The same jobs under both queue orders (an overloaded generator run): the header says
+    which order ran, every job is placed either way, and the waits differ (who waits first is
+    what the order decides; tests/test_sim_engine.py checks which way by hand)."""
+    runs = {}
+    for order in ("arrival", "smallest"):
+        args = ["--pods", "1500", "--load", "2", "--json", "--policies", "kubelet-default"]
+        r = sim(*args, "--queue-order", order)
+        assert r.returncode == 0, r.stderr
+        runs[order] = json.loads(r.stdout)
+    assert "queue order" not in runs["arrival"]["run"]
+    assert runs["smallest"]["run"]["queue order"].startswith("smallest first")
+    (a,), (b,) = runs["arrival"]["results"], runs["smallest"]["results"]
+    assert a["placed"] == b["placed"] == a["jobs"]
+    assert a["queue_delay_mean"] != b["queue_delay_mean"]

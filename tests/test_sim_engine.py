@@ -6,11 +6,13 @@ import math
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gputopo.allocator import AllocatorPool
 from gputopo.network import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
 from gputopo.sim.comm import CommModel
-from gputopo.sim.engine import RunConfig, compare, run_replay, simulate
+from gputopo.sim.engine import RunConfig, compare, queue_priority, run_replay, simulate
 from gputopo.sim.metrics import Recorder
 from gputopo.sim.policies import Failure, Hinted, build_policy
 from gputopo.sim.state import ClusterState, SimCluster, SimNode
@@ -380,3 +382,40 @@ def test_a_failure_that_holds_is_not_asked_again_until_its_hint_says_so() -> Non
     # arrivals came) still records its failure, with that moment's free GPUs
     assert [f for f in failures if f[0] == 0] == [(0, 0.0, 8), (0, 100.0, 7), (0, 150.0, 8)]
     assert ledger.hint_calls == 3  # at 100, 150 (holds) and 300 (does not)
+
+
+@pytest.mark.parametrize(
+    ("order", "single_wait", "multi_waits"),
+    [("arrival", 180.0, (0.0, 90.0)), ("smallest", 80.0, (0.0, 190.0))],
+)
+def test_queue_order_decides_who_gets_freed_gpus_first(
+    order: str, single_wait: float, multi_waits: tuple[float, float]
+) -> None:
+    """One 8-GPU node busy until 100 s; an 8-GPU job waits from 10 s, a 1-GPU job from 20 s.
+    Oldest first: the 8-GPU job takes the node at 100 s and the 1-GPU job waits for it to end;
+    smallest first: the 1-GPU job starts at 100 s and the 8-GPU job waits another 100 s."""
+    c = cluster("hgx-h100", [("n1", "a", frozenset())])
+    jobs = [job(0, (8,), 0.0, 100.0), job(1, (8,), 10.0, 100.0), job(2, (1,), 20.0, 100.0)]
+    for policy in ("gputopo", "kubelet-default"):
+        r = simulate(c, jobs, policy, RunConfig(queue_order=order))
+        assert r.placed == 3 and r.never_started == 0
+        assert r.queue_delay_mean_single == pytest.approx(single_wait), policy
+        assert r.queue_delay_mean_multi == pytest.approx(sum(multi_waits) / 2), policy
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 64), max_size=60))
+def test_queue_priority_ranks_every_job_once_in_its_order(gpus: list[int]) -> None:
+    jobs = [job(i, (g,)) for i, g in enumerate(gpus)]
+    assert list(queue_priority(jobs, "arrival")) == list(range(len(jobs)))
+    rank = queue_priority(jobs, "smallest")
+    assert sorted(rank) == list(range(len(jobs)))  # distinct: shapes are never compared
+    by_rank = sorted(range(len(jobs)), key=lambda i: rank[i])
+    assert by_rank == sorted(range(len(jobs)), key=lambda i: (gpus[i], i))  # brute force
+
+
+def test_an_unknown_queue_order_is_refused() -> None:
+    with pytest.raises(ValueError, match="queue order must be one of arrival, smallest"):
+        RunConfig(queue_order="shortest")
+    with pytest.raises(ValueError, match="queue order must be one of"):
+        queue_priority([], "lifo")

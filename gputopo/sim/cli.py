@@ -16,7 +16,7 @@ import numpy as np
 
 from gputopo.output import add_output_arguments, dump, is_machine
 from gputopo.sim.comm import CommModel
-from gputopo.sim.engine import Progress, RunConfig, compare
+from gputopo.sim.engine import QUEUE_ORDERS, Progress, RunConfig, compare
 from gputopo.sim.plot import PlotUnavailable, check_available, write_plot
 from gputopo.sim.policies import POLICIES
 from gputopo.sim.report import document, render_table
@@ -85,6 +85,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fractional openb pods (gpu_milli < 1000) share GPUs under the policies whose systems "
         "share (kubelet-default, best-combo, fgd); GPU figures then count milli-GPUs (default: off)",
+    )
+    g.add_argument(
+        "--queue-order",
+        choices=QUEUE_ORDERS,
+        default="arrival",
+        help="which waiting job a replay tries first, the same for every policy: arrival (oldest "
+        "first, as kube-scheduler and Kueue; default) or smallest (fewest GPUs first, as Slurm's "
+        "PriorityFavorSmall): a what-if for the queue discipline",
     )
     g = parser.add_argument_group("gang lifecycle (gputopo policy: the sidecar's path over time)")
     g.add_argument(
@@ -182,7 +190,14 @@ def prepare(args: argparse.Namespace) -> tuple[SimCluster, list[Job], dict[str, 
     sharing = bool(getattr(args, "gpu_sharing", False))
     if sharing:
         header["gpu sharing"] = _sharing_line(policies)
-    config = RunConfig(mode=mode, seed=args.seed, comm=comm, lifecycle=lifecycle, gpu_sharing=sharing)
+    order = getattr(args, "queue_order", "arrival")
+    if order != "arrival":
+        if mode != "replay":
+            raise UsageError(f"--queue-order {order}: a fill places jobs in list order and has no queue")
+        header["queue order"] = f"{order} first (the same for every policy)"
+    config = RunConfig(
+        mode=mode, seed=args.seed, comm=comm, lifecycle=lifecycle, gpu_sharing=sharing, queue_order=order
+    )
     return cluster, jobs, header, config, policies
 
 

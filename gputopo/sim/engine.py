@@ -41,6 +41,10 @@ Progress = Callable[[int], None]
 Place = Callable[[ClusterState, Job], "list[Slot] | Failure"]
 
 
+#: The orders the replay's queue can be tried in (`RunConfig.queue_order`, `queue_priority`).
+QUEUE_ORDERS = ("arrival", "smallest")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     mode: str = "replay"  # "replay" or "fill"
@@ -48,6 +52,43 @@ class RunConfig:
     comm: CommModel = field(default_factory=CommModel)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)  # the sidecar's gangs over time
     gpu_sharing: bool = False  # fractional pods share GPUs (gputopo/sim/sharing.py)
+    queue_order: str = "arrival"  # one of QUEUE_ORDERS, the same for every policy
+
+    def __post_init__(self) -> None:
+        if self.queue_order not in QUEUE_ORDERS:
+            raise ValueError(
+                f"queue order must be one of {', '.join(QUEUE_ORDERS)}, got {self.queue_order!r}"
+            )
+
+
+def queue_priority(jobs: Sequence[Job], order: str) -> Sequence[int]:
+    """Each job's rank in the replay's queue, lowest tried first (ranks are distinct).
+
+    "arrival" (the default) is kube-scheduler's PrioritySort and Kueue's BestEffortFIFO with one
+    priority class: the oldest waiting job first, younger ones only where it does not fit.
+    "smallest" tries the job asking for the fewest GPUs first (arrival order among equals), as
+    Slurm's job-size factor with PriorityFavorSmall, or PriorityClasses by size, would: a what-if
+    for the queue discipline, which no placement policy here decides."""
+    if order == "arrival":
+        return range(len(jobs))
+    if order != "smallest":
+        raise ValueError(f"queue order must be one of {', '.join(QUEUE_ORDERS)}, got {order!r}")
+    rank = [0] * len(jobs)
+    for r, i in enumerate(sorted(range(len(jobs)), key=lambda i: (jobs[i].gpus, i))):
+        rank[i] = r
+    return rank
+
+
+#: One of the event loops below, as `runner` chooses it.
+Run = Callable[["Ledger", Sequence[Job], Recorder, "Progress | None"], int]
+
+
+def runner(config: RunConfig, jobs: Sequence[Job]) -> Run:
+    """The event loop of `config`'s mode for `jobs`, under its queue order."""
+    if config.mode == "fill":  # no queue: each job placed or rejected in turn
+        return run_fill
+    priority = queue_priority(jobs, config.queue_order)
+    return lambda ledger, js, rec, progress: run_replay(ledger, js, rec, progress, priority=priority)
 
 
 def simulate(
@@ -78,8 +119,7 @@ def simulate(
     rec = Recorder(cluster, [pool.get(t) for t in cluster.topologies], config.comm)
     started = clock()
     ledger = _WholeGpus(state, policy.place)
-    run = run_fill if config.mode == "fill" else run_replay
-    never = run(ledger, jobs, rec, progress)
+    never = runner(config, jobs)(ledger, jobs, rec, progress)
     if progress is not None:
         progress(sum(len(j.pods) for j in jobs))  # the end, whatever never started
     summary = rec.summary(
@@ -169,8 +209,17 @@ def run_fill(ledger: Ledger, jobs: Sequence[Job], rec: Recorder, progress: Progr
     return 0
 
 
-def run_replay(ledger: Ledger, jobs: Sequence[Job], rec: Recorder, progress: Progress | None) -> int:
-    """Replay mode (module docstring): returns how many jobs never started."""
+def run_replay(
+    ledger: Ledger,
+    jobs: Sequence[Job],
+    rec: Recorder,
+    progress: Progress | None,
+    *,
+    priority: Sequence[int] | None = None,
+) -> int:
+    """Replay mode (module docstring): returns how many jobs never started. A pass tries the
+    shapes' heads by `priority` (`queue_priority`; default: arrival order)."""
+    prio = range(len(jobs)) if priority is None else priority
     departures: list[tuple[float, int, Held]] = []
     queues: dict[Hashable, deque[int]] = {}
     blocked: set[Hashable] = set()  # shapes that failed since capacity was last freed
@@ -191,10 +240,12 @@ def run_replay(ledger: Ledger, jobs: Sequence[Job], rec: Recorder, progress: Pro
         while nxt < len(jobs) and jobs[nxt].submit <= now:
             queues.setdefault(ledger.shape(jobs[nxt]), deque()).append(nxt)
             nxt += 1
-        heads = [(q[0], shape) for shape, q in queues.items() if q and shape not in blocked]
+        heads = [(prio[q[0]], shape) for shape, q in queues.items() if q and shape not in blocked]
         heapq.heapify(heads)
         while heads:
-            idx, shape = heapq.heappop(heads)
+            shape = heapq.heappop(heads)[1]  # ranks are distinct: shapes are never compared
+            queue = queues[shape]
+            idx = queue[0]
             job = jobs[idx]
             hint = hints.get(shape) if hints else None  # the policy's last answer, unasked while it holds
             got = hint[1] if hint is not None and hint[0] == idx and hint[1].holds() else ledger.place(job)
@@ -208,10 +259,9 @@ def run_replay(ledger: Ledger, jobs: Sequence[Job], rec: Recorder, progress: Pro
             stretch = rec.placed_job(job, got[0], now)
             seq += 1
             heapq.heappush(departures, (now + job.duration * stretch, seq, got))
-            queue = queues[shape]
             queue.popleft()
             if queue:
-                heapq.heappush(heads, (queue[0], shape))
+                heapq.heappush(heads, (prio[queue[0]], shape))
             else:
                 del queues[shape]
             if hints:

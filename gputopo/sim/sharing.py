@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from gputopo.allocator import Allocator, AllocatorPool
 from gputopo.sim.comm import CommModel
-from gputopo.sim.engine import RunConfig, run_fill, run_replay
+from gputopo.sim.engine import RunConfig, runner
 from gputopo.sim.metrics import Recorder, Summary
 from gputopo.sim.policies import Failure, Slot, build_policy
 from gputopo.sim.state import ClusterState, SimCluster
@@ -204,8 +204,7 @@ def simulate_shared(
         figures = getattr(whole, "figures", None)
     rec = ShareRecorder(cluster, [pool.get(t) for t in cluster.topologies], config.comm)
     started = clock()
-    run = run_fill if mode == "fill" else run_replay
-    never = run(_Shares(book, place), jobs, rec, progress)
+    never = runner(config, jobs)(_Shares(book, place), jobs, rec, progress)
     if progress is not None:
         progress(sum(len(j.pods) for j in jobs))
     summary = rec.shared_summary(
