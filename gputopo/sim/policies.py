@@ -61,7 +61,8 @@ class Failure:
     admission: bool = False
 
 
-def _asks_again() -> bool:
+def _never_holds() -> bool:
+    """A Hinted made without a hint: asked again every time, as a plain Failure."""
     return False
 
 
@@ -73,7 +74,7 @@ class Hinted(Failure):
     state as it is when called and may update the policy's own counts of it, as the ask would.
     (A subclass, not a field of every Failure: the baselines build one per failed attempt.)"""
 
-    holds: Callable[[], bool] = field(default=_asks_again, compare=False, repr=False)
+    holds: Callable[[], bool] = field(default=_never_holds, compare=False, repr=False)
 
 
 class Policy:
