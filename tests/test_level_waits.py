@@ -246,6 +246,7 @@ def _run(
     events: list[object] = []
     used: Counter[str] = Counter()
     place, count, repeat = sidecar.SidecarPolicy.place, sidecar.SidecarPolicy._count, GangTracker.repeat_wait
+    plan = GangTracker.plan
     failure, placed, holds = Recorder.failure, Recorder.placed_job, sidecar.SidecarPolicy._holds
 
     def recorded(self: sidecar.SidecarPolicy, state: ClusterState, job: Job) -> list[Slot] | Failure:
@@ -264,12 +265,17 @@ def _run(
         used["tracker"] += got is not None
         return got
 
-    def hint(self: sidecar.SidecarPolicy, job: int, gang: str, state: ClusterState) -> Callable[[], bool]:
+    def planned(self: GangTracker, *args: object, **kwargs: object) -> object:
+        used["plans"] += 1
+        return plan(self, *args, **kwargs)
+
+    def hint(self: sidecar.SidecarPolicy, job: Job, gang: str, state: ClusterState) -> Callable[[], bool]:
         still = holds(self, job, gang, state)
 
         def counted_hint() -> bool:
             got = still()
-            used["hint"] += got
+            # an ask skipped (where the ledger finds too few free GPUs it would not ask anyway)
+            used["hint"] += got and state.could_fit(job.pods)
             return got
 
         return counted_hint
@@ -286,6 +292,7 @@ def _run(
         stack.enter_context(mock.patch.object(sidecar.SidecarPolicy, "place", recorded))
         stack.enter_context(mock.patch.object(sidecar.SidecarPolicy, "_count", counted))
         stack.enter_context(mock.patch.object(GangTracker, "repeat_wait", repeated))
+        stack.enter_context(mock.patch.object(GangTracker, "plan", planned))
         stack.enter_context(mock.patch.object(Recorder, "failure", failed))
         stack.enter_context(mock.patch.object(Recorder, "placed_job", placed_job))
         # a queueing hint that never holds: the engine asks the policy every time
@@ -342,6 +349,10 @@ def test_a_run_with_the_skip_answers_as_one_that_asks_every_time(args: list[str]
     assert tracked[4]["tracker"] > 50 and tracked[4]["hint"] == 0  # without it, the tracker's skip
     assert asked[4]["tracker"] == 0 and asked[4]["hint"] == 0
     assert hinted[0] == tracked[0] == asked[0]  # every attempt's outcome
+    # the hint skips only asks the tracker would have answered without planning: a hint that
+    # ran where the ledger would not have asked (too few free GPUs) and dropped the parked
+    # counts would show as extra plans here
+    assert hinted[4]["plans"] == tracked[4]["plans"] < asked[4]["plans"]
     assert tracked[1] == asked[1] and tracked[2] == asked[2]  # every answer and event
     assert hinted[3] == tracked[3] == asked[3]  # the summary and the lifecycle's figures
     # the hinted run's answers are the others' less the skipped asks, in order

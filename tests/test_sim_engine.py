@@ -384,12 +384,13 @@ def test_a_failure_that_holds_is_not_asked_again_until_its_hint_says_so() -> Non
     assert ledger.hint_calls == 3  # at 100, 150 (holds) and 300 (does not)
 
 
+@pytest.mark.parametrize("sharing", [False, True])
 @pytest.mark.parametrize(
     ("order", "single_wait", "multi_waits"),
     [("arrival", 180.0, (0.0, 90.0)), ("smallest", 80.0, (0.0, 190.0))],
 )
 def test_queue_order_decides_who_gets_freed_gpus_first(
-    order: str, single_wait: float, multi_waits: tuple[float, float]
+    order: str, single_wait: float, multi_waits: tuple[float, float], sharing: bool
 ) -> None:
     """One 8-GPU node busy until 100 s; an 8-GPU job waits from 10 s, a 1-GPU job from 20 s.
     Oldest first: the 8-GPU job takes the node at 100 s and the 1-GPU job waits for it to end;
@@ -397,7 +398,7 @@ def test_queue_order_decides_who_gets_freed_gpus_first(
     c = cluster("hgx-h100", [("n1", "a", frozenset())])
     jobs = [job(0, (8,), 0.0, 100.0), job(1, (8,), 10.0, 100.0), job(2, (1,), 20.0, 100.0)]
     for policy in ("gputopo", "kubelet-default"):
-        r = simulate(c, jobs, policy, RunConfig(queue_order=order))
+        r = simulate(c, jobs, policy, RunConfig(queue_order=order, gpu_sharing=sharing))
         assert r.placed == 3 and r.never_started == 0
         assert r.queue_delay_mean_single == pytest.approx(single_wait), policy
         assert r.queue_delay_mean_multi == pytest.approx(sum(multi_waits) / 2), policy
@@ -410,12 +411,59 @@ def test_queue_priority_ranks_every_job_once_in_its_order(gpus: list[int]) -> No
     assert list(queue_priority(jobs, "arrival")) == list(range(len(jobs)))
     rank = queue_priority(jobs, "smallest")
     assert sorted(rank) == list(range(len(jobs)))  # distinct: shapes are never compared
-    by_rank = sorted(range(len(jobs)), key=lambda i: rank[i])
-    assert by_rank == sorted(range(len(jobs)), key=lambda i: (gpus[i], i))  # brute force
+    for i in range(len(jobs)):  # every pair: fewer GPUs first, the older of two equal ones first
+        for j in range(i + 1, len(jobs)):
+            assert (rank[i] < rank[j]) == (gpus[i] <= gpus[j]), (i, j)
 
 
 def test_an_unknown_queue_order_is_refused() -> None:
     with pytest.raises(ValueError, match="queue order must be one of arrival, smallest"):
         RunConfig(queue_order="shortest")
+    with pytest.raises(ValueError, match="a fill places jobs in list order"):
+        RunConfig(mode="fill", queue_order="smallest")
     with pytest.raises(ValueError, match="queue order must be one of"):
         queue_priority([], "lifo")
+
+
+class _StaleHintLedger(_HintedLedger):
+    """Job 0's hint holds twice, then lets job 0 through (placed), then would hold forever:
+    a hint left over from a head that was placed must not answer for the next head."""
+
+    def __init__(self, free: int) -> None:
+        super().__init__(free)
+        self.calls = 0
+
+    def _holds(self) -> bool:
+        self.calls += 1
+        return self.calls != 3
+
+    def place(self, j: Job) -> tuple[list[tuple[int, tuple[int, ...]]], int] | Failure:
+        self.asked.append((j.id, self.now))
+        if j.id == 0 and not self.asked[:-1]:
+            return Hinted("waiting for its own level", holds=self._holds)
+        if j.gpus > self.free_gpus:
+            return Failure("not enough free GPUs")
+        return [(0, tuple(range(j.gpus)))], 0
+
+    def tick(self, now: float) -> None:
+        self.now = now
+
+
+def test_a_hint_answers_only_for_the_head_it_was_given_for() -> None:
+    """Two jobs of one shape: job 0 is refused with a hint, which holds at the next two passes
+    and not at the third (job 0 is asked and placed); job 4, now the shape's head, is asked
+    although the leftover hint would say "holds" (with it, job 4 would never start)."""
+    c = cluster("hgx-h100", [("n1", "a", frozenset())])
+    jobs = [
+        job(0, (8,), submit=0.0, duration=10.0),
+        job(1, (1,), submit=0.0, duration=100.0),  # leaves at 100
+        job(2, (1,), submit=50.0, duration=100.0),  # leaves at 150
+        job(3, (1,), submit=60.0, duration=140.0),  # leaves at 200
+        job(4, (8,), submit=70.0, duration=10.0),
+    ]
+    ledger = _StaleHintLedger(free=8)
+    rec = Recorder(c, [AllocatorPool().get(t) for t in c.topologies], CommModel())
+    assert run_replay(ledger, jobs, rec, None) == 0 and rec.placed == 5
+    assert [t for i, t in ledger.asked if i == 0] == [0.0, 200.0]  # skipped at 100 and 150
+    # job 4 is asked as soon as it heads the shape (no room at 200) and when job 0 leaves
+    assert [t for i, t in ledger.asked if i == 4] == [200.0, 210.0]

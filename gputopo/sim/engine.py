@@ -2,13 +2,13 @@
 
 Two modes. `replay` (timed traces, the generator): jobs arrive at their submit time, wait in
 a queue when they do not fit, and leave after their (placement-stretched) run time; after
-every batch of events the queue is tried in arrival order. `fill` (untimed lists, as FGD
-uses the Alibaba lists): jobs arrive one after another and never leave; a job that does not
-fit is rejected, not queued.
+every batch of events the queue is tried in arrival order (or smallest job first:
+`queue_priority`). `fill` (untimed lists, as FGD uses the Alibaba lists): jobs arrive one after
+another and never leave; a job that does not fit is rejected, not queued.
 
 Trying a long queue after every event is what makes naive simulators slow. Jobs of the same
 shape fit or fail alike, so the queue is kept per shape and a pass tries only the head of
-each shape, merging heads in arrival order; once a shape fails, the rest of it is skipped,
+each shape, merging heads in queue order; once a shape fails, the rest of it is skipped,
 and it stays skipped until a departure frees GPUs (arrivals only ever take capacity away).
 kube-scheduler likewise retries unschedulable pods on cluster events, not in a loop.
 A policy's failure may carry a queueing hint (`policies.Hinted`, after kube-scheduler's
@@ -55,10 +55,14 @@ class RunConfig:
     queue_order: str = "arrival"  # one of QUEUE_ORDERS, the same for every policy
 
     def __post_init__(self) -> None:
-        if self.queue_order not in QUEUE_ORDERS:
-            raise ValueError(
-                f"queue order must be one of {', '.join(QUEUE_ORDERS)}, got {self.queue_order!r}"
-            )
+        _check_order(self.queue_order)
+        if self.mode == "fill" and self.queue_order != "arrival":
+            raise ValueError(f"queue order {self.queue_order!r}: a fill places jobs in list order, no queue")
+
+
+def _check_order(order: str) -> None:
+    if order not in QUEUE_ORDERS:
+        raise ValueError(f"queue order must be one of {', '.join(QUEUE_ORDERS)}, got {order!r}")
 
 
 def queue_priority(jobs: Sequence[Job], order: str) -> Sequence[int]:
@@ -69,10 +73,9 @@ def queue_priority(jobs: Sequence[Job], order: str) -> Sequence[int]:
     "smallest" tries the job asking for the fewest GPUs first (arrival order among equals), as
     Slurm's job-size factor with PriorityFavorSmall, or PriorityClasses by size, would: a what-if
     for the queue discipline, which no placement policy here decides."""
+    _check_order(order)
     if order == "arrival":
         return range(len(jobs))
-    if order != "smallest":
-        raise ValueError(f"queue order must be one of {', '.join(QUEUE_ORDERS)}, got {order!r}")
     rank = [0] * len(jobs)
     for r, i in enumerate(sorted(range(len(jobs)), key=lambda i: (jobs[i].gpus, i))):
         rank[i] = r
@@ -83,12 +86,16 @@ def queue_priority(jobs: Sequence[Job], order: str) -> Sequence[int]:
 Run = Callable[["Ledger", Sequence[Job], Recorder, "Progress | None"], int]
 
 
-def runner(config: RunConfig, jobs: Sequence[Job]) -> Run:
-    """The event loop of `config`'s mode for `jobs`, under its queue order."""
+def runner(config: RunConfig) -> Run:
+    """The event loop of `config`'s mode, under its queue order."""
     if config.mode == "fill":  # no queue: each job placed or rejected in turn
         return run_fill
-    priority = queue_priority(jobs, config.queue_order)
-    return lambda ledger, js, rec, progress: run_replay(ledger, js, rec, progress, priority=priority)
+    order = config.queue_order
+
+    def replay(ledger: Ledger, jobs: Sequence[Job], rec: Recorder, progress: Progress | None) -> int:
+        return run_replay(ledger, jobs, rec, progress, priority=queue_priority(jobs, order))
+
+    return replay
 
 
 def simulate(
@@ -119,7 +126,7 @@ def simulate(
     rec = Recorder(cluster, [pool.get(t) for t in cluster.topologies], config.comm)
     started = clock()
     ledger = _WholeGpus(state, policy.place)
-    never = runner(config, jobs)(ledger, jobs, rec, progress)
+    never = runner(config)(ledger, jobs, rec, progress)
     if progress is not None:
         progress(sum(len(j.pods) for j in jobs))  # the end, whatever never started
     summary = rec.summary(

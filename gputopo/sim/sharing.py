@@ -204,7 +204,7 @@ def simulate_shared(
         figures = getattr(whole, "figures", None)
     rec = ShareRecorder(cluster, [pool.get(t) for t in cluster.topologies], config.comm)
     started = clock()
-    never = runner(config, jobs)(_Shares(book, place), jobs, rec, progress)
+    never = runner(config)(_Shares(book, place), jobs, rec, progress)
     if progress is not None:
         progress(sum(len(j.pods) for j in jobs))
     summary = rec.shared_summary(
