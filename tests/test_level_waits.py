@@ -269,13 +269,12 @@ def _run(
         used["plans"] += 1
         return plan(self, *args, **kwargs)
 
-    def hint(self: sidecar.SidecarPolicy, job: Job, gang: str, state: ClusterState) -> Callable[[], bool]:
+    def hint(self: sidecar.SidecarPolicy, job: int, gang: str, state: ClusterState) -> Callable[[], bool]:
         still = holds(self, job, gang, state)
 
         def counted_hint() -> bool:
             got = still()
-            # an ask skipped (where the ledger finds too few free GPUs it would not ask anyway)
-            used["hint"] += got and state.could_fit(job.pods)
+            used["hint"] += got  # an ask skipped (the ledger asks the hint only where it would ask)
             return got
 
         return counted_hint

@@ -331,7 +331,11 @@ class _HintedLedger:
         self.hint_calls += 1
         return self.hold
 
-    def place(self, j: Job) -> tuple[list[tuple[int, tuple[int, ...]]], int] | Failure:
+    def place(
+        self, j: Job, hint: Hinted | None = None
+    ) -> tuple[list[tuple[int, tuple[int, ...]]], int] | Failure:
+        if hint is not None and hint.holds():  # as the engine's ledgers: the policy is not asked
+            return hint
         self.asked.append((j.id, self.now))
         if j.id == 0 and self.hold:
             return Hinted("waiting for its own level", holds=self._holds)
@@ -437,7 +441,11 @@ class _StaleHintLedger(_HintedLedger):
         self.calls += 1
         return self.calls != 3
 
-    def place(self, j: Job) -> tuple[list[tuple[int, tuple[int, ...]]], int] | Failure:
+    def place(
+        self, j: Job, hint: Hinted | None = None
+    ) -> tuple[list[tuple[int, tuple[int, ...]]], int] | Failure:
+        if hint is not None and hint.holds():
+            return hint
         self.asked.append((j.id, self.now))
         if j.id == 0 and not self.asked[:-1]:
             return Hinted("waiting for its own level", holds=self._holds)

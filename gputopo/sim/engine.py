@@ -12,8 +12,9 @@ each shape, merging heads in queue order; once a shape fails, the rest of it is 
 and it stays skipped until a departure frees GPUs (arrivals only ever take capacity away).
 kube-scheduler likewise retries unschedulable pods on cluster events, not in a loop.
 A policy's failure may carry a queueing hint (`policies.Hinted`, after kube-scheduler's
-QueueingHint): while it holds, the head's pass records the same failure without asking the
-policy (a gang waiting for its own level: the sidecar's answer is known without planning).
+QueueingHint): the head's next pass hands it to the ledger, which returns it without asking the
+policy while it holds (a gang waiting for its own level: the sidecar's answer is known without
+planning).
 """
 
 from __future__ import annotations
@@ -154,8 +155,10 @@ class Ledger(Protocol):
         """Jobs of one shape fit or fail alike (the queue is kept per shape)."""
         ...
 
-    def place(self, job: Job) -> Held | Failure:
-        """The policy's answer against the current state, which it leaves unchanged."""
+    def place(self, job: Job, hint: Hinted | None = None) -> Held | Failure:
+        """The policy's answer against the current state, which it leaves unchanged. `hint` is
+        the policy's last answer for this job: returned, without asking the policy, while it
+        holds (checked after the ledger's own checks, where the policy would have been asked)."""
         ...
 
     def take(self, held: Held) -> None: ...
@@ -181,9 +184,13 @@ class _WholeGpus:
     def shape(self, job: Job) -> Hashable:
         return job.pods
 
-    def place(self, job: Job) -> Held | Failure:
+    def place(self, job: Job, hint: Hinted | None = None) -> Held | Failure:
         state = self.state
-        got = self._place(state, job) if state.could_fit(job.pods) else Failure("not enough free GPUs")
+        if not state.could_fit(job.pods):
+            return Failure("not enough free GPUs")
+        if hint is not None and hint.holds():
+            return hint
+        got = self._place(state, job)
         return got if isinstance(got, Failure) else (got, 0)
 
     def take(self, held: Held) -> None:
@@ -254,8 +261,8 @@ def run_replay(
             queue = queues[shape]
             idx = queue[0]
             job = jobs[idx]
-            hint = hints.get(shape) if hints else None  # the policy's last answer, unasked while it holds
-            got = hint[1] if hint is not None and hint[0] == idx and hint[1].holds() else ledger.place(job)
+            hint = hints.get(shape) if hints else None  # the head's last answer, if it was Hinted
+            got = ledger.place(job, hint[1] if hint is not None and hint[0] == idx else None)
             if isinstance(got, Failure):
                 rec.failure(job, now, ledger.free(), got.admission)
                 blocked.add(shape)

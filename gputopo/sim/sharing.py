@@ -26,7 +26,7 @@ from gputopo.allocator import Allocator, AllocatorPool
 from gputopo.sim.comm import CommModel
 from gputopo.sim.engine import RunConfig, runner
 from gputopo.sim.metrics import Recorder, Summary
-from gputopo.sim.policies import Failure, Slot, build_policy
+from gputopo.sim.policies import Failure, Hinted, Slot, build_policy
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
 
@@ -161,8 +161,9 @@ class ShareRecorder(Recorder):
         )
 
 
-#: A policy's answer under sharing: the job's slots and the milli-GPUs each pod takes.
-Place = Callable[[Job], "tuple[list[Slot], int] | Failure"]
+#: A policy's answer under sharing: the job's slots and the milli-GPUs each pod takes (given the
+#: policy's last answer for the job, returned unasked while it holds: `engine.Ledger.place`).
+Place = Callable[[Job, "Hinted | None"], "tuple[list[Slot], int] | Failure"]
 
 
 def simulate_shared(
@@ -187,7 +188,9 @@ def simulate_shared(
     if shares(policy_name):
         policy = build_shared_policy(policy_name, cluster, pool, rng, book, jobs)
 
-        def place(job: Job) -> tuple[list[Slot], int] | Failure:
+        def place(job: Job, hint: Hinted | None) -> tuple[list[Slot], int] | Failure:
+            if hint is not None and hint.holds():
+                return hint
             got = policy.place(state, job)
             return got if isinstance(got, Failure) else (got, min(job.milli, WHOLE))
 
@@ -195,9 +198,11 @@ def simulate_shared(
     else:
         whole = build_policy(policy_name, cluster, pool, rng, config.lifecycle, jobs)
 
-        def place(job: Job) -> tuple[list[Slot], int] | Failure:
+        def place(job: Job, hint: Hinted | None) -> tuple[list[Slot], int] | Failure:
             if not state.could_fit(job.pods):
                 return Failure("not enough free GPUs")
+            if hint is not None and hint.holds():
+                return hint
             got = whole.place(state, job)
             return got if isinstance(got, Failure) else (got, WHOLE)
 
@@ -225,7 +230,10 @@ class _Shares:
 
     def __init__(self, book: ShareBook, place: Place) -> None:
         self.book = book
-        self.place = place
+        self._place = place
+
+    def place(self, job: Job, hint: Hinted | None = None) -> tuple[list[Slot], int] | Failure:
+        return self._place(job, hint)
 
     def shape(self, job: Job) -> Hashable:
         return (job.pods, job.milli)

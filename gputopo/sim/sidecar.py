@@ -178,7 +178,7 @@ class SidecarPolicy(PodClasses):
             again = t.repeat_wait(gang, self._offer, {}, self._net, state.now)
             if again is not None:
                 self._count(t.drain())
-                return Hinted(again.reason, holds=self._holds(job, gang, state))
+                return Hinted(again.reason, holds=self._holds(job.id, gang, state))
             self._waiting.forget(job.id)
         pods = [f"{gang}-{k}" for k in range(n)]
         where: dict[str, str] = {}
@@ -211,7 +211,7 @@ class SidecarPolicy(PodClasses):
             return (
                 Failure(first.reason)
                 if wait is None
-                else Hinted(first.reason, holds=self._holds(job, gang, state))
+                else Hinted(first.reason, holds=self._holds(job.id, gang, state))
             )
         queue = [(now, 0, n - 1)] + [(now + POD_BACKOFF_S[0], k + 1, k) for k in range(n - 1)]
         attempts = [0] * n
@@ -274,16 +274,14 @@ class SidecarPolicy(PodClasses):
         self._arrived.discard(job.id)  # placed: the engine will not ask again
         return [slots[k] for k in range(n)]
 
-    def _holds(self, job: Job, gang: str, state: ClusterState) -> Callable[[], bool]:
+    def _holds(self, job: int, gang: str, state: ClusterState) -> Callable[[], bool]:
         """The queueing hint of a gang parked waiting for its own level (`Hinted.holds`): True
-        while asking again would not reach a plan. Either ledger answers without asking when the
-        cluster has too few free GPUs (`ClusterState.could_fit`): that holds, and touches nothing
-        the ask would not have; otherwise the checks `_lifecycle` makes first, in its order (the
-        parked counts brought up to date as that ask would), then `repeat_wait`'s (`vouches`)."""
-        waiting, tracker, offer, net, pods = self._waiting, self.tracker, self._offer, self._net, job.pods
+        while asking again would not reach a plan; asked where the ledger would ask the policy,
+        it makes the checks `_lifecycle` makes first, in its order (the parked counts brought up
+        to date as that ask would), then `repeat_wait`'s (`vouches`)."""
+        waiting, tracker, offer, net = self._waiting, self.tracker, self._offer, self._net
         return lambda: (
-            not state.could_fit(pods)
-            or (waiting.unchanged(job.id, state) is not None and tracker.vouches(gang, offer, net, state.now))
+            waiting.unchanged(job, state) is not None and tracker.vouches(gang, offer, net, state.now)
         )
 
     def _count(self, events: list[gangs.Event]) -> None:
