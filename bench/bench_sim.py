@@ -28,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-from gputopo.allocator import AllocatorPool
+from gputopo.node.allocator import AllocatorPool
 from gputopo.sim.cli import add_arguments, prepare
 from gputopo.sim.clusters import default_cluster
 from gputopo.sim.engine import RunConfig, simulate
-from gputopo.sim.policies import BASELINE, POLICIES
+from gputopo.sim.policies.catalog import BASELINE, POLICIES
 from gputopo.sim.workload import generate
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.cluster import parse_cluster
-from gputopo.gang import GangPlan, GangSpec, Member, plan_gang
-from gputopo.network import ACCELERATOR, LEAF, SPINE
+from gputopo.gang.planner import GangPlan, GangSpec, Member, plan_gang
+from gputopo.network.cluster import parse_cluster
+from gputopo.network.levels import ACCELERATOR, LEAF, SPINE
 from gputopo.sim.clusters import (
     CLUSTER_PRESETS,
     MIXED_KINDS,

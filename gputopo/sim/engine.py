@@ -28,11 +28,11 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from gputopo.allocator import AllocatorPool
+from gputopo.node.allocator import AllocatorPool
 from gputopo.sim.comm import CommModel
 from gputopo.sim.metrics import Recorder, Summary
-from gputopo.sim.policies import BASELINE, Failure, Hinted, Slot, build_policy
-from gputopo.sim.sidecar import Lifecycle
+from gputopo.sim.policies.catalog import BASELINE, Failure, Hinted, Slot, build_policy
+from gputopo.sim.policies.sidecar import Lifecycle
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
 

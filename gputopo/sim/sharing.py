@@ -7,7 +7,7 @@ classes, the free histogram) stays as it is: a GPU that holds a share is simply 
 and `ShareBook` keeps, beside it, how much of each such GPU the shares use. Only a run with the
 flag builds a book, so the default run's hot path never sees it.
 
-Which policies share, and how, is each one's own rule (gputopo/sim/sharepolicies.py);
+Which policies share, and how, is each one's own rule (gputopo/sim/policies/shared.py);
 the policies standing for systems that hand out whole GPUs only (`WHOLE_GPU_POLICIES`: this
 project's device plugin, NVIDIA's without time-slicing) keep counting a fractional pod as a
 whole GPU. Figures that count GPUs (free at the first failure, allocated, demand placed) count
@@ -22,11 +22,11 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 
-from gputopo.allocator import Allocator, AllocatorPool
+from gputopo.node.allocator import Allocator, AllocatorPool
 from gputopo.sim.comm import CommModel
 from gputopo.sim.engine import RunConfig, runner
 from gputopo.sim.metrics import Recorder, Summary
-from gputopo.sim.policies import Failure, Hinted, Slot, build_policy
+from gputopo.sim.policies.catalog import Failure, Hinted, Slot, build_policy
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
 
@@ -179,7 +179,7 @@ def simulate_shared(
     """One policy under --gpu-sharing (engine.simulate hands over when the RunConfig asks for
     it): a sharing policy places fractional pods by its share rule, the others as whole GPUs;
     every take and give goes through the ShareBook."""
-    from gputopo.sim.sharepolicies import build_shared_policy
+    from gputopo.sim.policies.shared import build_shared_policy
 
     mode = config.mode
     rng = random.Random(config.seed)
