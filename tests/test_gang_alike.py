@@ -15,7 +15,7 @@ from gputopo.network.cluster import parse_cluster
 from gputopo.network.levels import HOSTNAME, LEAF, SPINE
 from gputopo.node.allocator import AllocatorPool
 from gputopo.sim.clusters import from_snapshot
-from gputopo.sim.policies.catalog import Failure
+from gputopo.sim.policies.base import Failure
 from gputopo.sim.policies.sidecar import SidecarPolicy
 from gputopo.sim.state import ClusterState
 from gputopo.sim.workload import Job

@@ -33,11 +33,11 @@ from gputopo.network.nodeview import NodeView
 from gputopo.node.allocator import AllocatorPool
 from gputopo.sim.cli import add_arguments, prepare
 from gputopo.sim.clusters import preset_cluster
-from gputopo.sim.engine import simulate
 from gputopo.sim.metrics import Recorder
 from gputopo.sim.policies import sidecar
-from gputopo.sim.policies.catalog import Failure, Slot
+from gputopo.sim.policies.base import Failure, Slot
 from gputopo.sim.policies.levelwaits import LevelWaits
+from gputopo.sim.run import simulate
 from gputopo.sim.state import ClusterState
 from gputopo.sim.workload import Job
 from tests.test_gang_objective import A100, INDEX, NAMES, TLEVELS, views

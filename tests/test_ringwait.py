@@ -19,7 +19,7 @@ from gputopo.node.allocator import AllocatorPool
 from gputopo.node.topofile import load_preset
 from gputopo.pod.objective import CommProfile
 from gputopo.pod.ringwait import RingWait
-from gputopo.sim.policies.catalog import Failure
+from gputopo.sim.policies.base import Failure
 from gputopo.sim.policies.sidecar import Lifecycle, SidecarPolicy
 from gputopo.sim.state import ClusterState, SimCluster, SimNode
 from gputopo.sim.workload import Job

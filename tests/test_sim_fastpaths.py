@@ -32,9 +32,10 @@ from gputopo.node.policy import GpuPolicy
 from gputopo.pod import objective as clusterobjective
 from gputopo.pod.objective import ClusterObjective, DemandMix
 from gputopo.sim.clusters import default_cluster, preset_cluster
-from gputopo.sim.engine import RunConfig, simulate
+from gputopo.sim.engine import RunConfig
 from gputopo.sim.policies import sidecar
-from gputopo.sim.policies.catalog import Failure, Slot
+from gputopo.sim.policies.base import Failure, Slot
+from gputopo.sim.run import simulate
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job, generate
 

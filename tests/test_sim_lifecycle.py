@@ -17,9 +17,10 @@ from gputopo.node.allocator import AllocatorPool
 from gputopo.node.topofile import load_preset
 from gputopo.pod import kubesched
 from gputopo.pod.placement import node_scores
-from gputopo.sim.engine import RunConfig, simulate
+from gputopo.sim.engine import RunConfig
 from gputopo.sim.policies.catalog import build_policy
 from gputopo.sim.policies.sidecar import Lifecycle, SidecarPolicy
+from gputopo.sim.run import simulate
 from gputopo.sim.state import ClusterState, SimCluster, SimNode
 from gputopo.sim.workload import Job
 

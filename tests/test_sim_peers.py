@@ -13,9 +13,11 @@ from gputopo.network.levels import DEFAULT_LEVELS, LEAF, SPINE
 from gputopo.node.allocator import AllocatorPool
 from gputopo.node.topofile import load_preset
 from gputopo.node.topology import Topology, make_topology
-from gputopo.sim.engine import RunConfig, compare, simulate
-from gputopo.sim.policies.catalog import POLICIES, Failure, build_policy
+from gputopo.sim.engine import RunConfig
+from gputopo.sim.policies.base import Failure
+from gputopo.sim.policies.catalog import POLICIES, build_policy
 from gputopo.sim.policies.peers import best_fit_domains, fragmentation_table, pod_size_counts
+from gputopo.sim.run import compare, simulate
 from gputopo.sim.state import ClusterState, SimCluster, SimNode
 from gputopo.sim.workload import Job
 

@@ -23,11 +23,11 @@ from gputopo.network.nodeview import ChoiceMemo, NodeView
 from gputopo.node.allocator import AllocatorPool, Choice
 from gputopo.node.policy import GpuPolicy
 from gputopo.pod import kubesched
-from gputopo.pod.objective import ClusterObjective, DemandMix
-from gputopo.pod.placement import MAX_SCORE, node_scores, rank_scores, scores_in_order, single_key
+from gputopo.pod.objective import ClusterObjective, DemandMix, single_key
+from gputopo.pod.placement import MAX_SCORE, node_scores, rank_scores, scores_in_order
 from gputopo.sim.clusters import default_cluster, preset_cluster
 from gputopo.sim.policies import podclasses
-from gputopo.sim.policies.catalog import Failure, Slot
+from gputopo.sim.policies.base import Failure, Slot
 from gputopo.sim.policies.sidecar import SidecarPolicy
 from gputopo.sim.state import ClusterState, SimCluster
 

@@ -22,7 +22,8 @@ from gputopo.sim.clusters import (
     preset_cluster,
     preset_snapshot,
 )
-from gputopo.sim.engine import RunConfig, simulate
+from gputopo.sim.engine import RunConfig
+from gputopo.sim.run import simulate
 from gputopo.sim.state import SimCluster
 from gputopo.sim.workload import Job
 

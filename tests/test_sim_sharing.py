@@ -21,10 +21,11 @@ from gputopo.network.levels import DEFAULT_LEVELS, LEAF
 from gputopo.node.allocator import AllocatorPool
 from gputopo.node.topology import Topology, make_topology
 from gputopo.sim.cli import _Parser, add_arguments, prepare
-from gputopo.sim.engine import RunConfig, compare
+from gputopo.sim.engine import RunConfig
 from gputopo.sim.plot import figure
 from gputopo.sim.policies.catalog import POLICIES
 from gputopo.sim.policies.shared import build_shared_policy, fragmentation, task_counts
+from gputopo.sim.run import compare
 from gputopo.sim.sharing import SHARING_POLICIES, WHOLE_GPU_POLICIES, ShareBook
 from gputopo.sim.state import ClusterState, SimCluster, SimNode
 from gputopo.sim.workload import Job

@@ -138,9 +138,9 @@ def evaluate_promising(
     candidate already found would rank after it on (3) whatever its (3b) and (4), and every
     tied domain has the same (2). Domains are worked out highest bound first, so the first
     bound below the best worst found ends the search."""
-    _own_memo(pb)
+    own_memo_for(pb)
     views = pb.views
-    members = _member_lists(pb.memo, lx)
+    members = member_lists(pb.memo, lx)
     seen: list[tuple[tuple[NodeView | None, ...], _Kinds]] = []
     caps: list[Quality | None] = []
     for d, k, _ in tied:
@@ -174,7 +174,7 @@ def level_bounds(pb: Problem, lx: LevelIndex) -> tuple[np.ndarray, list[int], np
     part memoised on its nodes' free GPU counts: per domain its free GPUs and its fewest nodes
     are a function of those counts, the size and the member count alone, and gangs planned one
     after another meet the same counts in every domain but the few that changed."""
-    _own_memo(pb)
+    own_memo_for(pb)
     g, n = pb.sizes[0], len(pb.sizes)
     need, counts, memo = n * g, pb.counts, pb.memo
     dfree: list[int] = []
@@ -203,7 +203,7 @@ def _count_getters(memo: ChoiceMemo, lx: LevelIndex) -> list[Callable[[list[int]
     if hit is not None and hit[0][0] is lx:
         return cast("list[Callable[[list[int]], tuple[int, ...]]]", hit[1])
     getters: list[Callable[[list[int]], tuple[int, ...]]] = []
-    for m in _member_lists(memo, lx):
+    for m in member_lists(memo, lx):
         if len(m) == 1:  # itemgetter of one index answers the item, not a tuple of it
             getters.append(_picker(m[0]))
         else:
@@ -219,7 +219,7 @@ def _picker(p: int) -> Callable[[list[int]], tuple[int, ...]]:
     return pick
 
 
-def _member_lists(memo: ChoiceMemo, lx: LevelIndex) -> list[list[int]]:
+def member_lists(memo: ChoiceMemo, lx: LevelIndex) -> list[list[int]]:
     """`lx.members` as lists (made once per index and level: the memo was reset for the index)."""
     key = ("#members", lx.level)
     hit = memo.domains.get(key)
@@ -230,14 +230,14 @@ def _member_lists(memo: ChoiceMemo, lx: LevelIndex) -> list[list[int]]:
     return lists
 
 
-def _own_memo(pb: Problem) -> None:
+def own_memo_for(pb: Problem) -> None:
     """Empty the memo's domain evaluations when they were made for another index or hold too
     many views (they are keyed on positions of one index)."""
     own_memo(pb.memo, pb.index)
 
 
 def own_memo(memo: ChoiceMemo, index: NetworkIndex) -> None:
-    """`_own_memo` before a `Problem` exists (`gang.plan_gang`'s node layout)."""
+    """`own_memo_for` before a `Problem` exists (`gang.plan_gang`'s node layout)."""
     if memo.domains_for is not index or memo.domains_held > DOMAIN_VIEWS_HELD:
         memo.domains.clear()
         memo.domains_for, memo.domains_held = index, 0
@@ -262,7 +262,7 @@ def evaluate(
         # meet the same views in every domain but the few that changed.
         memo = pb.memo
         if known is None:
-            _own_memo(pb)
+            own_memo_for(pb)
             held = tuple([pb.views[p] for p in positions.tolist()])
         else:
             held = known[0]

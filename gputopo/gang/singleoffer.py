@@ -35,7 +35,7 @@ import numpy as np
 
 from gputopo.gang import spread
 from gputopo.gang.cost import DIGITS
-from gputopo.gang.domain import Candidate, Problem, _member_lists, _own_memo, cost_key
+from gputopo.gang.domain import Candidate, Problem, cost_key, member_lists, own_memo_for
 from gputopo.network.levels import LevelIndex
 from gputopo.network.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Quality
 from gputopo.node.allocator import Choice
@@ -77,7 +77,7 @@ def _call(pb: Problem) -> _Call:
     # the last call's offers for this g are kept (`_LAST`, in the caller's memo, for this
     # index) and only the positions whose view is another object are worked out again: gangs
     # planned one after another meet the same views on all nodes but the few that changed.
-    _own_memo(pb)
+    own_memo_for(pb)
     key = (_LAST, g)
     last = memo.domains.get(key)
     todo = None if last is None else _changed(pb, cast("_Kept", last[1])[0])
@@ -138,7 +138,7 @@ def candidates(pb: Problem, lx: LevelIndex, lower: Sequence[LevelIndex]) -> list
     worked out; among those the candidate rank's remaining keys decide: (3b) fewest
     sub-domains, (4) the plan's cost (with an objective: the rivals tied on (2)-(3b) are
     priced, and only they can win), fewest free GPUs, domain order. `applies(pb)` must hold."""
-    _own_memo(pb)
+    own_memo_for(pb)
     n = len(pb.sizes)
     offered = offers(pb)
     rooms = _rooms(pb, lx, offered)
@@ -188,9 +188,9 @@ def _rooms(pb: Problem, lx: LevelIndex, offered: list[Offer | None]) -> list[_Ro
     """`_Room` per domain of `lx`. A function of the domain's views and the member size, so
     kept per (size, level) with the views they were made from (`_ROOMS`, in the caller's
     memo for this index): only the domains with a view that is another object since are
-    worked out again. The caller has reset the memo for this index (`_own_memo`)."""
+    worked out again. The caller has reset the memo for this index (`own_memo_for`)."""
     memo, views, counts = pb.memo, pb.views, pb.counts
-    members = _member_lists(memo, lx)
+    members = member_lists(memo, lx)
     key = (_ROOMS, pb.sizes[0], lx.level)
     hit = memo.domains.get(key)
     todo: Iterable[int]
@@ -213,7 +213,7 @@ def _rooms(pb: Problem, lx: LevelIndex, offered: list[Offer | None]) -> list[_Ro
 
 
 def _domain_ids(memo: ChoiceMemo, lx: LevelIndex) -> list[int]:
-    """`lx.domain_id` as a list (made once per index and level, as `_member_lists`)."""
+    """`lx.domain_id` as a list (made once per index and level, as `member_lists`)."""
     key = (_IDS, lx.level)
     hit = memo.domains.get(key)
     if hit is not None and hit[0][0] is lx:

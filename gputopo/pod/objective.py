@@ -37,13 +37,23 @@ from dataclasses import dataclass
 
 from gputopo.node.allocator import DISRUPTION_SIZES, Allocator, Choice
 from gputopo.node.policy import GpuPolicy
-from gputopo.pod.placement import single_key
 
 #: Pod size classes of the demand mix: 1, 2, 4, 8 (a pod of 3 counts as 4, of 5..8 as 8;
 #: members of multi-node gangs count as 8, they take whole nodes).
 SIZE_CLASSES: tuple[int, ...] = (1, 2, 4, 8)
 #: Demand before anything was observed: a plain mix of the size classes' GPU shares.
 DEFAULT_PRIOR: Mapping[int, float] = {1: 0.2, 2: 0.1, 4: 0.2, 8: 0.5}
+
+
+#: A known-topology node's order for one pod (larger first): see `single_key`.
+SingleKey = tuple[int, int, tuple[tuple[int, int, int], ...], int]
+
+
+def single_key(free: frozenset[int], choice: Choice, gpus: int) -> SingleKey:
+    """Order of nodes for one pod, larger first: ring of its set, then best fit (fewest GPUs
+    left free: the emptier nodes stay whole for big jobs), then the node objective's least
+    disruption (same leftover count, so the tuples compare like for like), then pair sum."""
+    return (choice.ring_mbps, -(len(free) - gpus), choice.disruption, choice.pair_sum_mbps)
 
 
 def size_class(gpus: int) -> int:

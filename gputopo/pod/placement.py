@@ -11,31 +11,19 @@ Pure: no I/O, no clock, no globals.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from gputopo.network.nodeview import ChoiceMemo, NodeView, Placement
-from gputopo.node.allocator import Choice
 from gputopo.node.policy import GpuPolicy
-
-if TYPE_CHECKING:  # the objective imports this module's first-cut key
-    from gputopo.pod.objective import ClusterObjective
+from gputopo.pod.objective import ClusterObjective, SingleKey, single_key
 
 #: Score of a node of unknown topology in `node_scores`: the middle of 0..10.
 NEUTRAL_SCORE = 5
 MAX_SCORE = 10
 
 
-#: A known-topology node's order for one pod (larger first): see `single_key`.
-_Key = tuple[int, int, tuple[tuple[int, int, int], ...], int]
 #: A node's key in `rank_scores`: any comparable tuple (larger is better).
 K = TypeVar("K", bound=tuple[Any, ...])
-
-
-def single_key(free: frozenset[int], choice: Choice, gpus: int) -> _Key:
-    """Order of nodes for one pod, larger first: ring of its set, then best fit (fewest GPUs
-    left free: the emptier nodes stay whole for big jobs), then the node objective's least
-    disruption (same leftover count, so the tuples compare like for like), then pair sum."""
-    return (choice.ring_mbps, -(len(free) - gpus), choice.disruption, choice.pair_sum_mbps)
 
 
 def node_scores(
@@ -124,13 +112,13 @@ def place_pod(
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
         raise ValueError(f"a pod must ask for at least 1 GPU to be placed, got {gpus!r}")
     memo = memo if memo is not None else ChoiceMemo()
-    best: tuple[int, int | _Key] | None = None
+    best: tuple[int, int | SingleKey] | None = None
     best_place: Placement | None = None
     for v in nodes:
         if len(v.free) < gpus:
             continue
         if v.allocator is None:
-            key: tuple[int, int | _Key] = (0, -len(v.free))
+            key: tuple[int, int | SingleKey] = (0, -len(v.free))
             place = Placement(pod, v.name, ())
         else:
             choice = memo.choose(v.allocator, v.free, gpus)

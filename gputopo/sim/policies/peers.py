@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from gputopo.network.levels import HOSTNAME
 from gputopo.node.allocator import AllocationError, Allocator
 from gputopo.node.policy import GpuPolicy
-from gputopo.sim.policies.catalog import Failure, Policy, Slot, _mask_list
+from gputopo.sim.policies.base import Failure, Policy, Slot, mask_list
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
 
@@ -165,7 +165,7 @@ class KueueTasPolicy(Policy):
             for _ in range(pods):
                 tid, mask = state.topo[node], state.mask[node]
                 try:
-                    gpus = self._gpus[tid].choose(_mask_list(mask, self.allocators[tid].n), size).indices
+                    gpus = self._gpus[tid].choose(mask_list(mask, self.allocators[tid].n), size).indices
                 except AllocationError:
                     return Failure(
                         f"device plugin gave no usable set of {size} on {self.cluster.nodes[node].name}", True

@@ -23,7 +23,7 @@ from gputopo.pod import kubesched
 from gputopo.pod.objective import ClusterObjective
 from gputopo.pod.placement import MAX_SCORE, scores_in_order
 from gputopo.pod.ringwait import RingWait
-from gputopo.sim.policies.catalog import Failure, Slot
+from gputopo.sim.policies.base import Failure, Slot
 from gputopo.sim.state import ClusterState, SimCluster
 
 #: The most classes for which only the best distinct key gets MAX_SCORE (`scores_in_order`):

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 
 from gputopo.node.allocator import Allocator, AllocatorPool
 from gputopo.node.policy import GpuPolicy, policy_by_name
-from gputopo.sim.policies.catalog import Failure, Policy, Slot
+from gputopo.sim.policies.base import Failure, Policy, Slot
 from gputopo.sim.sharing import WHOLE, ShareBook
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job

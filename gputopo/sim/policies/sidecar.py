@@ -39,7 +39,7 @@ from gputopo.network.nodeview import ChoiceMemo, NodeView
 from gputopo.node.allocator import Allocator
 from gputopo.pod.objective import ClusterObjective, DemandMix
 from gputopo.pod.ringwait import RingWait
-from gputopo.sim.policies.catalog import Failure, Hinted, Slot, place_one_by_one
+from gputopo.sim.policies.base import Failure, Hinted, Slot, place_one_by_one
 from gputopo.sim.policies.levelwaits import LevelWaits
 from gputopo.sim.policies.podclasses import PodClasses
 from gputopo.sim.state import ClusterState, SimCluster
