@@ -428,7 +428,7 @@ def test_single_offer_candidates_are_the_general_evaluations(seed: int) -> None:
 @pytest.mark.parametrize("preset", ["default", "gb200-nvl"])
 @pytest.mark.parametrize("seed", range(3))
 def test_answers_kept_from_the_last_call_plan_as_a_fresh_memo(preset: str, seed: int) -> None:
-    """What a shared memo keeps from one plan to the next (`gang._layout`'s node layout,
+    """What a shared memo keeps from one plan to the next (`planner._layout`'s node layout,
     `gang.singleoffer`'s per-node offers, domain rooms and picks), against a fresh memo each time,
     while the node list changes between calls as no simulator changes it: a few nodes left
     out, the list reversed, a name given twice (its last view counts), the objective switched

@@ -229,7 +229,7 @@ def test_the_hold_check_answers_as_without_its_memo() -> None:
 
 
 #: How a run asks the simulated sidecar about a gang waiting for its own level: the engine's
-#: queueing hint skips the ask (`policies.Hinted`, the default); without hints the tracker's
+#: queueing hint skips the ask (`base.Hinted`, the default); without hints the tracker's
 #: `repeat_wait` answers it without planning; or every ask is a real filter.
 MODES = ("hint", "tracker", "ask")
 

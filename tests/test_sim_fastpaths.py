@@ -315,7 +315,7 @@ def test_slot_count_kept_across_calls_equals_a_fresh_count(seed: int) -> None:
 
 
 def test_spec_check_gives_the_reason_of_the_member_by_member_check() -> None:
-    """`gang._spec_problem`'s one-pass check of the common case answers as its definition,
+    """`planner._spec_problem`'s one-pass check of the common case answers as its definition,
     member by member in spec order (the first bad size or repeated pod names the reason)."""
 
     def definition(spec: GangSpec) -> str:

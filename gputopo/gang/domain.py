@@ -2,7 +2,7 @@
 with its objective values, and how a domain is worked out, with the bounds and memos that
 skip work whose result cannot win.
 
-`gang._plan_level` finds, per level, the domains that tie on (1) the level and (2) fewest
+`planner._plan_level` finds, per level, the domains that tie on (1) the level and (2) fewest
 nodes (for equal sizes on small clusters `level_bounds`, `packing.equal_bounds` memoised per
 domain); `evaluate` works one out: for equal member sizes `_evaluate_equal` (the largest
 threshold T such that k nodes take every member with each set at least T, then the k nodes
@@ -55,7 +55,7 @@ class Problem:
     total: int = field(init=False)  # GPUs of all members
     single: object = field(default=None, init=False)  # `gang.singleoffer`'s per-call work
     # the views list of the memo's previous call (by identity) and the positions whose view
-    # is another object now (`gang._layout`); None: not known, compare every position
+    # is another object now (`planner._layout`); None: not known, compare every position
     since: Since = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -237,7 +237,7 @@ def own_memo_for(pb: Problem) -> None:
 
 
 def own_memo(memo: ChoiceMemo, index: NetworkIndex) -> None:
-    """`own_memo_for` before a `Problem` exists (`gang.plan_gang`'s node layout)."""
+    """`own_memo_for` before a `Problem` exists (`planner.plan_gang`'s node layout)."""
     if memo.domains_for is not index or memo.domains_held > DOMAIN_VIEWS_HELD:
         memo.domains.clear()
         memo.domains_for, memo.domains_held = index, 0

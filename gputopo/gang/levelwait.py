@@ -1,6 +1,6 @@
 """When a gang should wait for its own level instead of spilling to a slower one.
 
-`gang.plan_gang` answers with the smallest level whose one domain holds the gang *now*. When
+`planner.plan_gang` answers with the smallest level whose one domain holds the gang *now*. When
 the gang's domains of that size are busy, that is a larger level: a gang of whole-node members
 that fits a leaf runs across the spines at half its leaf bandwidth, across the cluster at an
 eighth (docs/simulator.md's levels), so it holds its GPUs 1.3x to 3x as long. Measured on the

@@ -1,4 +1,4 @@
-"""Why a gang fits nowhere, in words a person reads (`gang.plan_gang`'s NoPlan reasons).
+"""Why a gang fits nowhere, in words a person reads (`planner.plan_gang`'s NoPlan reasons).
 
 Pure: no I/O, no clock, no globals.
 """

@@ -17,7 +17,7 @@ instead of per domain through that module's memos:
 
   * the best of those by the candidate rank's remaining keys ((3b), (4)'s plan cost, fewest
     free GPUs, domain order) is the one candidate handed on: the plan is the one
-    `gang._best_plan` picks among every domain's `gang.domain.evaluate`
+    `planner._best_plan` picks among every domain's `gang.domain.evaluate`
     (tests/test_gang_fastpaths.py checks it against that path).
 
 Pure: no I/O, no clock, no globals; what one call works out per node lives on its `Problem`,
@@ -114,7 +114,7 @@ _Kept = tuple[list["NodeView | None"], list[Any]]
 
 def _changed(pb: Problem, held: list[NodeView | None]) -> list[int] | None:
     """The positions whose view is another object in `pb.views` than in `held` (a views list
-    of an earlier call): `gang._layout`'s when `held` is the one it compared with, else by
+    of an earlier call): `planner._layout`'s when `held` is the one it compared with, else by
     comparing every position; None when the lists do not align."""
     if pb.since is not None and pb.since[0] is held:
         return pb.since[1]
@@ -130,7 +130,7 @@ _LAST, _ROOMS, _IDS = "#single-offers", "#single-rooms", "#single-ids"
 
 
 def candidates(pb: Problem, lx: LevelIndex, lower: Sequence[LevelIndex]) -> list[Candidate]:
-    """The best candidate of `lx`'s domains, as `gang._best_plan` would choose among every
+    """The best candidate of `lx`'s domains, as `planner._best_plan` would choose among every
     domain's `gang.domain.evaluate` ([it], or [] when no domain has n nodes with room).
 
     Every domain that passes uses n nodes (2), and one whose n-th best set is below the best

@@ -1,6 +1,6 @@
 """One gang's life from its first member to its last bind: quorum, plan, reserve, bind, re-plan.
 
-`gang.plan_gang` answers "where would these members go now?"; this module owns everything
+`planner.plan_gang` answers "where would these members go now?"; this module owns everything
 around that answer over time, for the sidecar and the simulator alike (both drive the same
 `GangTracker`, so what the simulator measures is what the sidecar does). Its verbs follow
 scheduler-plugins' coscheduling Manager: `quorum` is PreFilter's check, `plan` plans and
@@ -394,7 +394,7 @@ class GangTracker:
         """Plan the pending members; members already bound pin the search to their domain first.
         With a required level, the rest of the gang may only join the bound members' domain of
         that level: planning them anywhere else would split the gang across domains. Domains are
-        `network.domain_of`'s, so two nodes with an empty label value are not one domain."""
+        `levels.domain_of`'s, so two nodes with an empty label value are not one domain."""
         labels = {n: views[n].labels for n in bound_nodes if n in views}
         required = spec.required_level
         if labels and required is not None:

@@ -11,7 +11,7 @@ shape fit or fail alike, so the queue is kept per shape and a pass tries only th
 each shape, merging heads in queue order; once a shape fails, the rest of it is skipped,
 and it stays skipped until a departure frees GPUs (arrivals only ever take capacity away).
 kube-scheduler likewise retries unschedulable pods on cluster events, not in a loop.
-A policy's failure may carry a queueing hint (`policies.Hinted`, after kube-scheduler's
+A policy's failure may carry a queueing hint (`base.Hinted`, after kube-scheduler's
 QueueingHint): the head's next pass hands it to the ledger, which returns it without asking the
 policy while it holds (a gang waiting for its own level: the sidecar's answer is known without
 planning).

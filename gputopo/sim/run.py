@@ -76,7 +76,7 @@ def simulate_shared(
     progress: Callable[[int], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Summary:
-    """One policy under --gpu-sharing (engine.simulate hands over when the RunConfig asks for
+    """One policy under --gpu-sharing (`simulate` hands over when the RunConfig asks for
     it): a sharing policy places fractional pods by its share rule, the others as whole GPUs;
     every take and give goes through the ShareBook."""
 

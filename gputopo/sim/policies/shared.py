@@ -201,7 +201,7 @@ def build_shared_policy(
     jobs: Sequence[Job] = (),
 ) -> SharedPolicy:
     """The sharing form of `kubelet-default`, `best-combo` or `fgd`, with the in-node choice for
-    whole pods that `policies.build_policy` gives the same name."""
+    whole pods that `catalog.build_policy` gives the same name."""
     topos = cluster.topologies
     allocators = [pool.get(t) for t in topos]
     if name == "kubelet-default":

@@ -17,7 +17,7 @@ does not change meanwhile.
 `gang-only` places members one by one with kube-scheduler's choice (no gang planner).
 A gang waiting for a domain of its own level is asked again only when one may hold it now
 (`gputopo.sim.policies.levelwaits`; the tracker's `repeat_wait` answers the rest as a filter would), and
-its failure carries a queueing hint (`policies.Hinted`) so the engine does not even ask meanwhile.
+its failure carries a queueing hint (`base.Hinted`) so the engine does not even ask meanwhile.
 """
 
 from __future__ import annotations
