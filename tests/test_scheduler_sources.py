@@ -35,7 +35,9 @@ def test_each_source_names_its_gang() -> None:
     assert (light.key, light.min_member) == ("ml/g", 3)
     assert gang_of(annotations={"scheduling.k8s.io/group-name": "v"}).key == "ml/volcano:v"
     assert gang_of(annotations={"scheduling.volcano.sh/group-name": "v"}).key == "ml/volcano:v"
-    kq = gang_of(labels={gangsources.KUEUE_GROUP_LABEL: "k"}, annotations={gangsources.KUEUE_TOTAL_ANNOTATION: "4"})
+    kq = gang_of(
+        labels={gangsources.KUEUE_GROUP_LABEL: "k"}, annotations={gangsources.KUEUE_TOTAL_ANNOTATION: "4"}
+    )
     assert (kq.key, kq.min_member) == ("ml/kueue:k", 4)
     kai = gang_of(annotations={gangsources.KAI_GROUP_ANNOTATION: "kj"})
     assert (kai.key, kai.min_member, kai.source) == ("ml/kai:kj", None, "scheduling.run.ai PodGroup")
@@ -167,7 +169,9 @@ def test_group_objects_of_each_kind() -> None:
             ]
         },
     }
-    assert [(g.key, g.min_member) for g in gangsources.groups_k8s_workload(wl, "v")] == [("ml/workload:g/a", 2)]
+    assert [(g.key, g.min_member) for g in gangsources.groups_k8s_workload(wl, "v")] == [
+        ("ml/workload:g/a", 2)
+    ]
     (vc,) = gangsources.groups_volcano({"metadata": meta, "spec": {"minMember": 5}}, "v")
     assert (vc.key, vc.min_member) == ("ml/volcano:g", 5)
     kai_spec = {
