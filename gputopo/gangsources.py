@@ -453,15 +453,21 @@ def object_groups(named: Named, obj: Mapping[str, Any]) -> list[Group]:
     return source.parse(obj, api_version if isinstance(api_version, str) else source.api.api_version)
 
 
-def quorum(named: Named, namespace: str, obj: Mapping[str, Any] | None) -> int | None:
-    """The gang's quorum as the sidecar counts it: the pod's own count when it carries one,
-    else its group object's (a Workload replica counts by its Workload's pod group)."""
-    if named.min_member is not None:
-        return named.min_member
+def object_group(named: Named, namespace: str, obj: Mapping[str, Any] | None) -> Group | None:
+    """The gang of the pod's group object that the pod counts by (a Workload replica by its
+    Workload's pod group), or None (no object, or one that defines no such gang)."""
     if obj is None:
         return None
     index: dict[str, Group] = {}
     for g in object_groups(named, obj):
         index.setdefault(g.key, g)
-    group = group_for(f"{namespace}/{named.key}", index)
+    return group_for(f"{namespace}/{named.key}", index)
+
+
+def quorum(named: Named, namespace: str, obj: Mapping[str, Any] | None) -> int | None:
+    """The gang's quorum as the sidecar counts it: the pod's own count when it carries one,
+    else its group object's."""
+    if named.min_member is not None:
+        return named.min_member
+    group = object_group(named, namespace, obj)
     return None if group is None else group.min_member

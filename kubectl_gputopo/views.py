@@ -319,6 +319,7 @@ def why_document(
             "has_object": gang.source.api is not None,
             "min_member": gangsources.quorum(gang, namespace, gang_object),
             "quorum_from": gang.source.quorum,
+            "object_levels": _object_levels(gang, namespace, gang_object),
             "members": member_rows,
             "bound": sum(1 for m in member_rows if m["node"]),
         }
@@ -332,6 +333,16 @@ def why_document(
             else "no Event yet (nothing decided or reported)"
         )
     return doc
+
+
+def _object_levels(gang: Named, namespace: str, obj: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """The levels the gang's group object sets (a Kubernetes PodGroup's topologyKey, a KAI
+    PodGroup's topologyConstraint): the sidecar uses them unless gputopo's annotations set some."""
+    group = gangsources.object_group(gang, namespace, obj)
+    if group is None or not (group.required_level or group.preferred_level):
+        return None
+    levels = {"required": group.required_level, "preferred": group.preferred_level}
+    return {k: v for k, v in levels.items() if v}
 
 
 def render_why(doc: Mapping[str, Any], *, now: float, wide: bool = False) -> str:
@@ -358,6 +369,11 @@ def render_why(doc: Mapping[str, Any], *, now: float, wide: bool = False) -> str
             f"{gang['bound']} of {len(gang['members'])} members bound, quorum {quorum} "
             f"({gang['quorum_from']})"
         )
+        if gang["object_levels"]:
+            shown = ", ".join(f"{k} {v}" for k, v in gang["object_levels"].items())
+            lines.append(
+                f"  its {gang['object']} asks for: {shown} (unless gputopo.io annotations set the levels)"
+            )
         members = [
             [m["name"], m["phase"], m["node"] or "-", m["predicted_gpus"] or "-"] for m in gang["members"]
         ]

@@ -437,6 +437,12 @@ def test_why_explains_a_kueue_gang_and_a_kai_gang(cluster, capsys) -> None:
         "quorum_from": "PodGroup spec.minMember",
     }
     assert [m["name"] for m in doc["gang"]["members"]] == ["kj-0", "kj-1"]
+    assert doc["gang"]["object_levels"] == {"required": LEAF}, (
+        "KAI's topologyConstraint, as the sidecar reads it"
+    )
+    assert f"  its PodGroup asks for: required {LEAF} (unless gputopo.io annotations set the levels)" in (
+        run(capsys, kubeconfig, "why", "kj-1")[1].splitlines()
+    )
     assert [e["reason"] for e in doc["events"]] == ["GangWaiting"], "the KAI PodGroup's Events"
     del api.objects["custom"]["scheduling.run.ai/v2alpha2/podgroups/ml/kj"]
     code, out, _ = run(capsys, kubeconfig, "why", "kj-0")
