@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gputopo.network import is_label_key
+from gputopo.network.levels import is_label_key
 
 MAX_MEMBERS = 100_000
 

@@ -13,9 +13,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from gputopo import annotation, gangsources
-from gputopo.allocator import AllocatorPool
+from gputopo import gangsources
 from gputopo.gangsources import LEVEL_ANNOTATIONS, Named
+from gputopo.network import annotation
+from gputopo.node.allocator import AllocatorPool
 from gputopo.numerals import ascii_uint
 from gputopo.output import ago, short_age, table
 

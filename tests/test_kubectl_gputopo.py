@@ -22,9 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gputopo import gangsources
-from gputopo.allocator import AllocatorPool
-from gputopo.annotation import encode, make
-from gputopo.topofile import load_preset
+from gputopo.network.annotation import encode, make
+from gputopo.node.allocator import AllocatorPool
+from gputopo.node.topofile import load_preset
 from kubectl_gputopo import views
 from kubectl_gputopo.cli import main
 from scheduler.model import BadInput, parse_pod

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gputopo.allocator import AllocationError, Allocator, AllocatorPool, Choice
-from gputopo.network import DEFAULT_LEVELS, HOSTNAME
-from gputopo.policies import BestCombo, BestEffortPairs, KubeletOrder
-from gputopo.policies.pairpoints import pair_points
-from gputopo.policies.search import best_combo, best_effort, kubelet_order
-from gputopo.policy import (
+from gputopo.network.levels import DEFAULT_LEVELS, HOSTNAME
+from gputopo.node.allocator import AllocationError, Allocator, AllocatorPool, Choice
+from gputopo.node.policies.baselines import BestCombo, BestEffortPairs, KubeletOrder
+from gputopo.node.policies.pairpoints import pair_points
+from gputopo.node.policies.search import best_combo, best_effort, kubelet_order
+from gputopo.node.policy import (
     DEFAULT_POLICY,
     POLICY_NAMES,
     REGISTRY,
@@ -24,12 +24,13 @@ from gputopo.policy import (
     UnknownPolicyError,
     policy_by_name,
 )
-from gputopo.sim.policies import POLICIES, Policy, build_policy, sim_policy
+from gputopo.node.topofile import load_preset
+from gputopo.node.topology import make_topology
+from gputopo.sim.policies.base import Policy
+from gputopo.sim.policies.catalog import POLICIES, build_policy, sim_policy
 from gputopo.sim.sharing import SHARING_POLICIES, shares
 from gputopo.sim.state import ClusterState, SimCluster, SimNode
 from gputopo.sim.workload import Job
-from gputopo.topofile import load_preset
-from gputopo.topology import make_topology
 from tests.oracle import brute_force_choose
 from tests.strategies import requests, topologies
 
