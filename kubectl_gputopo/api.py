@@ -14,14 +14,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-#: The gang objects `why` reads: (group, version, plural) of each gang API it knows.
-PODGROUP_APIS = {
-    "scheduling.x-k8s.io": ("scheduling.x-k8s.io", "v1alpha1", "podgroups"),
-    "volcano": ("scheduling.volcano.sh", "v1beta1", "podgroups"),
-    "workload-podgroup": ("scheduling.k8s.io", "v1alpha2", "podgroups"),
-    "workload": ("scheduling.k8s.io", "v1alpha1", "workloads"),
-}
-
+from gputopo.gangsources import Api
 
 #: Nodes per list request, and the most pages `nodes` reads (a bound, not a cluster limit).
 PAGE = 500
@@ -100,12 +93,15 @@ class Reader:
         selector = f"involvedObject.kind={kind},involvedObject.name={name}"
         return _items(self._call(self.core.list_namespaced_event, namespace, field_selector=selector))
 
-    def gang_object(self, api: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """A PodGroup / Workload, or None when it (or its whole API group) does not exist."""
-        group, version, plural = PODGROUP_APIS[api]
+    def gang_object(self, api: Api, namespace: str, name: str) -> dict[str, Any] | None:
+        """A gang's group object (a PodGroup / Workload of the API its gang source names, at
+        that API's preferred version), or None when it (or its whole API group) does not exist."""
+        group, version = api.group, api.versions[0]
         try:
             return _obj(
-                self._call(self.custom.get_namespaced_custom_object, group, version, namespace, plural, name)
+                self._call(
+                    self.custom.get_namespaced_custom_object, group, version, namespace, api.plural, name
+                )
             )
         except ApiError as e:
             if e.status == 404:

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from kubernetes import client
 
 from gputopo.cli import render_topo, topo_document
+from gputopo.gangsources import SourceError
 from gputopo.network import annotation
 from gputopo.node.allocator import MAX_GPUS, AllocatorPool
 from gputopo.output import add_output_arguments, add_version_argument, ago, dump, is_machine
@@ -169,17 +170,22 @@ def _why(reader: Reader, args: argparse.Namespace, namespace: str, now: float) -
         raise UsageError(f"namespace {namespace!r} is not a valid Kubernetes namespace")
     name = args.pod
     pod = reader.pod(namespace, name)
-    gang = views.gang_of(pod)
+    gang_error = None
+    try:
+        gang = views.gang_of(pod)
+    except SourceError as e:
+        gang, gang_error = None, str(e)
     gang_object = None
     members: list[dict[str, Any]] = [pod]
     events = reader.events(namespace, "Pod", name)
     if gang is not None:
-        if gang["api"] is not None:
-            gang_object = reader.gang_object(gang["api"], namespace, gang["name"])
-        members = [p for p in reader.pods(namespace) if views.same_gang(views.gang_of(p), gang)]
-        kind = "Workload" if gang["api"] == "workload" else "PodGroup"
-        events += reader.events(namespace, kind, gang["name"])
-    doc = views.why_document(pod, gang=gang, gang_object=gang_object, members=members, events=events)
+        if gang.source.api is not None:
+            gang_object = reader.gang_object(gang.source.api, namespace, gang.name)
+        members = [p for p in reader.pods(namespace) if views.same_gang(views.member_gang(p), gang)]
+        events += reader.events(namespace, views.object_kind(gang), gang.name)
+    doc = views.why_document(
+        pod, gang=gang, gang_object=gang_object, members=members, events=events, gang_error=gang_error
+    )
     print(
         dump(doc, args.output)
         if is_machine(args.output)

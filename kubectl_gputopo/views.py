@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from gputopo import gangsources
+from gputopo.gangsources import LEVEL_ANNOTATIONS, Named
 from gputopo.network import annotation
 from gputopo.node.allocator import AllocatorPool
 from gputopo.numerals import ascii_uint
@@ -26,19 +28,9 @@ RING_SIZES = (2, 4, 8)
 #: The sidecar's default limit (scheduler/defaults.py ANNOTATION_MAX_AGE_S): older is "stale".
 DEFAULT_MAX_AGE_S = 900.0
 
-# Gang membership, in the sidecar's precedence order (docs/gang.md).
-POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
-LIGHT_GROUP_LABEL = "pod-group.scheduling.sigs.k8s.io/name"
-LIGHT_MIN_LABEL = "pod-group.scheduling.sigs.k8s.io/min-available"
-VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 #: Pod annotations that ask for a network level (gputopo's own, Kueue's, KAI Scheduler's).
-CONSTRAINT_ANNOTATIONS = (
-    "gputopo.io/required-topology",
-    "gputopo.io/preferred-topology",
-    "kueue.x-k8s.io/podset-required-topology",
-    "kueue.x-k8s.io/podset-preferred-topology",
-    "kai.scheduler/topology-required-placement",
-    "kai.scheduler/topology-preferred-placement",
+CONSTRAINT_ANNOTATIONS = tuple(
+    key for _, required, preferred in LEVEL_ANNOTATIONS for key in (required, preferred)
 )
 
 
@@ -188,56 +180,41 @@ def render_nodes(rows: list[dict[str, Any]], *, wide: bool = False) -> str:
 # ---------------------------------------------------------------------------- why
 
 
-def gang_of(pod: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The pod's gang, as the sidecar reads it: the API it names, the group and, where the pod
-    says so, the quorum. None for a pod on its own."""
+def _strings(value: Any) -> dict[str, str]:
+    """Labels or annotations as the API gives them: strings only (anything else is no key)."""
+    return {k: v for k, v in _map(value).items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def gang_of(pod: Mapping[str, Any]) -> Named | None:
+    """The pod's gang exactly as the sidecar reads it (the core's table of gang sources, the
+    same precedence): its source, key, name and, where the pod says so, the quorum. None for a
+    pod on its own; `gangsources.SourceError` when the deciding source is named but unusable
+    (the sidecar refuses such a pod, with the same message)."""
     meta = _meta(pod)
-    labels = _map(meta.get("labels"))
-    annotations = _map(meta.get("annotations"))
-    spec = _map(pod.get("spec"))
-    if name := _str(labels.get(POD_GROUP_LABEL)):
-        return {"source": f"label {POD_GROUP_LABEL}", "api": "scheduling.x-k8s.io", "name": name}
-    if name := _str(labels.get(LIGHT_GROUP_LABEL)):
-        quorum = ascii_uint(_str(labels.get(LIGHT_MIN_LABEL)))
-        return {"source": f"label {LIGHT_GROUP_LABEL}", "api": None, "name": name, "min_member": quorum}
-    if name := _str(_map(spec.get("schedulingGroup")).get("podGroupName")):
-        return {"source": "spec.schedulingGroup.podGroupName", "api": "workload-podgroup", "name": name}
-    ref = _map(spec.get("workloadRef"))
-    if name := _str(ref.get("name")):
-        group = _str(ref.get("podGroup"))
-        return {"source": "spec.workloadRef", "api": "workload", "name": name, "pod_group": group}
-    if name := _str(annotations.get(VOLCANO_GROUP_ANNOTATION)):
-        return {"source": f"annotation {VOLCANO_GROUP_ANNOTATION}", "api": "volcano", "name": name}
-    return None
+    return gangsources.pod_gang(
+        _strings(meta.get("labels")), _strings(meta.get("annotations")), _map(pod.get("spec"))
+    )
 
 
-def same_gang(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+def member_gang(pod: Mapping[str, Any]) -> Named | None:
+    """`gang_of`, with a pod whose gang fields are unusable counted in no gang."""
+    try:
+        return gang_of(pod)
+    except gangsources.SourceError:
+        return None
+
+
+def same_gang(a: Named | None, b: Named | None) -> bool:
+    """Two pods (of one namespace) the sidecar counts in one gang: same source, same key (a
+    Workload's replica keys are gangs of their own)."""
     if a is None or b is None:
         return False
-    return (a["source"], a["name"], a.get("pod_group")) == (b["source"], b["name"], b.get("pod_group"))
+    return (a.source.name, a.key) == (b.source.name, b.key)
 
 
-def _count(value: Any) -> int | None:
-    """A quorum as the API carries it: a positive integer (not a bool, not a string)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def min_member(gang: Mapping[str, Any], obj: Mapping[str, Any] | None) -> int | None:
-    """The gang's quorum from its object (PodGroup minMember, Workload API gang.minCount)."""
-    if gang.get("min_member") is not None:
-        return _count(gang["min_member"])
-    if obj is None:
-        return None
-    spec = _map(obj.get("spec"))
-    if (count := _count(spec.get("minMember"))) is not None:
-        return count
-    if (count := _count(_map(_map(spec.get("schedulingPolicy")).get("gang")).get("minCount"))) is not None:
-        return count
-    groups = spec.get("podGroups")
-    for group in groups if isinstance(groups, list) else []:
-        if isinstance(group, Mapping) and group.get("name") == gang.get("pod_group"):
-            return _count(_map(_map(group.get("policy")).get("gang")).get("minCount"))
-    return None
+def object_kind(gang: Named) -> str:
+    """The kind of the gang's group object (whose Events `why` shows)."""
+    return gang.source.api.kind if gang.source.api is not None else "PodGroup"
 
 
 def parse_time(text: Any) -> float | None:
@@ -300,12 +277,14 @@ def member_row(pod: Mapping[str, Any]) -> dict[str, Any]:
 def why_document(
     pod: Mapping[str, Any],
     *,
-    gang: dict[str, Any] | None,
+    gang: Named | None,
     gang_object: Mapping[str, Any] | None,
     members: Sequence[Mapping[str, Any]],
     events: Sequence[Mapping[str, Any]],
+    gang_error: str | None = None,
 ) -> dict[str, Any]:
-    """The decision for a pod (and its gang), with every Event on the pod and its gang object."""
+    """The decision for a pod (and its gang), with every Event on the pod and its gang object.
+    `gang_error`: why the pod's gang fields are unusable (the sidecar refuses the pod)."""
     meta = _meta(pod)
     me = member_row(pod)
     rows = sorted((event_row(e) for e in events), key=lambda e: (e["time"] is None, e["time"] or 0.0))
@@ -327,16 +306,21 @@ def why_document(
         },
         "annotations": gputopo_annotations,
         "gang": None,
+        "gang_error": gang_error,
         "events": rows,
     }
     if gang is not None:
-        quorum = min_member(gang, gang_object)
+        namespace = _str(meta.get("namespace"))
         member_rows = sorted((member_row(m) for m in members), key=lambda m: m["name"])
         doc["gang"] = {
-            "name": f"{_str(meta.get('namespace'))}/{gang['name']}",
-            "source": gang["source"],
-            "object": None if gang_object is None else _str(gang_object.get("kind")) or "PodGroup",
-            "min_member": quorum,
+            "name": f"{namespace}/{gang.name}",
+            "source": gang.field,
+            "api": gang.source.label,
+            "object": None if gang_object is None else _str(gang_object.get("kind")) or object_kind(gang),
+            "has_object": gang.source.api is not None,
+            "min_member": gangsources.quorum(gang, namespace, gang_object),
+            "quorum_from": gang.source.quorum,
+            "object_levels": _object_levels(gang, namespace, gang_object),
             "members": member_rows,
             "bound": sum(1 for m in member_rows if m["node"]),
         }
@@ -352,6 +336,16 @@ def why_document(
     return doc
 
 
+def _object_levels(gang: Named, namespace: str, obj: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """The levels the gang's group object sets (a Kubernetes PodGroup's topologyKey, a KAI
+    PodGroup's topologyConstraint): the sidecar uses them unless gputopo's annotations set some."""
+    group = gangsources.object_group(gang, namespace, obj)
+    if group is None or not (group.required_level or group.preferred_level):
+        return None
+    levels = {"required": group.required_level, "preferred": group.preferred_level}
+    return {k: v for k, v in levels.items() if v}
+
+
 def render_why(doc: Mapping[str, Any], *, now: float, wide: bool = False) -> str:
     lines = [f"pod {doc['pod']}: {doc['phase']}, {doc['decision']}"]
     if doc["predicted_gpus"]:
@@ -360,14 +354,27 @@ def render_why(doc: Mapping[str, Any], *, now: float, wide: bool = False) -> str
         )
     if doc["constraints"]:
         lines.append("asks for: " + ", ".join(f"{k}={v}" for k, v in doc["constraints"].items()))
+    if doc.get("gang_error"):
+        lines.append(f"gang: unusable, the sidecar refuses this pod: {doc['gang_error']}")
     gang = doc.get("gang")
     if gang:
         quorum = "?" if gang["min_member"] is None else str(gang["min_member"])
-        obj = f"{gang['object']} found" if gang["object"] else "no gang object found"
+        if gang["object"]:
+            obj = f"{gang['object']} found"
+        elif gang["has_object"]:
+            obj = "no gang object found"
+        else:
+            obj = f"{gang['api']}, no gang object"
         lines.append(
             f"gang {gang['name']} (from {gang['source']}; {obj}): "
-            f"{gang['bound']} of {len(gang['members'])} members bound, quorum {quorum}"
+            f"{gang['bound']} of {len(gang['members'])} members bound, quorum {quorum} "
+            f"({gang['quorum_from']})"
         )
+        if gang["object_levels"]:
+            shown = ", ".join(f"{k} {v}" for k, v in gang["object_levels"].items())
+            lines.append(
+                f"  its {gang['object']} asks for: {shown} (unless gputopo.io annotations set the levels)"
+            )
         members = [
             [m["name"], m["phase"], m["node"] or "-", m["predicted_gpus"] or "-"] for m in gang["members"]
         ]

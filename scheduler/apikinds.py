@@ -5,8 +5,9 @@ API, Volcano, Kueue, KAI Scheduler's PodGroups and Topologies). At every (re)lis
 served versions are looked up in the API server's discovery document (`GET /apis`, cached
 briefly); a group that is not served is logged once (`kind_absent`) and retried quietly, never
 an error. The parsed objects feed the snapshot: gang minimums and group-level topology keys
-are resolved into the pods' `GangRef`s, Topology objects into the level list
-(scheduler/sources.py has the parsers).
+are resolved into the pods' `GangRef`s, Topology objects into the level list. Which kinds
+there are, and their parsers, come from the core's table of gang sources
+(gputopo/gangsources.py `SOURCES`, `TOPOLOGY_APIS`).
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from gputopo import jsonlog
+from gputopo import gangsources, jsonlog
+from gputopo.gangsources import Api, Group, GroupParser
 from scheduler import sources
 from scheduler.model import PodInfo
-from scheduler.sources import Group, GroupParser
 
 log = logging.getLogger("gputopo.scheduler.kube")
 
@@ -45,13 +46,15 @@ class Kind:
     parse: GroupParser | None  # gang objects; None = a Topology (a level list)
 
 
+def _kind(api: Api, parse: GroupParser | None) -> Kind:
+    return Kind(api.reflector, api.group, api.versions, api.plural, parse)
+
+
+#: Every discovered kind of the core's table: the gang sources' group objects in precedence
+#: order, then the Topology kinds (scheduler-plugins' PodGroup has a watch of its own).
 KINDS: tuple[Kind, ...] = (
-    Kind("k8s-podgroups", "scheduling.k8s.io", ("v1alpha2",), "podgroups", sources.groups_k8s_podgroup),
-    Kind("k8s-workloads", "scheduling.k8s.io", ("v1alpha1",), "workloads", sources.groups_k8s_workload),
-    Kind("volcano-podgroups", "scheduling.volcano.sh", ("v1beta1",), "podgroups", sources.groups_volcano),
-    Kind("kai-podgroups", "scheduling.run.ai", ("v2alpha2",), "podgroups", sources.groups_kai),
-    Kind("kueue-topologies", "kueue.x-k8s.io", ("v1beta2", "v1beta1", "v1alpha1"), "topologies", None),
-    Kind("kai-topologies", "kai.scheduler", ("v1alpha1",), "topologies", None),
+    *(_kind(s.api, s.parse) for s in gangsources.SOURCES if s.api is not None and s.api.discovered),
+    *(_kind(api, None) for api in gangsources.TOPOLOGY_APIS),
 )
 
 
@@ -176,7 +179,7 @@ class ExtraKinds:
 
     def note_legacy(self, event: str, obj: Mapping[str, Any]) -> None:
         """Remember a scheduler-plugins PodGroup's identity, so Events can name it."""
-        groups = sources.groups_scheduler_plugins(obj, "scheduling.x-k8s.io/v1alpha1")
+        groups = gangsources.groups_scheduler_plugins(obj, gangsources.SCHEDULER_PLUGINS_API.api_version)
         key = _object_key(obj)
         if key is None:
             return
@@ -232,7 +235,7 @@ class ExtraKinds:
                 g = p.gang
                 if g is None:
                     continue
-                group = index.get(g.key) or index.get(sources.workload_key(g.key))
+                group = gangsources.group_for(g.key, index)
                 if group is None:
                     continue
                 new = g
@@ -254,7 +257,7 @@ class ExtraKinds:
 
     def ref(self, gang_key: str) -> Mapping[str, str] | None:
         """The object (apiVersion, kind, namespace, name, uid) that defines a gang, if any."""
-        group = self.group_index().get(gang_key) or self.group_index().get(sources.workload_key(gang_key))
+        group = gangsources.group_for(gang_key, self.group_index())
         if group is not None:
             return group.ref
         return self._legacy_refs.get(gang_key)

@@ -1,5 +1,6 @@
 """Defaults the sidecar serves with; the deploy manifests and their tests read these."""
 
+from gputopo import gangsources
 from gputopo.gang import tracker as gangs
 from gputopo.network import levels as network
 
@@ -14,15 +15,11 @@ METRICS_PATH = "/metrics"
 TOPOLOGY_ANNOTATION = "gputopo.io/topology"
 RESOURCE_NAME = "nvidia.com/gpu"
 
-# Gang membership and placement constraints (design.md §5).
-POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
-LIGHT_GROUP_LABEL = "pod-group.scheduling.sigs.k8s.io/name"
-LIGHT_MIN_LABEL = "pod-group.scheduling.sigs.k8s.io/min-available"
-REQUIRED_TOPOLOGY_ANNOTATION = "gputopo.io/required-topology"
-PREFERRED_TOPOLOGY_ANNOTATION = "gputopo.io/preferred-topology"
-PODGROUP_GROUP = "scheduling.x-k8s.io"
-PODGROUP_VERSION = "v1alpha1"
-PODGROUP_PLURAL = "podgroups"
+# Gang membership and placement constraints (design.md §5): the core's table of gang sources
+# (gputopo/gangsources.py) has every key; scheduler-plugins' PodGroup has a watch of its own.
+PODGROUP_GROUP = gangsources.SCHEDULER_PLUGINS_API.group
+PODGROUP_VERSION = gangsources.SCHEDULER_PLUGINS_API.versions[0]
+PODGROUP_PLURAL = gangsources.SCHEDULER_PLUGINS_API.plural
 #: The sidecar recognises Topograph's current and pre-1.0 label families and the GPU clique;
 #: a cluster's Kueue / KAI `Topology` objects put their own levels first (scheduler/apikinds.py).
 DEFAULT_LEVELS = network.RECOGNISED_LEVELS

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from gputopo import jsonlog
+from gputopo import gangsources, jsonlog
 from gputopo.network.annotation import AnnotationError, decode
 from gputopo.node.allocator import MAX_GPUS
 from scheduler.model import BadInput, NodeInfo, PodInfo, node_gpu_capacity, parse_pod
@@ -123,10 +123,10 @@ def parsed_pod(obj: dict[str, Any], resource: str) -> PodInfo | None:
 
 
 def group_min(obj: dict[str, Any]) -> tuple[str, int | None]:
-    """A PodGroup's key and its minMember (None when missing or not a positive integer)."""
+    """A scheduler-plugins PodGroup's key and its minMember, read by the core's parser of that
+    gang source (None when unusable: one odd object costs that one only)."""
     meta = obj.get("metadata") or {}
     key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-    spec = obj.get("spec")
-    raw = spec.get("minMember") if isinstance(spec, dict) else None  # one odd object: that one only
-    ok = isinstance(raw, int) and not isinstance(raw, bool) and raw > 0
-    return key, raw if ok else None
+    api = gangsources.SCHEDULER_PLUGINS_API
+    groups = gangsources.groups_scheduler_plugins(obj, api.api_version)
+    return key, groups[0].min_member if groups else None

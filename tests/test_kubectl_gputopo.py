@@ -21,16 +21,19 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gputopo import gangsources
 from gputopo.network.annotation import encode, make
 from gputopo.node.allocator import AllocatorPool
 from gputopo.node.topofile import load_preset
 from kubectl_gputopo import views
 from kubectl_gputopo.cli import main
+from scheduler.model import BadInput, parse_pod
 from tests import fake_apiserver as fk
 
 NOW = 1_800_000_000.0
 KEY = "gputopo.io/topology"
 GROUP = "scheduling.x-k8s.io/pod-group"
+LEAF = "network.topology.nvidia.com/leaf"
 
 
 class _Handler(fk._Handler):
@@ -384,6 +387,141 @@ def test_why_a_single_pod_in_the_namespace_flag_and_context(cluster, capsys) -> 
     )
 
 
+def test_why_explains_a_kueue_gang_and_a_kai_gang(cluster, capsys) -> None:
+    """Kueue's plain-pod group (quorum from the pod's total-count annotation, no group object)
+    and KAI Scheduler's (the pod grouper's `pod-group-name`, quorum from its PodGroup): the same
+    gang, members and quorum the sidecar counts; a pod that names another source first, or the
+    same name in another API, is not a member."""
+    api, kubeconfig = cluster
+    kq = {gangsources.KUEUE_GROUP_LABEL: "kq"}
+    total = {gangsources.KUEUE_TOTAL_ANNOTATION: "3", "kueue.x-k8s.io/podset-preferred-topology": LEAF}
+    api.put("pods", fk.pod("ml", "kq-0", 4, labels=kq, annotations=total, node_name="n1"))
+    api.put("pods", fk.pod("ml", "kq-1", 4, labels=kq, annotations=total))
+    # scheduler-plugins' label comes first: this pod is in PodGroup kq, not in Kueue's kq
+    api.put("pods", fk.pod("ml", "kq-x", 4, labels={**kq, GROUP: "kq"}, annotations=total))
+    code, out, err = run(capsys, kubeconfig, "why", "kq-1")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert f"asks for: kueue.x-k8s.io/podset-preferred-topology={LEAF}" in lines
+    (gang,) = [line for line in lines if line.startswith("gang ")]
+    assert gang == (
+        "gang ml/kq (from label kueue.x-k8s.io/pod-group-name; kueue pod group, no gang object): "
+        "1 of 2 members bound, quorum 3 (annotation kueue.x-k8s.io/pod-group-total-count)"
+    )
+    assert [line.split()[0] for line in lines if line.startswith("  kq-")] == ["kq-0", "kq-1"]
+
+    api.objects["custom"]["scheduling.run.ai/v2alpha2/podgroups/ml/kj"] = {
+        "apiVersion": "scheduling.run.ai/v2alpha2",
+        "kind": "PodGroup",
+        "metadata": {"namespace": "ml", "name": "kj"},
+        "spec": {"minMember": 2, "topologyConstraint": {"requiredTopologyLevel": LEAF}},
+    }
+    kai = {gangsources.KAI_GROUP_ANNOTATION: "kj"}
+    api.put("pods", fk.pod("ml", "kj-0", 8, annotations=kai))
+    api.put("pods", fk.pod("ml", "kj-1", 8, annotations=kai))
+    api.put(
+        "pods", fk.pod("ml", "kj-v", 8, annotations={"scheduling.k8s.io/group-name": "kj"})
+    )  # Volcano's kj
+    api.objects["events"]["1"] = event(
+        "ml", "PodGroup", "kj", "GangWaiting", "1 of 2", "2027-01-15T07:59:00Z", 1
+    )
+    code, out, err = run(capsys, kubeconfig, "why", "kj-0", "-o", "json")
+    doc = json.loads(out)
+    assert (code, err, doc["gang_error"]) == (0, "", None)
+    assert {k: doc["gang"][k] for k in ("name", "source", "api", "object", "min_member", "quorum_from")} == {
+        "name": "ml/kj",
+        "source": "annotation pod-group-name",
+        "api": "scheduling.run.ai PodGroup",
+        "object": "PodGroup",
+        "min_member": 2,
+        "quorum_from": "PodGroup spec.minMember",
+    }
+    assert [m["name"] for m in doc["gang"]["members"]] == ["kj-0", "kj-1"]
+    assert doc["gang"]["object_levels"] == {"required": LEAF}, (
+        "KAI's topologyConstraint, as the sidecar reads it"
+    )
+    assert f"  its PodGroup asks for: required {LEAF} (unless gputopo.io annotations set the levels)" in (
+        run(capsys, kubeconfig, "why", "kj-1")[1].splitlines()
+    )
+    assert [e["reason"] for e in doc["events"]] == ["GangWaiting"], "the KAI PodGroup's Events"
+    del api.objects["custom"]["scheduling.run.ai/v2alpha2/podgroups/ml/kj"]
+    code, out, _ = run(capsys, kubeconfig, "why", "kj-0")
+    assert "(from annotation pod-group-name; no gang object found): 0 of 2 members bound, quorum ?" in out
+
+
+def test_why_names_the_unusable_gang_field_the_sidecar_refuses(cluster, capsys) -> None:
+    api, kubeconfig = cluster
+    api.put("pods", fk.pod("ml", "bad", 1, labels={gangsources.KUEUE_GROUP_LABEL: "kq"}))
+    code, out, err = run(capsys, kubeconfig, "why", "bad")
+    assert (code, err) == (0, "")
+    assert (
+        "gang: unusable, the sidecar refuses this pod: annotation kueue.x-k8s.io/pod-group-total-count "
+        "must be a positive integer, got ''"
+    ) in out.splitlines()
+    with pytest.raises(BadInput, match="pod-group-total-count must be a positive integer"):
+        parse_pod(api.objects["pods"]["ml/bad"])
+
+
+NAMES = st.sampled_from(["a", "b", "a/b", " a", ""])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    labels=st.dictionaries(
+        st.sampled_from(
+            [
+                gangsources.POD_GROUP_LABEL,
+                gangsources.LIGHT_GROUP_LABEL,
+                gangsources.LIGHT_MIN_LABEL,
+                gangsources.KUEUE_GROUP_LABEL,
+            ]
+        ),
+        NAMES | st.sampled_from(["2", "0", "x"]),
+    ),
+    annotations=st.dictionaries(
+        st.sampled_from(
+            [
+                *gangsources.VOLCANO_GROUP_ANNOTATIONS,
+                gangsources.KUEUE_TOTAL_ANNOTATION,
+                gangsources.KAI_GROUP_ANNOTATION,
+            ]
+        ),
+        NAMES | st.sampled_from(["2", "0", "x"]),
+    ),
+    spec=st.fixed_dictionaries(
+        {},
+        optional={
+            "schedulingGroup": st.fixed_dictionaries({"podGroupName": NAMES}),
+            "workloadRef": st.fixed_dictionaries(
+                {"name": NAMES, "podGroup": NAMES}, optional={"podGroupReplicaKey": NAMES}
+            ),
+        },
+    ),
+)
+def test_kubectl_reads_every_gang_as_the_sidecar_does(labels: dict, annotations: dict, spec: dict) -> None:
+    """`why` and the sidecar decide a pod's gang with one function: same key, same quorum, same
+    refusals, for any mix of every source's fields."""
+    pod = fk.pod("ml", "p", 1, labels=labels, annotations=annotations)
+    pod["spec"].update(spec)
+    try:
+        sidecar = parse_pod(pod).gang
+    except BadInput as e:
+        with pytest.raises(gangsources.SourceError) as refused:
+            views.gang_of(pod)
+        assert str(refused.value) == str(e)
+        return
+    mine = views.gang_of(pod)
+    if sidecar is None:
+        assert mine is None
+        return
+    assert mine is not None
+    assert (f"ml/{mine.key}", mine.min_member, mine.source.label) == (
+        sidecar.key,
+        sidecar.min_member,
+        sidecar.source,
+    )
+
+
 # ---------------------------------------------------------------------------- failures
 
 
@@ -487,10 +625,13 @@ def test_any_node_is_a_row_or_none(meta: dict, status: object, text: str) -> Non
 
 
 GANG_KEYS = [
-    views.POD_GROUP_LABEL,
-    views.LIGHT_GROUP_LABEL,
-    views.LIGHT_MIN_LABEL,
-    views.VOLCANO_GROUP_ANNOTATION,
+    gangsources.POD_GROUP_LABEL,
+    gangsources.LIGHT_GROUP_LABEL,
+    gangsources.LIGHT_MIN_LABEL,
+    *gangsources.VOLCANO_GROUP_ANNOTATIONS,
+    gangsources.KUEUE_GROUP_LABEL,
+    gangsources.KUEUE_TOTAL_ANNOTATION,
+    gangsources.KAI_GROUP_ANNOTATION,
 ]
 POD = st.fixed_dictionaries(
     {},
@@ -526,16 +667,27 @@ GANG_OBJECT = st.none() | st.fixed_dictionaries(
     obj=GANG_OBJECT,
 )
 def test_any_pod_and_events_give_a_decision(pod: dict, events: list[dict], obj: dict | None) -> None:
-    gang = views.gang_of(pod)
-    doc = views.why_document(pod, gang=gang, gang_object=obj, members=[pod], events=events)
+    try:
+        gang, error = views.gang_of(pod), None
+    except gangsources.SourceError as e:
+        gang, error = None, str(e)
+    doc = views.why_document(pod, gang=gang, gang_object=obj, members=[pod], events=events, gang_error=error)
     assert doc["decision"].startswith(("bound to ", "waits: "))
     views.render_why(doc, now=NOW, wide=True)
 
 
 @settings(max_examples=500, deadline=None)
-@given(obj=GANG_OBJECT, pod_group=JSON)
-def test_any_gang_object_gives_a_quorum_or_none(obj: dict | None, pod_group: object) -> None:
-    quorum = views.min_member({"pod_group": pod_group}, obj)
+@given(
+    obj=GANG_OBJECT,
+    meta=st.fixed_dictionaries({}, optional={"name": JSON, "namespace": JSON}),
+    source=st.sampled_from([s for s in gangsources.SOURCES if s.api is not None]),
+    pod_group=st.sampled_from(["pg", "other"]),
+)
+def test_any_gang_object_gives_a_quorum_or_none(
+    obj: dict | None, meta: dict, source: gangsources.GangSource, pod_group: str
+) -> None:
+    named = gangsources.Named(source, "g", "field", "g", pod_group=pod_group)
+    quorum = gangsources.quorum(named, "ml", None if obj is None else {**obj, "metadata": meta})
     assert quorum is None or (type(quorum) is int and quorum > 0)
 
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gputopo.network.levels import DEFAULT_LEVELS, HOSTNAME
 from gputopo.node.allocator import AllocationError, Allocator, AllocatorPool, Choice
 from gputopo.node.policies.baselines import BestCombo, BestEffortPairs, KubeletOrder
 from gputopo.node.policies.pairpoints import pair_points
@@ -17,6 +18,7 @@ from gputopo.node.policies.search import best_combo, best_effort, kubelet_order
 from gputopo.node.policy import (
     DEFAULT_POLICY,
     POLICY_NAMES,
+    REGISTRY,
     GpuPolicy,
     PolicyPool,
     UnknownPolicyError,
@@ -24,6 +26,11 @@ from gputopo.node.policy import (
 )
 from gputopo.node.topofile import load_preset
 from gputopo.node.topology import make_topology
+from gputopo.sim.policies.base import Policy
+from gputopo.sim.policies.catalog import POLICIES, build_policy, sim_policy
+from gputopo.sim.sharing import SHARING_POLICIES, shares
+from gputopo.sim.state import ClusterState, SimCluster, SimNode
+from gputopo.sim.workload import Job
 from tests.oracle import brute_force_choose
 from tests.strategies import requests, topologies
 
@@ -170,3 +177,42 @@ def test_prefer_cli_asks_the_named_policy(capsys) -> None:
     assert main([*args, "--policy", "spread"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "known: gputopo, kubelet-default, best-effort-pairs, best-combo" in err[0]
+
+
+# ---------------------------------------------------------------- the registry and the simulator
+
+
+def test_every_registered_policy_is_one_simulator_row_that_runs_it_as_its_entry_says() -> None:
+    """A policy registered once is a simulator row with the same in-node answers, its entry's
+    node ranking, and sharing exactly when its entry names a share rule."""
+    assert POLICIES[: len(REGISTRY)] == POLICY_NAMES, "in-node rows first, in registry order"
+    assert set(SHARING_POLICIES) >= {e.name for e in REGISTRY if e.sim.share_rule}
+    # one free GPU pair per node (0-2 NVLink, 1 and 3 taken on the emptier node)
+    c = SimCluster(
+        topologies=(PAIRS,),
+        nodes=(
+            SimNode("a", 0, {HOSTNAME: "a"}, frozenset({1, 3, 4, 5, 6, 7})),
+            SimNode("b", 0, {HOSTNAME: "b"}, frozenset({4, 5, 6, 7})),
+        ),
+        levels=DEFAULT_LEVELS,
+    )
+    for entry in REGISTRY:
+        row = sim_policy(entry.name)
+        assert shares(entry.name) == (entry.sim.share_rule is not None), entry.name
+        assert (row.gpus, row.cache, row.share_rule) == (
+            entry.name,
+            entry.sim.deterministic,
+            entry.sim.share_rule,
+        )
+        built = build_policy(entry.name, c, AllocatorPool(), random.Random(0))
+        assert isinstance(built, Policy) == (entry.sim.rank != "extender"), entry.name
+        slots = built.place(ClusterState(c), Job(id=0, submit=0.0, duration=1.0, pods=(2,)))
+        assert isinstance(slots, list), entry.name
+        ((node, gpus),) = slots
+        free = [g for g in range(8) if g not in c.nodes[node].allocated]
+        want = policy_by_name(entry.name, PAIRS, rng=random.Random(0), faithful=True).choose(free, 2).indices
+        if entry.sim.deterministic:
+            assert tuple(gpus) == tuple(want), entry.name
+        # least allocated: the emptier node b; most allocated: the fuller node a
+        if entry.sim.rank in ("least", "most"):
+            assert c.nodes[node].name == ("b" if entry.sim.rank == "least" else "a"), entry.name

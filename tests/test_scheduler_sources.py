@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gputopo import gangsources
 from gputopo.network.levels import HOSTNAME, RECOGNISED_LEVELS, validate_levels
 from scheduler import sources
 from scheduler.model import BadInput, parse_pod
@@ -30,13 +31,15 @@ def test_each_source_names_its_gang() -> None:
     assert gang_of(spec={"workloadRef": ref}).key == "ml/workload:w/pg"
     assert gang_of(spec={"workloadRef": {**ref, "podGroupReplicaKey": "r3"}}).key == "ml/workload:w/pg/r3"
     assert gang_of(labels={"scheduling.x-k8s.io/pod-group": "g"}).key == "ml/g"
-    light = gang_of(labels={sources.LIGHT_GROUP_LABEL: "g", sources.LIGHT_MIN_LABEL: "3"})
+    light = gang_of(labels={gangsources.LIGHT_GROUP_LABEL: "g", gangsources.LIGHT_MIN_LABEL: "3"})
     assert (light.key, light.min_member) == ("ml/g", 3)
     assert gang_of(annotations={"scheduling.k8s.io/group-name": "v"}).key == "ml/volcano:v"
     assert gang_of(annotations={"scheduling.volcano.sh/group-name": "v"}).key == "ml/volcano:v"
-    kq = gang_of(labels={sources.KUEUE_GROUP_LABEL: "k"}, annotations={sources.KUEUE_TOTAL_ANNOTATION: "4"})
+    kq = gang_of(
+        labels={gangsources.KUEUE_GROUP_LABEL: "k"}, annotations={gangsources.KUEUE_TOTAL_ANNOTATION: "4"}
+    )
     assert (kq.key, kq.min_member) == ("ml/kueue:k", 4)
-    kai = gang_of(annotations={sources.KAI_GROUP_ANNOTATION: "kj"})
+    kai = gang_of(annotations={gangsources.KAI_GROUP_ANNOTATION: "kj"})
     assert (kai.key, kai.min_member, kai.source) == ("ml/kai:kj", None, "scheduling.run.ai PodGroup")
     assert gang_of() is None
 
@@ -45,14 +48,14 @@ def test_gang_precedence_is_one_order() -> None:
     """schedulingGroup > workloadRef > scheduler-plugins > light labels > Volcano > Kueue > KAI."""
     labels = {
         "scheduling.x-k8s.io/pod-group": "sp",
-        sources.LIGHT_GROUP_LABEL: "light",
-        sources.LIGHT_MIN_LABEL: "2",
-        sources.KUEUE_GROUP_LABEL: "kq",
+        gangsources.LIGHT_GROUP_LABEL: "light",
+        gangsources.LIGHT_MIN_LABEL: "2",
+        gangsources.KUEUE_GROUP_LABEL: "kq",
     }
     annotations = {
         "scheduling.k8s.io/group-name": "vc",
-        sources.KUEUE_TOTAL_ANNOTATION: "2",
-        sources.KAI_GROUP_ANNOTATION: "kj",
+        gangsources.KUEUE_TOTAL_ANNOTATION: "2",
+        gangsources.KAI_GROUP_ANNOTATION: "kj",
     }
     spec = {"schedulingGroup": {"podGroupName": "pg"}, "workloadRef": {"name": "w", "podGroup": "x"}}
     order = [
@@ -72,11 +75,11 @@ def test_gang_precedence_is_one_order() -> None:
         if expected == "ml/sp":
             labels.pop("scheduling.x-k8s.io/pod-group")
         if expected == "ml/light":
-            labels.pop(sources.LIGHT_GROUP_LABEL)
+            labels.pop(gangsources.LIGHT_GROUP_LABEL)
         if expected == "ml/volcano:vc":
             annotations.pop("scheduling.k8s.io/group-name")
         if expected == "ml/kueue:kq":
-            labels.pop(sources.KUEUE_GROUP_LABEL)
+            labels.pop(gangsources.KUEUE_GROUP_LABEL)
 
 
 def test_level_precedence_takes_one_family_whole() -> None:
@@ -98,12 +101,12 @@ def test_level_precedence_takes_one_family_whole() -> None:
         ({}, {}, {"schedulingGroup": {"podGroupName": 7}}, "schedulingGroup.podGroupName"),
         ({}, {}, {"workloadRef": {"name": "w"}}, "workloadRef"),
         ({}, {}, {"workloadRef": {"name": "w", "podGroup": "a/b"}}, "workloadRef"),
-        ({sources.LIGHT_GROUP_LABEL: "g", sources.LIGHT_MIN_LABEL: "0"}, {}, {}, "min-available"),
-        ({sources.KUEUE_GROUP_LABEL: "k"}, {}, {}, "pod-group-total-count"),
-        ({}, {sources.KAI_GROUP_ANNOTATION: "a/b"}, {}, "pod-group-name must be an object name"),
+        ({gangsources.LIGHT_GROUP_LABEL: "g", gangsources.LIGHT_MIN_LABEL: "0"}, {}, {}, "min-available"),
+        ({gangsources.KUEUE_GROUP_LABEL: "k"}, {}, {}, "pod-group-total-count"),
+        ({}, {gangsources.KAI_GROUP_ANNOTATION: "a/b"}, {}, "pod-group-name must be an object name"),
         (
-            {sources.KUEUE_GROUP_LABEL: "k"},
-            {sources.KUEUE_TOTAL_ANNOTATION: "²"},
+            {gangsources.KUEUE_GROUP_LABEL: "k"},
+            {gangsources.KUEUE_TOTAL_ANNOTATION: "²"},
             {},
             "pod-group-total-count",
         ),
@@ -131,7 +134,7 @@ def test_topology_wait_is_a_bounded_duration_or_a_refusal() -> None:
 
 def test_group_objects_of_each_kind() -> None:
     meta = {"namespace": "ml", "name": "g", "uid": "u1"}
-    (k8s,) = sources.groups_k8s_podgroup(
+    (k8s,) = gangsources.groups_k8s_podgroup(
         {
             "metadata": meta,
             "spec": {
@@ -156,7 +159,7 @@ def test_group_objects_of_each_kind() -> None:
         "uid": "u1",
     }
     basic = {"metadata": meta, "spec": {"schedulingPolicy": {"basic": {}}}}
-    assert sources.groups_k8s_podgroup(basic, "v") == [], "basic policy: no gang"
+    assert gangsources.groups_k8s_podgroup(basic, "v") == [], "basic policy: no gang"
     wl = {
         "metadata": meta,
         "spec": {
@@ -166,8 +169,10 @@ def test_group_objects_of_each_kind() -> None:
             ]
         },
     }
-    assert [(g.key, g.min_member) for g in sources.groups_k8s_workload(wl, "v")] == [("ml/workload:g/a", 2)]
-    (vc,) = sources.groups_volcano({"metadata": meta, "spec": {"minMember": 5}}, "v")
+    assert [(g.key, g.min_member) for g in gangsources.groups_k8s_workload(wl, "v")] == [
+        ("ml/workload:g/a", 2)
+    ]
+    (vc,) = gangsources.groups_volcano({"metadata": meta, "spec": {"minMember": 5}}, "v")
     assert (vc.key, vc.min_member) == ("ml/volcano:g", 5)
     kai_spec = {
         "minMember": 4,
@@ -178,7 +183,7 @@ def test_group_objects_of_each_kind() -> None:
             "preferredTopologyLevel": "nvidia.com/gpu.clique",
         },
     }
-    (kai,) = sources.groups_kai({"metadata": meta, "spec": kai_spec}, "scheduling.run.ai/v2alpha2")
+    (kai,) = gangsources.groups_kai({"metadata": meta, "spec": kai_spec}, "scheduling.run.ai/v2alpha2")
     assert (kai.key, kai.min_member, kai.required_level, kai.preferred_level) == (
         "ml/kai:g",
         4,
@@ -187,16 +192,16 @@ def test_group_objects_of_each_kind() -> None:
     )
     assert kai.ref is not None and kai.ref["apiVersion"] == "scheduling.run.ai/v2alpha2"
     bad_levels = {**kai_spec, "topologyConstraint": {"requiredTopologyLevel": "not a key!"}}
-    (loose,) = sources.groups_kai({"metadata": meta, "spec": bad_levels}, "v")
+    (loose,) = gangsources.groups_kai({"metadata": meta, "spec": bad_levels}, "v")
     assert (loose.required_level, loose.preferred_level) == (None, None), "a bad key is no level"
     by_subgroups = {
         "metadata": meta,
         "spec": {"minSubGroup": 2, "subGroups": [{"name": "a", "minMember": 1}]},
     }
-    assert sources.groups_kai(by_subgroups, "v") == [], "counted by sub-groups: not a gang we model"
-    assert sources.workload_key("ml/workload:g/a/r1") == "ml/workload:g/a"
-    assert sources.workload_key("ml/workload:g/a") == "ml/workload:g/a"
-    assert sources.workload_key("ml/g") == "ml/g"
+    assert gangsources.groups_kai(by_subgroups, "v") == [], "counted by sub-groups: not a gang we model"
+    assert gangsources.workload_key("ml/workload:g/a/r1") == "ml/workload:g/a"
+    assert gangsources.workload_key("ml/workload:g/a") == "ml/workload:g/a"
+    assert gangsources.workload_key("ml/g") == "ml/g"
 
 
 def test_topology_levels_are_reversed_and_merged_before_the_defaults() -> None:
@@ -280,13 +285,13 @@ def test_object_parsers_are_total(obj) -> None:
     if not isinstance(obj, dict):
         obj = {"spec": obj}
     for parse in (
-        sources.groups_k8s_podgroup,
-        sources.groups_k8s_workload,
-        sources.groups_volcano,
-        sources.groups_kai,
-        sources.groups_scheduler_plugins,
+        gangsources.groups_k8s_podgroup,
+        gangsources.groups_k8s_workload,
+        gangsources.groups_volcano,
+        gangsources.groups_kai,
+        gangsources.groups_scheduler_plugins,
     ):
         for g in parse(obj, "g/v"):
-            assert 1 <= g.min_member <= sources.MAX_MEMBERS
+            assert 1 <= g.min_member <= gangsources.MAX_MEMBERS
     levels = sources.topology_levels(obj)
     assert levels is None or validate_levels(levels) == levels

@@ -9,6 +9,12 @@ A policy answers `choose(free, size, must)` with a `Choice` whose keys are the e
 allocator's for the set it picked, or raises `AllocationError` with the reason. `name` is what
 the plugin publishes in its node annotation, so the sidecar predicts with the same policy.
 
+`REGISTRY` is the one list of in-node policies: each entry names the policy, builds it, and
+says what the simulator needs to run it as the system it stands for (`SimSpec`: the node
+ranking that system pairs it with, whether alike questions get alike answers, its rule when
+it shares GPUs). The flag choices, the annotation check, the plugin, the CLI and the
+simulator's rows all read it, so a new in-node policy is one entry here (and its test).
+
 | name | stands for | module |
 |---|---|---|
 | `gputopo` | the exact node objective (design.md §2) | `gputopo.node.allocator.Allocator` |
@@ -20,8 +26,9 @@ the plugin publishes in its node annotation, so the sidecar predicts with the sa
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
-from typing import Protocol
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 from gputopo.node.allocator import Allocator, AllocatorPool, Choice
 from gputopo.node.policies.baselines import BestCombo, BestEffortPairs, KubeletOrder
@@ -29,7 +36,6 @@ from gputopo.node.policies.pairpoints import pair_points
 from gputopo.node.topology import Topology
 
 DEFAULT_POLICY = "gputopo"
-POLICY_NAMES: tuple[str, ...] = ("gputopo", "kubelet-default", "best-effort-pairs", "best-combo")
 
 
 class GpuPolicy(Protocol):
@@ -51,15 +57,80 @@ class GpuPolicy(Protocol):
         ...
 
 
+#: Builds one policy for a topology from the exact allocator of that topology, the random
+#: source kubelet-default draws its map order from, and `faithful` (see `policy_by_name`).
+PolicyFactory = Callable[[Topology, Allocator, random.Random, bool], GpuPolicy]
+
+
+@dataclass(frozen=True)
+class SimSpec:
+    """What the simulator needs to run an in-node policy as the system it stands for.
+
+    `rank` is the node ranking that system pairs the in-node choice with: `least` allocated
+    (kube-scheduler's spread), `most` allocated (HAMi's binpack), or `extender` (kube-scheduler
+    with gputopo's extender: the simulator runs the sidecar's lifecycle). `deterministic`: alike
+    questions get alike answers, so the simulator may cache them. `share_rule`: how it places a
+    fractional pod under `--gpu-sharing` (`spread`, `binpack`), None when the system it stands
+    for hands out whole GPUs only."""
+
+    rank: Literal["least", "most", "extender"]
+    deterministic: bool
+    share_rule: Literal["spread", "binpack"] | None = None
+
+
+@dataclass(frozen=True)
+class InNodePolicy:
+    """One registered in-node policy: its name, its factory, and how the simulator runs it.
+    `exact` marks the exact allocator itself, which reads only the bandwidth matrix (so
+    `PolicyPool` shares `AllocatorPool`'s tables for it)."""
+
+    name: str
+    make: PolicyFactory
+    sim: SimSpec
+    exact: bool = False
+
+
+def _exact(topology: Topology, exact: Allocator, rng: random.Random, faithful: bool) -> GpuPolicy:
+    return exact
+
+
+def _kubelet(topology: Topology, exact: Allocator, rng: random.Random, faithful: bool) -> GpuPolicy:
+    return KubeletOrder(topology, allocator=exact, rng=rng)
+
+
+def _pairs(topology: Topology, exact: Allocator, rng: random.Random, faithful: bool) -> GpuPolicy:
+    return BestEffortPairs(topology, allocator=exact, faithful=faithful)
+
+
+def _combo(topology: Topology, exact: Allocator, rng: random.Random, faithful: bool) -> GpuPolicy:
+    return BestCombo(topology, allocator=exact)
+
+
+#: Every in-node policy, in the order flags, errors and the simulator's tables list them.
+REGISTRY: tuple[InNodePolicy, ...] = (
+    InNodePolicy("gputopo", _exact, SimSpec("extender", deterministic=True), exact=True),
+    InNodePolicy("kubelet-default", _kubelet, SimSpec("least", deterministic=False, share_rule="spread")),
+    InNodePolicy("best-effort-pairs", _pairs, SimSpec("least", deterministic=True)),
+    InNodePolicy("best-combo", _combo, SimSpec("most", deterministic=True, share_rule="binpack")),
+)
+POLICY_NAMES: tuple[str, ...] = tuple(p.name for p in REGISTRY)
+
+
 class UnknownPolicyError(ValueError):
     """A policy name outside `POLICY_NAMES`; the message lists the known ones."""
 
 
+def registered(name: str) -> InNodePolicy:
+    """The registry entry of `name`, else UnknownPolicyError (for flags and annotations)."""
+    for entry in REGISTRY:
+        if entry.name == name:
+            return entry
+    raise UnknownPolicyError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
+
+
 def check_name(name: str) -> str:
     """`name` if it is a known policy, else UnknownPolicyError (for flags and annotations)."""
-    if name not in POLICY_NAMES:
-        raise UnknownPolicyError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
-    return name
+    return registered(name).name
 
 
 def policy_by_name(
@@ -74,15 +145,9 @@ def policy_by_name(
     tables); `rng` is kubelet-default's stand-in for map order (default: seeded with 0);
     `faithful` keeps a modelled system's known crash as a refusal (the simulator counts those as
     admission failures; daemons leave it off so no valid request is refused)."""
-    check_name(name)
+    entry = registered(name)
     exact = pool.get(topology) if pool is not None else Allocator(topology)
-    if name == "gputopo":
-        return exact
-    if name == "kubelet-default":
-        return KubeletOrder(topology, allocator=exact, rng=rng if rng is not None else random.Random(0))
-    if name == "best-effort-pairs":
-        return BestEffortPairs(topology, allocator=exact, faithful=faithful)
-    return BestCombo(topology, allocator=exact)
+    return entry.make(topology, exact, rng if rng is not None else random.Random(0), faithful)
 
 
 class PolicyPool:
@@ -98,9 +163,8 @@ class PolicyPool:
         self._by_key: dict[tuple[str, bytes, bytes], GpuPolicy] = {}
 
     def get(self, name: str, topology: Topology) -> GpuPolicy:
-        if name == "gputopo":
+        if registered(name).exact:
             return self.allocators.get(topology)
-        check_name(name)
         bw = topology.bandwidth_mbps
         points = pair_points(topology, nvswitch_visible=True)  # the blind matrix follows from it + nvswitch
         switch = b"\1" if topology.nvswitch else b"\0"

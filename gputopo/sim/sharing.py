@@ -24,15 +24,17 @@ from gputopo.node.allocator import Allocator
 from gputopo.sim.comm import CommModel
 from gputopo.sim.metrics import Recorder, Summary
 from gputopo.sim.policies.base import Failure, Hinted, Slot
+from gputopo.sim.policies.catalog import SIM_POLICIES
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
 
 #: One GPU in milli-GPUs.
 WHOLE = 1000
-#: Policies that share GPUs under --gpu-sharing (the rest count a fractional pod as one GPU).
-SHARING_POLICIES: tuple[str, ...] = ("kubelet-default", "best-combo", "fgd")
+#: Policies that share GPUs under --gpu-sharing (the rest count a fractional pod as one GPU):
+#: the rows with a share rule (gputopo/sim/policies/catalog.py SIM_POLICIES).
+SHARING_POLICIES: tuple[str, ...] = tuple(row.name for row in SIM_POLICIES if row.share_rule)
 #: Policies whose device plugin hands out whole GPUs only, flag or not.
-WHOLE_GPU_POLICIES: tuple[str, ...] = ("gputopo", "gang-only", "best-effort-pairs", "kueue-tas")
+WHOLE_GPU_POLICIES: tuple[str, ...] = tuple(row.name for row in SIM_POLICIES if not row.share_rule)
 
 
 class ShareBook:

@@ -28,8 +28,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from gputopo.node.allocator import Allocator, AllocatorPool
-from gputopo.node.policy import GpuPolicy, policy_by_name
+from gputopo.node.policy import GpuPolicy
 from gputopo.sim.policies.base import Failure, Policy, Slot
+from gputopo.sim.policies.catalog import Build, sim_policy
 from gputopo.sim.sharing import WHOLE, ShareBook
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
@@ -200,17 +201,14 @@ def build_shared_policy(
     book: ShareBook,
     jobs: Sequence[Job] = (),
 ) -> SharedPolicy:
-    """The sharing form of `kubelet-default`, `best-combo` or `fgd`, with the in-node choice for
-    whole pods that `catalog.build_policy` gives the same name."""
-    topos = cluster.topologies
-    allocators = [pool.get(t) for t in topos]
-    if name == "kubelet-default":
-        gpus = [policy_by_name(name, t, pool=pool, rng=rng, faithful=True) for t in topos]
-        return SharedPolicy(name, cluster, allocators, gpus, book, "spread", cache_gpus=False)
-    if name == "best-combo":
-        gpus = [policy_by_name(name, t, pool=pool, rng=rng, faithful=True) for t in topos]
-        return SharedPolicy(name, cluster, allocators, gpus, book, "binpack", cache_gpus=True)
-    if name == "fgd":
-        gpus = [policy_by_name("kubelet-default", t, pool=pool, rng=rng) for t in topos]
-        return SharedPolicy(name, cluster, allocators, gpus, book, "fgd", cache_gpus=False, jobs=jobs)
-    raise ValueError(f"policy {name!r} does not share GPUs")
+    """The sharing form of a row whose `share_rule` is set (`kubelet-default`, `best-combo`,
+    `fgd`), with the in-node choice for whole pods that `catalog.build_policy` gives the same
+    name. `jobs` is FGD's target workload (learned online when empty); the other rules do not
+    read it."""
+    row = sim_policy(name)
+    if row.share_rule is None:
+        raise ValueError(f"policy {name!r} does not share GPUs")
+    b = Build(cluster, pool, rng, jobs=jobs)
+    return SharedPolicy(
+        name, cluster, b.allocators(), b.gpus(row), book, row.share_rule, cache_gpus=row.cache, jobs=jobs
+    )
