@@ -14,7 +14,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gputopo.gangsources import Api
+from gputopo.gang.sources import Api
 
 #: Nodes per list request, and the most pages `nodes` reads (a bound, not a cluster limit).
 PAGE = 500

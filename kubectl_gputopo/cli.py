@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from kubernetes import client
 
 from gputopo.cli import render_topo, topo_document
-from gputopo.gangsources import SourceError
+from gputopo.gang.sources import SourceError
 from gputopo.network import annotation
 from gputopo.node.allocator import MAX_GPUS, AllocatorPool
 from gputopo.output import add_output_arguments, add_version_argument, ago, dump, is_machine

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from gputopo import gangsources
-from gputopo.gangsources import LEVEL_ANNOTATIONS, Named
+from gputopo.gang import sources as gangsources
+from gputopo.gang.sources import LEVEL_ANNOTATIONS, Named
 from gputopo.network import annotation
 from gputopo.node.allocator import AllocatorPool
 from gputopo.numerals import ascii_uint
@@ -188,7 +188,7 @@ def _strings(value: Any) -> dict[str, str]:
 def gang_of(pod: Mapping[str, Any]) -> Named | None:
     """The pod's gang exactly as the sidecar reads it (the core's table of gang sources, the
     same precedence): its source, key, name and, where the pod says so, the quorum. None for a
-    pod on its own; `gangsources.SourceError` when the deciding source is named but unusable
+    pod on its own; `sources.SourceError` when the deciding source is named but unusable
     (the sidecar refuses such a pod, with the same message)."""
     meta = _meta(pod)
     return gangsources.pod_gang(

@@ -7,7 +7,7 @@ briefly); a group that is not served is logged once (`kind_absent`) and retried 
 an error. The parsed objects feed the snapshot: gang minimums and group-level topology keys
 are resolved into the pods' `GangRef`s, Topology objects into the level list. Which kinds
 there are, and their parsers, come from the core's table of gang sources
-(gputopo/gangsources.py `SOURCES`, `TOPOLOGY_APIS`).
+(gputopo/gang/sources.py `SOURCES`, `TOPOLOGY_APIS`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from gputopo import gangsources, jsonlog
-from gputopo.gangsources import Api, Group, GroupParser
+from gputopo import jsonlog
+from gputopo.gang import sources as gangsources
+from gputopo.gang.sources import Api, Group, GroupParser
 from scheduler import sources
 from scheduler.model import PodInfo
 

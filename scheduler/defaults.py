@@ -1,6 +1,6 @@
 """Defaults the sidecar serves with; the deploy manifests and their tests read these."""
 
-from gputopo import gangsources
+from gputopo.gang import sources as gangsources
 from gputopo.gang import tracker as gangs
 from gputopo.network import levels as network
 
@@ -16,7 +16,7 @@ TOPOLOGY_ANNOTATION = "gputopo.io/topology"
 RESOURCE_NAME = "nvidia.com/gpu"
 
 # Gang membership and placement constraints (design.md §5): the core's table of gang sources
-# (gputopo/gangsources.py) has every key; scheduler-plugins' PodGroup has a watch of its own.
+# (gputopo/gang/sources.py) has every key; scheduler-plugins' PodGroup has a watch of its own.
 PODGROUP_GROUP = gangsources.SCHEDULER_PLUGINS_API.group
 PODGROUP_VERSION = gangsources.SCHEDULER_PLUGINS_API.versions[0]
 PODGROUP_PLURAL = gangsources.SCHEDULER_PLUGINS_API.plural

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from gputopo import gangsources, jsonlog
+from gputopo import jsonlog
+from gputopo.gang import sources as gangsources
 from gputopo.network.annotation import AnnotationError, decode
 from gputopo.node.allocator import MAX_GPUS
 from scheduler.model import BadInput, NodeInfo, PodInfo, node_gpu_capacity, parse_pod

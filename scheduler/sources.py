@@ -3,7 +3,7 @@
 A pod can name its gang through Kubernetes' own Workload API, scheduler-plugins, Volcano,
 Kueue or KAI Scheduler, and its topology level through gputopo's, Kueue's or KAI Scheduler's
 annotations. The gang sources, their precedence and their group objects' parsers are the core's
-one table (gputopo/gangsources.py, which `kubectl gputopo why` reads too); this module adds the
+one table (gputopo/gang/sources.py, which `kubectl gputopo why` reads too); this module adds the
 levels and the pod's own wait, so a pod spec is scheduled as its authors wrote it, with no
 gputopo-specific annotation (docs/scheduler.md "Gang sources").
 
@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gputopo import gangsources
-from gputopo.gangsources import LEVEL_ANNOTATIONS, SourceError, dig
+from gputopo.gang import sources as gangsources
+from gputopo.gang.sources import LEVEL_ANNOTATIONS, SourceError, dig
 from gputopo.network.levels import HOSTNAME, is_label_key
 from gputopo.numerals import duration_s
 
@@ -72,7 +72,7 @@ def pod_levels(annotations: Mapping[str, str]) -> tuple[str | None, str | None, 
 def pod_gang(
     namespace: str, labels: Mapping[str, str], annotations: Mapping[str, str], spec: Mapping[str, Any]
 ) -> PodGang | None:
-    """The pod's gang by the precedence of the core's table (`gangsources.SOURCES`) with the
+    """The pod's gang by the precedence of the core's table (`sources.SOURCES`) with the
     pod's levels, or None; SourceError when a source is named but malformed (a light label
     without a usable minimum, a Kueue group without count).
 

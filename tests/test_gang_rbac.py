@@ -1,6 +1,6 @@
 """The RBAC of the gang and Topology APIs is the core's table of gang sources, in both installs.
 
-`gputopo.gangsources.APIS` lists every API the sidecar reads beside Nodes and Pods (each gang
+`gputopo.gang.sources.APIS` lists every API the sidecar reads beside Nodes and Pods (each gang
 source's group object, Kueue's and KAI's Topology). The sidecar's ClusterRole, as deploy/
 (`kubectl kustomize`) and the chart (Helm's own engine) install it, must allow get/list/watch on
 each, and must name no gang or Topology resource the table does not have (a source removed or
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gputopo import gangsources
+from gputopo.gang import sources as gangsources
 from tests.manifests import ROOT, kustomize, render_chart
 
 READ = ("get", "list", "watch")

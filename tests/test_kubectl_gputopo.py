@@ -21,7 +21,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo import gangsources
+from gputopo.gang import sources as gangsources
 from gputopo.network.annotation import encode, make
 from gputopo.node.allocator import AllocatorPool
 from gputopo.node.topofile import load_preset

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gputopo import gangsources
+from gputopo.gang import sources as gangsources
 from gputopo.network.levels import HOSTNAME, RECOGNISED_LEVELS, validate_levels
 from scheduler import sources
 from scheduler.model import BadInput, parse_pod
