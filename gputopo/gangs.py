@@ -54,8 +54,8 @@ RESERVATION_TTL_S = 120.0
 #: First and largest retry delay of a gang that fits nowhere (for an unchanged question).
 BACKOFF_S = (1.0, 60.0)
 #: How long a gang with no member bound waits for a domain of its own level (`gangwait`)
-#: before it takes a larger one, unless the gang says otherwise (gputopo.io/topology-wait):
-#: none. A preferred level is placed now, as Kueue, KAI and Volcano place it, and Slurm waits
+#: before it takes a larger one, unless its pods ask for a wait (gputopo.io/topology-wait):
+#: none at all. A preferred level is placed now, as Kueue, KAI and Volcano place it, and Slurm waits
 #: for fewer switches (`--switches=count@max-time`) only when the job asks (issue 18: the
 #: slowdown the wait avoided was an unmeasured model's, and users met gangs that never bound).
 SPILL_AFTER_S = 0.0
