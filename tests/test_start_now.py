@@ -18,10 +18,13 @@ import pytest
 from gputopo.cluster import parse_cluster
 from gputopo.network import HOSTNAME, LEAF, SPINE
 from scheduler.extender import Extender
+from scheduler.kube import KubeState
 from scheduler.server import Server
 from scheduler.state import FileState, from_cluster
 from tests import fake_apiserver as fk
 from tests.kube_scheduler_standin import Outcome, StandIn
+from tests.test_scheduler_live import NOW, wait_until
+from tests.test_scheduler_live import annotation as live_annotation
 
 LEVELS = (HOSTNAME, LEAF, SPINE)
 LIGHT_NAME = "pod-group.scheduling.sigs.k8s.io/name"
@@ -240,3 +243,39 @@ def test_a_single_pod_takes_all_five_free_gpus_of_a_node_now(running) -> None:
     out = standin.run([fk.pod("ml", "five", 5)], clock=clock, idle_rounds=3)
     assert out.bound == {} and answers
     assert all("best ring (ringwait)" in a["FailedNodes"]["v"] for a in answers)
+
+
+def test_live_a_kueue_gang_preferring_a_leaf_binds_through_the_api_in_the_spine_that_holds_it() -> None:
+    """The issue's Kueue case as a new user meets it, in live mode: nodes publishing their
+    annotation, pods grouped by Kueue's label and count and preferring the leaf, all on the
+    fake API server, watched through the official client; the stand-in schedules them over
+    HTTP and every binding reaches the API. No leaf has room for 3 x 4 GPUs, spine s2 has."""
+    spines = {"s1": ("l1", "l2"), "s2": ("l3", "l4", "l5")}
+    clock = [NOW]
+    with fk.running() as (api, _, api_client):
+        for spine, leaves in spines.items():
+            for leaf in leaves:
+                for i, allocated in enumerate(((0, 1, 2, 3), tuple(range(8)))):
+                    name = f"{leaf}-n{i}"
+                    note = {"gputopo.io/topology": live_annotation(name, allocated)}
+                    api.put("nodes", fk.node(name, {LEAF: leaf, SPINE: spine}, annotations=note))
+        pods = kueue_gang("k", 3, 4, {"kueue.x-k8s.io/podset-preferred-topology": LEAF})
+        for p in pods:
+            api.put("pods", p)
+        state = KubeState(api_client, clock=lambda: clock[0], watch_timeout_s=5, backoff_s=(0.05, 0.2))
+        server = Server(Extender(state, clock=lambda: clock[0]), "127.0.0.1", 0)
+        standin = None
+        try:
+            state.start()
+            wait_until(state.ready)
+            server.start()
+            standin = StandIn(*server.address, sorted(state.snapshot().nodes))
+            out = standin.run(pods, clock=clock, idle_rounds=3)
+            nodes = bound_promptly(out, pods, clock, NOW)
+            assert {n.split("-")[0] for n in nodes} <= set(spines["s2"]) and len(nodes) == 3
+            assert sorted(api.bindings) == sorted(out.bound.items())
+        finally:
+            if standin is not None:
+                standin.close()
+            server.stop()
+            state.stop()
