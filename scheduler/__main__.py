@@ -104,8 +104,10 @@ def parser() -> argparse.ArgumentParser:
         type=_non_negative,
         default=defaults.GANG_SPILL_AFTER_S,
         metavar="SECONDS",
-        help="how long a gang waits for one domain of its own level before it takes a slower one, "
-        "and a pod of 2+ GPUs for a node at its best ring (0: at once; default %(default)g)",
+        help="opt-in wait: how long a gang with no required level waits for one domain of its own "
+        "level before it takes a larger one, and a pod of 2+ GPUs for a node at its best ring "
+        "(default %(default)g: placed now in the smallest level that holds it; a pod's "
+        "gputopo.io/topology-wait sets its own)",
     )
     p.add_argument(
         "--annotation-max-age", type=_positive, default=defaults.ANNOTATION_MAX_AGE_S, metavar="SECONDS"

@@ -40,4 +40,4 @@ MAX_GPUS_PER_POD = 1024
 RESERVATION_TTL_S = gangs.RESERVATION_TTL_S  # a gang plan's capacity is held this long without binds
 ANNOTATION_MAX_AGE_S = 900.0  # older topology annotations are treated as unknown
 GANG_BACKOFF_S = gangs.BACKOFF_S  # first and largest retry delay of a gang that fits nowhere
-GANG_SPILL_AFTER_S = gangs.SPILL_AFTER_S  # a gang's wait for a domain of its own level
+GANG_SPILL_AFTER_S = gangs.SPILL_AFTER_S  # a gang's wait for a domain of its own level: 0, opt-in

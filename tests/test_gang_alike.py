@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from gputopo.network import HOSTNAME, LEAF, SPINE
 from gputopo.network.cluster import parse_cluster
-from gputopo.network.levels import HOSTNAME, LEAF, SPINE
 from gputopo.node.allocator import AllocatorPool
 from gputopo.sim.clusters import from_snapshot
 from gputopo.sim.policies.base import Failure
-from gputopo.sim.policies.sidecar import SidecarPolicy
+from gputopo.sim.policies.sidecar import Lifecycle, SidecarPolicy
 from gputopo.sim.state import ClusterState
 from gputopo.sim.workload import Job
 from scheduler.extender import Extender
@@ -26,6 +26,7 @@ from tests import fake_apiserver as fk
 from tests.test_scheduler_http import Client, args
 
 LEVELS = (HOSTNAME, LEAF, SPINE)
+WEEK = 7 * 86_400.0  # an opt-in wait for the own level (--gang-spill-after)
 GROUP = "scheduling.x-k8s.io/pod-group"
 
 
@@ -41,7 +42,8 @@ def node(name: str, kind: str, leaf: str, allocated: list[int]) -> dict[str, Any
 #: Two 1-GPU members: a DGX-1 with 4 GPUs free (best fit) and a PCIe box with 6 (the objective).
 PAIR = [node("a-dgx1", "dgx1-v100", "a", [4, 5, 6, 7]), node("b-pcie", "pcie8-plx", "b", [6, 7])]
 #: Two 8-GPU members: leaf a has one free node (spine only, now); leaf b two, one of them busy
-#: until the test frees it. The plan waits for leaf b in both, then takes it.
+#: until the test frees it. By default both place the gang now across the spine; opted into a
+#: wait, both wait for leaf b, then take it.
 WHOLE = [
     node("a-n0", "dgx-a100", "a", []),
     node("a-n1", "dgx-a100", "a", list(range(8))),
@@ -62,8 +64,9 @@ def snapshot(nodes: list[dict[str, Any]]) -> dict[str, Any]:
 def sidecar() -> Iterator[Any]:
     servers: list[Server] = []
 
-    def start(nodes: list[dict[str, Any]]) -> tuple[Extender, Client]:
-        ext = Extender(from_cluster(parse_cluster(snapshot(nodes))), LEVELS, clock=lambda: 1000.0)
+    def start(nodes: list[dict[str, Any]], spill_after_s: float = 0.0) -> tuple[Extender, Client]:
+        state = from_cluster(parse_cluster(snapshot(nodes)))
+        ext = Extender(state, LEVELS, clock=lambda: 1000.0, spill_after_s=spill_after_s)
         server = Server(ext, "127.0.0.1", 0)
         server.start()
         servers.append(server)
@@ -86,11 +89,18 @@ def live_plan(
     return sorted((p.node, tuple(sorted(p.gpus))) for p in ext.plans["ml/g"].placements)
 
 
-def sim_plan(nodes: list[dict[str, Any]], gpus: int) -> list[tuple[str, tuple[int, ...]]] | str:
+def sim_plan(
+    nodes: list[dict[str, Any]], gpus: int, spill_after_s: float = 0.0
+) -> list[tuple[str, tuple[int, ...]]] | str:
     cluster = from_snapshot(parse_cluster(snapshot(nodes)))
     pool = AllocatorPool()
     policy = SidecarPolicy(
-        "gputopo", cluster, [pool.get(t) for t in cluster.topologies], random.Random(0), planner=True
+        "gputopo",
+        cluster,
+        [pool.get(t) for t in cluster.topologies],
+        random.Random(0),
+        planner=True,
+        lifecycle=Lifecycle(spill_after_s=spill_after_s),
     )
     got = policy.place(ClusterState(cluster), Job(id=0, submit=0.0, duration=60.0, pods=(gpus, gpus)))
     if isinstance(got, Failure):
@@ -105,25 +115,37 @@ def test_the_objective_picks_the_same_node_in_the_sidecar_and_the_simulator(side
     assert isinstance(live, list) and {n for n, _ in live} == {"b-pcie"}, "not best fit's a-dgx1"
 
 
-def test_both_wait_for_a_leaf_alike_and_plan_it_alike_once_it_frees(sidecar) -> None:
+def test_by_default_both_place_the_gang_now_in_the_smallest_level_that_holds_it(sidecar) -> None:
+    """No leaf holds both members now: the defaults (no wait) place them across the spine at
+    once, in the sidecar and the simulator alike (issue 18, "start when you can")."""
     ext, client = sidecar(WHOLE)
     names = [n["name"] for n in WHOLE]
     live = live_plan(ext, client, 8, names)
-    simulated = sim_plan(WHOLE, 8)
+    assert live == sim_plan(WHOLE, 8)
+    assert isinstance(live, list) and {n for n, _ in live} == {"a-n0", "b-n0"}
+    assert ext.plans["ml/g"].level == SPINE
+
+
+def test_both_wait_for_a_leaf_alike_and_plan_it_alike_once_it_frees(sidecar) -> None:
+    ext, client = sidecar(WHOLE, WEEK)  # the cluster opts into the wait
+    names = [n["name"] for n in WHOLE]
+    live = live_plan(ext, client, 8, names)
+    simulated = sim_plan(WHOLE, 8, WEEK)
     assert isinstance(live, str) and isinstance(simulated, str)
     assert "waiting for one leaf domain" in live and "waiting for one leaf domain" in simulated
     freed = [{**n, "allocated": []} if n["name"] == "b-n1" else n for n in WHOLE]
-    ext, client = sidecar(freed)
+    ext, client = sidecar(freed, WEEK)
     live = live_plan(ext, client, 8, names)
-    assert live == sim_plan(freed, 8)
+    assert live == sim_plan(freed, 8, WEEK)
     assert isinstance(live, list) and {n for n, _ in live} == {"b-n0", "b-n1"}
 
 
 def test_a_pods_topology_wait_overrides_the_sidecars_spill_after(sidecar) -> None:
     """gputopo.io/topology-wait over real HTTP: "0s" makes this gang take the spine at once
-    where the sidecar's default would wait for a leaf; a malformed value is refused with the
-    annotation named, and nothing is planned."""
-    ext, client = sidecar(WHOLE)
+    where the sidecar was told to wait for a leaf; "1h" makes one gang wait where the sidecar's
+    default places it now; a malformed value is refused with the annotation named, and nothing
+    is planned."""
+    ext, client = sidecar(WHOLE, WEEK)
     names = [n["name"] for n in WHOLE]
     wait = {"gputopo.io/topology-wait": "0s"}
     out: dict[str, Any] = {}
@@ -133,6 +155,13 @@ def test_a_pods_topology_wait_overrides_the_sidecars_spill_after(sidecar) -> Non
     assert out["NodeNames"], out
     assert sorted(p.node for p in ext.plans["ml/g"].placements) == ["a-n0", "b-n0"]
     assert ext.plans["ml/g"].level == SPINE
+    ext, client = sidecar(WHOLE)
+    hour = {"gputopo.io/topology-wait": "1h"}
+    for i in range(2):
+        pod = fk.pod("ml", f"g-{i}", 8, labels={GROUP: "g"}, annotations=hour)
+        _, out = client.post("/filter", args(pod, names))
+    assert not out["NodeNames"] and "ml/g" not in ext.plans
+    assert "waiting for one leaf domain" in next(iter(out["FailedAndUnresolvableNodes"].values()))
     ext, client = sidecar(WHOLE)
     bad = fk.pod("ml", "g-0", 8, labels={GROUP: "g"}, annotations={"gputopo.io/topology-wait": "soon"})
     status, out = client.post("/filter", args(bad, names))

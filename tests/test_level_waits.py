@@ -310,7 +310,9 @@ def _run(
 @pytest.mark.parametrize(
     "args",
     [
-        ["--pods", "4000"],  # the default run's generator and cluster, shorter
+        # the default run's generator and cluster, shorter, opted into a week's wait (the wait
+        # these short cuts answer is opt-in)
+        ["--pods", "4000", "--gang-spill-after", "604800"],
         # gangs spill while parked (15 of them here)
         [
             "--pods",
@@ -336,6 +338,8 @@ def _run(
             "0.8",
             "--bind-failure-rate",
             "0.2",
+            "--gang-spill-after",
+            "604800",
         ],
     ],
 )

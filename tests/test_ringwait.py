@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gputopo.network import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
 from gputopo.network.cluster import parse_cluster
-from gputopo.network.levels import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
 from gputopo.network.nodeview import ChoiceMemo
 from gputopo.node.allocator import AllocatorPool
 from gputopo.node.topofile import load_preset
@@ -23,7 +23,6 @@ from gputopo.sim.policies.base import Failure
 from gputopo.sim.policies.sidecar import Lifecycle, SidecarPolicy
 from gputopo.sim.state import ClusterState, SimCluster, SimNode
 from gputopo.sim.workload import Job
-from scheduler import defaults
 from scheduler.state import from_cluster
 from tests import fake_apiserver as fk
 from tests.test_scheduler_http import args, serve  # noqa: F401  (the fixture)
@@ -185,9 +184,19 @@ def http_cluster() -> Any:
     return from_cluster(parse_cluster({"nodes": nodes}))
 
 
+def test_by_default_a_multi_gpu_pod_takes_any_node_that_fits_now(serve) -> None:  # noqa: F811
+    """The ring wait is opt-in (issue 18): with the sidecar's defaults no node with room is
+    filtered out for its ring, and a pod the straddling node alone can take is placed there."""
+    client, ext = serve(http_cluster())
+    _, out = client.post("/filter", args(fk.pod("ml", "p", 4), ["cross", "socket", "bare"]))
+    assert out["NodeNames"] == ["cross", "socket", "bare"] and out["FailedNodes"] == {}
+    _, out = client.post("/filter", args(fk.pod("ml", "q", 4), ["cross"]))
+    assert out["NodeNames"] == ["cross"] and len(ext.ring_wait) == 0
+
+
 def test_the_filter_holds_a_multi_gpu_pod_to_the_nodes_at_their_best_ring(serve) -> None:  # noqa: F811
     clock = [1000.0]
-    client, _ = serve(http_cluster(), clock)
+    client, _ = serve(http_cluster(), clock, spill_after_s=WEEK)  # the cluster opts in
     status, out = client.post("/filter", args(fk.pod("ml", "p", 4), ["cross", "socket", "bare"]))
     assert status == 200
     assert out["NodeNames"] == ["socket", "bare"], "unknown topology is never held back"
@@ -200,11 +209,11 @@ def test_the_filter_holds_a_multi_gpu_pod_to_the_nodes_at_their_best_ring(serve)
 
 def test_the_filter_waits_then_spills_after_the_gangs_spill_time(serve) -> None:  # noqa: F811
     clock = [1000.0]
-    client, _ = serve(http_cluster(), clock)
+    client, _ = serve(http_cluster(), clock, spill_after_s=WEEK)
     pod = fk.pod("ml", "p", 4)
     _, out = client.post("/filter", args(pod, ["cross"]))
     assert out["NodeNames"] == [] and "best ring" in out["FailedNodes"]["cross"]
-    clock[0] += defaults.GANG_SPILL_AFTER_S - 1
+    clock[0] += WEEK - 1
     _, out = client.post("/filter", args(pod, ["cross"]))
     assert out["NodeNames"] == [] and "waiting 604799 s" in out["FailedNodes"]["cross"]
     clock[0] += 1
@@ -217,12 +226,16 @@ def test_the_filter_waits_then_spills_after_the_gangs_spill_time(serve) -> None:
 
 def test_a_pods_topology_wait_bounds_its_own_ring_wait(serve) -> None:  # noqa: F811
     """gputopo.io/topology-wait is the pod's own bound, as for a gang's level: "0s" takes the
-    straddling node at once, "1h" gives up after an hour where the sidecar's default waits."""
+    straddling node at once where the cluster opted into a week's wait, and "1h" opts one pod
+    into a wait the sidecar's default does not make, giving up after an hour."""
     clock = [1000.0]
-    client, _ = serve(http_cluster(), clock)
+    waiting, _ = serve(http_cluster(), clock, spill_after_s=WEEK)
     now = fk.pod("ml", "now", 4, annotations={"gputopo.io/topology-wait": "0s"})
-    _, out = client.post("/filter", args(now, ["cross"]))
+    _, out = waiting.post("/filter", args(now, ["cross"]))
     assert out["NodeNames"] == ["cross"]
+    _, out = waiting.post("/filter", args(fk.pod("ml", "plain", 4), ["cross"]))
+    assert out["NodeNames"] == [], "without the annotation the cluster's wait applies"
+    client, _ = serve(http_cluster(), clock)  # the default: no wait unless the pod asks
     hour = fk.pod("ml", "hour", 4, annotations={"gputopo.io/topology-wait": "1h"})
     _, out = client.post("/filter", args(hour, ["cross"]))
     assert out["NodeNames"] == []
@@ -237,7 +250,7 @@ def test_a_pods_topology_wait_bounds_its_own_ring_wait(serve) -> None:  # noqa: 
 def test_a_bound_pod_ends_its_ring_wait(serve) -> None:  # noqa: F811
     """The wait's memory is the sidecar's own state: a bind over HTTP removes the pod from it."""
     clock = [1000.0]
-    client, ext = serve(http_cluster(), clock)
+    client, ext = serve(http_cluster(), clock, spill_after_s=WEEK)
     pod = fk.pod("ml", "p", 4)
     _, out = client.post("/filter", args(pod, ["cross", "socket"]))
     assert out["NodeNames"] == ["socket"] and len(ext.ring_wait) == 1

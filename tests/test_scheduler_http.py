@@ -65,9 +65,13 @@ class Client:
 def serve() -> Iterator[Any]:
     servers: list[Server] = []
 
-    def start(state: FileState, clock: list[float] | None = None, **kw: Any) -> tuple[Client, Extender]:
+    def start(
+        state: FileState, clock: list[float] | None = None, *, spill_after_s: float | None = None, **kw: Any
+    ) -> tuple[Client, Extender]:
+        """A sidecar over `state`; `spill_after_s` is its --gang-spill-after (None: the default)."""
         clock = clock or [1000.0]
-        ext = Extender(state, state.levels or defaults.DEFAULT_LEVELS, clock=lambda: clock[0])
+        wait = {} if spill_after_s is None else {"spill_after_s": spill_after_s}
+        ext = Extender(state, state.levels or defaults.DEFAULT_LEVELS, clock=lambda: clock[0], **wait)
         server = Server(ext, "127.0.0.1", 0, **kw)
         server.start()
         servers.append(server)

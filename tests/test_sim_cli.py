@@ -216,3 +216,22 @@ def test_queue_order_is_named_in_the_run_and_reaches_the_engine() -> None:
     (a,), (b,) = runs["arrival"]["results"], runs["smallest"]["results"]
     assert a["placed"] == b["placed"] == a["jobs"]
     assert a["queue_delay_mean"] != b["queue_delay_mean"]
+
+
+def test_gangs_start_now_by_default_and_wait_only_when_asked() -> None:
+    """Issue 18: the run says which gang wait it applied, the default places gangs now (no
+    wait), and --gang-spill-after opts into waiting for the own level, which changes where
+    gangs go (more of them inside one leaf) on an overloaded run."""
+    runs = {}
+    for wait in ("0", "86400"):
+        args = ["--pods", "1500", "--load", "2", "--json", "--policies", "gputopo"]
+        r = sim(*args, *(["--gang-spill-after", wait] if wait != "0" else []))
+        assert r.returncode == 0, r.stderr
+        runs[wait] = json.loads(r.stdout)
+    assert runs["0"]["run"]["gang lifecycle"].endswith(
+        "placed now in the smallest level that holds it (no wait)"
+    )
+    assert runs["86400"]["run"]["gang lifecycle"].endswith("waits for its own level up to 86400 s")
+    (now,), (waited,) = runs["0"]["results"], runs["86400"]["results"]
+    assert now["placed"] == waited["placed"] == now["jobs"]
+    assert waited["gangs_one_leaf"] > now["gangs_one_leaf"]

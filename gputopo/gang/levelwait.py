@@ -10,9 +10,16 @@ three times as long, so later gangs spilled too. Kueue TAS's BestFit does the sa
 "preferred" level falls back at once), and was ahead of gputopo there only by which few long
 gangs happened to spill.
 
+The wait is opt-in (issue 18): the tracker's `spill_after_s` is 0 unless the operator sets
+--gang-spill-after or the gang's pods set gputopo.io/topology-wait, and with 0 a gang is placed
+now in the smallest level that holds it, as Kueue's, KAI's and Volcano's "preferred" levels are.
+The numbers above came from an unmeasured job-time model (`gputopo/sim/comm.py`), which
+published NCCL measurements show to be far too pessimistic about larger levels, so they no
+longer set a default.
+
 The rule, applied by the lifecycle (`gang.tracker.GangTracker`) to a gang none of whose members is
-bound yet: its *own level* is the smallest level of the plan's label family (`carried`) it
-could use on the offered nodes if every GPU were free (the best this gang can get anywhere, as the single-pod objective measures a pod
+bound yet, when a wait is asked for: its *own level* is the smallest level of the plan's label
+family (`carried`) it could use on the offered nodes if every GPU were free (the best this gang can get anywhere, as the single-pod objective measures a pod
 against the best ring its size gets anywhere); a plan at a larger level is not taken while the
 gang has waited less than the tracker's `spill_after_s`. Past that it takes what there is, so no
 gang waits forever for capacity that other work keeps busy. A required level is strict already,
@@ -30,8 +37,8 @@ from itertools import compress
 
 import numpy as np
 
-from gputopo.gang.planner import GangPlan, GangSpec
-from gputopo.network.levels import CLUSTER, HOSTNAME, NetworkIndex, short_name
+from gputopo.gang import GangPlan, GangSpec
+from gputopo.network import CLUSTER, HOSTNAME, NetworkIndex, short_name
 from gputopo.network.nodeview import NodeView
 
 

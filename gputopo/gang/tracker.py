@@ -19,9 +19,12 @@ Rules that keep a gang all or nothing under a real kube-scheduler (docs/schedule
   * so no member ever binds while the plan depends on a node kube-scheduler did not offer:
     every plan is made inside an offer, and a missing node is replaced before the next answer;
   * a reservation whose GPUs another pod now holds breaks the plan; the rest is re-planned;
-  * a gang with no member bound waits up to `spill_after_s` for one domain of its own level
-    (`gang.levelwait`) rather than take a slower level now: a spilled gang holds its GPUs up to 3x
-    as long (docs/objective.md has the measurements); it waits as a gang that fits nowhere;
+  * a gang without a required level is placed now, in the smallest level whose one domain holds
+    it among the offered nodes (its preferred level first, then each larger one): Kueue's,
+    KAI's and Volcano's "preferred" mean the same. Waiting for a better domain is opt-in: with
+    `spill_after_s` > 0 (the sidecar's --gang-spill-after, a pod's gputopo.io/topology-wait) a
+    gang with no member bound waits up to that long for one domain of its own level
+    (`gang.levelwait`) rather than take a larger level now, as a gang that fits nowhere waits;
   * a gang that fits nowhere is not re-planned for an identical question (same views, same
     offer) until its back-off runs out, but any change of the cluster or the offer re-plans at
     once: kube-scheduler only asks again on a cluster event or its 5-minute flush, so a timer
@@ -38,11 +41,11 @@ import operator
 from collections.abc import Callable, Collection, Mapping, Sequence, Set
 from dataclasses import dataclass
 
+from gputopo.gang import GangPlan, GangSpec, Member, plan_gang
 from gputopo.gang.asks import Decision, Event, GangAsk, Planned, Refused, Wait
 from gputopo.gang.levelwait import LevelWait, OwnLevels
-from gputopo.gang.planner import GangPlan, GangSpec, Member, plan_gang
 from gputopo.gang.reservations import Reservation, Reservations
-from gputopo.network.levels import NetworkIndex, domain_of
+from gputopo.network import NetworkIndex, domain_of
 from gputopo.network.nodeview import ChoiceMemo, NodeView
 from gputopo.node.policy import GpuPolicy
 from gputopo.pod.objective import ClusterObjective
@@ -52,8 +55,11 @@ RESERVATION_TTL_S = 120.0
 #: First and largest retry delay of a gang that fits nowhere (for an unchanged question).
 BACKOFF_S = (1.0, 60.0)
 #: How long a gang with no member bound waits for a domain of its own level (`gang.levelwait`)
-#: before it takes a slower one: docs/objective.md has the measurements behind it.
-SPILL_AFTER_S = 7 * 86_400.0
+#: before it takes a larger one, unless its pods ask for a wait (gputopo.io/topology-wait):
+#: none at all. A preferred level is placed now, as Kueue, KAI and Volcano place it, and Slurm waits
+#: for fewer switches (`--switches=count@max-time`) only when the job asks (issue 18: the
+#: slowdown the wait avoided was an unmeasured model's, and users met gangs that never bound).
+SPILL_AFTER_S = 0.0
 #: Gangs whose first filter time is remembered (for the wait until their last bind); a gang
 #: deleted before it bound is never told, so the oldest are forgotten past this many.
 MAX_WAITING_GANGS = 100_000

@@ -8,7 +8,9 @@ runs the job at a fraction of the speed the same node gives it at its best (a 4-
 data-parallel step across the sockets of a PCIe box takes 1.6x as long as inside one), and holds
 the GPUs that much longer. Measured (docs/objective.md, "pods at best ring"): every such
 placement on that run came when no node with room offered better, so no ranking could avoid it;
-only waiting for the next departure could.
+only waiting for the next departure could. Like a gang's wait for its level, it is opt-in
+(issue 18): with the default `spill_after_s` of 0 a pod takes the best node that fits now, and
+an operator (--gang-spill-after) or the pod (gputopo.io/topology-wait) asks for the wait.
 
 The rule, as `gang.levelwait`'s for gangs: a pod of 2 GPUs or more is *held* to the nodes whose set is
 good enough for it on that node's own scale — the data-parallel step its set gives
@@ -17,7 +19,7 @@ up to `spill_after_s` from the first time a node with room was not good enough. 
 other nodes are filtered out (it waits if none is left); past that it takes what there is, so no
 pod waits forever for capacity that other work keeps busy. A node of unknown topology is never
 held back (nothing is known to judge it by), and with `spill_after_s` 0 the rule is off (the
-simulator's fill mode: nothing ever leaves, a wait would be a rejection).
+default; and the simulator's fill mode, where nothing ever leaves and a wait would be a rejection).
 
 Pure: no I/O, no clock (the caller passes `now`), no globals; the caller owns the instance.
 """

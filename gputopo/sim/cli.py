@@ -122,8 +122,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=Lifecycle.spill_after_s,
         metavar="SECONDS",
-        help="how long a gang waits for one domain of its own level before it takes a slower one, "
-        "and a pod of 2+ GPUs for a node at its best ring (0: at once, the behaviour before; default %(default)g)",
+        help="opt-in wait: how long a gang waits for one domain of its own level before it takes a "
+        "larger one, and a pod of 2+ GPUs for a node at its best ring (default %(default)g: placed "
+        "now, as the sidecar's default)",
     )
     g = parser.add_argument_group("communication model")
     g.add_argument(
@@ -186,7 +187,11 @@ def prepare(args: argparse.Namespace) -> tuple[SimCluster, list[Job], dict[str, 
     header["gang lifecycle"] = (
         f"members created within {lifecycle.arrival_spread_s:g} s, reservation TTL "
         f"{lifecycle.reservation_ttl_s:g} s, bind failure rate {lifecycle.bind_failure_rate:g}, "
-        f"waits for its own level up to {lifecycle.spill_after_s:g} s"
+        + (
+            f"waits for its own level up to {lifecycle.spill_after_s:g} s"
+            if lifecycle.spill_after_s > 0
+            else "placed now in the smallest level that holds it (no wait)"
+        )
     )
     sharing = bool(getattr(args, "gpu_sharing", False))
     if sharing:

@@ -1,8 +1,9 @@
 """Gangs waiting for a domain of their own level, as the simulated sidecar last asked them.
 
-A gang that waits for its own level (`gputopo.gang.levelwait`) is the head of its shape's queue,
-which the engine tries again after every departure: on the default run 7,863 of 9,511 gang
-asks end that way, each a pass over every node's view. The tracker says what such an answer
+A gang that waits for its own level (`gputopo.gang.levelwait`, opted in with --gang-spill-after > 0)
+is the head of its shape's queue, which the engine tries again after every departure: on the
+default run with a week's wait (the default before issue 18) 7,863 of 9,511 gang asks end that
+way, each a pass over every node's view. The tracker says what such an answer
 can change with (`gang.levelwait.LevelWait`): the spill time (the tracker checks it,
 `GangTracker.repeat_wait`), a domain of the level reaching the gang's count of slots, or the
 cluster no longer having them. Only frees add slots, and only on their own nodes, so this
@@ -19,7 +20,7 @@ from itertools import compress
 from operator import ne
 
 from gputopo.gang.levelwait import LevelWait
-from gputopo.network.levels import NetworkIndex
+from gputopo.network import NetworkIndex
 from gputopo.sim.state import ClusterState
 
 #: Waiting gangs kept (one per queued gang at most; the oldest are forgotten past this).

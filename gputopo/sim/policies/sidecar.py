@@ -2,7 +2,8 @@
 
 Single pods go where kube-scheduler puts them given the extender's prioritize scores
 (`gputopo.pod.kubesched`: scaled, weighted extender score + LeastAllocated, random among ties), over
-the nodes the filter passes: one of 2+ GPUs waits for a node at its best ring (`gputopo.pod.ringwait`);
+the nodes the filter passes: opted in (`Lifecycle.spill_after_s` > 0), one of 2+ GPUs waits for a
+node at its best ring (`gputopo.pod.ringwait`);
 worked out per class of identical nodes in `gputopo.sim.policies.podclasses`.
 Gangs (`gputopo`) go through the sidecar's own `GangTracker`, driven the way kube-scheduler
 drives it: members are created over `arrival_spread_s` and each is filtered as it appears
@@ -15,7 +16,8 @@ a plan whose members do not bind within `reservation_ttl_s` of each other expire
 re-planned. The lifecycle runs on its own clock inside one placement: the rest of the cluster
 does not change meanwhile.
 `gang-only` places members one by one with kube-scheduler's choice (no gang planner).
-A gang waiting for a domain of its own level is asked again only when one may hold it now
+By default a gang is placed now in the smallest level that holds it, as the sidecar's. A gang
+opted into waiting for a domain of its own level is asked again only when one may hold it now
 (`gputopo.sim.policies.levelwaits`; the tracker's `repeat_wait` answers the rest as a filter would), and
 its failure carries a queueing hint (`base.Hinted`) so the engine does not even ask meanwhile.
 """
@@ -34,7 +36,7 @@ from operator import ne
 from gputopo.gang import asks, tracker
 from gputopo.gang.asks import GangAsk, GangMember, Refused, Wait
 from gputopo.gang.tracker import GangTracker
-from gputopo.network.levels import NetworkIndex
+from gputopo.network import NetworkIndex
 from gputopo.network.nodeview import ChoiceMemo, NodeView
 from gputopo.node.allocator import Allocator
 from gputopo.pod.objective import ClusterObjective, DemandMix
@@ -58,7 +60,7 @@ class Lifecycle:
     arrival_spread_s: float = 10.0  # a gang's members are created within this long
     reservation_ttl_s: float = tracker.RESERVATION_TTL_S
     bind_failure_rate: float = 0.0  # share of binds the API server refuses
-    spill_after_s: float = tracker.SPILL_AFTER_S  # a gang's wait for its own level (gangwait)
+    spill_after_s: float = tracker.SPILL_AFTER_S  # opt-in wait for a gang's own level (gangwait): 0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.arrival_spread_s) and self.arrival_spread_s >= 0):
