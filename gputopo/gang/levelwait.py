@@ -37,8 +37,8 @@ from itertools import compress
 
 import numpy as np
 
-from gputopo.gang import GangPlan, GangSpec
-from gputopo.network import CLUSTER, HOSTNAME, NetworkIndex, short_name
+from gputopo.gang.planner import GangPlan, GangSpec
+from gputopo.network.levels import CLUSTER, HOSTNAME, NetworkIndex, short_name
 from gputopo.network.nodeview import NodeView
 
 

@@ -41,11 +41,11 @@ import operator
 from collections.abc import Callable, Collection, Mapping, Sequence, Set
 from dataclasses import dataclass
 
-from gputopo.gang import GangPlan, GangSpec, Member, plan_gang
 from gputopo.gang.asks import Decision, Event, GangAsk, Planned, Refused, Wait
 from gputopo.gang.levelwait import LevelWait, OwnLevels
+from gputopo.gang.planner import GangPlan, GangSpec, Member, plan_gang
 from gputopo.gang.reservations import Reservation, Reservations
-from gputopo.network import NetworkIndex, domain_of
+from gputopo.network.levels import NetworkIndex, domain_of
 from gputopo.network.nodeview import ChoiceMemo, NodeView
 from gputopo.node.policy import GpuPolicy
 from gputopo.pod.objective import ClusterObjective

@@ -20,7 +20,7 @@ from itertools import compress
 from operator import ne
 
 from gputopo.gang.levelwait import LevelWait
-from gputopo.network import NetworkIndex
+from gputopo.network.levels import NetworkIndex
 from gputopo.sim.state import ClusterState
 
 #: Waiting gangs kept (one per queued gang at most; the oldest are forgotten past this).

@@ -36,7 +36,7 @@ from operator import ne
 from gputopo.gang import asks, tracker
 from gputopo.gang.asks import GangAsk, GangMember, Refused, Wait
 from gputopo.gang.tracker import GangTracker
-from gputopo.network import NetworkIndex
+from gputopo.network.levels import NetworkIndex
 from gputopo.network.nodeview import ChoiceMemo, NodeView
 from gputopo.node.allocator import Allocator
 from gputopo.pod.objective import ClusterObjective, DemandMix
