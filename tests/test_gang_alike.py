@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from gputopo.network import HOSTNAME, LEAF, SPINE
 from gputopo.network.cluster import parse_cluster
+from gputopo.network.levels import HOSTNAME, LEAF, SPINE
 from gputopo.node.allocator import AllocatorPool
 from gputopo.sim.clusters import from_snapshot
 from gputopo.sim.policies.base import Failure

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo.network import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
 from gputopo.network.cluster import parse_cluster
+from gputopo.network.levels import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
 from gputopo.network.nodeview import ChoiceMemo
 from gputopo.node.allocator import AllocatorPool
 from gputopo.node.topofile import load_preset
