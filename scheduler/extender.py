@@ -137,9 +137,9 @@ class Extender:
         if taken:
             views = self._views(snap)
         last, self._last_call = self._last_call, now
-        if last is None or now - last >= defaults.TAKEOVER_GAP_S:
-            if self._take_over(snap, views, now):
-                views = self._views(snap)
+        paused = last is None or now - last >= defaults.TAKEOVER_GAP_S
+        if paused and self._take_over(snap, views, now):
+            views = self._views(snap)
         self._log_events()
         return snap, views
 

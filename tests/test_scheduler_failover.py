@@ -1,0 +1,325 @@
+"""Failover as it happens: two sidecars over one API server, the leader killed mid-gang.
+
+kube-scheduler with leader election calls only its own pod's sidecar, over loopback; the other
+replica's sidecar watches the API and is called by nobody until its kube-scheduler wins the
+lease. So here: sidecar A (the leader) and sidecar B (the standby) both watch the fake API
+server through the official client; a kube-scheduler stand-in (tests/kube_scheduler_standin.py)
+drives A through part of a gang's life, A is killed (its HTTP server and its watches stopped,
+its memory gone with it), and a second stand-in drives B. B knows only what the API shows.
+
+Kill points, per seed: `quorum` (members filtered while the gang waits for its last member),
+`planned` (the first member filtered: a plan and reservations exist, nothing bound) and
+`bound-j` (j members bound). In `better-leaf` seeds the leaf the gang was planned in is no
+longer the best choice when B takes over (the other leaf was full and empties meanwhile), and
+competing pods (single pods, a second gang) reach B before the gang's remaining members, in a
+seeded order. Every gang must end whole in one leaf or not at all, and no node may be given
+more GPUs than it has, nor one GPU predicted for two pods.
+
+Set GPUTOPO_FAILOVER_TABLE=path to append one JSON line per seed (the failover table of
+docs/operator.md "Failover").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from gputopo.annotation import encode, make
+from gputopo.network import LEAF, SPINE
+from gputopo.topofile import load_preset
+from scheduler.extender import Extender
+from scheduler.kube import KubeState
+from scheduler.server import Server
+from tests import fake_apiserver as fk
+from tests.kube_scheduler_standin import Outcome, StandIn
+
+NOW = 1_800_000_000.0
+KEY = "gputopo.io/topology"
+GROUP = "pod-group.scheduling.sigs.k8s.io/name"
+MIN = "pod-group.scheduling.sigs.k8s.io/min-available"
+REQUIRED = "gputopo.io/required-topology"
+NS = "ml"
+LEAVES = {"l1": ("a1", "a2"), "l2": ("b1", "b2")}
+NODES = [n for names in LEAVES.values() for n in names]
+LEAF_OF = {n: leaf for leaf, names in LEAVES.items() for n in names}
+SEEDS = range(24)
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+@dataclass
+class Sidecar:
+    """One replica's sidecar: its watches, its extender (all its memory) and its HTTP server."""
+
+    state: KubeState
+    ext: Extender
+    server: Server
+
+    @classmethod
+    def start(cls, api_client: Any, clock: list[float]) -> Sidecar:
+        state = KubeState(api_client, clock=lambda: clock[0], watch_timeout_s=5, backoff_s=(0.05, 0.2))
+        ext = Extender(state, clock=lambda: clock[0])
+        server = Server(ext, "127.0.0.1", 0)
+        state.start()
+        wait_until(state.ready)
+        server.start()
+        return cls(state, ext, server)
+
+    def scheduler(self) -> StandIn:
+        """A kube-scheduler that calls this sidecar (as the lease holder's does over loopback)."""
+        return StandIn("127.0.0.1", self.server.address[1], NODES)
+
+    def kill(self) -> None:
+        self.server.stop()
+        self.state.stop()
+
+    def sees(self, api: fk.FakeAPI) -> bool:
+        """Whether this sidecar's watch shows every pod as the API holds it (bound or not)."""
+        want = {k: (o["spec"].get("nodeName") or "") for k, o in api.objects["pods"].items()}
+        have = {k: p.node for k, p in self.state.snapshot().pods.items()}
+        return want == have
+
+
+def annotation(name: str) -> str:
+    topo = load_preset("dgx-a100")
+    return encode(make(name, topo, generated_at=NOW, plugin_version="0.1.0", allocated=()))
+
+
+def gang_pod(gang: str, i: int, gpus: int, minimum: int, required: bool) -> dict[str, Any]:
+    labels = {GROUP: gang, MIN: str(minimum)}
+    return fk.pod(NS, f"{gang}-{i}", gpus, labels=labels, annotations={REQUIRED: LEAF} if required else {})
+
+
+@dataclass
+class Scenario:
+    seed: int
+    kill: str  # quorum | planned | bound-<j>
+    better_leaf: bool
+    members: int
+    gpus: int
+    required: bool
+    competitors: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def draw(cls, seed: int) -> Scenario:
+        rnd = random.Random(seed)
+        members, gpus = rnd.choice([(2, 8), (3, 4), (4, 4), (2, 4)])
+        kill = rnd.choice(["quorum", "planned"] + [f"bound-{j}" for j in range(1, members)] * 2)
+        s = cls(seed, kill, rnd.random() < 0.6, members, gpus, rnd.random() < 0.3)
+        for i in range(rnd.randint(1, 3)):
+            s.competitors.append(fk.pod(NS, f"single-{i}", rnd.choice([2, 4, 8])))
+        if rnd.random() < 0.5:
+            s.competitors += [gang_pod("other", i, 4, 2, False) for i in range(2)]
+        rnd.shuffle(s.competitors)
+        return s
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[fk.FakeAPI, Any]]:
+    with fk.running() as (fake, _, api_client):
+        for n in NODES:
+            labels = {LEAF: LEAF_OF[n], SPINE: "s1"}
+            fake.put("nodes", fk.node(n, labels, annotations={KEY: annotation(n)}))
+        yield fake, api_client
+
+
+def run_failover(fake: fk.FakeAPI, api_client: Any, s: Scenario) -> dict[str, Any]:
+    """One seed: leader A works the gang to the kill point, dies, standby B finishes."""
+    clock = [NOW]
+    gang = [gang_pod("g", i, s.gpus, s.members, s.required) for i in range(s.members)]
+    if s.better_leaf:  # l2 is full while A plans: the gang goes to l1
+        for n in LEAVES["l2"]:
+            fake.put("pods", fk.pod(NS, f"filler-{n}", 8, node_name=n))
+    first = gang[:-1] if s.kill == "quorum" else gang
+    for p in first:
+        fake.put("pods", p)
+    a = Sidecar.start(api_client, clock)
+    b = Sidecar.start(api_client, clock)  # the standby: watching, never called
+    try:
+        wait_until(lambda: a.sees(fake))
+        leader = a.scheduler()
+        out = Outcome()
+        if s.kill == "quorum":
+            for p in first:
+                assert leader.schedule_one(p, out) is None  # waits for its last member
+        elif s.kill == "planned":
+            status, res = leader._post("/filter", {"Pod": gang[0], "Nodes": None, "NodeNames": NODES})
+            assert status == 200 and res["NodeNames"], res
+        else:
+            for p in gang[: int(s.kill.split("-")[1])]:
+                assert leader.schedule_one(p, out) is not None, out.pending
+        leader.close()
+        a.kill()  # its plan, reservations, predictions, wait clocks and demand mix die with it
+        before = dict(out.bound)
+
+        # between the kill and the takeover (kube-scheduler's lease runs out meanwhile)
+        if s.better_leaf:
+            for n in LEAVES["l2"]:
+                fake.delete("pods", f"{NS}/filler-{n}")
+        if s.kill == "quorum":
+            fake.put("pods", gang[-1])
+        for p in s.competitors:
+            fake.put("pods", p)
+        clock[0] += 15.0  # kube-scheduler's default leaseDuration
+        wait_until(lambda: b.sees(fake))
+
+        pending = [p for p in s.competitors] + [
+            p for p in gang if f"{NS}/{p['metadata']['name']}" not in before
+        ]
+        random.Random(s.seed + 1000).shuffle(pending)
+        first_call: list[float] = []
+        new_leader = b.scheduler()
+        new_leader.before_filter = lambda pod: (
+            first_call.append(time.perf_counter()) if not first_call else None
+        )
+        new_leader.after_filter = lambda pod, res: (
+            first_call.append(time.perf_counter()) if len(first_call) == 1 else None
+        )
+        t0 = time.perf_counter()
+        new_leader.run(pending, clock=clock, tick_s=1.0, idle_rounds=4)
+        total = time.perf_counter() - t0
+        new_leader.close()
+        return {
+            "first_call_ms": round(1000 * (first_call[1] - first_call[0]), 2)
+            if len(first_call) > 1
+            else None,
+            "finish_s": round(total, 3),
+            "adopted": b.ext.takeovers,
+        }
+    finally:
+        a.kill()
+        b.kill()
+
+
+def verdict(fake: fk.FakeAPI) -> dict[str, Any]:
+    """Where every gang ended, and whether any node or GPU was promised twice."""
+    pods = fake.objects["pods"]
+    gangs: dict[str, list[str]] = {}
+    used: dict[str, int] = {}
+    for p in pods.values():
+        node = p["spec"].get("nodeName") or ""
+        g = p["metadata"]["labels"].get(GROUP)
+        if g:
+            gangs.setdefault(g, []).append(node)
+        if node:
+            gpus = int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+            used[node] = used.get(node, 0) + gpus
+    ends = {}
+    for g, nodes in gangs.items():
+        leaves = {LEAF_OF[n] for n in nodes if n}
+        bound = sum(1 for n in nodes if n)
+        if len(leaves) > 1:
+            ends[g] = "split"
+        elif bound == 0:
+            ends[g] = "none"
+        elif bound == len(nodes):
+            ends[g] = "whole"
+        else:
+            ends[g] = "part"
+    # the GPUs each sidecar predicted per bound pod (its GPUsPredicted Event, latest wins)
+    predicted: dict[str, tuple[str, set[int]]] = {}
+    for e in fake.events:
+        if e.get("reason") == "GPUsPredicted":
+            msg = e["message"]  # "gputopo predicts GPUs 0,1 on node a1"
+            gpus = {int(x) for x in msg.split("GPUs ")[1].split(" on node ")[0].split(",")}
+            pod = f"{e['involvedObject']['namespace']}/{e['involvedObject']['name']}"
+            predicted[pod] = (msg.rsplit(" ", 1)[1], gpus)
+    double = 0
+    for node in NODES:
+        held = [
+            g
+            for k, (n, g) in predicted.items()
+            if n == node and pods.get(k, {}).get("spec", {}).get("nodeName") == node
+        ]
+        seen: set[int] = set()
+        for g in held:
+            double += len(seen & g)
+            seen |= g
+    over = {n: u - 8 for n, u in used.items() if u > 8}
+    return {"gangs": ends, "overbooked_gpus": sum(over.values()), "double_predicted_gpus": double}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_leader_killed_mid_gang_leaves_every_gang_whole_or_unbound(api, seed: int) -> None:
+    fake, api_client = api
+    s = Scenario.draw(seed)
+    timing = run_failover(fake, api_client, s)
+    v = verdict(fake)
+    row = {
+        "seed": seed,
+        "kill": s.kill,
+        "better_leaf": s.better_leaf,
+        "gang": f"{s.members}x{s.gpus}" + (" required leaf" if s.required else ""),
+        **v,
+        **timing,
+    }
+    table = os.environ.get("GPUTOPO_FAILOVER_TABLE")
+    if table:
+        with open(table, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    assert v["overbooked_gpus"] == 0, row
+    assert v["double_predicted_gpus"] == 0, row
+    assert all(end in ("whole", "none") for end in v["gangs"].values()), row
+    if s.kill.startswith("bound"):  # a part-bound gang is finished where it began
+        assert v["gangs"]["g"] == "whole", row
+
+
+def test_a_leader_that_comes_back_drops_its_stale_plan_for_members_another_replica_bound(api) -> None:
+    """A plans the gang in l1 (l2 full), loses the lease without dying; l2 empties, a1 is
+    cordoned, and B binds two members in l2 on its own plan, then loses the lease in turn (a1
+    uncordoned). A, called again with its reservations still in time, must not send the last
+    member to l1: members bound by another replica break its plan, and the rest is re-planned
+    beside them."""
+    fake, api_client = api
+    clock = [NOW]
+    gang = [gang_pod("g", i, 4, 3, False) for i in range(3)]
+    for n in LEAVES["l2"]:
+        fake.put("pods", fk.pod(NS, f"filler-{n}", 8, node_name=n))
+    for p in gang:
+        fake.put("pods", p)
+    a = Sidecar.start(api_client, clock)
+    b = Sidecar.start(api_client, clock)
+    try:
+        wait_until(lambda: a.sees(fake))
+        first_term = a.scheduler()
+        status, res = first_term._post("/filter", {"Pod": gang[0], "Nodes": None, "NodeNames": NODES})
+        assert status == 200 and LEAF_OF[res["NodeNames"][0]] == "l1", res
+        assert a.ext.reservations.get(f"{NS}/g-2") is not None
+        first_term.close()
+
+        for n in LEAVES["l2"]:  # l2 empties; B is the leader now
+            fake.delete("pods", f"{NS}/filler-{n}")
+        clock[0] += 15.0
+        wait_until(lambda: b.sees(fake))
+        second = StandIn("127.0.0.1", b.server.address[1], NODES, unschedulable={"a1"})
+        out = Outcome()
+        for p in gang[:2]:
+            assert second.schedule_one(p, out) is not None, out.pending
+        second.close()
+        assert {LEAF_OF[n] for n in out.bound.values()} == {"l2"}, out.bound  # B's own best plan
+
+        clock[0] += 15.0  # A wins the lease back, its reservations (120 s) still in time
+        wait_until(lambda: a.sees(fake))
+        third = a.scheduler()
+        third.run([gang[2]], clock=clock, idle_rounds=3)
+        third.close()
+        assert verdict(fake)["gangs"] == {"g": "whole"}, fake.objects["pods"].keys()
+        placed = {k: o["spec"].get("nodeName") for k, o in fake.objects["pods"].items() if "/g-" in k}
+        assert {LEAF_OF[n] for n in placed.values()} == {"l2"}, placed
+    finally:
+        a.kill()
+        b.kill()
