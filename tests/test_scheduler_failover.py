@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from scheduler.extender import Extender
 from scheduler.kube import KubeState
 from scheduler.server import Server
 from tests import fake_apiserver as fk
+from tests import realk8s as rk
 from tests.kube_scheduler_standin import Outcome, StandIn
 
 NOW = 1_800_000_000.0
@@ -206,13 +208,19 @@ def run_failover(fake: fk.FakeAPI, api_client: Any, s: Scenario) -> dict[str, An
 
 
 def verdict(fake: fk.FakeAPI) -> dict[str, Any]:
+    return judge(list(fake.objects["pods"].values()), fake.events, LEAF_OF)
+
+
+def judge(
+    pods: list[dict[str, Any]], events: list[dict[str, Any]], leaf_of: dict[str, str]
+) -> dict[str, Any]:
     """Where every gang ended, and whether any node or GPU was promised twice."""
-    pods = fake.objects["pods"]
+    by_key = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
     gangs: dict[str, list[str]] = {}
     used: dict[str, int] = {}
-    for p in pods.values():
+    for p in pods:
         node = p["spec"].get("nodeName") or ""
-        g = p["metadata"]["labels"].get(GROUP)
+        g = (p["metadata"].get("labels") or {}).get(GROUP)
         if g:
             gangs.setdefault(g, []).append(node)
         if node:
@@ -220,7 +228,7 @@ def verdict(fake: fk.FakeAPI) -> dict[str, Any]:
             used[node] = used.get(node, 0) + gpus
     ends = {}
     for g, nodes in gangs.items():
-        leaves = {LEAF_OF[n] for n in nodes if n}
+        leaves = {leaf_of[n] for n in nodes if n}
         bound = sum(1 for n in nodes if n)
         if len(leaves) > 1:
             ends[g] = "split"
@@ -232,23 +240,19 @@ def verdict(fake: fk.FakeAPI) -> dict[str, Any]:
             ends[g] = "part"
     # the GPUs each sidecar predicted per bound pod (its GPUsPredicted Event, latest wins)
     predicted: dict[str, tuple[str, set[int]]] = {}
-    for e in fake.events:
+    for e in events:
         if e.get("reason") == "GPUsPredicted":
             msg = e["message"]  # "gputopo predicts GPUs 0,1 on node a1"
             gpus = {int(x) for x in msg.split("GPUs ")[1].split(" on node ")[0].split(",")}
             pod = f"{e['involvedObject']['namespace']}/{e['involvedObject']['name']}"
             predicted[pod] = (msg.rsplit(" ", 1)[1], gpus)
     double = 0
-    for node in NODES:
-        held = [
-            g
-            for k, (n, g) in predicted.items()
-            if n == node and pods.get(k, {}).get("spec", {}).get("nodeName") == node
-        ]
+    for node in leaf_of:
         seen: set[int] = set()
-        for g in held:
-            double += len(seen & g)
-            seen |= g
+        for key, (n, g) in predicted.items():
+            if n == node and (by_key.get(key) or {}).get("spec", {}).get("nodeName") == node:
+                double += len(seen & g)
+                seen |= g
     over = {n: u - 8 for n, u in used.items() if u > 8}
     return {"gangs": ends, "overbooked_gpus": sum(over.values()), "double_predicted_gpus": double}
 
@@ -323,3 +327,138 @@ def test_a_leader_that_comes_back_drops_its_stale_plan_for_members_another_repli
     finally:
         a.kill()
         b.kill()
+
+
+# --------------------------------------------------------------- processes, SIGKILL
+
+
+CHAIN = ["quorum", "planned", "bound-1", "bound-2"]  # one failover each, leaders alternating
+
+
+def drive_to(kill: str, drive: StandIn, made: list[dict[str, Any]], nodes: list[str]) -> Outcome:
+    """The leader's kube-scheduler takes the gang to the kill point (asking again until the
+    leader's watch shows every member: kube-scheduler's own informer would wait for that too)."""
+    out = Outcome()
+    if kill == "quorum":
+        for p in made:
+            assert drive.schedule_one(p, out) is None
+    elif kill == "planned":
+        args = {"Pod": made[0], "Nodes": None, "NodeNames": nodes}
+        rk.wait_for(lambda: drive._post("/filter", args)[1]["NodeNames"], 10, "a plan")
+    else:
+        for p in made[: int(kill.split("-")[1])]:
+            rk.wait_for(lambda p=p: drive.schedule_one(p, out), 10, f"{p['metadata']['name']} bound")
+    drive.close()
+    return out
+
+
+def test_sidecar_processes_killed_mid_gang_in_a_chain_of_failovers(tmp_path) -> None:
+    """The same as real processes: `python -m scheduler --kubeconfig` twice over the API server
+    stand-in of ../shared/realk8s, the leader SIGKILLed at each kill point in turn, the killed
+    one restarted as the new standby (its cold start measured), the standby taking over after
+    a short stand-in for the lease. Each failover has its own nodes, namespace and gang (3 x 4
+    GPUs); in the bound ones the other leaf was full at the plan and is empty at the takeover,
+    and competitors (an 8-GPU pod, then a 4-GPU pod) are asked about before the gang's rest."""
+    standin = rk.REALK8S / "apiserver_standin.py"
+    if not standin.is_file():
+        pytest.skip(f"API server stand-in not present ({standin})")
+    procs = rk.Procs(tmp_path)
+    kubeconfig = tmp_path / "kc.json"
+    try:
+        proc = procs.start(
+            "apiserver",
+            [sys.executable, str(standin), "--port", "0", "--kubeconfig", str(kubeconfig)],
+        )
+        port = int(rk._wait_line(proc, r"fake apiserver on 127\.0\.0\.1:(\d+)", 20).group(1))
+        api = rk.Api(f"http://127.0.0.1:{port}")
+
+        def sidecar() -> tuple[rk.Proc, int, float]:
+            t0 = time.perf_counter()
+            p = procs.start(
+                "sidecar",
+                [
+                    sys.executable,
+                    "-m",
+                    "scheduler",
+                    "--listen=127.0.0.1:0",
+                    "--metrics-listen=127.0.0.1:0",
+                    "--kubeconfig",
+                    str(kubeconfig),
+                ],
+            )
+            m = rk._wait_line(p, r'"event":"listening".*?"url":"http://127\.0\.0\.1:(\d+)"', 30)
+            sport = int(m.group(1))
+            rk.wait_for(lambda: rk.Cluster._ready(sport), 30, "the sidecar's /readyz")
+            return p, sport, time.perf_counter() - t0
+
+        leader, standby = sidecar(), sidecar()
+        rows = []
+        for k, kill in enumerate(CHAIN):
+            ns = f"chain-{k}"
+            api.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+            leaves = {f"c{k}l1": (f"c{k}a1", f"c{k}a2"), f"c{k}l2": (f"c{k}b1", f"c{k}b2")}
+            leaf_of = {n: leaf for leaf, names in leaves.items() for n in names}
+            for n, leaf in leaf_of.items():
+                api.create("/api/v1/nodes", rk.node(n, leaf))
+            nodes = list(leaf_of)
+            full = list(leaves)[1]
+            bound_phase = kill.startswith("bound")
+            if bound_phase:
+                for n in leaves[full]:
+                    filler = rk.pod(f"filler-{n}", 8)
+                    filler["spec"]["nodeName"] = n
+                    api.create(f"/api/v1/namespaces/{ns}/pods", filler)
+            gang = []
+            for i in range(3):
+                p = rk.pod(f"g-{i}", 4)
+                p["metadata"]["labels"] = {GROUP: "g", MIN: "3"}
+                gang.append(p)
+            first = gang[:-1] if kill == "quorum" else gang
+            made = [api.create(f"/api/v1/namespaces/{ns}/pods", p) for p in first]
+            out = drive_to(kill, StandIn("127.0.0.1", leader[1], nodes), made, nodes)
+            t_kill = time.perf_counter()
+            procs.kill(leader[0])  # SIGKILL: its memory is gone
+            if bound_phase:
+                for n in leaves[full]:
+                    api.delete(f"/api/v1/namespaces/{ns}/pods/filler-{n}")
+            rest = [p for p in made if f"{ns}/{p['metadata']['name']}" not in out.bound]
+            if kill == "quorum":
+                rest.append(api.create(f"/api/v1/namespaces/{ns}/pods", gang[-1]))
+            competitors = [
+                api.create(f"/api/v1/namespaces/{ns}/pods", rk.pod(name, gpus))
+                for name, gpus in (("single-8", 8), ("single-4", 4))
+            ]
+            time.sleep(1.0)  # kube-scheduler's lease (15 s by default) runs out meanwhile
+            drive = StandIn("127.0.0.1", standby[1], nodes)
+            t0 = time.perf_counter()
+            drive.run(competitors + rest, idle_rounds=4)
+            finish = time.perf_counter() - t0
+            drive.close()
+            placed = api.pods(ns)
+            events = api.get(f"/api/v1/namespaces/{ns}/events")["items"]
+            v = judge(list(placed.values()), events, leaf_of)
+            kill_to_done = time.perf_counter() - t_kill
+            last = k == len(CHAIN) - 1
+            restarted = None if last else sidecar()  # the killed replica comes back as the standby
+            rows.append(
+                {
+                    "failover": k,
+                    "kill": kill,
+                    **v,
+                    "finish_s": round(finish, 3),
+                    "kill_to_done_s": round(kill_to_done, 3),
+                    "cold_start_s": None if restarted is None else round(restarted[2], 2),
+                }
+            )
+            if restarted is not None:
+                leader, standby = standby, restarted
+        table = os.environ.get("GPUTOPO_FAILOVER_TABLE")
+        if table:
+            with open(table, "a") as f:
+                for row in rows:
+                    f.write(json.dumps(row) + "\n")
+        for row in rows:
+            assert row["overbooked_gpus"] == 0 and row["double_predicted_gpus"] == 0, rows
+            assert row["gangs"]["g"] == "whole", (rows, procs.logs())
+    finally:
+        procs.close()
