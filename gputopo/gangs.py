@@ -249,7 +249,12 @@ class GangTracker:
         return Planned(mine.node, f"gang {gang} planned on {mine.node}")
 
     def adopt(
-        self, ask: GangAsk, views: Mapping[str, NodeView], index: NetworkIndex, now: float
+        self,
+        ask: GangAsk,
+        views: Mapping[str, NodeView],
+        index: NetworkIndex,
+        now: float,
+        since: float | None = None,
     ) -> GangPlan | Wait | None:
         """Take over a gang that another replica of the scheduler was finishing: members already
         bound, the rest pending, and no plan of this tracker (nor a filter here since its last
@@ -260,7 +265,8 @@ class GangTracker:
         search to their domain (`_search`), over every node, since no offer is known yet; the
         first filter of each member still checks its planned node is offered (`filter`).
         None when there is nothing to take over (no member bound, none pending, already
-        planned or seen here, or below quorum: the first filter then answers as usual)."""
+        planned or seen here, or below quorum: the first filter then answers as usual).
+        `since` is when the gang began waiting as far as the caller can tell (`resume`)."""
         gang = ask.gang
         if gang in self.plans or gang in self._first_seen:
             return None
@@ -270,7 +276,7 @@ class GangTracker:
             return None
         if ask.min_member is None or len(ask.members) < ask.min_member:
             return None
-        self._seen(gang, now)
+        self._seen(gang, now if since is None else min(since, now))
         self._emit(
             "adopt",
             gang,
@@ -518,6 +524,16 @@ class GangTracker:
     def first_seen(self, gang: str) -> float | None:
         """When the gang's first member was first filtered (quorum first asked), until it binds."""
         return self._first_seen.get(gang)
+
+    def resume(self, gang: str, since: float, now: float) -> bool:
+        """Start a gang's wait clock at `since` (at most `now`) where this tracker has none: a
+        gang another replica of the scheduler was timing (its wait for its own level, and the
+        wait reported at its last bind) goes on from when it began, not from the takeover.
+        False when the tracker already times it."""
+        if gang in self._first_seen:
+            return False
+        self._seen(gang, min(since, now))
+        return True
 
     def _seen(self, gang: str, now: float) -> None:
         if gang in self._first_seen:

@@ -157,21 +157,30 @@ class Extender:
                     self._observe_demand(p)
         partial: dict[str, PodInfo] = {}  # gang -> a pending member
         bound: set[str] = set()
+        created: dict[str, float] = {}  # gang -> its oldest active member's creation
         for p in snap.pods.values():
             g = p.gang
             if g is None or not p.active:
                 continue
+            if p.created is not None and p.created < created.get(g.key, now + 1.0):
+                created[g.key] = p.created
             if self.cache.placed_node(p, snap):
                 bound.add(g.key)
             elif p.gpus > 0:
                 partial.setdefault(g.key, p)
+        for gang, pod in partial.items():  # waiting gangs: their wait clocks
+            if gang not in bound and gang not in self.plans:
+                since = self._wait_since(created.get(gang), pod, now)
+                if since is not None:
+                    self.gangs.resume(gang, since, now)
         adopted = False
         index = None
         for gang in sorted(bound.intersection(partial)):
             if gang in self.gangs.plans or self.gangs.first_seen(gang) is not None:
                 continue
             index = index or self.cache.network(snap)
-            made = self.gangs.adopt(self._ask(partial[gang], snap), views, index, now)
+            since = self._wait_since(created.get(gang), partial[gang], now)
+            made = self.gangs.adopt(self._ask(partial[gang], snap), views, index, now, since)
             if made is not None:
                 adopted = True
                 if isinstance(made, GangPlan):
@@ -179,6 +188,19 @@ class Extender:
         if adopted:
             self.takeovers += 1
         return adopted
+
+    def _wait_since(self, created: float | None, pod: PodInfo, now: float) -> float | None:
+        """When a gang began waiting, re-derived from its oldest member's creationTimestamp:
+        trusted only within the gang's spill time before `now` (a creation time in the future
+        is taken as `now`). An older one (a test's frozen clock, or a gang older than its
+        whole wait) is not used: the clock then restarts, which errs towards waiting longer
+        for the gang's own level, never towards spilling early."""
+        if created is None:
+            return None
+        spill = self.gangs.spill_after_s if pod.topology_wait_s is None else pod.topology_wait_s
+        if created < now - spill:
+            return None
+        return min(created, now)
 
     def _views(self, snap: Snapshot) -> NodeViews:
         r = self.gangs.reservations

@@ -462,3 +462,34 @@ def test_sidecar_processes_killed_mid_gang_in_a_chain_of_failovers(tmp_path) -> 
             assert row["gangs"]["g"] == "whole", (rows, procs.logs())
     finally:
         procs.close()
+
+
+def stamp(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+@pytest.mark.parametrize(("age", "clock_from"), [(100.0, "creation"), (8 * 86_400.0, "takeover")])
+def test_a_waiting_gangs_wait_clock_goes_on_from_its_creation(api, age: float, clock_from: str) -> None:
+    """The standby's first call re-derives the wait clock of a gang still waiting from its oldest
+    member's creationTimestamp; one older than the gang's spill time (7 days by default) is not
+    trusted and the clock restarts at the takeover (waiting longer, never spilling early)."""
+    fake, api_client = api
+    clock = [NOW]
+    waiting = gang_pod("g", 0, 8, 2, False)
+    waiting["metadata"]["creationTimestamp"] = stamp(NOW - age)
+    fake.put("pods", waiting)
+    solo = fk.pod(NS, "solo", 1)
+    fake.put("pods", solo)
+    b = Sidecar.start(api_client, clock)
+    try:
+        wait_until(lambda: b.sees(fake))
+        clock[0] += 15.0
+        assert b.ext.gangs.first_seen(f"{NS}/g") is None
+        drive = b.scheduler()
+        assert drive.schedule_one(solo, Outcome()) is not None  # any first call takes over
+        assert drive.schedule_one(waiting, Outcome()) is None  # waits for its second member
+        drive.close()
+        want = NOW - age if clock_from == "creation" else NOW + 15.0
+        assert b.ext.gangs.first_seen(f"{NS}/g") == want
+    finally:
+        b.kill()
