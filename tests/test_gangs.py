@@ -248,3 +248,10 @@ def test_a_reserved_member_bound_by_another_replica_breaks_the_plan() -> None:
     assert broken == ["ml/g"], "returned: the caller re-plans the rest beside the bound member at once"
     assert not t.plans and not len(t.reservations)
     assert t.drain()[-1].cause == "bound_elsewhere"
+
+
+def test_resume_starts_a_wait_clock_only_where_none_runs() -> None:
+    t = GangTracker(LEVELS)
+    assert t.resume("ml/g", 40.0, 100.0) and t.first_seen("ml/g") == 40.0
+    assert not t.resume("ml/g", 10.0, 100.0) and t.first_seen("ml/g") == 40.0
+    assert t.resume("ml/h", 500.0, 100.0) and t.first_seen("ml/h") == 100.0, "never in the future"

@@ -37,6 +37,7 @@ from gputopo.network import LEAF, SPINE
 from gputopo.topofile import load_preset
 from scheduler.extender import Extender
 from scheduler.kube import KubeState
+from scheduler.model import parse_pod
 from scheduler.server import Server
 from tests import fake_apiserver as fk
 from tests import realk8s as rk
@@ -493,3 +494,19 @@ def test_a_waiting_gangs_wait_clock_goes_on_from_its_creation(api, age: float, c
         assert b.ext.gangs.first_seen(f"{NS}/g") == want
     finally:
         b.kill()
+
+
+@pytest.mark.parametrize(
+    ("raw", "want"),
+    [
+        ("2027-01-15T08:00:00Z", NOW),
+        ("2027-01-15T08:00:00", None),  # no zone: not as the API server writes it
+        ("yesterday", None),
+        (12345, None),
+        ("9" * 100, None),
+    ],
+)
+def test_a_pods_creation_time_is_read_or_left_out_never_fatal(raw: object, want: float | None) -> None:
+    doc = fk.pod(NS, "p", 1)
+    doc["metadata"]["creationTimestamp"] = raw
+    assert parse_pod(doc).created == want
