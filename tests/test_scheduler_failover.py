@@ -121,7 +121,9 @@ class Scenario:
     def draw(cls, seed: int) -> Scenario:
         rnd = random.Random(seed)
         members, gpus = rnd.choice([(2, 8), (3, 4), (4, 4), (2, 4)])
-        kill = rnd.choice(["quorum", "planned"] + [f"bound-{j}" for j in range(1, members)] * 2)
+        kill = rnd.choice(["quorum", "planned", "bound", "bound"])
+        if kill == "bound":
+            kill = f"bound-{rnd.randint(1, members - 1)}"
         s = cls(seed, kill, rnd.random() < 0.6, members, gpus, rnd.random() < 0.3)
         for i in range(rnd.randint(1, 3)):
             s.competitors.append(fk.pod(NS, f"single-{i}", rnd.choice([2, 4, 8])))
