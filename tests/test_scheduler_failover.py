@@ -35,6 +35,7 @@ import pytest
 from gputopo.annotation import encode, make
 from gputopo.network import LEAF, SPINE
 from gputopo.topofile import load_preset
+from scheduler.events import EventEmitter
 from scheduler.extender import Extender
 from scheduler.kube import KubeState
 from scheduler.model import parse_pod
@@ -71,16 +72,20 @@ class Sidecar:
     state: KubeState
     ext: Extender
     server: Server
+    emitter: EventEmitter | None = None
 
     @classmethod
-    def start(cls, api_client: Any, clock: list[float]) -> Sidecar:
+    def start(cls, api_client: Any, clock: list[float], events: bool = False) -> Sidecar:
         state = KubeState(api_client, clock=lambda: clock[0], watch_timeout_s=5, backoff_s=(0.05, 0.2))
-        ext = Extender(state, clock=lambda: clock[0])
+        emitter = None
+        if events:  # Kubernetes Events of gang decisions, as `python -m scheduler` writes them
+            emitter = EventEmitter(api_client, pod_uid=state.pod_uid, group_ref=state.group_ref)
+        ext = Extender(state, clock=lambda: clock[0], events=emitter)
         server = Server(ext, "127.0.0.1", 0)
         state.start()
         wait_until(state.ready)
         server.start()
-        return cls(state, ext, server)
+        return cls(state, ext, server, emitter)
 
     def scheduler(self) -> StandIn:
         """A kube-scheduler that calls this sidecar (as the lease holder's does over loopback)."""
@@ -89,6 +94,8 @@ class Sidecar:
     def kill(self) -> None:
         self.server.stop()
         self.state.stop()
+        if self.emitter is not None:
+            self.emitter.stop()
 
     def sees(self, api: fk.FakeAPI) -> bool:
         """Whether this sidecar's watch shows every pod as the API holds it (bound or not)."""
@@ -512,3 +519,39 @@ def test_a_pods_creation_time_is_read_or_left_out_never_fatal(raw: object, want:
     doc = fk.pod(NS, "p", 1)
     doc["metadata"]["creationTimestamp"] = raw
     assert parse_pod(doc).created == want
+
+
+def test_the_new_leader_tells_the_gangs_group_object_it_took_the_gang_over(api) -> None:
+    """A PodGroup gang part-bound by A: B's takeover writes `GangAdopted` on the PodGroup (where
+    `kubectl describe podgroup` shows it) and finishes the gang in A's leaf."""
+    fake, api_client = api
+    clock = [NOW]
+    fake.put("podgroups", fk.podgroup(NS, "pg", 2))
+    members = [fk.pod(NS, f"pg-{i}", 8, labels={"scheduling.x-k8s.io/pod-group": "pg"}) for i in range(2)]
+    for p in members:
+        fake.put("pods", p)
+    a = Sidecar.start(api_client, clock)
+    b = Sidecar.start(api_client, clock, events=True)
+    try:
+        wait_until(lambda: a.sees(fake))
+        leader = a.scheduler()
+        first = leader.schedule_one(members[0], Outcome())
+        leader.close()
+        assert first is not None
+        a.kill()
+        solo = fake.put("pods", fk.pod(NS, "solo", 8))
+        clock[0] += 15.0
+        wait_until(lambda: b.sees(fake))
+        drive = b.scheduler()
+        assert drive.schedule_one(solo, Outcome()) is not None  # asked first
+        second = drive.schedule_one(members[1], Outcome())
+        drive.close()
+        assert second is not None and LEAF_OF[second] == LEAF_OF[first] and second != first
+        assert b.emitter is not None and b.emitter.flush()
+        adopted = [e for e in fake.events if e.get("reason") == "GangAdopted"]
+        assert [(e["involvedObject"]["kind"], e["involvedObject"]["name"]) for e in adopted] == [
+            ("PodGroup", "pg")
+        ]
+    finally:
+        a.kill()
+        b.kill()
