@@ -138,12 +138,13 @@ class GangTracker:
         has_node: Callable[[str], bool],
         in_use: Callable[[str], Set[int]],
         bound_to: Callable[[str], str] | None = None,
-    ) -> list[str]:
+    ) -> dict[str, str]:
         """Break the plans the cluster no longer supports: a reserved member deleted or finished,
         a planned node gone, or reserved GPUs that another pod now holds (`in_use(node)`: the
         node's published in-use GPUs and other assumed binds). Holding such capacity until the
-        TTL would starve others. Returns the gangs whose reserved GPUs were taken: the caller
-        re-plans them at once (`replan`), since their members are still waiting.
+        TTL would starve others. Returns the gangs whose reserved GPUs were taken, with that
+        cause: the caller re-plans them at once (`replan`), since their members are still
+        waiting.
 
         `bound_to(pod)` is the node the cluster shows a pod bound to ("" while unbound, and for
         a bind of the caller's own in flight). A reserved member bound at all was bound by
@@ -151,7 +152,7 @@ class GangTracker:
         when another replica of the scheduler held the lease meanwhile and finished part of the
         gang on its own plan: a plan of this tracker for the rest could then put them in
         another domain (a split gang), so it is broken and the gang re-planned around the
-        members now bound (also returned)."""
+        members now bound (also returned, cause `bound_elsewhere`)."""
         broken: dict[str, tuple[str, str]] = {}
         for r in self.reservations:
             if r.gang in broken:
@@ -173,7 +174,7 @@ class GangTracker:
                 )
         for gang, (reason, cause) in broken.items():
             self.drop(gang, reason, cause)
-        return [g for g, (_, cause) in broken.items() if cause in ("gpus_taken", "bound_elsewhere")]
+        return {g: cause for g, (_, cause) in broken.items() if cause in ("gpus_taken", "bound_elsewhere")}
 
     def drop(self, gang: str, reason: str, cause: str) -> None:
         """Forget a gang's plan and give its reservations back."""

@@ -120,7 +120,7 @@ class Extender:
         snap = self.state.snapshot()
         cache = self.cache
         cache.forget_caught_up(snap, now)
-        taken: list[str] = []
+        taken: dict[str, str] = {}  # gang -> why its reservations broke
         if len(self.gangs.reservations) and (snap.version, cache.assumed_version) != self._swept:
             self._swept = (snap.version, cache.assumed_version)
             binding = self._binding
@@ -131,9 +131,10 @@ class Extender:
                 bound_to=lambda k: "" if k in binding else (p.node if (p := snap.pods.get(k)) else ""),
             )
         views = self._views(snap)
-        for gang in taken:
-            self.metrics.broken_reservations.inc()
-            self._replan(gang, snap, views, now, "gpus_taken")
+        for gang, cause in taken.items():
+            if cause == "gpus_taken":
+                self.metrics.broken_reservations.inc()
+            self._replan(gang, snap, views, now, cause)
         if taken:
             views = self._views(snap)
         last, self._last_call = self._last_call, now

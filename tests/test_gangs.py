@@ -102,9 +102,9 @@ def test_reserved_gpus_found_in_use_break_the_plan() -> None:
     broken = t.sweep(
         alive=lambda p: True, has_node=lambda n: True, in_use=lambda n: {3} if n == node else set()
     )
-    assert broken == ["ml/g"] and not t.plans and not len(t.reservations)
+    assert broken == {"ml/g": "gpus_taken"} and not t.plans and not len(t.reservations)
     assert t.drain()[-1].cause == "gpus_taken"
-    assert t.sweep(alive=lambda p: True, has_node=lambda n: True, in_use=lambda n: set()) == []
+    assert t.sweep(alive=lambda p: True, has_node=lambda n: True, in_use=lambda n: set()) == {}
 
 
 def test_a_replan_after_a_failed_bind_stays_next_to_the_bound_member_and_in_the_offer() -> None:
@@ -245,7 +245,7 @@ def test_a_reserved_member_bound_by_another_replica_breaks_the_plan() -> None:
         in_use=lambda n: set(),
         bound_to=lambda p: where.get(p, ""),
     )
-    assert broken == ["ml/g"], "returned: the caller re-plans the rest beside the bound member at once"
+    assert broken == {"ml/g": "bound_elsewhere"}, "returned: the caller re-plans the rest at once"
     assert not t.plans and not len(t.reservations)
     assert t.drain()[-1].cause == "bound_elsewhere"
 
