@@ -11,6 +11,7 @@ one API call of a bind in flight per pod, and the structured log and metrics of 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -149,9 +150,10 @@ class Extender:
         after every pause (`defaults.TAKEOVER_GAP_S`), since such a call may be its first as the
         leader (docs/operator.md "Failover"): the gangs another replica left part-bound get
         their pending members planned beside the bound ones and reserved before anything else
-        is answered (`GangTracker.adopt`), and an empty demand mix is seeded with the GPU pods
-        the cluster holds. Cheap when there is nothing to do: one pass over the pods. True when
-        a gang was adopted (the views changed). Caller holds the lock."""
+        is answered (`GangTracker.adopt`), gangs still waiting go on with the wait clock their
+        creation gives (`_wait_since`, `GangTracker.resume`), and an empty demand mix is seeded
+        with the GPU pods the cluster holds. Cheap when there is nothing to do: one pass over
+        the pods. True when a gang was adopted (the views changed). Caller holds the lock."""
         if self.objective.mix.observations == 0:
             for p in snap.pods.values():
                 if p.active and p.gpus > 0:
@@ -163,7 +165,7 @@ class Extender:
             g = p.gang
             if g is None or not p.active:
                 continue
-            if p.created is not None and p.created < created.get(g.key, now + 1.0):
+            if p.created is not None and p.created < created.get(g.key, math.inf):
                 created[g.key] = p.created
             if self.cache.placed_node(p, snap):
                 bound.add(g.key)
