@@ -497,7 +497,10 @@ def test_a_waiting_gangs_wait_clock_goes_on_from_its_creation(api, age: float, c
         assert b.ext.gangs.first_seen(f"{NS}/g") is None
         drive = b.scheduler()
         assert drive.schedule_one(solo, Outcome()) is not None  # any first call takes over
+        # the demand mix was seeded with both GPU pods, the one not asked about yet included
+        assert b.ext.objective.mix.observations == 2
         assert drive.schedule_one(waiting, Outcome()) is None  # waits for its second member
+        assert b.ext.objective.mix.observations == 2, "each pod counted once"
         drive.close()
         want = NOW - age if clock_from == "creation" else NOW + 15.0
         assert b.ext.gangs.first_seen(f"{NS}/g") == want
