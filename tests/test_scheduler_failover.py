@@ -189,9 +189,7 @@ def run_failover(fake: fk.FakeAPI, api_client: Any, s: Scenario) -> dict[str, An
         clock[0] += 15.0  # kube-scheduler's default leaseDuration
         wait_until(lambda: b.sees(fake))
 
-        pending = [p for p in s.competitors] + [
-            p for p in gang if f"{NS}/{p['metadata']['name']}" not in before
-        ]
+        pending = list(s.competitors) + [p for p in gang if f"{NS}/{p['metadata']['name']}" not in before]
         random.Random(s.seed + 1000).shuffle(pending)
         first_call: list[float] = []
         new_leader = b.scheduler()
