@@ -23,7 +23,7 @@ import time
 
 from bench_extender import MIX, pod  # run as a script: bench/ is on the path
 
-from gputopo.cluster import generate_cluster, parse_cluster
+from gputopo.network.cluster import generate_cluster, parse_cluster
 from scheduler.extender import Extender
 from scheduler.model import parse_pod
 from scheduler.state import FileState, from_cluster

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from gputopo.annotation import NodeTopology
+from gputopo.network.annotation import NodeTopology
 from gputopo.numerals import ascii_uint
 from scheduler import defaults, sources
 

@@ -32,9 +32,9 @@ from typing import Any
 
 import pytest
 
-from gputopo.annotation import encode, make
-from gputopo.network import LEAF, SPINE
-from gputopo.topofile import load_preset
+from gputopo.network.annotation import encode, make
+from gputopo.network.levels import LEAF, SPINE
+from gputopo.node.topofile import load_preset
 from scheduler.events import EventEmitter
 from scheduler.extender import Extender
 from scheduler.kube import KubeState
