@@ -41,3 +41,8 @@ RESERVATION_TTL_S = gangs.RESERVATION_TTL_S  # a gang plan's capacity is held th
 ANNOTATION_MAX_AGE_S = 900.0  # older topology annotations are treated as unknown
 GANG_BACKOFF_S = gangs.BACKOFF_S  # first and largest retry delay of a gang that fits nowhere
 GANG_SPILL_AFTER_S = gangs.SPILL_AFTER_S  # a gang's wait for a domain of its own level: 0, opt-in
+#: A sidecar not called for this long (and at its first call) looks for gangs another replica
+#: left part-bound before it answers (docs/operator.md "Failover"): kube-scheduler with leader
+#: election calls only its own pod's sidecar, so a replica's first call after a pause may be
+#: its first as the leader. Well below kube-scheduler's leaseDuration (15 s by default).
+TAKEOVER_GAP_S = 2.0

@@ -63,6 +63,7 @@ _GANG_REASONS = {
     "plan_failed": "GangUnschedulable",
     "plan_dropped": "GangPlanDropped",
     "replan": "GangReplanned",
+    "adopt": "GangAdopted",
 }
 
 

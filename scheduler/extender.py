@@ -11,6 +11,7 @@ one API call of a bind in flight per pod, and the structured log and metrics of 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -85,6 +86,8 @@ class Extender:
         self._lock = threading.Lock()
         self._binding: set[str] = set()  # pods whose API call of a bind is in flight
         self._swept: object = None  # (snapshot version, assumed version) last swept
+        self._last_call: float | None = None  # the clock at the last call (`_take_over`)
+        self.takeovers = 0  # passes of `_take_over` that adopted a gang (tests, operators)
         # node scores per views object: (views, {(gpus, names): scores}); swapped whole
         self._scores: tuple[NodeViews, dict[tuple[int, tuple[str, ...], int], dict[str, int]]] | None = None
 
@@ -120,22 +123,89 @@ class Extender:
         snap = self.state.snapshot()
         cache = self.cache
         cache.forget_caught_up(snap, now)
-        taken: list[str] = []
+        taken: dict[str, str] = {}  # gang -> why its reservations broke
         if len(self.gangs.reservations) and (snap.version, cache.assumed_version) != self._swept:
             self._swept = (snap.version, cache.assumed_version)
+            binding = self._binding
             taken = self.gangs.sweep(
                 alive=lambda k: (p := snap.pods.get(k)) is not None and p.active,
                 has_node=snap.nodes.__contains__,
                 in_use=lambda node: cache.in_use(snap, node),
+                bound_to=lambda k: "" if k in binding else (p.node if (p := snap.pods.get(k)) else ""),
             )
         views = self._views(snap)
-        for gang in taken:
-            self.metrics.broken_reservations.inc()
-            self._replan(gang, snap, views, now, "gpus_taken")
+        for gang, cause in taken.items():
+            if cause == "gpus_taken":
+                self.metrics.broken_reservations.inc()
+            self._replan(gang, snap, views, now, cause)
         if taken:
+            views = self._views(snap)
+        last, self._last_call = self._last_call, now
+        paused = last is None or now - last >= defaults.TAKEOVER_GAP_S
+        if paused and self._take_over(snap, views, now):
             views = self._views(snap)
         self._log_events()
         return snap, views
+
+    def _take_over(self, snap: Snapshot, views: NodeViews, now: float) -> bool:
+        """What this sidecar knew only in memory, rebuilt from the API at its first call and
+        after every pause (`defaults.TAKEOVER_GAP_S`), since such a call may be its first as the
+        leader (docs/operator.md "Failover"): the gangs another replica left part-bound get
+        their pending members planned beside the bound ones and reserved before anything else
+        is answered (`GangTracker.adopt`), gangs still waiting go on with the wait clock their
+        creation gives (`_wait_since`, `GangTracker.resume`), and an empty demand mix is seeded
+        with the GPU pods the cluster holds. Cheap when there is nothing to do: one pass over
+        the pods. True when a gang was adopted (the views changed). Caller holds the lock."""
+        if self.objective.mix.observations == 0:
+            for p in snap.pods.values():
+                if p.active and p.gpus > 0:
+                    self._observe_demand(p)
+        partial: dict[str, PodInfo] = {}  # gang -> a pending member
+        bound: set[str] = set()
+        created: dict[str, float] = {}  # gang -> its oldest active member's creation
+        for p in snap.pods.values():
+            g = p.gang
+            if g is None or not p.active:
+                continue
+            if p.created is not None and p.created < created.get(g.key, math.inf):
+                created[g.key] = p.created
+            if self.cache.placed_node(p, snap):
+                bound.add(g.key)
+            elif p.gpus > 0:
+                partial.setdefault(g.key, p)
+        for gang, pod in partial.items():  # waiting gangs: their wait clocks
+            if gang not in bound and gang not in self.plans:
+                since = self._wait_since(created.get(gang), pod, now)
+                if since is not None:
+                    self.gangs.resume(gang, since, now)
+        adopted = False
+        index = None
+        for gang in sorted(bound.intersection(partial)):
+            if gang in self.gangs.plans or self.gangs.first_seen(gang) is not None:
+                continue
+            index = index or self.cache.network(snap)
+            since = self._wait_since(created.get(gang), partial[gang], now)
+            made = self.gangs.adopt(self._ask(partial[gang], snap), views, index, now, since)
+            if made is not None:
+                adopted = True
+                if isinstance(made, GangPlan):
+                    views = self._views(snap)  # the next gang sees this one's reservations
+        if adopted:
+            self.takeovers += 1
+        return adopted
+
+    def _wait_since(self, created: float | None, pod: PodInfo, now: float) -> float | None:
+        """When a gang began waiting, re-derived from its oldest member's creationTimestamp:
+        trusted only within the gang's spill time before `now` (a creation time in the future
+        is taken as `now`). An older one (a test's frozen clock, or a gang older than its
+        whole wait) is not used: the clock then restarts, which errs towards waiting longer
+        for the gang's own level, never towards spilling early."""
+        if created is None:
+            return None
+        spill = self.gangs.spill_after_s if pod.topology_wait_s is None else pod.topology_wait_s
+        if created < now - spill:
+            return None
+        return min(created, now)
 
     def _views(self, snap: Snapshot) -> NodeViews:
         r = self.gangs.reservations

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from gputopo.network.annotation import NodeTopology
@@ -44,6 +45,9 @@ class PodInfo:
     #: gputopo.io/topology-wait: how long this pod waits for its best topology (None: the
     #: sidecar's --gang-spill-after)
     topology_wait_s: float | None = None
+    #: metadata.creationTimestamp as Unix seconds (None when absent or unreadable): where a
+    #: sidecar taking over re-derives a waiting gang's wait clock (docs/operator.md "Failover")
+    created: float | None = None
 
     @property
     def key(self) -> str:
@@ -178,7 +182,22 @@ def parse_pod(raw: Any, resource: str = defaults.RESOURCE_NAME) -> PodInfo:
         phase=phase,
         gang=_gang(namespace, labels, annotations, spec),
         topology_wait_s=wait,
+        created=_timestamp(meta.get("creationTimestamp")),
     )
+
+
+def _timestamp(raw: Any) -> float | None:
+    """An RFC 3339 timestamp as the API server writes it, in Unix seconds; None for anything
+    else (a bad one costs the pod its creation time, never its parse)."""
+    if not isinstance(raw, str) or len(raw) > 64:
+        return None
+    try:
+        parsed = datetime.fromisoformat(raw)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        return None
+    return parsed.timestamp()
 
 
 def _gang(

@@ -103,9 +103,9 @@ def test_reserved_gpus_found_in_use_break_the_plan() -> None:
     broken = t.sweep(
         alive=lambda p: True, has_node=lambda n: True, in_use=lambda n: {3} if n == node else set()
     )
-    assert broken == ["ml/g"] and not t.plans and not len(t.reservations)
+    assert broken == {"ml/g": "gpus_taken"} and not t.plans and not len(t.reservations)
     assert t.drain()[-1].cause == "gpus_taken"
-    assert t.sweep(alive=lambda p: True, has_node=lambda n: True, in_use=lambda n: set()) == []
+    assert t.sweep(alive=lambda p: True, has_node=lambda n: True, in_use=lambda n: set()) == {}
 
 
 def test_a_replan_after_a_failed_bind_stays_next_to_the_bound_member_and_in_the_offer() -> None:
@@ -202,3 +202,57 @@ def test_the_first_seen_times_are_bounded(monkeypatch: pytest.MonkeyPatch) -> No
             GangAsk(name, f"{name}-0", (GangMember(f"{name}-0", 8),), 2), NAMES, views(), INDEX, float(k)
         )
     assert [t.first_seen(g) for g in ("ml/a", "ml/b", "ml/c")] == [None, 1.0, 2.0]
+
+
+def test_a_gang_another_replica_left_part_bound_is_adopted_beside_its_bound_member() -> None:
+    """After a takeover: w-0 is bound on b0 (leaf b) by the old leader, leaf a is emptier and
+    would win a fresh plan; the adopted plan reserves w-1 and w-2 in leaf b, before any filter."""
+    t = GangTracker(LEVELS)
+    v = views({"b1": frozenset(range(8)), "b2": frozenset(range(8)), "b0": frozenset()})
+    made = t.adopt(ask(1, bound={0: "b0"}), v, INDEX, 5.0)
+    assert made is not None and not isinstance(made, Wait)
+    assert {r.node for r in t.reservations} == {"b1", "b2"}
+    assert [e.kind for e in t.drain()] == ["adopt", "plan"]
+    assert t.first_seen("ml/g") == 5.0
+    # adopted once: a second pass, or a gang this tracker planned itself, is left alone
+    assert t.adopt(ask(1, bound={0: "b0"}), v, INDEX, 6.0) is None
+    assert t.filter(ask(1, bound={0: "b0"}), NAMES, v, INDEX, 6.0) == Planned(
+        t.planned_node("ml/w-1", "ml/g"), f"gang ml/g planned on {t.planned_node('ml/w-1', 'ml/g')}"
+    )
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        {"count": 3, "bound": {}},  # nothing bound: the first filter plans as usual
+        {"count": 3, "bound": {0: "b0", 1: "b1", 2: "b2"}},  # nothing pending
+        {"count": 2, "bound": {0: "b0"}},  # below quorum (a member deleted)
+    ],
+)
+def test_nothing_to_adopt(members: dict) -> None:
+    t = GangTracker(LEVELS)
+    assert t.adopt(ask(0, members["count"], bound=members["bound"]), views(), INDEX, 0.0) is None
+    assert not t.plans and not len(t.reservations) and t.first_seen("ml/g") is None
+
+
+def test_a_reserved_member_bound_by_another_replica_breaks_the_plan() -> None:
+    t = GangTracker(LEVELS)
+    t.filter(ask(0), NAMES, views(), INDEX, 0.0)
+    planned = t.planned_node("ml/w-0", "ml/g")
+    where = {"ml/w-0": "b0" if planned != "b0" else "a0"}
+    broken = t.sweep(
+        alive=lambda p: True,
+        has_node=lambda n: True,
+        in_use=lambda n: set(),
+        bound_to=lambda p: where.get(p, ""),
+    )
+    assert broken == {"ml/g": "bound_elsewhere"}, "returned: the caller re-plans the rest at once"
+    assert not t.plans and not len(t.reservations)
+    assert t.drain()[-1].cause == "bound_elsewhere"
+
+
+def test_resume_starts_a_wait_clock_only_where_none_runs() -> None:
+    t = GangTracker(LEVELS)
+    assert t.resume("ml/g", 40.0, 100.0) and t.first_seen("ml/g") == 40.0
+    assert not t.resume("ml/g", 10.0, 100.0) and t.first_seen("ml/g") == 40.0
+    assert t.resume("ml/h", 500.0, 100.0) and t.first_seen("ml/h") == 100.0, "never in the future"

@@ -67,8 +67,8 @@ class Refused(Exception):
 @dataclass(frozen=True)
 class Event:
     """Something that happened to a gang: `kind` is one of plan, plan_failed, quorum_wait,
-    plan_dropped, replan, gang_bound; `cause` says why (expired, not_offered, gpus_taken,
-    bind_failed, member_gone, node_gone, not_in_plan)."""
+    plan_dropped, replan, gang_bound, adopt; `cause` says why (expired, not_offered, gpus_taken,
+    bind_failed, member_gone, node_gone, not_in_plan, bound_elsewhere, takeover)."""
 
     kind: str
     gang: str

@@ -144,18 +144,34 @@ class GangTracker:
         alive: Callable[[str], bool],
         has_node: Callable[[str], bool],
         in_use: Callable[[str], Set[int]],
-    ) -> list[str]:
+        bound_to: Callable[[str], str] | None = None,
+    ) -> dict[str, str]:
         """Break the plans the cluster no longer supports: a reserved member deleted or finished,
         a planned node gone, or reserved GPUs that another pod now holds (`in_use(node)`: the
         node's published in-use GPUs and other assumed binds). Holding such capacity until the
-        TTL would starve others. Returns the gangs whose reserved GPUs were taken: the caller
-        re-plans them at once (`replan`), since their members are still waiting."""
+        TTL would starve others. Returns the gangs whose reserved GPUs were taken, with that
+        cause: the caller re-plans them at once (`replan`), since their members are still
+        waiting.
+
+        `bound_to(pod)` is the node the cluster shows a pod bound to ("" while unbound, and for
+        a bind of the caller's own in flight). A reserved member bound at all was bound by
+        someone else: a permitted bind takes its reservation out first (`permit`). That happens
+        when another replica of the scheduler held the lease meanwhile and finished part of the
+        gang on its own plan: a plan of this tracker for the rest could then put them in
+        another domain (a split gang), so it is broken and the gang re-planned around the
+        members now bound (also returned, cause `bound_elsewhere`)."""
         broken: dict[str, tuple[str, str]] = {}
         for r in self.reservations:
             if r.gang in broken:
                 continue
             if not alive(r.pod):
                 broken[r.gang] = (f"planned member {r.pod} was deleted or finished", "member_gone")
+            elif bound_to is not None and (where := bound_to(r.pod)):
+                broken[r.gang] = (
+                    f"planned member {r.pod} was bound to {where} by another scheduler "
+                    f"(this plan put it on {r.node})",
+                    "bound_elsewhere",
+                )
             elif not has_node(r.node):
                 broken[r.gang] = (f"planned node {r.node} went away", "node_gone")
             elif r.gpus and (taken := in_use(r.node) & set(r.gpus)):
@@ -165,7 +181,7 @@ class GangTracker:
                 )
         for gang, (reason, cause) in broken.items():
             self.drop(gang, reason, cause)
-        return [g for g, (_, cause) in broken.items() if cause == "gpus_taken"]
+        return {g: cause for g, (_, cause) in broken.items() if cause in ("gpus_taken", "bound_elsewhere")}
 
     def drop(self, gang: str, reason: str, cause: str) -> None:
         """Forget a gang's plan and give its reservations back."""
@@ -239,6 +255,45 @@ class GangTracker:
             return made
         mine = next(p for p in made.placements if p.pod == ask.pod)
         return Planned(mine.node, f"gang {gang} planned on {mine.node}")
+
+    def adopt(
+        self,
+        ask: GangAsk,
+        views: Mapping[str, NodeView],
+        index: NetworkIndex,
+        now: float,
+        since: float | None = None,
+    ) -> GangPlan | Wait | None:
+        """Take over a gang that another replica of the scheduler was finishing: members already
+        bound, the rest pending, and no plan of this tracker (nor a filter here since its last
+        bind here). Its reservations lived in that replica's memory only, so the pending
+        members are planned and reserved now, before any other pod is answered: a single pod
+        or another gang asked about first could otherwise take the room beside the bound
+        members and strand them. The plan is `plan`'s with the bound members pinning the
+        search to their domain (`_search`), over every node, since no offer is known yet; the
+        first filter of each member still checks its planned node is offered (`filter`).
+        None when there is nothing to take over (no member bound, none pending, already
+        planned or seen here, or below quorum: the first filter then answers as usual).
+        `since` is when the gang began waiting as far as the caller can tell (`resume`)."""
+        gang = ask.gang
+        if gang in self.plans or gang in self._first_seen:
+            return None
+        if not any(m.node for m in ask.members):
+            return None
+        if not any(not m.node and m.gpus > 0 for m in ask.members):
+            return None
+        if ask.min_member is None or len(ask.members) < ask.min_member:
+            return None
+        self._seen(gang, now if since is None else min(since, now))
+        self._emit(
+            "adopt",
+            gang,
+            "members already bound by another scheduler replica: the pending ones are re-planned "
+            "beside them and their capacity reserved",
+            "takeover",
+            bound=sum(1 for m in ask.members if m.node),
+        )
+        return self.plan(ask, frozenset(views), views, index, now)
 
     def replan(
         self, ask: GangAsk, views: Mapping[str, NodeView], index: NetworkIndex, now: float, cause: str
@@ -477,6 +532,16 @@ class GangTracker:
     def first_seen(self, gang: str) -> float | None:
         """When the gang's first member was first filtered (quorum first asked), until it binds."""
         return self._first_seen.get(gang)
+
+    def resume(self, gang: str, since: float, now: float) -> bool:
+        """Start a gang's wait clock at `since` (at most `now`) where this tracker has none: a
+        gang another replica of the scheduler was timing (its wait for its own level, and the
+        wait reported at its last bind) goes on from when it began, not from the takeover.
+        False when the tracker already times it."""
+        if gang in self._first_seen:
+            return False
+        self._seen(gang, min(since, now))
+        return True
 
     def _seen(self, gang: str, now: float) -> None:
         if gang in self._first_seen:
