@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from gputopo.allocator import AllocatorPool
-from gputopo.sim.comm import CommModel
+from gputopo.sim.jobmodel import JobModel
 from gputopo.sim.metrics import Recorder, Summary
 from gputopo.sim.policies import BASELINE, Failure, Hinted, Slot, build_policy
 from gputopo.sim.sidecar import Lifecycle
@@ -50,7 +50,7 @@ QUEUE_ORDERS = ("arrival", "smallest")
 class RunConfig:
     mode: str = "replay"  # "replay" or "fill"
     seed: int = 0
-    comm: CommModel = field(default_factory=CommModel)
+    comm: JobModel = field(default_factory=JobModel)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)  # the sidecar's gangs over time
     gpu_sharing: bool = False  # fractional pods share GPUs (gputopo/sim/sharing.py)
     queue_order: str = "arrival"  # one of QUEUE_ORDERS, the same for every policy
