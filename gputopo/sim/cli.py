@@ -267,12 +267,14 @@ def _comm(args: argparse.Namespace) -> JobModel:
     mix = getattr(args, "profile_mix", "default")
     if gb is None and compute is None and overlap is None:
         return JobModel(mix=mix, seed=args.seed)
+    if gb is not None:
+        gb = _positive(gb, "--allreduce-gb")
+    if compute is not None:
+        compute = _positive(compute, "--compute-s")
     if gb is None or compute is None:
         raise UsageError("--allreduce-gb and --compute-s go together (a custom profile instead of --profile-mix)")
     if mix != "default":
         raise UsageError("--profile-mix and --allreduce-gb: give one of them, not both")
-    gb = _positive(gb, "--allreduce-gb")
-    compute = _positive(compute, "--compute-s")
     share = 0.0 if overlap is None else overlap
     if not (isinstance(share, (int, float)) and math.isfinite(share) and 0 <= share <= 1):
         raise UsageError(f"--overlap must be between 0 and 1, got {overlap}")
