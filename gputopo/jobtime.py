@@ -32,12 +32,13 @@ the sidecar read the same numbers.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from gputopo.links import PCIE_LEVELS
+from gputopo.links import PCIE_LEVELS, Link
 from gputopo.network import ACCELERATOR, CORE, HOSTNAME, LEAF, SPINE, ZONE
 from gputopo.topology import Topology
 
@@ -65,7 +66,9 @@ class Fabric:
 #: Fabrics by the name a node label gives (`NIC_FABRIC_LABEL`); docs/jobtime.md has the sources.
 FABRICS: Mapping[str, Fabric] = MappingProxyType(
     {
-        "ib": Fabric("ib", 0.92, "NVIDIA/nccl#812 (192 of 200 GB/s), nccl-tests#175 (86 of 100), nccl-tests#290"),
+        "ib": Fabric(
+            "ib", 0.92, "NVIDIA/nccl#812 (192 of 200 GB/s), nccl-tests#175 (86 of 100), nccl-tests#290"
+        ),
         "roce": Fabric("roce", 0.7, "nccl-tests#169 (8 x 100 Gb RoCE, 3 nodes: 70 of 100 GB/s)"),
         "efa": Fabric("efa", 0.62, "NVIDIA/nccl#527 (p4dn, 4 x 100 Gb EFA, 3 / 4 nodes: 31.8 / 29.6 of 50)"),
         "tcp": Fabric("tcp", 0.26, "Pollux/adaptdl bert placements.csv sync times (50 Gb TCP: 0.23-0.35)"),
@@ -200,17 +203,20 @@ def intra_busbw_gbps(topology: Topology, gpus: Sequence[int], ring_mbps: int) ->
     return PCIE_BUSBW_GBPS[_pcie_level(topology, ring_mbps)] if ring_mbps > 0 else PCIE_BUSBW_GBPS["SYS"]
 
 
-def _nvlink_ring(links: Sequence[Sequence[object]], gpus: Sequence[int]) -> bool:
-    """Whether the set has a ring over NVLink alone (small sets: brute force over orders)."""
-    import itertools
+def _nvlink_ring(links: Sequence[Sequence[Link | None]], gpus: Sequence[int]) -> bool:
+    """Whether the set has a ring over NVLink alone. Sets have at most 16 GPUs and the
+    simulator asks once per (server model, set), so a search over orders is cheap enough;
+    it stops at the first ring found."""
+
+    def nv(a: int, b: int) -> bool:
+        lk = links[a][b]
+        return lk is not None and lk.nvlinks > 0
 
     first, rest = gpus[0], list(gpus[1:])
     if len(gpus) == 2:
-        lk = links[first][rest[0]]
-        return bool(getattr(lk, "nvlinks", 0))
+        return nv(first, rest[0])
     for order in itertools.permutations(rest):
-        path = (first, *order, first)
-        if all(getattr(links[a][b], "nvlinks", 0) > 0 for a, b in zip(path, path[1:], strict=False)):
+        if all(nv(a, b) for a, b in itertools.pairwise((first, *order, first))):
             return True
     return False
 

@@ -21,8 +21,8 @@ from gputopo.allocator import AllocationError, Allocator
 from gputopo.commands import UsageError
 from gputopo.jobtime import (
     FABRICS,
-    PRESET_NICS,
     FALLBACK_NICS,
+    PRESET_NICS,
     JobTimeError,
     Nics,
     inter_busbw_gbps,
@@ -61,7 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nic-gbps", type=float, default=None, help="line rate of one NIC, Gb/s")
     p.add_argument("--nics-per-node", type=int, default=None, help="NICs per node for collective traffic")
     p.add_argument(
-        "--fabric", choices=tuple(FABRICS), default=None, help="transport of the NICs (default: the preset's, ib)"
+        "--fabric",
+        choices=tuple(FABRICS),
+        default=None,
+        help="transport of the NICs (default: the preset's, ib)",
     )
     p.add_argument("--profile", choices=tuple(PROFILES), default=None, help="a workload profile")
     p.add_argument("--grad-bytes", type=float, default=None, help="bytes all-reduced per step")

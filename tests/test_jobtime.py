@@ -66,7 +66,9 @@ def test_p4dn_one_node_231() -> None:
     within(best_intra("dgx-a100", 8), 230.77)
 
 
-def _two_a100_nodes(nics: int, gbps: float, fabric: str = "ib", nodes: int = 2, algorithm: str = "ring") -> float:
+def _two_a100_nodes(
+    nics: int, gbps: float, fabric: str = "ib", nodes: int = 2, algorithm: str = "ring"
+) -> float:
     n = Nics(nics, gbps, fabric)
     inter = inter_busbw_gbps([(8, 8, n)] * nodes, LEAF, algorithm=algorithm)
     return min(best_intra("dgx-a100", 8), inter)
@@ -98,24 +100,34 @@ def test_nccl_527_efa_two_nodes_is_a_tree() -> None:
 
 # Pollux (OSDI '21), petuum/adaptdl simulator/traces: g4dn.12xlarge (4 x T4 on PCIe, one
 # 50 Gb/s TCP NIC). Step times at the largest local batch of each trace.
-T4 = make_topology([["X", "PHB", "PHB", "PHB"], ["PHB", "X", "PHB", "PHB"], ["PHB", "PHB", "X", "PHB"], ["PHB", "PHB", "PHB", "X"]], name="g4dn-t4")
+T4 = make_topology(
+    [
+        ["X", "PHB", "PHB", "PHB"],
+        ["PHB", "X", "PHB", "PHB"],
+        ["PHB", "PHB", "X", "PHB"],
+        ["PHB", "PHB", "PHB", "X"],
+    ],
+    name="g4dn-t4",
+)
 G4DN = Nics(1, 50.0, "tcp")
 
 
 def _pollux_step(grad_bytes: float, compute: float, overlap: float, per_node: list[int]) -> float:
     alloc = Allocator(T4)
     pods = [alloc.choose(range(4), g).indices for g in per_node]
-    bw = min(
-        (intra_busbw_gbps(T4, p, alloc.ring_mbps(p)) for p in pods if len(p) > 1), default=math.inf
-    )
+    bw = min((intra_busbw_gbps(T4, p, alloc.ring_mbps(p)) for p in pods if len(p) > 1), default=math.inf)
     if len(per_node) > 1:
         bw = min(bw, inter_busbw_gbps([(g, 4, G4DN) for g in per_node], LEAF))
     return step_s(compute, overlap, comm_s(grad_bytes, sum(per_node), bw))
 
 
-def _pollux_slowdown(grad_bytes: float, compute: float, overlap: float, per_node: list[int], ideal: list[int]) -> float:
+def _pollux_slowdown(
+    grad_bytes: float, compute: float, overlap: float, per_node: list[int], ideal: list[int]
+) -> float:
     """Pollux's ratio: the step in `per_node` over the step in `ideal` (same local batch)."""
-    return _pollux_step(grad_bytes, compute, overlap, per_node) / _pollux_step(grad_bytes, compute, overlap, ideal)
+    return _pollux_step(grad_bytes, compute, overlap, per_node) / _pollux_step(
+        grad_bytes, compute, overlap, ideal
+    )
 
 
 BERT: dict[str, float] = {"grad_bytes": 335e6 * 4, "compute": 0.9215, "overlap": PROFILES["encoder"].overlap}
@@ -147,9 +159,7 @@ def test_issue_defaults_two_a100_nodes_under_a_leaf() -> None:
 
 # ----------------------------------------------------------------------- properties
 
-nics_st = st.builds(
-    Nics, st.integers(1, 16), st.floats(10.0, 800.0), st.sampled_from(sorted(FABRICS))
-)
+nics_st = st.builds(Nics, st.integers(1, 16), st.floats(10.0, 800.0), st.sampled_from(sorted(FABRICS)))
 
 
 @settings(max_examples=200, deadline=None)
@@ -170,7 +180,9 @@ def test_more_nics_never_slower(base: Nics, extra: int, per_node: list[int]) -> 
     st.integers(2, 512),
     st.floats(0.1, 1000),
 )
-def test_more_overlap_never_slower(grad: float, compute: float, a: float, b: float, k: int, bw: float) -> None:
+def test_more_overlap_never_slower(
+    grad: float, compute: float, a: float, b: float, k: int, bw: float
+) -> None:
     lo, hi = sorted((a, b))
     c = comm_s(grad, k, bw)
     assert step_s(compute, hi, c) <= step_s(compute, lo, c)
@@ -178,7 +190,14 @@ def test_more_overlap_never_slower(grad: float, compute: float, a: float, b: flo
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.floats(1e3, 1e10), st.floats(0, 5), st.floats(0, 1), st.integers(2, 512), st.floats(0.1, 500), st.floats(0.1, 500))
+@given(
+    st.floats(1e3, 1e10),
+    st.floats(0, 5),
+    st.floats(0, 1),
+    st.integers(2, 512),
+    st.floats(0.1, 500),
+    st.floats(0.1, 500),
+)
 def test_more_bandwidth_never_slower_and_slowdown_at_least_one(
     grad: float, compute: float, overlap: float, k: int, a: float, b: float
 ) -> None:
@@ -224,7 +243,12 @@ def test_nics_from_labels_and_bad_labels_fall_back() -> None:
     assert nics_for("dgx-a100") == PRESET_NICS["dgx-a100"]
     labelled = nics_for("pcie8-plx", {NIC_COUNT_LABEL: "2", NIC_GBPS_LABEL: "400", NIC_FABRIC_LABEL: "RoCE"})
     assert labelled == Nics(2, 400.0, "roce")
-    for bad in ({NIC_COUNT_LABEL: "0"}, {NIC_COUNT_LABEL: "-1"}, {NIC_GBPS_LABEL: "inf"}, {NIC_GBPS_LABEL: "x"}):
+    for bad in (
+        {NIC_COUNT_LABEL: "0"},
+        {NIC_COUNT_LABEL: "-1"},
+        {NIC_GBPS_LABEL: "inf"},
+        {NIC_GBPS_LABEL: "x"},
+    ):
         assert nics_for("dgx-a100", bad) == PRESET_NICS["dgx-a100"]
     assert nics_for("dgx-a100", {NIC_FABRIC_LABEL: "carrier-pigeon"}).fabric == "ib"
     with pytest.raises(JobTimeError):
@@ -254,7 +278,11 @@ def test_llm_profile_has_at_least_1_5b_parameters() -> None:
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "proto")]))
     return subprocess.run(
-        [sys.executable, "-m", "gputopo", "step-time", *args], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-m", "gputopo", "step-time", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
 
 
@@ -293,7 +321,18 @@ def test_step_time_cli_profile_and_text() -> None:
         ["--topology", "no-such-preset", "--gpus-per-node", "2", "--profile", "cnn"],
         ["--topology", "dgx-a100", "--gpus-per-node", "2"],
         ["--topology", "dgx-a100", "--gpus-per-node", "2", "--profile", "cnn", "--overlap", "0.5"],
-        ["--topology", "dgx-a100", "--gpus-per-node", "2", "--grad-bytes", "1", "--compute-s", "1", "--overlap", "2"],
+        [
+            "--topology",
+            "dgx-a100",
+            "--gpus-per-node",
+            "2",
+            "--grad-bytes",
+            "1",
+            "--compute-s",
+            "1",
+            "--overlap",
+            "2",
+        ],
         ["--topology", "dgx-a100", "--gpus-per-node", "2,2", "--level", "hostname", "--profile", "cnn"],
         ["--topology", "dgx-a100", "--gpus-per-node", "2,2", "--nics-per-node", "0", "--profile", "cnn"],
         ["--topology", "dgx-a100", "--gpus-per-node", "2", "--profile", "nope"],

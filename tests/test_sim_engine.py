@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gputopo.allocator import AllocatorPool
-from gputopo.network import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
 from gputopo.jobtime import DEFAULT_OVERSUBSCRIPTION, comm_s, step_s
+from gputopo.network import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
 from gputopo.profiles import Profile
-from gputopo.sim.jobmodel import JobModel
 from gputopo.sim.engine import RunConfig, compare, queue_priority, run_replay, simulate
+from gputopo.sim.jobmodel import JobModel
 from gputopo.sim.metrics import Recorder
 from gputopo.sim.policies import Failure, Hinted, build_policy
 from gputopo.sim.state import ClusterState, SimCluster, SimNode

@@ -16,8 +16,8 @@ import numpy as np
 
 from gputopo.output import add_output_arguments, dump, is_machine
 from gputopo.profiles import PROFILE_MIXES, Profile
-from gputopo.sim.jobmodel import JobModel
 from gputopo.sim.engine import QUEUE_ORDERS, Progress, RunConfig, compare
+from gputopo.sim.jobmodel import JobModel
 from gputopo.sim.plot import PlotUnavailable, check_available, write_plot
 from gputopo.sim.policies import POLICIES
 from gputopo.sim.report import document, render_table
@@ -272,7 +272,9 @@ def _comm(args: argparse.Namespace) -> JobModel:
     if compute is not None:
         compute = _positive(compute, "--compute-s")
     if gb is None or compute is None:
-        raise UsageError("--allreduce-gb and --compute-s go together (a custom profile instead of --profile-mix)")
+        raise UsageError(
+            "--allreduce-gb and --compute-s go together (a custom profile instead of --profile-mix)"
+        )
     if mix != "default":
         raise UsageError("--profile-mix and --allreduce-gb: give one of them, not both")
     share = 0.0 if overlap is None else overlap

@@ -111,8 +111,10 @@ class JobTimer:
         hit = self._accel.get(tid)
         if hit is None:
             alloc = self.allocators[tid]
-            hit = self._accel[tid] = self.best_intra(2) if alloc.n < 2 else self.intra(
-                tid, tuple(alloc.choose(range(alloc.n), 2).indices)
+            hit = self._accel[tid] = (
+                self.best_intra(2)
+                if alloc.n < 2
+                else self.intra(tid, tuple(alloc.choose(range(alloc.n), 2).indices))
             )
         return hit
 
@@ -154,8 +156,7 @@ class JobTimer:
                     )
                 else:
                     best = 0.0
-                    for i, n in enumerate(self.cluster.nodes):
-                        total = self._node_gpus[i]
+                    for i, total in enumerate(self._node_gpus):
                         if total >= max(pods):
                             g = min(per_node, total)
                             best = max(best, self.nics[i].node_gbytes(nics_used(g, total, self.nics[i])))

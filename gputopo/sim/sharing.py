@@ -23,8 +23,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 
 from gputopo.allocator import Allocator, AllocatorPool
-from gputopo.sim.jobmodel import JobModel
 from gputopo.sim.engine import RunConfig, runner
+from gputopo.sim.jobmodel import JobModel
 from gputopo.sim.metrics import Recorder, Summary
 from gputopo.sim.policies import Failure, Hinted, Slot, build_policy
 from gputopo.sim.state import ClusterState, SimCluster
