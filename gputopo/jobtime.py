@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from gputopo.allocator import Allocator
 from gputopo.links import PCIE_LEVELS, Link
 from gputopo.network import ACCELERATOR, CORE, HOSTNAME, LEAF, SPINE, ZONE
 from gputopo.topology import Topology
@@ -294,6 +295,7 @@ class StepTime:
     comm_s: float
     step_s: float
     ideal_step_s: float
+    ideal_busbw_gbps: float = math.inf
 
     @property
     def slowdown(self) -> float:
@@ -315,7 +317,47 @@ def step_time(
     validate_workload(grad_bytes, compute_s, overlap)
     comm = comm_s(grad_bytes, gpus, busbw_gbps)
     ideal = step_s(compute_s, overlap, comm_s(grad_bytes, gpus, ideal_busbw_gbps))
-    return StepTime(busbw_gbps, comm, step_s(compute_s, overlap, comm), ideal)
+    return StepTime(busbw_gbps, comm, step_s(compute_s, overlap, comm), ideal, ideal_busbw_gbps)
+
+
+def placement_step_time(
+    topology: Topology,
+    gpus_per_node: Sequence[int],
+    level: str | None,
+    nics: Nics,
+    grad_bytes: float,
+    compute_s: float,
+    overlap: float,
+    *,
+    allocator: Allocator | None = None,
+    table: Mapping[str, float] | None = None,
+) -> StepTime:
+    """One job on nodes of one server model: `gpus_per_node[i]` GPUs on node i (inside a node
+    the allocator's best set of that size), the nodes spanning `level` (HOSTNAME for one node),
+    each with `nics`. The ideal is the same job with every GPU in one NVLink domain at the best
+    ring the server offers. What `gputopo step-time` prints, and what the sidecar can ask.
+
+    Raises JobTimeError for a count the server cannot hold or a workload the model refuses."""
+    if not gpus_per_node or any(not 1 <= g <= topology.n for g in gpus_per_node):
+        raise JobTimeError(
+            f"GPUs per node must be 1..{topology.n} on {topology.name}, got {list(gpus_per_node)}"
+        )
+    alloc = allocator if allocator is not None else Allocator(topology)
+
+    def best(size: int) -> float:
+        chosen = alloc.choose(range(topology.n), size).indices
+        return intra_busbw_gbps(topology, chosen, alloc.ring_mbps(chosen))
+
+    bw = min(best(g) for g in gpus_per_node)
+    if len(gpus_per_node) > 1:
+        if level == HOSTNAME:
+            raise JobTimeError("a job on several nodes spans more than one node's level")
+        if level == ACCELERATOR:
+            bw = min(bw, best(2) if topology.n >= 2 else math.inf)
+        else:
+            bw = min(bw, inter_busbw_gbps([(g, topology.n, nics) for g in gpus_per_node], level, table=table))
+    ideal = best(max(2, max(gpus_per_node))) if topology.n >= 2 else math.inf
+    return step_time(grad_bytes, compute_s, overlap, sum(gpus_per_node), bw, ideal)
 
 
 def validate_workload(grad_bytes: float, compute_s: float, overlap: float) -> None:

@@ -17,7 +17,7 @@ import argparse
 import math
 from typing import Any
 
-from gputopo.allocator import AllocationError, Allocator
+from gputopo.allocator import AllocationError
 from gputopo.commands import UsageError
 from gputopo.jobtime import (
     FABRICS,
@@ -25,9 +25,7 @@ from gputopo.jobtime import (
     PRESET_NICS,
     JobTimeError,
     Nics,
-    inter_busbw_gbps,
-    intra_busbw_gbps,
-    step_time,
+    placement_step_time,
 )
 from gputopo.network import ACCELERATOR, CORE, HOSTNAME, LEAF, SPINE, ZONE
 from gputopo.output import add_output_arguments, dump, is_machine
@@ -121,23 +119,11 @@ def answer(args: argparse.Namespace, topo: Topology) -> dict[str, Any]:
     if len(per_node) > 1 and level == HOSTNAME:
         raise UsageError("--level hostname: a job on several nodes spans at least the accelerator level")
     nics = _nics(args, topo)
-    alloc = Allocator(topo)
-
-    def best(size: int) -> float:
-        chosen = alloc.choose(range(topo.n), size).indices
-        return intra_busbw_gbps(topo, chosen, alloc.ring_mbps(chosen))
-
     try:
-        bw = min(best(g) for g in per_node)
-        if len(per_node) > 1:
-            if level == ACCELERATOR:
-                bw = min(bw, best(2) if topo.n >= 2 else math.inf)
-            else:
-                bw = min(bw, inter_busbw_gbps([(g, topo.n, nics) for g in per_node], level))
-        ideal = best(max(2, max(per_node))) if topo.n >= 2 else math.inf
-        result = step_time(grad, compute, overlap, sum(per_node), bw, ideal)
+        result = placement_step_time(topo, per_node, level, nics, grad, compute, overlap)
     except (JobTimeError, AllocationError) as e:
         raise UsageError(str(e)) from None
+    ideal = result.ideal_busbw_gbps
     doc: dict[str, Any] = result.to_dict()
     doc.update(
         {

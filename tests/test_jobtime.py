@@ -30,10 +30,11 @@ from gputopo.jobtime import (
     inter_busbw_gbps,
     intra_busbw_gbps,
     nics_for,
+    placement_step_time,
     step_s,
     step_time,
 )
-from gputopo.network import CORE, LEAF, SPINE
+from gputopo.network import CORE, HOSTNAME, LEAF, SPINE
 from gputopo.profiles import PROFILE_MIXES, PROFILES, ProfileMix
 from gputopo.topofile import load_preset
 from gputopo.topology import make_topology
@@ -343,3 +344,19 @@ def test_step_time_cli_bad_input_is_one_line_exit_2(bad: list[str]) -> None:
     assert done.returncode == 2
     assert done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_placement_step_time_is_what_the_sidecar_can_ask() -> None:
+    """The pure entry point the CLI prints: a 2 x 8 A100 gang under a leaf and above it."""
+    topo = load_preset("dgx-a100")
+    nics = PRESET_NICS["dgx-a100"]
+    leaf = placement_step_time(topo, [8, 8], LEAF, nics, 1e9, 0.2, 0.0)
+    core = placement_step_time(topo, [8, 8], CORE, nics, 1e9, 0.2, 0.0)
+    one = placement_step_time(topo, [8], HOSTNAME, nics, 1e9, 0.2, 0.0)
+    assert one.slowdown == pytest.approx(1.0) and one.busbw_gbps == one.ideal_busbw_gbps
+    assert 1.0 < leaf.slowdown < core.slowdown
+    for bad in ([9], [], [0, 8]):
+        with pytest.raises(JobTimeError):
+            placement_step_time(topo, bad, LEAF, nics, 1e9, 0.2, 0.0)
+    with pytest.raises(JobTimeError):
+        placement_step_time(topo, [8, 8], HOSTNAME, nics, 1e9, 0.2, 0.0)
