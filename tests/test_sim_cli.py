@@ -216,6 +216,10 @@ def test_profile_mix_flag_and_custom_profile() -> None:
     assert set(cnn["results"][0]["job_time_ratio_by_profile"]) == {"cnn"}
     # the same placements: a comm-heavy workload loses at least as much time as a light one
     assert llm["results"][0]["job_time_ratio"] >= cnn["results"][0]["job_time_ratio"]
+    over = json.loads(sim(*args, "--profile-mix", "llm", "--oversubscription", "spine=4,leaf=2").stdout)
+    table = over["job_time_model"]["oversubscription"]
+    assert table["network.topology.nvidia.com/spine"] == 4 and table["network.topology.nvidia.com/leaf"] == 2
+    assert table["network.topology.nvidia.com/core"] == 2  # the default, untouched
     custom = json.loads(sim(*args, "--allreduce-gb", "2", "--compute-s", "0.1", "--overlap", "0.5").stdout)
     assert custom["job_time_model"]["profiles"]["custom"] == {
         "name": "custom",
@@ -228,6 +232,10 @@ def test_profile_mix_flag_and_custom_profile() -> None:
         (["--allreduce-gb", "1"], "go together"),
         (["--allreduce-gb", "1", "--compute-s", "1", "--overlap", "1.5"], "--overlap must be between"),
         (["--profile-mix", "nope"], "invalid choice"),
+        (["--oversubscription", "spine"], "is not LEVEL=RATIO"),
+        (["--oversubscription", "rack=2"], "is not LEVEL=RATIO"),
+        (["--oversubscription", "spine=0.5"], "between 1 and 1000"),
+        (["--oversubscription", "core=nan"], "between 1 and 1000"),
     ):
         r = sim("--pods", "50", *bad)
         assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -14,6 +14,8 @@ from typing import Any, NoReturn, TextIO
 
 import numpy as np
 
+from gputopo.jobtime import DEFAULT_OVERSUBSCRIPTION
+from gputopo.network import ACCELERATOR, CORE, LEAF, SPINE, ZONE, short_name
 from gputopo.output import add_output_arguments, dump, is_machine
 from gputopo.profiles import PROFILE_MIXES, Profile
 from gputopo.sim.engine import QUEUE_ORDERS, Progress, RunConfig, compare
@@ -143,6 +145,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--overlap", type=float, default=None, help="share of compute hiding communication, 0..1 (default 0)"
     )
+    g.add_argument(
+        "--oversubscription",
+        metavar="LEVEL=R[,...]",
+        default=None,
+        help="the fabric's oversubscription above a level, e.g. spine=2,core=4 (levels: accelerator, "
+        "leaf, spine, core, zone; default: 1 up to the spine, 2 above, docs/jobtime.md)",
+    )
     g = parser.add_argument_group("output")
     add_output_arguments(g)  # wide: the table, then the communication model's constants
     g.add_argument("--plot", metavar="PNG", help="also draw the comparison into this PNG (needs matplotlib)")
@@ -265,8 +274,9 @@ def _comm(args: argparse.Namespace) -> JobModel:
     compute = getattr(args, "compute_s", None)
     overlap = getattr(args, "overlap", None)
     mix = getattr(args, "profile_mix", "default")
+    table = _oversubscription(getattr(args, "oversubscription", None))
     if gb is None and compute is None and overlap is None:
-        return JobModel(mix=mix, seed=args.seed)
+        return JobModel(mix=mix, seed=args.seed, oversubscription=table)
     if gb is not None:
         gb = _positive(gb, "--allreduce-gb")
     if compute is not None:
@@ -284,7 +294,34 @@ def _comm(args: argparse.Namespace) -> JobModel:
         custom = Profile("custom", grad_bytes=gb * 1e9, compute_s=compute, overlap=float(share))
     except ValueError as e:
         raise UsageError(str(e)) from None
-    return JobModel(seed=args.seed, custom=custom)
+    return JobModel(seed=args.seed, custom=custom, oversubscription=table)
+
+
+#: --oversubscription's level names and the label keys they stand for.
+_LEVEL_NAMES = {short_name(level): level for level in (ACCELERATOR, LEAF, SPINE, CORE, ZONE)}
+
+
+def _oversubscription(text: str | None) -> dict[str, float]:
+    """The default table with the levels `text` names (`spine=2,core=4`) replaced."""
+    table = dict(DEFAULT_OVERSUBSCRIPTION)
+    if text is None:
+        return table
+    for part in text.split(","):
+        name, eq, value = part.strip().partition("=")
+        if not eq or name not in _LEVEL_NAMES:
+            raise UsageError(
+                f"--oversubscription: {part.strip()!r} is not LEVEL=RATIO (levels: {', '.join(_LEVEL_NAMES)})"
+            )
+        try:
+            ratio = float(value)
+        except ValueError:
+            ratio = math.nan
+        if not (math.isfinite(ratio) and 1 <= ratio <= 1000):
+            raise UsageError(
+                f"--oversubscription {name}: the ratio must be between 1 and 1000, got {value!r}"
+            )
+        table[_LEVEL_NAMES[name]] = ratio
+    return table
 
 
 def _lifecycle(args: argparse.Namespace) -> Lifecycle:
