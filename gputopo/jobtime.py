@@ -32,14 +32,13 @@ the sidecar read the same numbers.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from gputopo.allocator import Allocator
-from gputopo.links import PCIE_LEVELS, Link
+from gputopo.links import PCIE_LEVELS
 from gputopo.network import ACCELERATOR, CORE, HOSTNAME, LEAF, SPINE, ZONE
 from gputopo.topology import Topology
 
@@ -198,28 +197,14 @@ def intra_busbw_gbps(topology: Topology, gpus: Sequence[int], ring_mbps: int) ->
             if lk is not None and lk.nvlinks > 0:
                 total += lk.nvlinks
         nv_out.append(total)
+    # The best ring runs over NVLink alone when its weakest hop is faster than every PCIe
+    # figure of the node (a PCIe hop would cap it at that figure). A ring that ties a PCIe
+    # figure (only with unusual --pcie-gbps settings) is read as PCIe, the slower reading.
     ring_gbps = ring_mbps / 1000.0
-    if ring_gbps >= per_link and min(nv_out) > 0 and _nvlink_ring(links, gpus):
+    nvlink_only = ring_gbps >= per_link and ring_gbps > max(topology.settings.pcie_gbps.values())
+    if nvlink_only and min(nv_out) > 0:
         return max(ring_gbps, min(nv_out) * per_link) * NVLINK_EFFICIENCY
     return PCIE_BUSBW_GBPS[_pcie_level(topology, ring_mbps)] if ring_mbps > 0 else PCIE_BUSBW_GBPS["SYS"]
-
-
-def _nvlink_ring(links: Sequence[Sequence[Link | None]], gpus: Sequence[int]) -> bool:
-    """Whether the set has a ring over NVLink alone. Sets have at most 16 GPUs and the
-    simulator asks once per (server model, set), so a search over orders is cheap enough;
-    it stops at the first ring found."""
-
-    def nv(a: int, b: int) -> bool:
-        lk = links[a][b]
-        return lk is not None and lk.nvlinks > 0
-
-    first, rest = gpus[0], list(gpus[1:])
-    if len(gpus) == 2:
-        return nv(first, rest[0])
-    for order in itertools.permutations(rest):
-        if all(nv(a, b) for a, b in itertools.pairwise((first, *order, first))):
-            return True
-    return False
 
 
 # ----------------------------------------------------------------------- across nodes
