@@ -1,8 +1,11 @@
 """Workload profiles: what one data-parallel training step of a kind of model costs.
 
 A placement's cost depends on what runs there: ResNet-50 hides almost all of its 100 MB
-all-reduce behind its backward pass, a GPT-like model of 1.5 B parameters moves 3 GB a step
-and waits for most of it. Each profile is three numbers with a source (docs/jobtime.md):
+all-reduce behind its backward pass, a GPT-like model of 1.5 B parameters moves 6 GB a step
+and waits for most of it. In pure data parallelism the bytes per FLOP are 1 / (3 x tokens per
+GPU-step) whatever the model's size, so what makes a profile communication-heavy is its
+gradient precision and how few tokens fit one GPU's step: an LLM's optimizer state leaves room
+for a small micro-batch. Each profile is three numbers with a source (docs/jobtime.md):
 
 * `grad_bytes`: bytes all-reduced per step (parameters x bytes per gradient element);
 * `compute_s`: forward + backward + optimizer time of one step on one GPU;
@@ -64,16 +67,17 @@ PROFILES: Mapping[str, Profile] = MappingProxyType(
         "encoder": Profile(
             "encoder",
             grad_bytes=335e6 * 4,  # BERT-large: 335 M parameters, fp32 gradients
-            compute_s=0.053,  # 6 x 335e6 x 4096 tokens / (312 TFLOP/s x 0.5)
+            compute_s=0.053,  # 6 x 335e6 x 4096 tokens (8 x 512) / (312 TFLOP/s x 0.5)
             overlap=TRANSFORMER_OVERLAP,
             source="BERT-large (Devlin et al. 2019); 6ND FLOPs at 50 % of A100 peak (Megatron-LM, SC '21)",
         ),
         "llm": Profile(
             "llm",
-            grad_bytes=1.5e9 * 2,  # GPT-2 XL class: 1.5 B parameters, bf16 gradients
-            compute_s=0.47,  # 6 x 1.5e9 x 8192 tokens / (312 TFLOP/s x 0.5)
+            grad_bytes=1.5e9 * 4,  # GPT-2 XL class: 1.5 B parameters, fp32 gradients (DDP's default)
+            compute_s=0.118,  # 6 x 1.5e9 x 2048 tokens / (312 TFLOP/s x 0.5)
             overlap=TRANSFORMER_OVERLAP,
-            source="GPT-2 XL (Radford et al. 2019); 6ND FLOPs at 50 % of A100 peak (Megatron-LM, SC '21)",
+            source="GPT-2 XL (Radford et al. 2019); micro-batch 2 x 1024 tokens, what 40 GB leave beside "
+            "16 B/parameter of Adam state; 6ND FLOPs at 50 % of A100 peak (Megatron-LM, SC '21)",
         ),
     }
 )
