@@ -37,10 +37,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from gputopo.allocator import Allocator
-from gputopo.links import PCIE_LEVELS
-from gputopo.network import ACCELERATOR, CORE, HOSTNAME, LEAF, SPINE, ZONE
-from gputopo.topology import Topology
+from gputopo.network.levels import ACCELERATOR, CORE, HOSTNAME, LEAF, SPINE, ZONE
+from gputopo.node.allocator import Allocator
+from gputopo.node.links import PCIE_LEVELS
+from gputopo.node.topology import Topology
 
 #: Share of NVLink / NVSwitch line rate NCCL's ring reaches (nccl-tests#212: ~20 % protocol
 #: overhead, 370 of 450 GB/s on H100; nccl-tests#175: 232.5 of 300 GB/s on DGX A100).
@@ -179,7 +179,7 @@ def intra_busbw_gbps(topology: Topology, gpus: Sequence[int], ring_mbps: int) ->
     """All-reduce busbw of `gpus` of one node (inf for one GPU: nothing to reduce).
 
     `ring_mbps` is the allocator's ring bandwidth of the set (its weakest hop, link table MB/s);
-    the caller has it already (gputopo.allocator.Allocator.ring_mbps)."""
+    the caller has it already (gputopo.node.allocator.Allocator.ring_mbps)."""
     k = len(gpus)
     if k < 2:
         return math.inf

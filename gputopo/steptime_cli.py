@@ -7,7 +7,7 @@
 prints the all-reduce bus bandwidth, the communication time, the step time and the slowdown
 against the same job on one ideal domain (every GPU in one NVLink domain at the best ring the
 server offers). Inside a node the GPUs are the allocator's best set of that size
-(gputopo.allocator), as the device plugin would hand them out. Bad input raises UsageError
+(gputopo.node.allocator), as the device plugin would hand them out. Bad input raises UsageError
 (one line, exit code 2), like every `gputopo` subcommand.
 """
 
@@ -17,7 +17,6 @@ import argparse
 import math
 from typing import Any
 
-from gputopo.allocator import AllocationError
 from gputopo.commands import UsageError
 from gputopo.jobtime import (
     FABRICS,
@@ -27,10 +26,11 @@ from gputopo.jobtime import (
     Nics,
     placement_step_time,
 )
-from gputopo.network import ACCELERATOR, CORE, HOSTNAME, LEAF, SPINE, ZONE
+from gputopo.network.levels import ACCELERATOR, CORE, HOSTNAME, LEAF, SPINE, ZONE
+from gputopo.node.allocator import AllocationError
+from gputopo.node.topology import Topology
 from gputopo.output import add_output_arguments, dump, is_machine
 from gputopo.profiles import PROFILES
-from gputopo.topology import Topology
 
 #: --level's short names and the label keys they stand for.
 LEVELS: dict[str, str] = {

@@ -17,7 +17,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo.allocator import Allocator
 from gputopo.jobtime import (
     FABRICS,
     NIC_COUNT_LABEL,
@@ -34,10 +33,11 @@ from gputopo.jobtime import (
     step_s,
     step_time,
 )
-from gputopo.network import CORE, HOSTNAME, LEAF, SPINE
+from gputopo.network.levels import CORE, HOSTNAME, LEAF, SPINE
+from gputopo.node.allocator import Allocator
+from gputopo.node.topofile import load_preset
+from gputopo.node.topology import make_topology
 from gputopo.profiles import PROFILE_MIXES, PROFILES, ProfileMix
-from gputopo.topofile import load_preset
-from gputopo.topology import make_topology
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 0.20

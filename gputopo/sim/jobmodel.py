@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gputopo.allocator import Allocator
 from gputopo.jobtime import (
     DEFAULT_OVERSUBSCRIPTION,
     Nics,
@@ -27,7 +26,8 @@ from gputopo.jobtime import (
     oversubscription,
     step_s,
 )
-from gputopo.network import ACCELERATOR, HOSTNAME
+from gputopo.network.levels import ACCELERATOR, HOSTNAME
+from gputopo.node.allocator import Allocator
 from gputopo.profiles import PROFILE_MIXES, PROFILES, Profile, ProfileMix
 from gputopo.sim.state import SimCluster
 

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from gputopo.allocator import Allocator
-from gputopo.network import HOSTNAME, LEAF, SPINE
+from gputopo.network.levels import HOSTNAME, LEAF, SPINE
+from gputopo.node.allocator import Allocator
 from gputopo.sim.jobmodel import JobModel, JobTimer
 from gputopo.sim.state import SimCluster
 from gputopo.sim.workload import Job
