@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gputopo.profiles import PROFILE_MIXES
+from gputopo.jobtime.profiles import PROFILE_MIXES
 from gputopo.sim import report
 from gputopo.sim.cli import UsageError, add_arguments, prepare
 from gputopo.sim.clusters import CLUSTER_PRESETS

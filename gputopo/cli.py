@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="replay a workload through gputopo and today's policies")
     sim_cli.add_arguments(p)
 
-    from gputopo import steptime_cli
+    from gputopo import steptime as steptime_cli
 
     p = sub.add_parser("step-time", help="the job-time model's step time and slowdown for one job")
     steptime_cli.add_arguments(p)
@@ -329,7 +329,7 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"{t.name:<26}{t.n:>3} GPUs  {t.description}")
         return 0
     if args.command == "step-time":
-        from gputopo import steptime_cli
+        from gputopo import steptime as steptime_cli
 
         return steptime_cli.run(args, _load(args.topology))
     if args.command == "simulate":

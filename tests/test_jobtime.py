@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo.jobtime import (
+from gputopo.jobtime.model import (
     FABRICS,
     NIC_COUNT_LABEL,
     NIC_FABRIC_LABEL,
@@ -33,11 +33,11 @@ from gputopo.jobtime import (
     step_s,
     step_time,
 )
+from gputopo.jobtime.profiles import PROFILE_MIXES, PROFILES, ProfileMix
 from gputopo.network.levels import CORE, HOSTNAME, LEAF, SPINE
 from gputopo.node.allocator import Allocator
 from gputopo.node.topofile import load_preset
 from gputopo.node.topology import make_topology
-from gputopo.profiles import PROFILE_MIXES, PROFILES, ProfileMix
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 0.20

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo.jobtime import DEFAULT_OVERSUBSCRIPTION, comm_s, step_s
+from gputopo.jobtime.model import DEFAULT_OVERSUBSCRIPTION, comm_s, step_s
+from gputopo.jobtime.profiles import Profile
 from gputopo.network.levels import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
 from gputopo.node.allocator import AllocatorPool
 from gputopo.node.topofile import load_preset
-from gputopo.profiles import Profile
 from gputopo.sim.engine import RunConfig, queue_priority, run_replay
 from gputopo.sim.jobmodel import JobModel
 from gputopo.sim.metrics import Recorder

@@ -14,10 +14,10 @@ from typing import Any, NoReturn, TextIO
 
 import numpy as np
 
-from gputopo.jobtime import DEFAULT_OVERSUBSCRIPTION
+from gputopo.jobtime.model import DEFAULT_OVERSUBSCRIPTION
+from gputopo.jobtime.profiles import PROFILE_MIXES, Profile
 from gputopo.network.levels import ACCELERATOR, CORE, LEAF, SPINE, ZONE, short_name
 from gputopo.output import add_output_arguments, dump, is_machine
-from gputopo.profiles import PROFILE_MIXES, Profile
 from gputopo.sim.engine import QUEUE_ORDERS, Progress, RunConfig
 from gputopo.sim.jobmodel import JobModel
 from gputopo.sim.plot import PlotUnavailable, check_available, write_plot

@@ -1,4 +1,4 @@
-"""The simulator's reading of the job-time model (gputopo.jobtime, gputopo.profiles).
+"""The simulator's reading of the job-time model (gputopo.jobtime.model, gputopo.jobtime.profiles).
 
 A trace's duration is the job's time at an ideal placement; the job runs
 `duration * step(actual) / step(ideal)` where both steps come from the core model for the job's
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gputopo.jobtime import (
+from gputopo.jobtime.model import (
     DEFAULT_OVERSUBSCRIPTION,
     Nics,
     comm_s,
@@ -26,9 +26,9 @@ from gputopo.jobtime import (
     oversubscription,
     step_s,
 )
+from gputopo.jobtime.profiles import PROFILE_MIXES, PROFILES, Profile, ProfileMix
 from gputopo.network.levels import ACCELERATOR, HOSTNAME
 from gputopo.node.allocator import Allocator
-from gputopo.profiles import PROFILE_MIXES, PROFILES, Profile, ProfileMix
 from gputopo.sim.state import SimCluster
 
 CUSTOM = "custom"

@@ -5,7 +5,7 @@ offer when empty (both from gputopo.allocator, the one node objective). Gang fig
 whether every pod of a multi-node job landed in one leaf / one spine. Fragmentation is FGD's:
 free GPUs at the moment the first job could not be placed although enough GPUs were
 free. Job times come from the measured job-time model (gputopo.sim.jobmodel over
-gputopo.jobtime), per job profile.
+gputopo.jobtime.model), per job profile.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class Summary:
     #: 1-GPU job as much as a 64-GPU gang, so a policy that starves large jobs on an overloaded
     #: cluster wins it; this one weighs the demand each wait holds back
     queue_delay_mean_per_gpu: float | None = None
-    #: job_time_ratio per workload profile (gputopo.profiles) of the run's mix
+    #: job_time_ratio per workload profile (gputopo.jobtime.profiles) of the run's mix
     job_time_ratio_by_profile: dict[str, float] = field(default_factory=dict)
     extra: dict[str, float] = field(default_factory=dict)
 

@@ -3,7 +3,7 @@
 Every placement decision trades waiting against running slower, so "how much slower" has to be
 a measurement, not a guess. This module turns a placement into the all-reduce bus bandwidth
 NCCL reaches there (nccl-tests' busbw: t = 2(n-1)/n * S / busbw) and the step time of a
-workload profile (gputopo.profiles), with every constant taken from a published measurement
+workload profile (gputopo.jobtime.profiles), with every constant taken from a published measurement
 (docs/jobtime.md lists each source and puts every published point beside the model's answer).
 
 The parts, in the order a ring all-reduce meets them:

@@ -9,7 +9,7 @@ for a small micro-batch. Each profile is three numbers with a source (docs/jobti
 
 * `grad_bytes`: bytes all-reduced per step (parameters x bytes per gradient element);
 * `compute_s`: forward + backward + optimizer time of one step on one GPU;
-* `overlap`: the share of `compute_s` that can hide communication (gputopo.jobtime.step_s).
+* `overlap`: the share of `compute_s` that can hide communication (gputopo.jobtime.model.step_s).
 
 The simulator gives each trace job one profile drawn from a mix (`PROFILE_MIXES`), by a hash
 of the job id and the run's seed, so every policy sees the same job as the same model.
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from gputopo.jobtime import validate_workload
+from gputopo.jobtime.model import validate_workload
 
 
 @dataclass(frozen=True)

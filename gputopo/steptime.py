@@ -18,7 +18,7 @@ import math
 from typing import Any
 
 from gputopo.commands import UsageError
-from gputopo.jobtime import (
+from gputopo.jobtime.model import (
     FABRICS,
     FALLBACK_NICS,
     PRESET_NICS,
@@ -26,11 +26,11 @@ from gputopo.jobtime import (
     Nics,
     placement_step_time,
 )
+from gputopo.jobtime.profiles import PROFILES
 from gputopo.network.levels import ACCELERATOR, CORE, HOSTNAME, LEAF, SPINE, ZONE
 from gputopo.node.allocator import AllocationError
 from gputopo.node.topology import Topology
 from gputopo.output import add_output_arguments, dump, is_machine
-from gputopo.profiles import PROFILES
 
 #: --level's short names and the label keys they stand for.
 LEVELS: dict[str, str] = {
