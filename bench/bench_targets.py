@@ -16,6 +16,7 @@ added there are compared without touching this file.
 
 Run: .venv/bin/python bench/bench_targets.py [--workloads generator,helios,philly,openb-fill]
      [--clusters default,mixed-leaf,gb200-nvl] [--policies ...] [--pods 20000] [--json out.json]
+     [--profile-mix default|cnn|encoder|llm]  (the job-time model's profiles, docs/jobtime.md)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from gputopo.jobtime.profiles import PROFILE_MIXES
 from gputopo.sim import report
 from gputopo.sim.cli import UsageError, add_arguments, prepare
 from gputopo.sim.clusters import CLUSTER_PRESETS
@@ -68,6 +70,7 @@ def _names(text: str, known: Sequence[str], flag: str, parser: _Parser) -> list[
 def _sim_args(workload: str, cluster: str, policies: Sequence[str], args: argparse.Namespace) -> list[str]:
     """The `gputopo simulate` command line of one cell of the matrix."""
     argv = ["--cluster-preset", cluster, "--policies", ",".join(policies), "--seed", str(args.seed)]
+    argv += ["--profile-mix", args.profile_mix]
     if args.queue_order != "arrival" and workload != "openb-fill":  # a fill has no queue
         argv += ["--queue-order", args.queue_order]
     trace = TRACES[workload]
@@ -185,6 +188,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=QUEUE_ORDERS,
         default="arrival",
         help="the replays' queue order, the same for every policy (gputopo simulate --queue-order)",
+    )
+    parser.add_argument(
+        "--profile-mix",
+        choices=tuple(PROFILE_MIXES),
+        default="default",
+        help="workload profiles of the jobs (gputopo simulate --profile-mix): default, or the "
+        "comm-light cnn / comm-heavy llm extremes",
     )
     parser.add_argument(
         "--traces", default=str(ROOT.parent / "shared" / "traces"), help="folder of the shared traces"

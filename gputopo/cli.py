@@ -253,6 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("simulate", help="replay a workload through gputopo and today's policies")
     sim_cli.add_arguments(p)
+
+    from gputopo import steptime as steptime_cli
+
+    p = sub.add_parser("step-time", help="the job-time model's step time and slowdown for one job")
+    steptime_cli.add_arguments(p)
     for name, command in plugin_commands(set(sub.choices)).items():
         p = sub.add_parser(name, help=command.help)
         command.add_arguments(p)
@@ -323,6 +328,10 @@ def _run(args: argparse.Namespace) -> int:
             for t in rows:
                 print(f"{t.name:<26}{t.n:>3} GPUs  {t.description}")
         return 0
+    if args.command == "step-time":
+        from gputopo import steptime as steptime_cli
+
+        return steptime_cli.run(args, _load(args.topology))
     if args.command == "simulate":
         from gputopo.sim import cli as sim_cli
 

@@ -1,7 +1,7 @@
 """How other packages join the `gputopo` command: entry points, as pytest plugins do.
 
-The core answers for what it can decide alone (`topo`, `prefer`, `presets`, `simulate`). What
-needs the node (a running plugin's socket, NVML) belongs to the device-plugin package, and the
+The core answers for what it can decide alone (`topo`, `prefer`, `presets`, `simulate`,
+`step-time`). What needs the node (a running plugin's socket, NVML) belongs to the device-plugin package, and the
 core never imports it (import-linter checks that): that package declares, in its
 distribution's metadata,
 

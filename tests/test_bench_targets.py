@@ -138,3 +138,19 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     r = run(*args)
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_the_profile_mix_reaches_every_cell(tmp_path: Path) -> None:
+    """--profile-mix llm (the comm-heavy mix): every cell's jobs all run the llm profile."""
+    out = tmp_path / "targets.json"
+    r = run(
+        "--workloads", "generator", "--clusters", "default", "--policies", "gputopo,kubelet-default",
+        "--pods", "300", "--profile-mix", "llm", "--json", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    (cell,) = json.loads(out.read_text())["runs"]
+    assert "profile mix llm" in cell["run"]["job-time model"]
+    for result in cell["results"]:
+        assert set(result["job_time_ratio_by_profile"]) == {"llm"}
+    bad = run("--profile-mix", "resnet")
+    assert bad.returncode == 2 and "--profile-mix" in bad.stderr

@@ -95,7 +95,11 @@ def test_json_on_a_trace_slice_with_a_cluster_file(tmp_path: Path) -> None:
         "kueue-tas",
     ]
     assert doc["run"]["mode"] == "replay"
-    assert doc["comm_model"]["compute_s"] == 0.2
+    model = doc["job_time_model"]
+    assert model["profile_mix"] == "default" and set(model["profiles"]) == {"cnn", "encoder", "llm"}
+    assert model["profiles"]["llm"]["grad_bytes"] >= 3e9
+    for res in doc["results"]:
+        assert set(res["job_time_ratio_by_profile"]) <= {"cnn", "encoder", "llm"}
     for res in doc["results"]:
         # the 160-GPU job can never fit 48 GPUs; everything else runs
         assert res["jobs"] == 17 and res["placed"] == 16 and res["never_started"] == 1
@@ -197,8 +201,44 @@ def test_yaml_output_is_the_json_document() -> None:
             result.pop("seconds")  # wall time of the run itself
     assert as_yaml == as_json and [r["policy"] for r in as_json["results"]] == ["gputopo", "kubelet-default"]
     wide = sim(*args, "-o", "wide")
-    assert wide.returncode == 0 and "communication model: allreduce_bytes 1e+09, compute_s 0.2" in wide.stdout
-    assert "leaf 25" in wide.stdout.splitlines()[-1]
+    assert wide.returncode == 0 and "job-time model (docs/jobtime.md): cnn:" in wide.stdout
+    assert "spine 1:1" in wide.stdout.splitlines()[-1] and "core 2:1" in wide.stdout.splitlines()[-1]
+
+
+def test_profile_mix_flag_and_custom_profile() -> None:
+    """--profile-mix picks the profiles jobs get; --allreduce-gb/--compute-s make one custom
+    profile; mixing them, or half a custom profile, is one line and exit 2."""
+    args = ("--pods", "300", "--policies", "kubelet-default", "-o", "json")
+    llm = json.loads(sim(*args, "--profile-mix", "llm").stdout)
+    assert llm["job_time_model"]["profile_mix"] == "llm"
+    assert set(llm["results"][0]["job_time_ratio_by_profile"]) == {"llm"}
+    cnn = json.loads(sim(*args, "--profile-mix", "cnn").stdout)
+    assert set(cnn["results"][0]["job_time_ratio_by_profile"]) == {"cnn"}
+    # the same placements: a comm-heavy workload loses at least as much time as a light one
+    assert llm["results"][0]["job_time_ratio"] >= cnn["results"][0]["job_time_ratio"]
+    over = json.loads(sim(*args, "--profile-mix", "llm", "--oversubscription", "spine=4,leaf=2").stdout)
+    table = over["job_time_model"]["oversubscription"]
+    assert table["network.topology.nvidia.com/spine"] == 4 and table["network.topology.nvidia.com/leaf"] == 2
+    assert table["network.topology.nvidia.com/core"] == 2  # the default, untouched
+    custom = json.loads(sim(*args, "--allreduce-gb", "2", "--compute-s", "0.1", "--overlap", "0.5").stdout)
+    assert custom["job_time_model"]["profiles"]["custom"] == {
+        "name": "custom",
+        "grad_bytes": 2e9,
+        "compute_s": 0.1,
+        "overlap": 0.5,
+    }
+    for bad, message in (
+        (["--profile-mix", "llm", "--allreduce-gb", "1", "--compute-s", "1"], "give one of them"),
+        (["--allreduce-gb", "1"], "go together"),
+        (["--allreduce-gb", "1", "--compute-s", "1", "--overlap", "1.5"], "--overlap must be between"),
+        (["--profile-mix", "nope"], "invalid choice"),
+        (["--oversubscription", "spine"], "is not LEVEL=RATIO"),
+        (["--oversubscription", "rack=2"], "is not LEVEL=RATIO"),
+        (["--oversubscription", "spine=0.5"], "between 1 and 1000"),
+        (["--oversubscription", "core=nan"], "between 1 and 1000"),
+    ):
+        r = sim("--pods", "50", *bad)
+        assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_queue_order_is_named_in_the_run_and_reaches_the_engine() -> None:

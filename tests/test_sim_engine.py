@@ -9,11 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gputopo.jobtime.model import DEFAULT_OVERSUBSCRIPTION, comm_s, step_s
+from gputopo.jobtime.profiles import Profile
 from gputopo.network.levels import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
 from gputopo.node.allocator import AllocatorPool
 from gputopo.node.topofile import load_preset
-from gputopo.sim.comm import CommModel
 from gputopo.sim.engine import RunConfig, queue_priority, run_replay
+from gputopo.sim.jobmodel import JobModel
 from gputopo.sim.metrics import Recorder
 from gputopo.sim.policies.base import Failure, Hinted
 from gputopo.sim.policies.catalog import build_policy
@@ -22,6 +24,14 @@ from gputopo.sim.state import ClusterState, SimCluster, SimNode
 from gputopo.sim.workload import Job
 
 POLICIES = ("gputopo", "kubelet-default", "best-effort-pairs", "best-combo", "gang-only")
+
+
+#: The old fixed workload, as one custom profile: 1 GB all-reduced, 0.2 s compute, no overlap.
+ONE_GB = Profile("custom", grad_bytes=1e9, compute_s=0.2, overlap=0.0)
+
+
+def _step(gpus: int, busbw: float) -> float:
+    return step_s(ONE_GB.compute_s, ONE_GB.overlap, comm_s(ONE_GB.grad_bytes, gpus, busbw))
 
 
 def cluster(preset: str, nodes: list[tuple[str, str, frozenset[int]]]) -> SimCluster:
@@ -55,13 +65,16 @@ def test_network_aware_gang_stays_in_one_leaf_and_runs_faster() -> None:
             ("n4", "b", frozenset(range(4))),
         ],
     )
-    res = by_policy(compare(c, [job(0, (8, 8))], POLICIES, RunConfig()))
+    # a 2:1 oversubscribed spine (the default spine is non-blocking, docs/jobtime.md)
+    model = JobModel(custom=ONE_GB, oversubscription={**DEFAULT_OVERSUBSCRIPTION, SPINE: 2.0})
+    res = by_policy(compare(c, [job(0, (8, 8))], POLICIES, RunConfig(comm=model)))
     assert res["gputopo"].gangs == 1 and res["gputopo"].gangs_one_leaf == 1.0
     for name in ("kubelet-default", "best-effort-pairs", "gang-only"):
         assert res[name].gangs_one_leaf == 0.0, name
         assert res[name].gangs_one_spine == 1.0, name
-    # step: 0.2 s compute + 2*15/16 * 1 GB over the spine (12.5 GB/s) vs the leaf (25 GB/s)
-    spine, leaf = 0.2 + 1.875 / 12.5, 0.2 + 1.875 / 25
+    # 8 x 400 Gb/s IB at 0.92 = 368 GB/s per node, halved above the leaf; in the leaf the
+    # NVSwitch ring (450 x 0.8 = 360 GB/s) is the slower part
+    spine, leaf = _step(16, 368 / 2), _step(16, 360.0)
     assert res["kubelet-default"].job_time_ratio == pytest.approx(spine / leaf)
     assert res["gputopo"].job_time_ratio == pytest.approx(1.0)
     assert res["gputopo"].throughput_vs_baseline == pytest.approx(spine / leaf)
@@ -146,13 +159,15 @@ def test_cluster_state_classes_and_fit() -> None:
     assert s.free_total == 15 and s.hist[8] == 1 and s.hist[7] == 1
 
 
-def test_comm_model_step() -> None:
-    m = CommModel()
-    assert m.step_s(1, 0.0) == 0.2
-    assert m.step_s(2, 50.0) == pytest.approx(0.2 + 1.0 * 1e9 / 50e9)
-    assert m.network_gbps(HOSTNAME) == math.inf and m.network_gbps(None) == m.cluster_gbps
-    with pytest.raises(ValueError):
-        m.step_s(4, 0.0)
+def test_job_model_profiles() -> None:
+    assert set(JobModel().profiles()) == {"cnn", "encoder", "llm"}
+    assert set(JobModel(mix="llm").profiles()) == {"llm"}
+    assert JobModel(custom=ONE_GB).profiles() == {"custom": ONE_GB}
+    assert JobModel(custom=ONE_GB).describe()["profile_mix"] == "custom"
+    with pytest.raises(ValueError, match="unknown profile mix"):
+        JobModel(mix="nope")
+    assert _step(1, 0.0) == 0.2
+    assert _step(2, 50.0) == pytest.approx(0.2 + 1.0 * 1e9 / 50e9)
 
 
 @pytest.mark.parametrize(
@@ -189,10 +204,10 @@ def test_ideal_is_the_clusters_best_server_not_the_one_landed_on() -> None:
         ),
         levels=DEFAULT_LEVELS,
     )
-    r = simulate(c, [job(0, (2,), 0, 100.0)], "gputopo", RunConfig())
+    r = simulate(c, [job(0, (2,), 0, 100.0)], "gputopo", RunConfig(comm=JobModel(custom=ONE_GB)))
     assert r.best_ring_share == 1.0  # the node's own best pair
-    comm = CommModel()
-    want = comm.step_s(2, 24.0) / comm.step_s(2, 450.0)
+    # the PIX pair runs at PCIe's measured 20 GB/s, the NV18 pair at 450 x 0.8
+    want = _step(2, 20.0) / _step(2, 360.0)
     assert want > 1.1 and r.job_time_ratio == pytest.approx(want)
 
 
@@ -200,12 +215,13 @@ def test_a_gang_that_fits_one_big_node_is_measured_against_that_node() -> None:
     """Two 8-GPU pods fit one 16-GPU DGX-2: that is the ideal, so no policy can beat it (the
     ideal used to assume one node per pod, and gputopo's one-node answer came out at 0.77x)."""
     c = cluster("dgx2-v100", [("n1", "a", frozenset()), ("n2", "a", frozenset())])
-    res = by_policy(compare(c, [job(0, (8, 8), 0, 100)], ("gputopo", "kubelet-default"), RunConfig()))
+    config = RunConfig(comm=JobModel(custom=ONE_GB))
+    res = by_policy(compare(c, [job(0, (8, 8), 0, 100)], ("gputopo", "kubelet-default"), config))
     assert res["gputopo"].job_time_ratio == pytest.approx(1.0)
-    # least-allocated spreads the pods over both nodes: the ring crosses the leaf (25 GB/s)
-    # instead of staying on NV6 NVSwitch links (150 GB/s); 16 GPUs, 1 GB, 0.2 s compute
-    step = CommModel().step_s
-    assert res["kubelet-default"].job_time_ratio == pytest.approx(step(16, 25.0) / step(16, 150.0))
+    # least-allocated spreads the pods over both nodes: the ring crosses the leaf on the NICs
+    # near 8 of 16 GPUs (4 of 8 x 100 Gb/s IB at 0.92 = 46 GB/s) instead of staying on the
+    # NV6 NVSwitch (150 x 0.8 = 120 GB/s); 16 GPUs, 1 GB, 0.2 s compute
+    assert res["kubelet-default"].job_time_ratio == pytest.approx(_step(16, 46.0) / _step(16, 120.0))
 
 
 def test_a_pod_larger_than_any_node_is_not_fragmentation() -> None:
@@ -371,7 +387,7 @@ def test_a_failure_that_holds_is_not_asked_again_until_its_hint_says_so() -> Non
         job(3, (1,), submit=200.0, duration=100.0),  # leaves at 300
     ]
     ledger = _HintedLedger(free=8)
-    rec = Recorder(c, [AllocatorPool().get(t) for t in c.topologies], CommModel())
+    rec = Recorder(c, [AllocatorPool().get(t) for t in c.topologies], JobModel())
     failures: list[tuple[int, float, int]] = []
     record = rec.failure
 
@@ -472,7 +488,7 @@ def test_a_hint_answers_only_for_the_head_it_was_given_for() -> None:
         job(4, (8,), submit=70.0, duration=10.0),
     ]
     ledger = _StaleHintLedger(free=8)
-    rec = Recorder(c, [AllocatorPool().get(t) for t in c.topologies], CommModel())
+    rec = Recorder(c, [AllocatorPool().get(t) for t in c.topologies], JobModel())
     assert run_replay(ledger, jobs, rec, None) == 0 and rec.placed == 5
     assert [t for i, t in ledger.asked if i == 0] == [0.0, 200.0]  # skipped at 100 and 150
     # job 4 is asked as soon as it heads the shape (no room at 200) and when job 0 leaves

@@ -68,7 +68,7 @@ def size_class(gpus: int) -> int:
 class CommProfile:
     """How much a job's speed depends on its ring: one data-parallel step is `compute_s` of
     compute plus a ring all-reduce of `allreduce_gb`, which sends 2(k-1)/k of it through the
-    slowest hop (the simulator's CommModel uses the same step; these are its defaults)."""
+    slowest hop (the first job-time model's step; the measured one is gputopo.jobtime.model)."""
 
     compute_s: float = 0.2
     allreduce_gb: float = 1.0

@@ -14,9 +14,12 @@ from typing import Any, NoReturn, TextIO
 
 import numpy as np
 
+from gputopo.jobtime.model import DEFAULT_OVERSUBSCRIPTION
+from gputopo.jobtime.profiles import PROFILE_MIXES, Profile
+from gputopo.network.levels import ACCELERATOR, CORE, LEAF, SPINE, ZONE, short_name
 from gputopo.output import add_output_arguments, dump, is_machine
-from gputopo.sim.comm import CommModel
 from gputopo.sim.engine import QUEUE_ORDERS, Progress, RunConfig
+from gputopo.sim.jobmodel import JobModel
 from gputopo.sim.plot import PlotUnavailable, check_available, write_plot
 from gputopo.sim.policies.catalog import POLICIES
 from gputopo.sim.policies.sidecar import Lifecycle
@@ -126,11 +129,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "larger one, and a pod of 2+ GPUs for a node at its best ring (default %(default)g: placed "
         "now, as the sidecar's default)",
     )
-    g = parser.add_argument_group("communication model")
+    g = parser.add_argument_group("job-time model (docs/jobtime.md)")
     g.add_argument(
-        "--allreduce-gb", type=float, default=1.0, help="all-reduce payload per step, GB (default 1)"
+        "--profile-mix",
+        choices=tuple(PROFILE_MIXES),
+        default="default",
+        help="workload profiles the jobs get, seeded by --seed: default (40 %% cnn, 40 %% encoder, "
+        "20 %% llm), or every job one profile: cnn (comm-light), encoder, llm (comm-heavy)",
     )
-    g.add_argument("--compute-s", type=float, default=0.2, help="compute time per step, s (default 0.2)")
+    g.add_argument(
+        "--allreduce-gb",
+        type=float,
+        default=None,
+        help="instead of a mix, every job all-reduces this many GB per step (with --compute-s, --overlap)",
+    )
+    g.add_argument("--compute-s", type=float, default=None, help="compute per step of that custom job, s")
+    g.add_argument(
+        "--overlap", type=float, default=None, help="share of compute hiding communication, 0..1 (default 0)"
+    )
+    g.add_argument(
+        "--oversubscription",
+        metavar="LEVEL=R[,...]",
+        default=None,
+        help="the fabric's oversubscription above a level, e.g. spine=2,core=4 (levels: accelerator, "
+        "leaf, spine, core, zone; default: 1 up to the spine, 2 above, docs/jobtime.md)",
+    )
     g = parser.add_argument_group("output")
     add_output_arguments(g)  # wide: the table, then the communication model's constants
     g.add_argument("--plot", metavar="PNG", help="also draw the comparison into this PNG (needs matplotlib)")
@@ -150,10 +173,16 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     else:
         out.write(render_table(results, header) + "\n")
         if args.output == "wide":
-            model = document(results, header, comm)["comm_model"]
-            levels = ", ".join(f"{k.rsplit('/', 1)[-1]} {v:g}" for k, v in model.pop("level_gbps").items())
-            constants = ", ".join(f"{k} {v:g}" for k, v in model.items() if isinstance(v, (int, float)))
-            out.write(f"communication model: {constants}; GB/s per GPU by level: {levels}\n")
+            model = comm.describe()
+            profiles = "; ".join(
+                f"{name}: {p['grad_bytes']:.3g} B, {p['compute_s']:g} s, overlap {p['overlap']:.2f}"
+                for name, p in model["profiles"].items()  # type: ignore[attr-defined]
+            )
+            over = ", ".join(
+                f"{k.rsplit('/', 1)[-1]} {v:g}:1"
+                for k, v in model["oversubscription"].items()  # type: ignore[attr-defined]
+            )
+            out.write(f"job-time model (docs/jobtime.md): {profiles}; oversubscription {over}\n")
     if args.plot is not None:
         try:
             write_plot(results, args.plot, f"{header['workload']} on {header['cluster']}")
@@ -184,6 +213,12 @@ def prepare(args: argparse.Namespace) -> tuple[SimCluster, list[Job], dict[str, 
     jobs, header, mode = _workload(args, cluster)
     if preset is not None:
         header["cluster"] = f"preset {preset}: {header['cluster']}"
+    desc = comm.describe()
+    header["job-time model"] = (
+        f"profile mix {desc['profile_mix']} ("
+        + ", ".join(f"{k} {100 * v:.0f} %" for k, v in desc["shares"].items())  # type: ignore[attr-defined]
+        + "), measured model of docs/jobtime.md"
+    )
     header["gang lifecycle"] = (
         f"members created within {lifecycle.arrival_spread_s:g} s, reservation TTL "
         f"{lifecycle.reservation_ttl_s:g} s, bind failure rate {lifecycle.bind_failure_rate:g}, "
@@ -239,10 +274,60 @@ def _positive(value: float, flag: str) -> float:
     return float(value)
 
 
-def _comm(args: argparse.Namespace) -> CommModel:
-    gb = _positive(args.allreduce_gb, "--allreduce-gb")
-    compute = _positive(args.compute_s, "--compute-s")
-    return CommModel(allreduce_bytes=gb * 1e9, compute_s=compute)
+def _comm(args: argparse.Namespace) -> JobModel:
+    """The job-time model: the profile mix, or one custom profile from --allreduce-gb."""
+    gb = getattr(args, "allreduce_gb", None)
+    compute = getattr(args, "compute_s", None)
+    overlap = getattr(args, "overlap", None)
+    mix = getattr(args, "profile_mix", "default")
+    table = _oversubscription(getattr(args, "oversubscription", None))
+    if gb is None and compute is None and overlap is None:
+        return JobModel(mix=mix, seed=args.seed, oversubscription=table)
+    if gb is not None:
+        gb = _positive(gb, "--allreduce-gb")
+    if compute is not None:
+        compute = _positive(compute, "--compute-s")
+    if gb is None or compute is None:
+        raise UsageError(
+            "--allreduce-gb and --compute-s go together (a custom profile instead of --profile-mix)"
+        )
+    if mix != "default":
+        raise UsageError("--profile-mix and --allreduce-gb: give one of them, not both")
+    share = 0.0 if overlap is None else overlap
+    if not (isinstance(share, (int, float)) and math.isfinite(share) and 0 <= share <= 1):
+        raise UsageError(f"--overlap must be between 0 and 1, got {overlap}")
+    try:
+        custom = Profile("custom", grad_bytes=gb * 1e9, compute_s=compute, overlap=float(share))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return JobModel(seed=args.seed, custom=custom, oversubscription=table)
+
+
+#: --oversubscription's level names and the label keys they stand for.
+_LEVEL_NAMES = {short_name(level): level for level in (ACCELERATOR, LEAF, SPINE, CORE, ZONE)}
+
+
+def _oversubscription(text: str | None) -> dict[str, float]:
+    """The default table with the levels `text` names (`spine=2,core=4`) replaced."""
+    table = dict(DEFAULT_OVERSUBSCRIPTION)
+    if text is None:
+        return table
+    for part in text.split(","):
+        name, eq, value = part.strip().partition("=")
+        if not eq or name not in _LEVEL_NAMES:
+            raise UsageError(
+                f"--oversubscription: {part.strip()!r} is not LEVEL=RATIO (levels: {', '.join(_LEVEL_NAMES)})"
+            )
+        try:
+            ratio = float(value)
+        except ValueError:
+            ratio = math.nan
+        if not (math.isfinite(ratio) and 1 <= ratio <= 1000):
+            raise UsageError(
+                f"--oversubscription {name}: the ratio must be between 1 and 1000, got {value!r}"
+            )
+        table[_LEVEL_NAMES[name]] = ratio
+    return table
 
 
 def _lifecycle(args: argparse.Namespace) -> Lifecycle:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gputopo.sim.comm import CommModel
+from gputopo.sim.jobmodel import JobModel
 from gputopo.sim.metrics import Recorder
 from gputopo.sim.policies.base import Failure, Hinted, Slot
 from gputopo.sim.policies.sidecar import Lifecycle
@@ -47,7 +47,7 @@ QUEUE_ORDERS = ("arrival", "smallest")
 class RunConfig:
     mode: str = "replay"  # "replay" or "fill"
     seed: int = 0
-    comm: CommModel = field(default_factory=CommModel)
+    comm: JobModel = field(default_factory=JobModel)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)  # the sidecar's gangs over time
     gpu_sharing: bool = False  # fractional pods share GPUs (gputopo/sim/sharing.py)
     queue_order: str = "arrival"  # one of QUEUE_ORDERS, the same for every policy

@@ -4,7 +4,8 @@ Ring figures compare each multi-GPU pod's GPU set with the best ring bandwidth i
 offer when empty (both from gputopo.allocator, the one node objective). Gang figures say
 whether every pod of a multi-node job landed in one leaf / one spine. Fragmentation is FGD's:
 free GPUs at the moment the first job could not be placed although enough GPUs were
-free. Job times come from comm.CommModel.
+free. Job times come from the measured job-time model (gputopo.sim.jobmodel over
+gputopo.jobtime.model), per job profile.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 
 from gputopo.network.levels import HOSTNAME, LEAF, SPINE
 from gputopo.node.allocator import Allocator
-from gputopo.sim.comm import CommModel
+from gputopo.sim.jobmodel import JobModel, JobTimer
 from gputopo.sim.state import SimCluster
 from gputopo.sim.workload import Job
 
@@ -62,6 +63,8 @@ class Summary:
     #: 1-GPU job as much as a 64-GPU gang, so a policy that starves large jobs on an overloaded
     #: cluster wins it; this one weighs the demand each wait holds back
     queue_delay_mean_per_gpu: float | None = None
+    #: job_time_ratio per workload profile (gputopo.jobtime.profiles) of the run's mix
+    job_time_ratio_by_profile: dict[str, float] = field(default_factory=dict)
     extra: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
@@ -71,10 +74,12 @@ class Summary:
 class Recorder:
     """Accumulates one policy's figures; owned by one run."""
 
-    def __init__(self, cluster: SimCluster, allocators: Sequence[Allocator], comm: CommModel) -> None:
+    def __init__(self, cluster: SimCluster, allocators: Sequence[Allocator], comm: JobModel) -> None:
         self.cluster = cluster
         self.allocators = allocators
         self.comm = comm
+        self.timer = JobTimer(comm, cluster, allocators)
+        self.profile_gpu_s: dict[str, list[float]] = {}  # profile -> [ideal, actual] GPU-seconds
         self._ring: dict[tuple[int, tuple[int, ...]], int] = {}
         self._best: dict[tuple[int, int], int] = {}
         self.multi_pods = self.best_hits = 0
@@ -138,7 +143,6 @@ class Recorder:
         self.delays.append(now - job.submit)
         self.job_gpus.append(job.gpus)
         nodes = [n for n, _ in slots]
-        ring_gbps = ideal_gbps = math.inf
         for node, gpus in slots:
             if len(gpus) < 2:
                 continue
@@ -147,27 +151,34 @@ class Recorder:
             self.multi_pods += 1
             self.best_hits += ring >= best
             self.ratio_sum += ring / best if best else 1.0
-            ring_gbps = min(ring_gbps, ring / 1000)
-            ideal_gbps = min(ideal_gbps, self.cluster_best(len(gpus)) / 1000)
+        level: str | None = HOSTNAME
+        ideal_level: str | None = HOSTNAME
+        fewest_nodes = 1
         if job.is_gang:
             self.gangs += 1
             self.gang_leaf += self._same(nodes, LEAF)
             self.gang_spine += self._same(nodes, SPINE)
             level = self.cluster.common_level(nodes) if len(set(nodes)) > 1 else HOSTNAME
-            ring_gbps = min(ring_gbps, self.comm.network_gbps(level))
             fewest_nodes = min(len(slots), -(-job.gpus // self._largest_node))
-            ideal_gbps = min(
-                ideal_gbps, self.comm.network_gbps(self._ideal_level(fewest_nodes, max(job.pods)))
-            )
+            ideal_level = self._ideal_level(fewest_nodes, max(job.pods))
         if job.gpus < 2:
             return 1.0
-        stretch = self.comm.step_s(job.gpus, ring_gbps) / self.comm.step_s(job.gpus, ideal_gbps)
-        if math.isfinite(job.duration):
-            self.ideal_gpu_s += job.gpus * job.duration
-            self.actual_gpu_s += job.gpus * job.duration * stretch
-        else:  # fill mode: weigh every job as one unit of time
-            self.ideal_gpu_s += job.gpus
-            self.actual_gpu_s += job.gpus * stretch
+        timer = self.timer
+        profile = timer.profile_of(job.id)
+        stretch = timer.stretch(
+            profile,
+            job.gpus,
+            timer.busbw(slots, level),
+            timer.ideal_busbw(job.pods, fewest_nodes, ideal_level),
+        )
+        weight = job.duration if math.isfinite(job.duration) else 1.0  # fill: one unit of time
+        self.ideal_gpu_s += job.gpus * weight
+        self.actual_gpu_s += job.gpus * weight * stretch
+        acc = self.profile_gpu_s.get(profile)
+        if acc is None:
+            acc = self.profile_gpu_s[profile] = [0.0, 0.0]
+        acc[0] += job.gpus * weight
+        acc[1] += job.gpus * weight * stretch
         return stretch
 
     def _same(self, nodes: Sequence[int], level: str) -> bool:
@@ -232,6 +243,9 @@ class Recorder:
             queue_delay_mean_per_gpu=None
             if delays is None or sizes is None or not sizes.sum()
             else float((delays * sizes).sum() / sizes.sum()),
+            job_time_ratio_by_profile={
+                p: actual / ideal for p, (ideal, actual) in sorted(self.profile_gpu_s.items()) if ideal
+            },
         )
 
 

@@ -7,10 +7,9 @@ compares one figure across policies along a line.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
 from typing import Any
 
-from gputopo.sim.comm import CommModel
+from gputopo.sim.jobmodel import JobModel
 from gputopo.sim.metrics import Summary
 
 
@@ -50,6 +49,13 @@ def _extra(s: Summary, key: str) -> str:
     return "n/a" if v is None else f"{v:,.0f}"
 
 
+def _by_profile(s: Summary) -> str:
+    """`cnn 1.001x / encoder 1.020x / ...`: the job-time ratio of each profile of the mix."""
+    if not s.job_time_ratio_by_profile:
+        return "n/a"
+    return " / ".join(f"{p} {v:.3f}x" for p, v in s.job_time_ratio_by_profile.items())
+
+
 #: Which way a figure is better: higher, lower, or neither (a count that describes the run).
 HIGHER, LOWER, NEITHER = "↑", "↓", ""
 
@@ -82,6 +88,7 @@ ROWS: tuple[tuple[str, str, Callable[[Summary], str]], ...] = (
         lambda s: f"{secs(s.queue_delay_p95)} / {secs(s.queue_delay_p99)}",
     ),
     ("job time / ideal (multi-GPU jobs)", LOWER, lambda s: ratio(s.job_time_ratio)),
+    ("job time / ideal per profile", LOWER, lambda s: _by_profile(s)),
     ("throughput vs kubelet-default (multi-GPU jobs)", HIGHER, lambda s: ratio(s.throughput_vs_baseline)),
     ("admission failures (plugin)", LOWER, lambda s: _int(s.admission_failures)),
     ("gangs that waited for quorum", NEITHER, lambda s: _extra(s, "gangs_waited_for_quorum")),
@@ -119,8 +126,6 @@ def render_table(results: Sequence[Summary], header: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def document(results: Sequence[Summary], header: Mapping[str, Any], comm: CommModel) -> dict[str, Any]:
-    """The --json document: inputs, the communication model's constants, one object per policy."""
-    model = asdict(comm)
-    model["level_gbps"] = dict(comm.level_gbps)
-    return {"run": dict(header), "comm_model": model, "results": [r.to_dict() for r in results]}
+def document(results: Sequence[Summary], header: Mapping[str, Any], comm: JobModel) -> dict[str, Any]:
+    """The JSON form: the run's header, the job-time model's settings, one object per policy."""
+    return {"run": dict(header), "job_time_model": comm.describe(), "results": [r.to_dict() for r in results]}

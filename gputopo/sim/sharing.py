@@ -21,7 +21,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 
 from gputopo.node.allocator import Allocator
-from gputopo.sim.comm import CommModel
+from gputopo.sim.jobmodel import JobModel
 from gputopo.sim.metrics import Recorder, Summary
 from gputopo.sim.policies.base import Failure, Hinted, Slot
 from gputopo.sim.policies.catalog import SIM_POLICIES
@@ -126,7 +126,7 @@ class ShareRecorder(Recorder):
     demand (its share, or 1000 per GPU) is at most the free milli-GPUs, partly used GPUs' free
     shares included, and demand placed counts each placed job's own demand."""
 
-    def __init__(self, cluster: SimCluster, allocators: Sequence[Allocator], comm: CommModel) -> None:
+    def __init__(self, cluster: SimCluster, allocators: Sequence[Allocator], comm: JobModel) -> None:
         super().__init__(cluster, allocators, comm)
         self.placed_milli = 0
 
