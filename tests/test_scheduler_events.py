@@ -4,6 +4,7 @@ what `kubectl describe pod` (and describe of the PodGroup) shows, rate-limited, 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 
 from scheduler.events import EventEmitter
@@ -36,10 +37,11 @@ class Setup:
 
     def events(self, kind: str | None = None) -> list[tuple[str, str, str, str]]:
         assert self.emitter.flush()
+        views = [fk.event_view(e) for e in self.api.events]
         return [
-            (e["involvedObject"]["kind"], e["involvedObject"]["name"], e["reason"], e["message"])
-            for e in self.api.events
-            if kind is None or e["involvedObject"]["kind"] == kind
+            (v["kind"], v["name"], v["reason"], v["message"])
+            for v in views
+            if kind is None or v["kind"] == kind
         ]
 
 
@@ -96,11 +98,14 @@ def test_waiting_planned_replanned_and_refused_events_on_the_pod_and_the_podgrou
             ("Pod", "w-0", "GangWaiting", "gang ml/podgroup:train waiting for members 1/2"),
             ("PodGroup", "train", "GangWaiting", "gang ml/podgroup:train waiting for members 1/2"),
         ]
-        (pod_event,) = [e for e in s.api.events if e["involvedObject"]["kind"] == "Pod"]
-        assert pod_event["involvedObject"]["uid"] == "uid-ml-w-0" and pod_event["type"] == "Normal"
-        assert pod_event["source"] == {"component": "gputopo-scheduler"}
-        group_event = next(e for e in s.api.events if e["involvedObject"]["kind"] == "PodGroup")
-        assert group_event["involvedObject"] == {
+        (pod_event,) = [e for e in s.api.events if e["regarding"]["kind"] == "Pod"]
+        assert pod_event["apiVersion"] == "events.k8s.io/v1" and pod_event["action"] == "Scheduling"
+        assert pod_event["regarding"]["uid"] == "uid-ml-w-0" and pod_event["type"] == "Normal"
+        assert pod_event["reportingController"] == "gputopo-scheduler"
+        # microseconds, so `kubectl gputopo why` orders it against kube-scheduler's own Events
+        assert re.fullmatch(fk.MICRO_TIME, pod_event["eventTime"])
+        group_event = next(e for e in s.api.events if e["regarding"]["kind"] == "PodGroup")
+        assert group_event["regarding"] == {
             "apiVersion": "scheduling.k8s.io/v1alpha2",
             "kind": "PodGroup",
             "namespace": "ml",
@@ -125,7 +130,7 @@ def test_waiting_planned_replanned_and_refused_events_on_the_pod_and_the_podgrou
         other = next(n for n in NAMES if n != planned_node)
         assert "filter it again" in s.client.post("/bind", bind_body("w-1", other))[1]["Error"]
         assert s.emitter.flush()
-        refused = [e for e in s.api.events if e["reason"] == "BindRefused"]
+        refused = [fk.event_view(e) for e in s.api.events if e["reason"] == "BindRefused"]
         assert refused and refused[0]["type"] == "Warning"
         assert "filter it again" in refused[0]["message"]
 
@@ -141,9 +146,9 @@ def test_a_gang_that_does_not_fit_says_why() -> None:
         s.client.post("/filter", args(pods[0], NAMES))
         assert s.emitter.flush()
         (event,) = [
-            e
-            for e in s.api.events
-            if e["reason"] == "GangUnschedulable" and e["involvedObject"]["kind"] == "Pod"
+            v
+            for v in map(fk.event_view, s.api.events)
+            if v["reason"] == "GangUnschedulable" and v["kind"] == "Pod"
         ]
         assert event["type"] == "Warning" and "does not fit" in event["message"]
 
@@ -194,9 +199,9 @@ def test_a_scheduler_plugins_podgroup_gets_the_events_too() -> None:
         wait_until(lambda: s.state.snapshot().min_members.get("ml/legacy") == 2)
         s.client.post("/filter", args(pods[0], NAMES))
         assert s.emitter.flush()
-        (group_event,) = [e for e in s.api.events if e["involvedObject"]["kind"] == "PodGroup"]
-        assert group_event["involvedObject"]["uid"] == "legacy-uid"
-        assert group_event["involvedObject"]["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
+        (group_event,) = [e for e in s.api.events if e["regarding"]["kind"] == "PodGroup"]
+        assert group_event["regarding"]["uid"] == "legacy-uid"
+        assert group_event["regarding"]["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
         assert group_event["reason"] == "GangWaiting"
 
 
@@ -218,3 +223,28 @@ def test_an_event_whose_connection_dropped_is_written_on_a_retry_and_an_http_err
         s.client.post("/filter", args(pods[0], NAMES))
         assert [e[0] for e in s.events() if e[2] == "GangWaiting"] == ["Pod", "PodGroup", "PodGroup"]
         assert s.emitter.failed == 1
+
+
+def test_core_v1_events_where_the_events_api_is_refused_and_the_api_message_is_logged(caplog) -> None:
+    """An API server (or RBAC) without events.k8s.io/v1: one warning, then core/v1 Events for
+    good; a refused write logs the API server's own message, not just the status."""
+    caplog.set_level(logging.WARNING, logger="gputopo")
+    pods = gang_pods(2, spec={"schedulingGroup": {"podGroupName": "train"}})
+    with run(pods[:1]) as s:
+        s.api.events_v1 = False
+        s.client.post("/filter", args(pods[0], NAMES))
+        assert [e[:3] for e in s.events()] == [
+            ("Pod", "w-0", "GangWaiting"),
+            ("PodGroup", "train", "GangWaiting"),
+        ]
+        assert {e["apiVersion"] for e in s.api.events} == {"v1"}
+        assert all(e["involvedObject"]["namespace"] == "ml" for e in s.api.events)
+        refusals = [r for r in caplog.records if r.getMessage() == "events_api_refused"]
+        assert len(refusals) == 1, "said once, not per event"
+        assert "could not find the requested resource" in refusals[0].fields["reason"]
+        s.api.inject("event", 403)
+        s.clock[0] += 31
+        s.client.post("/filter", args(pods[0], NAMES))
+        assert s.emitter.flush()
+        failed = [r for r in caplog.records if r.getMessage() == "event_write_failed"]
+        assert failed and "injected failure creating an event" in failed[-1].fields["reason"]
