@@ -174,11 +174,9 @@ def _live_state(
     except KubeConfigError as e:
         _fail(f"cannot load Kubernetes configuration: {e}")
     # --levels given: those levels; otherwise the cluster's Kueue/KAI Topology objects may set them
-    state = KubeState(
+    return KubeState(  # started by main, once its Node Events are wired
         client, clock=time.time, max_age_s=max_age, metrics=metrics, topology_levels=topology_levels
     )
-    state.start()
-    return state
 
 
 def _webhook(args: argparse.Namespace) -> webhook.WebhookServer | None:
@@ -234,6 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if core is not None:  # live: Events where operators look (kubectl describe pod / podgroup)
         kube = cast("KubeState", state)
         events = EventEmitter(core.api_client, pod_uid=kube.pod_uid, group_ref=kube.group_ref)
+        kube.guard.notify = events.node_topology  # the annotations it refuses, on their Nodes
+        kube.start()
     extender = Extender(
         state,
         levels or defaults.DEFAULT_LEVELS,

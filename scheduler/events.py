@@ -55,7 +55,10 @@ def _connection_dropped(e: BaseException) -> bool:
 
 COMPONENT = "gputopo-scheduler"
 #: Event reasons (CamelCase, as Kubernetes components write them) and their type.
-WARNING_REASONS = frozenset({"GangUnschedulable", "BindRefused", "BindFailed"})
+#: On a Node: the sidecar refused its topology annotation / uses it again.
+REJECTED_REASON = "TopologyRejected"
+ACCEPTED_REASON = "TopologyAccepted"
+WARNING_REASONS = frozenset({"GangUnschedulable", "BindRefused", "BindFailed", REJECTED_REASON})
 
 #: Tracker event kinds -> the reason of the Kubernetes Event written on the gang's group object.
 _GANG_REASONS = {
@@ -112,7 +115,7 @@ class EventEmitter:
         self.timeout_s = timeout_s
         self.clock = clock
         self._lock = threading.Lock()
-        self._queue: collections.deque[tuple[str, str | None, str, str]] = collections.deque(
+        self._queue: collections.deque[tuple[str, str | None, str, str, str]] = collections.deque(
             maxlen=queue_size
         )
         self._last: dict[tuple[str, str], float] = {}  # (object key, reason) -> last emitted
@@ -158,8 +161,30 @@ class EventEmitter:
                     gang_key if f"gang:{gang_key}" in fresh else None,
                     reason,
                     message,
+                    "",
                 )
             )
+        self._wake.set()
+
+    def node_topology(self, node: str, stage: str, reason: str | None) -> None:
+        """NodeGuard's hook: the sidecar refused `node`'s annotation (`reason`), or accepts it
+        again (None). An Event on the Node (`kubectl describe node`, `kubectl gputopo nodes`):
+        the guard calls only on a change, so this writes nothing per watch event or heartbeat."""
+        if reason is None:
+            event = (
+                ACCEPTED_REASON,
+                f"gputopo-scheduler uses this node's topology annotation again ({stage})",
+            )
+        else:
+            event = (
+                REJECTED_REASON,
+                f"gputopo-scheduler ignores this node's topology annotation ({stage}): {reason}; "
+                "its GPUs are counted from allocatable, with a neutral score",
+            )
+        with self._lock:
+            if len(self._queue) == self._queue.maxlen:
+                self.overflowed += 1
+            self._queue.append(("", None, event[0], event[1], node))
         self._wake.set()
 
     # -- the writer thread ---------------------------------------------------------------------
@@ -197,8 +222,10 @@ class EventEmitter:
                 except Exception as e:  # never let one event stop the writer
                     self._failed(f"{type(e).__name__}: {e}")
 
-    def _write(self, pod_key: str, gang_key: str | None, reason: str, message: str) -> None:
+    def _write(self, pod_key: str, gang_key: str | None, reason: str, message: str, node: str) -> None:
         targets: list[dict[str, str]] = []
+        if node:  # kubelet's Node Events name the node as their uid; kubectl describe node finds both
+            targets.append({"apiVersion": "v1", "kind": "Node", "name": node, "uid": node})
         if pod_key:
             ns, _, name = pod_key.partition("/")
             targets.append(
@@ -214,7 +241,7 @@ class EventEmitter:
         if ref is not None:
             targets.append(dict(ref))
         kind = "Warning" if reason in WARNING_REASONS else "Normal"
-        action = "Binding" if reason.startswith("Bind") else "Scheduling"
+        action = "Binding" if reason.startswith("Bind") else "Reading" if node else "Scheduling"
         for target in targets:
             for attempt in range(1 + CONNECTION_RETRIES):
                 try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 
 from scheduler.events import EventEmitter
 from scheduler.extender import Extender
@@ -67,6 +68,7 @@ def run(pods, nodes=None, **emitter_kw):
                 clock=lambda: clock[0],
                 **emitter_kw,
             )
+            self.state.guard.notify = self.emitter.node_topology  # as python -m scheduler wires it
             ext = Extender(self.state, clock=lambda: NOW, events=self.emitter)
             self.server = Server(ext, "127.0.0.1", 0)
             self.state.start()
@@ -248,3 +250,28 @@ def test_core_v1_events_where_the_events_api_is_refused_and_the_api_message_is_l
         assert s.emitter.flush()
         failed = [r for r in caplog.records if r.getMessage() == "event_write_failed"]
         assert failed and "injected failure creating an event" in failed[-1].fields["reason"]
+
+
+def test_a_refused_annotation_is_an_event_on_its_node_once_per_change() -> None:
+    """The sidecar's reason for ignoring a node's annotation is where operators look (kubectl
+    describe node, kubectl gputopo nodes): one Warning when it starts, none per re-publication
+    of the same refusal, one Normal when the node's annotation is used again. A node without
+    any annotation gets none (the plugin says why on its Node)."""
+    nodes = [("n0", {}), ("n1", {})]
+    with run([], nodes=nodes) as s:
+        node = fk.node("n1", {}, annotations={KEY: '{"not": "an annotation"'})
+        s.api.put("nodes", node)
+        wait_until(lambda: any(e[0] == "Node" for e in s.events()))
+        for i in range(3):  # the node changes (labels, status), the refusal does not: no new Event
+            node["metadata"]["labels"]["round"] = str(i)
+            s.api.put("nodes", node)
+        s.api.put("nodes", fk.node("n2", {}))  # no annotation at all: not the sidecar's to report
+        s.api.put("nodes", fk.node("n1", {}, annotations={KEY: annotation("n1")}))
+        wait_until(lambda: len([e for e in s.events() if e[0] == "Node"]) >= 2)
+        time.sleep(0.3)
+        node_events = [e for e in s.events() if e[0] == "Node"]
+        assert [(e[1], e[2]) for e in node_events] == [("n1", "TopologyRejected"), ("n1", "TopologyAccepted")]
+        assert "not JSON" in node_events[0][3] and "counted from allocatable" in node_events[0][3]
+        (warning,) = [e for e in s.api.events if e["reason"] == "TopologyRejected"]
+        assert warning["type"] == "Warning" and warning["metadata"]["namespace"] == "default"
+        assert warning["regarding"] == {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "n1"}
