@@ -100,6 +100,32 @@ class Reader:
         selector = f"involvedObject.kind={kind},involvedObject.name={name}"
         return _items(self._call(self.core.list_namespaced_event, namespace, field_selector=selector))
 
+    def gputopo_node_events(self, components: tuple[str, ...]) -> list[dict[str, Any]]:
+        """gputopo's own Events on Nodes (namespace default, as kubelet's): why a plugin cannot
+        publish, why the sidecar refuses an annotation. One selector per component (field
+        selectors cannot say "or"); each daemon writes them only when the cause changes, so
+        these lists are short. A reader not allowed to list Events in default loses only the
+        explanations: [] for a 403."""
+        out: list[dict[str, Any]] = []
+        for component in components:
+            selector = f"involvedObject.kind=Node,reportingComponent={component}"
+            try:
+                out += _items(
+                    self._call(
+                        self.core.list_namespaced_event, "default", field_selector=selector, limit=PAGE
+                    )
+                )
+            except ApiError as e:
+                if e.status != 403:
+                    raise
+        return out
+
+    def events_by_reason(self, namespace: str, kind: str, reason: str) -> list[dict[str, Any]]:
+        """The Events of one reason on objects of one kind in a namespace (every gang member's
+        GPUsPredicted in one call, not one call per member)."""
+        selector = f"involvedObject.kind={kind},reason={reason}"
+        return _items(self._call(self.core.list_namespaced_event, namespace, field_selector=selector))
+
     def gang_object(self, api: str, namespace: str, name: str) -> dict[str, Any] | None:
         """A PodGroup / Workload, or None when it (or its whole API group) does not exist."""
         group, version, plural = PODGROUP_APIS[api]

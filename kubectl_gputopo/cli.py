@@ -109,15 +109,28 @@ def _reader(args: argparse.Namespace) -> tuple[Reader, str]:
 def _nodes(reader: Reader, args: argparse.Namespace, now: float) -> int:
     pool = AllocatorPool()
     rows = []
-    for node in reader.nodes(args.selector):
-        row = views.node_row(node, now=now, max_age_s=args.max_age, pool=pool, resource=args.resource)
+    nodes = reader.nodes(args.selector)
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    if nodes:
+        for event in reader.gputopo_node_events(tuple(views.NODE_PROBLEM_REASONS)):
+            name = views.event_row(event)["object"].removeprefix("node/")
+            by_node.setdefault(name, []).append(event)
+    for node in nodes:
+        row = views.node_row(
+            node,
+            now=now,
+            max_age_s=args.max_age,
+            pool=pool,
+            resource=args.resource,
+            events=by_node.get(str((node.get("metadata") or {}).get("name")), ()),
+        )
         if row is not None:
             rows.append(row)
     rows.sort(key=lambda r: r["name"])
     print(
         dump(rows, args.output)
         if is_machine(args.output)
-        else views.render_nodes(rows, wide=args.output == "wide")
+        else views.render_nodes(rows, wide=args.output == "wide", resource=args.resource)
     )
     return 0
 
@@ -179,7 +192,12 @@ def _why(reader: Reader, args: argparse.Namespace, namespace: str, now: float) -
         members = [p for p in reader.pods(namespace) if views.same_gang(views.gang_of(p), gang)]
         kind = "Workload" if gang["api"] == "workload" else "PodGroup"
         events += reader.events(namespace, kind, gang["name"])
-    doc = views.why_document(pod, gang=gang, gang_object=gang_object, members=members, events=events)
+        predicted = views.predictions(reader.events_by_reason(namespace, "Pod", views.PREDICTED_REASON))
+    else:
+        predicted = {}
+    doc = views.why_document(
+        pod, gang=gang, gang_object=gang_object, members=members, events=events, predicted=predicted
+    )
     print(
         dump(doc, args.output)
         if is_machine(args.output)
