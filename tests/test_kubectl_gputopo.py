@@ -596,7 +596,7 @@ GANG_OBJECT = st.none() | st.fixed_dictionaries(
                 "source",
                 "reportingComponent",
             ]
-        ),  # fmt: skip
+        ),
         max_size=3,
     ),
     obj=GANG_OBJECT,
