@@ -342,6 +342,20 @@ def test_numa_falls_back_to_nvml_affinity(tmp_path: Path) -> None:
     assert [g.numa for g in t.gpus] == [0, 1, 1, None, None, None, None, 200, 3]
 
 
+def test_numa_of_the_h200_vm_measured(tmp_path: Path) -> None:
+    """The answers an H200 VM gave (driver 580.159.04): numa_node -1, nvmlDeviceGetNumaNodeId
+    NOT_SUPPORTED, memory affinity 0x1, CPU affinity 0-15 = node0's cpulist; topo -m: 0."""
+    (tmp_path / "devices" / "system" / "node" / "node0").mkdir(parents=True)
+    (tmp_path / "devices" / "system" / "node" / "node0" / "cpulist").write_text("0-15\n")
+    d = tmp_path / "bus" / "pci" / "devices" / "0000:10:00.0"
+    d.mkdir(parents=True)
+    (d / "numa_node").write_text("-1\n")
+    gpu = FakeGpu("GPU-h200", bus(0), numa=None, memory_nodes=[0], cpus=list(range(16)))
+    assert NvmlBackend(nvml=FakeNvml([gpu], [[0]]), sysfs_root=str(tmp_path)).discover().gpus[0].numa == 0
+    gpu.memory_nodes = None  # the CPU affinity alone says the same
+    assert NvmlBackend(nvml=FakeNvml([gpu], [[0]]), sysfs_root=str(tmp_path)).discover().gpus[0].numa == 0
+
+
 def test_overrides_beat_nvml(no_sysfs: str) -> None:
     fake = model_from(load_preset("hgx-h100"), pcie={}, switch=True, version=pynvml.NVML_NVLINK_VERSION_4_0)
     t = NvmlBackend(nvml=fake, sysfs_root=no_sysfs, nvlink_gbps_per_link=50, pcie_gbps={"SYS": 8}).discover()
