@@ -179,7 +179,7 @@ def _live_state(
     )
 
 
-def _webhook(args: argparse.Namespace) -> webhook.WebhookServer | None:
+def _webhook(args: argparse.Namespace, metrics: Metrics) -> webhook.WebhookServer | None:
     """The webhook server when --webhook, bound before anything else starts: a missing
     certificate exits 2, a busy port 1, each with one line."""
     if not args.webhook:
@@ -195,7 +195,7 @@ def _webhook(args: argparse.Namespace) -> webhook.WebhookServer | None:
         _fail(f"--webhook-scheduler-name {config.scheduler_name!r} is not a valid scheduler name")
     host, port = args.webhook_listen
     try:
-        return webhook.WebhookServer(config, host, port)
+        return webhook.WebhookServer(config, host, port, registry=metrics.registry)
     except webhook.TLSFilesError as e:
         _fail(f"webhook: {e}")
     except OSError as e:
@@ -206,7 +206,8 @@ def _webhook(args: argparse.Namespace) -> webhook.WebhookServer | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     jsonlog.setup(args.log_level)
-    hook = _webhook(args)
+    metrics = Metrics()  # one registry: the watch's per-node counters beside the extender's
+    hook = _webhook(args, metrics)
     levels: tuple[str, ...] | None = None
     if args.levels is not None:
         try:
@@ -216,7 +217,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         except LevelError as e:
             _fail(str(e))
     state: ClusterState
-    metrics = Metrics()  # one registry: the watch's per-node counters beside the extender's
     if args.cluster:
         try:
             snapshot = load_cluster(args.cluster)

@@ -34,6 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import orjson
+from prometheus_client import CollectorRegistry, Counter
 
 from gputopo import jsonlog
 from gputopo.numerals import ascii_uint
@@ -170,6 +171,7 @@ class _Handler(BaseHTTPRequestHandler):
                 else f"request body of {size} bytes exceeds {self.server.max_body}"
             )
             jsonlog.event(log, "bad_review", logging.WARNING, reason=reason)
+            self.server.count("bad_request")
             self._json(400 if size is None else 413, {"error": reason})
             return
         body = self.rfile.read(size)
@@ -189,6 +191,7 @@ class _Handler(BaseHTTPRequestHandler):
         except BadReview as e:
             self.close_connection = len(body) < size or self.close_connection
             jsonlog.event(log, "bad_review", logging.WARNING, reason=str(e))
+            self.server.count("bad_request")
             self._json(400, {"error": str(e)})
             return
         except Exception as e:  # a bug answers allowed-without-patch: never block a pod
@@ -201,7 +204,7 @@ class _Handler(BaseHTTPRequestHandler):
             }
             reason = f"internal error: {type(e).__name__}"
         patched = "patch" in answer["response"]
-        self.server.count(patched)
+        self.server.count("mutated" if patched else "admitted")
         jsonlog.event(log, "pod_mutated" if patched else "pod_admitted", **_where(doc), reason=reason)
         self._json(200, answer)
 
@@ -220,8 +223,17 @@ class WebhookHTTPServer(ThreadingHTTPServer):
         max_connections: int = MAX_CONNECTIONS,
         timeout_s: float = TIMEOUT_S,
         reload_s: float = RELOAD_S,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.config = config
+        #: on the sidecar's registry: served on /metrics with the extender's series
+        self.reviews = Counter(
+            "gputopo_webhook_reviews_total",
+            "AdmissionReviews answered by the opt-in webhook, by result (mutated: schedulerName set; "
+            "admitted: allowed unchanged; bad_request: HTTP 4xx, not an AdmissionReview)",
+            ["result"],
+            registry=registry if registry is not None else CollectorRegistry(),
+        )
         self.max_body = max_body
         self.timeout_s = timeout_s
         self.reload_s = reload_s
@@ -230,16 +242,10 @@ class WebhookHTTPServer(ThreadingHTTPServer):
         self._stamp = self._file_stamp()
         self._context = self._load_context()  # an unreadable certificate fails here, at start
         self._checked_at = time.monotonic()
-        self.mutated = self.admitted = 0
-        self._count_lock = threading.Lock()
         super().__init__(address, _Handler)
 
-    def count(self, patched: bool) -> None:
-        with self._count_lock:
-            if patched:
-                self.mutated += 1
-            else:
-                self.admitted += 1
+    def count(self, result: str) -> None:
+        self.reviews.labels(result=result).inc()
 
     # -- TLS ------------------------------------------------------------------------------------
 

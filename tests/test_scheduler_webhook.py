@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from gputopo.optin import decide
 from scheduler.webhook import MUTATE_PATH, WebhookConfig, WebhookServer, review
@@ -268,6 +269,24 @@ def test_renewed_certificate_is_served_without_a_restart(tmp_path: Path) -> None
             post(server, old, json.dumps(admission(pod())).encode())
     finally:
         server.stop()
+
+
+def test_reviews_are_counted_on_the_given_registry(tls: tuple[Path, Path]) -> None:
+    registry = CollectorRegistry()
+    server = WebhookServer(WebhookConfig(str(tls[0]), str(tls[1])), "127.0.0.1", 0, registry=registry)
+    server.start()
+    try:
+        post(server, tls[0], json.dumps(admission(pod())).encode())
+        post(server, tls[0], json.dumps(admission(pod(gpus=None))).encode())
+        post(server, tls[0], json.dumps(admission(pod(scheduler="volcano"))).encode())
+        post(server, tls[0], b"{not json")
+    finally:
+        server.stop()
+    count = {
+        r: registry.get_sample_value("gputopo_webhook_reviews_total", {"result": r})
+        for r in ("mutated", "admitted", "bad_request")
+    }
+    assert count == {"mutated": 1.0, "admitted": 2.0, "bad_request": 1.0}
 
 
 # ---------------------------------------------------------------------------- the decision
