@@ -56,6 +56,7 @@ class Reader:
 
     def __init__(self, api_client: client.ApiClient, timeout: float = 10.0) -> None:
         self.core = client.CoreV1Api(api_client)
+        self.events_v1 = client.EventsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.timeout = timeout
 
@@ -95,10 +96,41 @@ class Reader:
         return _items(self._call(self.core.list_namespaced_pod, namespace))
 
     def events(self, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
-        """The Events whose involvedObject is this object (core v1; events.k8s.io ones too,
-        since the API server serves both from one store)."""
-        selector = f"involvedObject.kind={kind},involvedObject.name={name}"
-        return _items(self._call(self.core.list_namespaced_event, namespace, field_selector=selector))
+        """The Events about this object, read through both APIs: core/v1 (`involvedObject`)
+        and events.k8s.io/v1 (`regarding`; `eventTime` and `series` in microseconds, as
+        kube-scheduler writes them). The API server keeps one store, so an Event usually comes
+        back from both: each is kept once (by uid, else by name), the core/v1 copy first. An
+        events.k8s.io list the server does not serve (404) or this user may not read (403)
+        leaves the core/v1 answer."""
+        core = _items(
+            self._call(
+                self.core.list_namespaced_event,
+                namespace,
+                field_selector=f"involvedObject.kind={kind},involvedObject.name={name}",
+            )
+        )
+        try:
+            v1 = _items(
+                self._call(
+                    self.events_v1.list_namespaced_event,
+                    namespace,
+                    field_selector=f"regarding.kind={kind},regarding.name={name}",
+                )
+            )
+        except ApiError as e:
+            if e.status not in (403, 404):
+                raise
+            v1 = []
+        seen: set[str] = set()
+        out: list[dict[str, Any]] = []
+        for event in core + v1:
+            raw = event.get("metadata")
+            meta: dict[str, Any] = raw if isinstance(raw, dict) else {}
+            key = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+            if key not in seen:
+                seen.add(key)
+                out.append(event)
+        return out
 
     def gputopo_node_events(self, components: tuple[str, ...]) -> list[dict[str, Any]]:
         """gputopo's own Events on Nodes (namespace default, as kubelet's): why a plugin cannot

@@ -318,22 +318,30 @@ def event_time(event: Mapping[str, Any]) -> float | None:
             parse_time(_map(event.get("series")).get("lastObservedTime")),
             parse_time(event.get("eventTime")),
             parse_time(event.get("lastTimestamp")),
+            parse_time(event.get("deprecatedLastTimestamp")),  # the same, as events.k8s.io/v1 spells it
         )
         if t is not None
     ]
     if times:
         return max(times)
-    return parse_time(event.get("firstTimestamp")) or parse_time(_meta(event).get("creationTimestamp"))
+    return (
+        parse_time(event.get("firstTimestamp"))
+        or parse_time(event.get("deprecatedFirstTimestamp"))
+        or parse_time(_meta(event).get("creationTimestamp"))
+    )
 
 
 def event_row(event: Mapping[str, Any]) -> dict[str, Any]:
-    """An Event as listed by core/v1 (which lists those written through events.k8s.io/v1 too,
-    with `regarding`/`note` as `involvedObject`/`message`; either spelling is read)."""
+    """An Event as either API lists it: core/v1 (`involvedObject`, `message`, `count`, `source`)
+    or events.k8s.io/v1 (`regarding`, `note`, `series`/`deprecatedCount`, `reportingController`,
+    `deprecatedSource`)."""
     involved = _map(event.get("involvedObject")) or _map(event.get("regarding"))
-    source = _map(event.get("source"))
+    source = _map(event.get("source")) or _map(event.get("deprecatedSource"))
     when = event_time(event)
     series = _map(event.get("series")).get("count")
-    count = series if isinstance(series, int) and not isinstance(series, bool) else event.get("count")
+    count = next(
+        (c for c in (series, event.get("count"), event.get("deprecatedCount")) if _count(c) is not None), 1
+    )
     return {
         "time": when,
         "object": f"{_str(involved.get('kind')).lower() or '?'}/{_str(involved.get('name'))}",
@@ -344,7 +352,7 @@ def event_row(event: Mapping[str, Any]) -> dict[str, Any]:
         or _str(event.get("reportingController"))
         or _str(source.get("component"))
         or "-",
-        "count": count if isinstance(count, int) and not isinstance(count, bool) else 1,
+        "count": count,
     }
 
 

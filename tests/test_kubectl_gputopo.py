@@ -84,6 +84,19 @@ class _Handler(fk._Handler):
             api.requests.append(("list:events", f"{m.group(1)}?{q.get('fieldSelector', '')}"))
             self._json(200, {"kind": "EventList", "metadata": {"resourceVersion": "1"}, "items": items})
             return
+        if m := re.fullmatch(r"/apis/events\.k8s\.io/v1/namespaces/([^/]+)/events", path):
+            api.requests.append(("list:events.k8s.io", f"{m.group(1)}?{q.get('fieldSelector', '')}"))
+            if not api.events_v1:
+                self._status(404, "NotFound", "the server could not find the requested resource")
+                return
+            fields = dict(part.split("=", 1) for part in q.get("fieldSelector", "").split(",") if part)
+            items = [
+                v1 for v1 in map(as_events_v1, api.objects["events"].values())
+                if v1["metadata"]["namespace"] == m.group(1)
+                and all(v1["regarding"].get(k.split(".", 1)[1]) == v for k, v in fields.items())
+            ]  # fmt: skip
+            self._json(200, {"kind": "EventList", "apiVersion": "events.k8s.io/v1", "items": items})
+            return
         if m := re.fullmatch(r"/apis/([^/]+)/([^/]+)/namespaces/([^/]+)/([^/]+)/([^/]+)", path):
             group, version, ns, plural, name = m.groups()
             obj = api.objects["custom"].get(f"{group}/{version}/{plural}/{ns}/{name}")
@@ -97,6 +110,27 @@ class _Handler(fk._Handler):
             self._status(404, "NotFound", f'pods "{m.group(2)}" not found')
             return
         super().do_GET()
+
+
+def as_events_v1(e: dict[str, Any]) -> dict[str, Any]:
+    """A stored Event as events.k8s.io/v1 lists it (the API server's conversion of core/v1)."""
+    if "regarding" in e:
+        return e
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": e["metadata"],
+        "eventTime": e.get("eventTime"),
+        "series": e.get("series"),
+        "reportingController": e.get("reportingComponent"),
+        "reason": e.get("reason"),
+        "regarding": e.get("involvedObject") or {},
+        "note": e.get("message"),
+        "type": e.get("type"),
+        "deprecatedSource": e.get("source"),
+        "deprecatedLastTimestamp": e.get("lastTimestamp"),
+        "deprecatedCount": e.get("count"),
+    }
 
 
 class _Server(fk.FakeServer):
@@ -746,3 +780,41 @@ def test_why_orders_events_by_their_finest_time(cluster, capsys, monkeypatch) ->
     assert doc["events"][-1]["count"] == 3
     assert doc["decision"] == "waits: Repeated: seen 3 times"
     assert doc["events"][1]["from"] == "default-scheduler"
+
+
+@pytest.mark.parametrize("served", [True, False])
+def test_why_reads_both_event_apis_and_shows_each_event_once(cluster, capsys, served: bool) -> None:
+    """Events come back from core/v1 and events.k8s.io/v1 (one store): each is shown once, in
+    either spelling; a server without events.k8s.io/v1 (404) leaves the core/v1 answer."""
+    api, kubeconfig = cluster
+    api.events_v1 = served
+    api.put("pods", fk.pod("ml", "p", 8))
+    api.objects["events"]["a"] = event(
+        "ml", "Pod", "p", "GangWaiting", "core spelling", "2027-01-15T07:59:00Z", 1
+    )
+    only_v1 = {  # as events.k8s.io/v1 lists it: regarding, note, deprecated* fields
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"namespace": "ml", "name": "p.v1"},
+        "eventTime": None,
+        "regarding": {"kind": "Pod", "name": "p", "namespace": "ml"},
+        "reason": "FailedScheduling",
+        "note": "0/4 nodes are available",
+        "type": "Warning",
+        "reportingController": "default-scheduler",
+        "deprecatedLastTimestamp": "2027-01-15T07:59:30Z",
+        "deprecatedCount": 4,
+    }
+    api.objects["events"]["b"] = only_v1
+    doc = json.loads(run(capsys, kubeconfig, "why", "p", "-o", "json")[1])
+    rows = [(e["reason"], e["message"], e["from"], e["count"]) for e in doc["events"]]
+    if served:
+        assert rows == [
+            ("GangWaiting", "core spelling", "gputopo-scheduler", 1),
+            ("FailedScheduling", "0/4 nodes are available", "default-scheduler", 4),
+        ]
+    else:
+        assert rows == [("GangWaiting", "core spelling", "gputopo-scheduler", 1)]
+    assert [r for r in api.requests if r[0] == "list:events.k8s.io"] == [
+        ("list:events.k8s.io", "ml?regarding.kind=Pod,regarding.name=p")
+    ]
