@@ -25,7 +25,7 @@ from typing import Protocol
 from kubernetes import client
 
 from gputopo import jsonlog
-from gputopo.gangs import Event
+from gputopo.gang.asks import Event
 from gputopo_kube.events import EventWriter, api_message
 
 log = logging.getLogger("gputopo.scheduler.events")

@@ -3,7 +3,7 @@
 For clusters that do not serve MutatingAdmissionPolicy, the chart registers this server in a
 MutatingWebhookConfiguration whose namespaceSelector / objectSelector pick the opted-in
 namespaces and pods; the API server sends each such pod's CREATE here and applies the JSONPatch
-that comes back. The decision (which pods, what patch) is `gputopo.optin.decide`; this module
+that comes back. The decision (which pods, what patch) is `gputopo.pod.optin.decide`; this module
 only speaks the wire format.
 
 Never in the way of a pod: the configuration's failurePolicy is Ignore, and this server answers
@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from gputopo import jsonlog
 from gputopo.numerals import ascii_uint
-from gputopo.optin import decide
+from gputopo.pod.optin import decide
 
 log = logging.getLogger("gputopo.scheduler.webhook")
 

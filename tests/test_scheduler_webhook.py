@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from gputopo.optin import decide
+from gputopo.pod.optin import decide
 from scheduler.webhook import MUTATE_PATH, WebhookConfig, WebhookServer, review
 
 ROOT = Path(__file__).resolve().parent.parent
