@@ -114,7 +114,7 @@ class StatusCommand:
         try:
             doc = fetch_status(socket, timeout=args.timeout)
         except StatusUnavailable as e:
-            print(f"gputopo: plugin not reachable at {socket}: {e}", file=sys.stderr)
+            print(f"gputopo: {e}", file=sys.stderr)
             return 1
         if is_machine(args.output):
             print(dump(doc, args.output))

@@ -16,9 +16,14 @@ prints, so what an operator reads on the node is what the allocator decides on:
   per-link errors skip the link with a warning. `nvswitch` is set when any GPU has switch links.
   (go-gpuallocator counts only direct links and so sees no NVLink at all on NVSwitch systems.)
 * NUMA node: `/sys/bus/pci/devices/<bus id>/numa_node` first (the host node kubelet's Topology
-  Manager and NVIDIA's plugin use), then `nvmlDeviceGetNumaNodeId`; negative or unknown -> None.
-  The order is deliberate: on Grace systems nvmlDeviceGetNumaNodeId is the NUMA node of the GPU's
-  own memory (`GPU NUMA ID` in topo -m), not the host affinity the allocator and kubelet mean.
+  Manager and NVIDIA's plugin use), then `nvmlDeviceGetNumaNodeId`, each negative or unknown
+  passing to the next, then NVML's affinity as `nvidia-smi topo -m` reads it for its NUMA
+  Affinity column: `nvmlDeviceGetMemoryAffinity` (scope NODE), else the NUMA nodes of the CPUs
+  `nvmlDeviceGetCpuAffinityWithinScope` (scope NODE) names (sysfs `devices/system/node`); one
+  node, or None when the affinity spans several or nothing answers. (An H200 VM on driver 580:
+  numa_node -1, nvmlDeviceGetNumaNodeId unknown, topo -m NUMA Affinity 0.) The order is
+  deliberate: on Grace systems nvmlDeviceGetNumaNodeId is the NUMA node of the GPU's own memory
+  (`GPU NUMA ID` in topo -m), not the host affinity the allocator and kubelet mean.
 * Bandwidth: NVML reports the NVLink version per link as an `nvmlNvlinkVersion_t` enum (not the
   marketing generation: A100 reports 5 = "3.1"). One direction per link: 1.0 -> 20 GB/s (P100),
   2.0 / 2.2 / 3.0 / 3.1 / 4.0 -> 25 GB/s (V100, A100, H100), 5.0 -> 50 GB/s (B200, GB200); any
@@ -55,6 +60,9 @@ TOPOLOGY_LEVEL_CODES: Mapping[int, str] = {0: "PIX", 10: "PIX", 20: "PXB", 30: "
 #: nvmlNvlinkVersion_t value -> one-direction GB/s of one link.
 NVLINK_VERSION_GBPS: Mapping[int, float] = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 25.0, 6: 25.0, 7: 50.0}
 
+#: 64-bit words of the node and CPU masks asked of NVML: 256 NUMA nodes, 4,096 CPUs.
+_NODE_WORDS = 4
+_CPU_WORDS = 64
 _NVML_FEATURE_ENABLED = 1
 _NVML_SWITCH = 0x02
 
@@ -169,21 +177,68 @@ class TopologyProbe:
         return minor if isinstance(minor, int) and 0 <= minor < 1 << 20 else None
 
     def _numa(self, handle: Any, bus_id: str) -> int | None:
+        """sysfs numa_node, then nvmlDeviceGetNumaNodeId, then NVML's affinity (module docstring);
+        a negative answer of the first two is "unknown" and the next source is asked."""
         path = os.path.join(self.sysfs_root, "bus", "pci", "devices", _bus_key(bus_id), "numa_node")
         try:
             with open(path, encoding="ascii") as f:
                 node = int(f.read().strip())
-            return node if node >= 0 else None
+            if node >= 0:
+                return node
         except (OSError, ValueError):
             pass
         getter = getattr(self._nvml, "nvmlDeviceGetNumaNodeId", None)
-        if getter is None:
+        if getter is not None:
+            try:
+                node = int(getter(handle))
+                if node >= 0:
+                    return node
+            except self._nvml.NVMLError:
+                pass
+        return self._affinity_numa(handle, bus_id)
+
+    def _affinity_numa(self, handle: Any, bus_id: str) -> int | None:
+        """The one NUMA node NVML's affinity names, as `nvidia-smi topo -m` fills its NUMA
+        Affinity column where sysfs and nvmlDeviceGetNumaNodeId say nothing (a VM's passthrough
+        GPU, whose numa_node is -1): nvmlDeviceGetMemoryAffinity (scope NODE), else the nodes of
+        the CPUs nvmlDeviceGetCpuAffinityWithinScope (scope NODE) names. An affinity spanning
+        several nodes names none (the GPU is no closer to one): None."""
+        nvml = self._nvml
+        scope = int(getattr(nvml, "NVML_AFFINITY_SCOPE_NODE", 0))
+        nodes: set[int] | None = None
+        source = ""
+        memory = getattr(nvml, "nvmlDeviceGetMemoryAffinity", None)
+        if memory is not None:
+            try:
+                nodes = _bits(memory(handle, _NODE_WORDS, scope)) or None
+                source = "nvmlDeviceGetMemoryAffinity"
+            except nvml.NVMLError:
+                nodes = None
+        cpu = getattr(nvml, "nvmlDeviceGetCpuAffinityWithinScope", None)
+        if nodes is None and cpu is not None:
+            try:
+                cpus = _bits(cpu(handle, _CPU_WORDS, scope))
+            except nvml.NVMLError:
+                cpus = set()
+            node_of = _cpu_nodes(self.sysfs_root) if cpus else {}
+            nodes = {node_of[c] for c in cpus if c in node_of} or None
+            source = "nvmlDeviceGetCpuAffinityWithinScope"
+        if nodes is None:
             return None
-        try:
-            node = int(getter(handle))
-        except self._nvml.NVMLError:
+        if len(nodes) != 1:
+            jsonlog.event(
+                log,
+                "numa_affinity_spans_nodes",
+                logging.DEBUG,
+                gpu=bus_id,
+                nodes=sorted(nodes)[:16],
+                source=source,
+                reason="no single NUMA node is closer: NUMA unknown",
+            )
             return None
-        return node if node >= 0 else None
+        (node,) = nodes
+        jsonlog.event(log, "numa_from_affinity", logging.DEBUG, gpu=bus_id, numa=node, source=source)
+        return node
 
     def _scan_nvlinks(self, uuid: str, handle: Any) -> _Links:
         nvml = self._nvml
@@ -289,6 +344,46 @@ class TopologyProbe:
             # Mixed generations in one node do not exist in practice; the slowest is the safe figure.
             nvlink = min(known) if known else BandwidthSettings().nvlink_gbps_per_link
         return BandwidthSettings(nvlink_gbps_per_link=nvlink, pcie_gbps=pcie_override or {})
+
+
+def _bits(words: Any) -> set[int]:
+    """The set bits of an NVML mask (a sequence of 64-bit words, lowest first)."""
+    out: set[int] = set()
+    for i, word in enumerate(words):
+        value = int(word)
+        bit = 0
+        while value:
+            if value & 1:
+                out.add(i * 64 + bit)
+            value >>= 1
+            bit += 1
+    return out
+
+
+def _cpu_nodes(sysfs_root: str) -> dict[int, int]:
+    """CPU -> NUMA node, from `devices/system/node/node<N>/cpulist` ("0-15,32-47"); {} unreadable."""
+    base = os.path.join(sysfs_root, "devices", "system", "node")
+    out: dict[int, int] = {}
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return out
+    for name in names:
+        if not (name.startswith("node") and name[4:].isascii() and name[4:].isdigit()):
+            continue
+        try:
+            with open(os.path.join(base, name, "cpulist"), encoding="ascii") as f:
+                text = f.read().strip()
+            for part in filter(None, text.split(",")):
+                lo, _, hi = part.partition("-")
+                first, last = int(lo), int(hi or lo)
+                if last - first > _CPU_WORDS * 64:  # not a kernel's cpulist
+                    continue
+                for cpu in range(first, last + 1):
+                    out[cpu] = int(name[4:])
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def _bus_key(bus_id: str) -> str:

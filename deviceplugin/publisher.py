@@ -6,8 +6,12 @@ The scheduler sidecar plans on what this writes, so it must be right and never n
     is right after a plugin restart and after pods end;
   * it is patched only when its content changes (plus a heartbeat well inside the sidecar's
     staleness limit), at most once per `min_interval_s` — changes in between are coalesced;
-  * an API or kubelet error is logged and retried with back-off; nothing here can stop the
-    plugin.
+  * an API or kubelet error is logged (with the API server's own message: `nodes "n1" is
+    forbidden: ...`, not just `Forbidden`) and retried with back-off; nothing here can stop the
+    plugin;
+  * why it cannot publish is also an Event on its Node (`kubectl describe node`, `kubectl
+    gputopo nodes`): reason `TopologyNotPublished` (Warning), written when the cause changes, not
+    per retry, and `TopologyPublished` once when a publication succeeds again.
 `sync(now)` makes one decision and says when it wants to run next, so tests drive it with a fake
 clock; `start()` runs it on a thread, woken by `update()` (the daemon's listener hook).
 """
@@ -30,6 +34,8 @@ from gputopo.network.annotation import MAX_POD_KEY_CHARS, MAX_PODS, encode, make
 log = logging.getLogger("deviceplugin.publisher")
 
 NODE_NAME_ENV = "NODE_NAME"
+#: reportingController of the plugin's Events.
+EVENT_CONTROLLER = "gputopo-device-plugin"
 
 
 class NodePatcher(Protocol):
@@ -40,8 +46,29 @@ class NodePatcher(Protocol):
     ) -> Any: ...
 
 
+class NodeEvents(Protocol):
+    """The one call of `gputopo_kube.events.EventWriter` the publisher needs."""
+
+    def create(
+        self, regarding: Mapping[str, str], reason: str, note: str, *, type_: str = ..., action: str = ...
+    ) -> None: ...
+
+
+#: Event reasons on the Node (docs/deviceplugin.md "Publishing").
+NOT_PUBLISHED_REASON = "TopologyNotPublished"
+PUBLISHED_REASON = "TopologyPublished"
+
+
 class PublisherError(ValueError):
     """The publisher cannot be set up (no node name); the message says what is missing."""
+
+
+def api_message(e: BaseException) -> str:
+    """The API server's own message for a failed call (`gputopo_kube.events.api_message`),
+    imported when needed: the plugin loads the Kubernetes client only when it publishes."""
+    from gputopo_kube.events import api_message as message
+
+    return message(e)
 
 
 def node_name_from_env(environ: dict[str, str] | None = None) -> str:
@@ -69,6 +96,7 @@ class Publisher:
         request_timeout_s: float = 10.0,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        events: NodeEvents | None = None,
     ) -> None:
         if not node_name:
             raise PublisherError("node name is required")
@@ -100,6 +128,8 @@ class Publisher:
         self._thread: threading.Thread | None = None
         self.patches = 0
         self.failures = 0
+        self.events = events
+        self._problem: str | None = None  # the cause last reported on the Node, until published
 
     # ------------------------------------------------------------------ hook and lifecycle
 
@@ -181,6 +211,7 @@ class Publisher:
                 effect="keeping the last in-use set" if self._in_use is not None else "not publishing yet",
             )
             if self._in_use is None:
+                self._report("podresources", f"cannot read the GPUs in use from kubelet's PodResources: {e}")
                 return self._fail(now)
         content = self._content(snap, self._in_use or frozenset(), self._pods)
         changed = content != self._published
@@ -216,20 +247,28 @@ class Publisher:
             )
         except Exception as e:
             status = getattr(e, "status", None)
+            message = api_message(e)
             jsonlog.event(
                 log,
                 "publish_failed",
                 logging.WARNING,
                 node=self.node_name,
                 status=status,
-                reason=f"{type(e).__name__}: {getattr(e, 'reason', None) or e}",
+                reason=message,
                 retry_in_s=self._delay,
             )
+            what = f"HTTP {status}" if status is not None else type(e).__name__
+            self._report(f"patch:{what}", f"the API server refused the annotation patch ({what}): {message}")
             return self._fail(now)
         self._published = content
         self._patched_at = now
         self._delay = self.backoff_s[0]
         self.patches += 1
+        if self._problem is not None:
+            self._event(
+                PUBLISHED_REASON, "Normal", f"{self.annotation_key} published again ({len(text)} bytes)"
+            )
+            self._problem = None
         jsonlog.event(
             log,
             "published",
@@ -240,6 +279,30 @@ class Publisher:
             reason="content changed" if changed else "heartbeat",
         )
         return self.resync_s
+
+    def _report(self, cause: str, note: str) -> None:
+        """An Event on the Node when the cause of not publishing changes (not per retry: a
+        kubelet down for an hour is one Event, not sixty)."""
+        if cause != self._problem:
+            self._problem = cause
+            self._event(NOT_PUBLISHED_REASON, "Warning", f"{self.annotation_key} not published: {note}")
+
+    def _event(self, reason: str, type_: str, note: str) -> None:
+        if self.events is None:
+            return
+        # kubelet's own Node Events name the node as their uid; `kubectl describe node` looks for both
+        node = {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": self.node_name}
+        try:
+            self.events.create(node, reason, note, type_=type_, action="Publishing")
+        except Exception as e:  # the API server is likely the problem being reported
+            jsonlog.event(
+                log,
+                "node_event_failed",
+                logging.DEBUG,
+                node=self.node_name,
+                event=reason,
+                reason=api_message(e),
+            )
 
     def _fail(self, now: float) -> float:
         self.failures += 1
@@ -305,8 +368,15 @@ def for_cluster(
     kubeconfig: str | None = None,
     **kwargs: Any,
 ) -> Publisher:
-    """A Publisher talking to the API server with the official client (`core_api`)."""
-    return Publisher(node_name, core_api(kubeconfig), in_use, **kwargs)
+    """A Publisher talking to the API server with the official client (`core_api`), writing its
+    Node Events through `gputopo_kube.events.EventWriter`."""
+    from gputopo_kube.events import EventWriter
+
+    core = core_api(kubeconfig)
+    events = EventWriter(
+        core.api_client, controller=EVENT_CONTROLLER, timeout_s=kwargs.get("request_timeout_s", 10.0)
+    )
+    return Publisher(node_name, core, in_use, events=events, **kwargs)
 
 
 def core_api(kubeconfig: str | None = None) -> Any:

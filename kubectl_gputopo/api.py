@@ -49,6 +49,7 @@ class Reader:
 
     def __init__(self, api_client: client.ApiClient, timeout: float = 10.0) -> None:
         self.core = client.CoreV1Api(api_client)
+        self.events_v1 = client.EventsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.timeout = timeout
 
@@ -88,9 +89,66 @@ class Reader:
         return _items(self._call(self.core.list_namespaced_pod, namespace))
 
     def events(self, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
-        """The Events whose involvedObject is this object (core v1; events.k8s.io ones too,
-        since the API server serves both from one store)."""
-        selector = f"involvedObject.kind={kind},involvedObject.name={name}"
+        """The Events about this object, read through both APIs: core/v1 (`involvedObject`)
+        and events.k8s.io/v1 (`regarding`; `eventTime` and `series` in microseconds, as
+        kube-scheduler writes them). The API server keeps one store, so an Event usually comes
+        back from both: each is kept once (by uid, else by name), the core/v1 copy first. An
+        events.k8s.io list the server does not serve (404) or this user may not read (403)
+        leaves the core/v1 answer."""
+        core = _items(
+            self._call(
+                self.core.list_namespaced_event,
+                namespace,
+                field_selector=f"involvedObject.kind={kind},involvedObject.name={name}",
+            )
+        )
+        try:
+            v1 = _items(
+                self._call(
+                    self.events_v1.list_namespaced_event,
+                    namespace,
+                    field_selector=f"regarding.kind={kind},regarding.name={name}",
+                )
+            )
+        except ApiError as e:
+            if e.status not in (403, 404):
+                raise
+            v1 = []
+        seen: set[str] = set()
+        out: list[dict[str, Any]] = []
+        for event in core + v1:
+            raw = event.get("metadata")
+            meta: dict[str, Any] = raw if isinstance(raw, dict) else {}
+            key = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+            if key not in seen:
+                seen.add(key)
+                out.append(event)
+        return out
+
+    def gputopo_node_events(self, components: tuple[str, ...]) -> list[dict[str, Any]]:
+        """gputopo's own Events on Nodes (namespace default, as kubelet's): why a plugin cannot
+        publish, why the sidecar refuses an annotation. One selector per component (field
+        selectors cannot say "or"); each daemon writes them only when the cause changes, so
+        these lists are short. A reader not allowed to list Events in default loses only the
+        explanations: [] for a 403."""
+        out: list[dict[str, Any]] = []
+        for component in components:
+            selector = f"involvedObject.kind=Node,reportingComponent={component}"
+            try:
+                out += _items(
+                    self._call(
+                        self.core.list_namespaced_event, "default", field_selector=selector, limit=PAGE
+                    )
+                )
+            except ApiError as e:
+                if e.status != 403:
+                    raise
+        return out
+
+    def events_by_reason(self, namespace: str, kind: str, reason: str) -> list[dict[str, Any]]:
+        """The Events of one reason on objects of one kind in a namespace (every gang member's
+        GPUsPredicted in one call, not one call per member)."""
+        selector = f"involvedObject.kind={kind},reason={reason}"
         return _items(self._call(self.core.list_namespaced_event, namespace, field_selector=selector))
 
     def gang_object(self, api: Api, namespace: str, name: str) -> dict[str, Any] | None:

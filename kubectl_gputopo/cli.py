@@ -110,15 +110,28 @@ def _reader(args: argparse.Namespace) -> tuple[Reader, str]:
 def _nodes(reader: Reader, args: argparse.Namespace, now: float) -> int:
     pool = AllocatorPool()
     rows = []
-    for node in reader.nodes(args.selector):
-        row = views.node_row(node, now=now, max_age_s=args.max_age, pool=pool, resource=args.resource)
+    nodes = reader.nodes(args.selector)
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    if nodes:
+        for event in reader.gputopo_node_events(tuple(views.NODE_PROBLEM_REASONS)):
+            name = views.event_row(event)["object"].removeprefix("node/")
+            by_node.setdefault(name, []).append(event)
+    for node in nodes:
+        row = views.node_row(
+            node,
+            now=now,
+            max_age_s=args.max_age,
+            pool=pool,
+            resource=args.resource,
+            events=by_node.get(str((node.get("metadata") or {}).get("name")), ()),
+        )
         if row is not None:
             rows.append(row)
     rows.sort(key=lambda r: r["name"])
     print(
         dump(rows, args.output)
         if is_machine(args.output)
-        else views.render_nodes(rows, wide=args.output == "wide")
+        else views.render_nodes(rows, wide=args.output == "wide", resource=args.resource)
     )
     return 0
 
@@ -183,8 +196,17 @@ def _why(reader: Reader, args: argparse.Namespace, namespace: str, now: float) -
             gang_object = reader.gang_object(gang.source.api, namespace, gang.name)
         members = [p for p in reader.pods(namespace) if views.same_gang(views.member_gang(p), gang)]
         events += reader.events(namespace, views.object_kind(gang), gang.name)
+        predicted = views.predictions(reader.events_by_reason(namespace, "Pod", views.PREDICTED_REASON))
+    else:
+        predicted = {}
     doc = views.why_document(
-        pod, gang=gang, gang_object=gang_object, members=members, events=events, gang_error=gang_error
+        pod,
+        gang=gang,
+        gang_object=gang_object,
+        members=members,
+        events=events,
+        gang_error=gang_error,
+        predicted=predicted,
     )
     print(
         dump(doc, args.output)

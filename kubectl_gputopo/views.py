@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -21,8 +22,16 @@ from gputopo.numerals import ascii_uint
 from gputopo.output import ago, short_age, table
 
 TOPOLOGY_ANNOTATION = "gputopo.io/topology"
-#: The GPU indices the sidecar predicts for a bound pod (written at bind).
-PREDICTED_ANNOTATION = "gputopo.io/predicted-gpus"
+#: The Event the sidecar writes on a pod at bind: "gputopo predicts GPUs 0,1 on node n1".
+PREDICTED_REASON = "GPUsPredicted"
+#: reportingComponent of each daemon's Events, and the Node Event reasons that say a node's
+#: annotation is not usable (Warning) or usable again (Normal).
+PLUGIN_COMPONENT = "gputopo-device-plugin"
+SCHEDULER_COMPONENT = "gputopo-scheduler"
+NODE_PROBLEM_REASONS = {
+    PLUGIN_COMPONENT: ("TopologyNotPublished", "TopologyPublished"),
+    SCHEDULER_COMPONENT: ("TopologyRejected", "TopologyAccepted"),
+}
 #: Request sizes `nodes` shows the best ring for.
 RING_SIZES = (2, 4, 8)
 #: The sidecar's default limit (scheduler/defaults.py ANNOTATION_MAX_AGE_S): older is "stale".
@@ -63,14 +72,46 @@ def _capacity(node: Mapping[str, Any], resource: str) -> int | None:
     return None
 
 
+def _has_resource(node: Mapping[str, Any], resource: str) -> bool:
+    """Whether kubelet lists the GPU resource on the node at all (even "0": a plugin registered
+    and every GPU unhealthy, or none advertised yet, is still a GPU node to explain)."""
+    status = _map(node.get("status"))
+    return any(resource in _map(status.get(key)) for key in ("allocatable", "capacity"))
+
+
+def node_problems(events: Sequence[Mapping[str, Any]]) -> dict[str, str | None]:
+    """What each daemon last said about the node's annotation, from its Node Events: the note
+    of a Warning (`TopologyNotPublished` from the plugin, `TopologyRejected` from the sidecar)
+    when that is its latest such Event, else None (never said, or fixed since)."""
+    latest: dict[str, tuple[float, str | None]] = {}
+    for event in events:
+        row = event_row(event)
+        for component, (bad, good) in NODE_PROBLEM_REASONS.items():
+            if row["from"] == component and row["reason"] in (bad, good):
+                at = row["time"] if row["time"] is not None else -math.inf
+                if component not in latest or at >= latest[component][0]:
+                    latest[component] = (at, row["message"] if row["reason"] == bad else None)
+    return {component: latest.get(component, (0.0, None))[1] for component in NODE_PROBLEM_REASONS}
+
+
 def node_row(
-    node: Mapping[str, Any], *, now: float, max_age_s: float, pool: AllocatorPool, resource: str
+    node: Mapping[str, Any],
+    *,
+    now: float,
+    max_age_s: float,
+    pool: AllocatorPool,
+    resource: str,
+    events: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any] | None:
-    """One GPU node's summary, or None for a node with neither a gputopo annotation nor GPUs."""
+    """One GPU node's summary, or None for a node with neither a gputopo annotation nor the GPU
+    resource. `events` are gputopo's Events on this Node: why the plugin cannot publish, why
+    the sidecar refuses the annotation."""
     meta = _meta(node)
     name = _str(meta.get("name")) or "?"
     text = _map(meta.get("annotations")).get(TOPOLOGY_ANNOTATION)
     capacity = _capacity(node, resource)
+    problems = node_problems(events)
+    plugin, sidecar = problems[PLUGIN_COMPONENT], problems[SCHEDULER_COMPONENT]
     row: dict[str, Any] = {
         "name": name,
         "gpus": capacity,
@@ -85,11 +126,17 @@ def node_row(
         "plugin_version": None,
         "topology": None,
         "nvlink_gbps_per_link": None,
+        "plugin_problem": plugin,
+        "scheduler_problem": sidecar,
     }
     if not isinstance(text, str) or not text:
-        if not capacity:
+        if not _has_resource(node, resource):
             return None
-        row["status"] = "no annotation (is the gputopo plugin running there?)"
+        row["status"] = (
+            f"no annotation: plugin says: {plugin}"
+            if plugin
+            else "no annotation (no gputopo plugin has published here: is it running? see its log)"
+        )
         return row
     try:
         value = annotation.decode(text, now=now, max_age_s=math.inf)
@@ -119,6 +166,10 @@ def node_row(
         row["status"] = f"rings unavailable: {e}"
     if now - value.generated_at > max_age_s:
         row["status"] = f"stale (older than {ago(max_age_s).removesuffix(' ago')}: the sidecar ignores it)"
+        if plugin:
+            row["status"] += f"; plugin says: {plugin}"
+    elif sidecar and row["status"] == "ok":
+        row["status"] = f"refused by the scheduler: {sidecar}"
     return row
 
 
@@ -141,9 +192,9 @@ def _num(value: Any) -> str:
     return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def render_nodes(rows: list[dict[str, Any]], *, wide: bool = False) -> str:
+def render_nodes(rows: list[dict[str, Any]], *, wide: bool = False, resource: str = "nvidia.com/gpu") -> str:
     if not rows:
-        return "No GPU nodes found (no node has a gputopo.io/topology annotation or GPUs)."
+        return f"No GPU nodes found (no node lists {resource} in its allocatable or capacity, nor has a {TOPOLOGY_ANNOTATION} annotation)."
     header = ["NODE", "GPUS", "FREE", "HEALTHY", *(f"RING{k}" for k in RING_SIZES), "AGE"]
     if wide:
         header += ["TOPOLOGY", "NVLINK", "PLUGIN", "POLICY", "UNHEALTHY"]
@@ -174,6 +225,12 @@ def render_nodes(rows: list[dict[str, Any]], *, wide: bool = False) -> str:
     lines.append(
         "RINGn: GB/s of the best ring an n-GPU request gets from the node's free GPUs now (- = fewer free)."
     )
+    unusable = sum(1 for r in rows if r["status"] != "ok" and not r["status"].startswith("rings unavailable"))
+    if unusable:
+        lines.append(
+            f"{unusable} of {len(rows)} GPU nodes without a usable annotation: the scheduler counts their "
+            "GPUs from allocatable, with no topology (STATUS says why)."
+        )
     return "\n".join(lines)
 
 
@@ -227,50 +284,93 @@ def parse_time(text: Any) -> float | None:
         return None
 
 
-def event_row(event: Mapping[str, Any]) -> dict[str, Any]:
-    involved = _map(event.get("involvedObject"))
-    source = _map(event.get("source"))
-    when = (
-        parse_time(event.get("lastTimestamp"))
-        or parse_time(event.get("eventTime"))
-        or parse_time(event.get("firstTimestamp"))
+def event_time(event: Mapping[str, Any]) -> float | None:
+    """When an Event last happened, as finely as it says: the latest of series.lastObservedTime,
+    eventTime (microseconds: events.k8s.io/v1, kube-scheduler's own) and lastTimestamp (whole
+    seconds: core/v1), so an event repeated later wins, and of two in the same second the one
+    with microseconds is ordered by them; else firstTimestamp, else when it was created."""
+    times = [
+        t
+        for t in (
+            parse_time(_map(event.get("series")).get("lastObservedTime")),
+            parse_time(event.get("eventTime")),
+            parse_time(event.get("lastTimestamp")),
+            parse_time(event.get("deprecatedLastTimestamp")),  # the same, as events.k8s.io/v1 spells it
+        )
+        if t is not None
+    ]
+    if times:
+        return max(times)
+    return (
+        parse_time(event.get("firstTimestamp"))
+        or parse_time(event.get("deprecatedFirstTimestamp"))
         or parse_time(_meta(event).get("creationTimestamp"))
     )
-    count = event.get("count")
+
+
+def _count(value: Any) -> int | None:
+    """An Event's count as the API carries it: a positive integer (not a bool, not a string)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def event_row(event: Mapping[str, Any]) -> dict[str, Any]:
+    """An Event as either API lists it: core/v1 (`involvedObject`, `message`, `count`, `source`)
+    or events.k8s.io/v1 (`regarding`, `note`, `series`/`deprecatedCount`, `reportingController`,
+    `deprecatedSource`)."""
+    involved = _map(event.get("involvedObject")) or _map(event.get("regarding"))
+    source = _map(event.get("source")) or _map(event.get("deprecatedSource"))
+    when = event_time(event)
+    series = _map(event.get("series")).get("count")
+    count = next(
+        (c for c in (series, event.get("count"), event.get("deprecatedCount")) if _count(c) is not None), 1
+    )
     return {
         "time": when,
         "object": f"{_str(involved.get('kind')).lower() or '?'}/{_str(involved.get('name'))}",
         "type": _str(event.get("type")) or "Normal",
         "reason": _str(event.get("reason")),
-        "message": " ".join(_str(event.get("message")).split()),
-        "from": _str(event.get("reportingComponent")) or _str(source.get("component")) or "-",
-        "count": count if isinstance(count, int) else 1,
+        "message": " ".join((_str(event.get("message")) or _str(event.get("note"))).split()),
+        "from": _str(event.get("reportingComponent"))
+        or _str(event.get("reportingController"))
+        or _str(source.get("component"))
+        or "-",
+        "count": count,
     }
 
 
-def predicted(pod: Mapping[str, Any]) -> str | None:
-    """The predicted-GPUs annotation as written (a JSON list or comma-separated indices/UUIDs)."""
-    raw = _map(_meta(pod).get("annotations")).get(PREDICTED_ANNOTATION)
-    if not isinstance(raw, str) or not raw.strip():
-        return None
-    try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError):
-        return " ".join(raw.split())
-    if isinstance(doc, list):
-        return ",".join(str(x) for x in doc)
-    if isinstance(doc, Mapping) and isinstance(doc.get("gpus"), list):
-        return ",".join(str(x) for x in doc["gpus"])
-    return " ".join(raw.split())
+_PREDICTION = re.compile(r"gputopo predicts GPUs ([0-9,]+) on node (\S+)")
 
 
-def member_row(pod: Mapping[str, Any]) -> dict[str, Any]:
+def predictions(events: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+    """Pod name -> {"gpus": "0,1", "node": "n1"}: the newest `GPUsPredicted` Event on each pod
+    (the sidecar writes it at bind; `gputopo predicts GPUs 0,1 on node n1`)."""
+    best: dict[str, tuple[float, dict[str, str]]] = {}
+    for event in events:
+        row = event_row(event)
+        if row["reason"] != PREDICTED_REASON or not row["object"].startswith("pod/"):
+            continue
+        m = _PREDICTION.search(row["message"])
+        if m is None:
+            continue
+        name = row["object"].removeprefix("pod/")
+        at = row["time"] if row["time"] is not None else -math.inf
+        if name not in best or at >= best[name][0]:
+            best[name] = (at, {"gpus": m.group(1), "node": m.group(2)})
+    return {name: value for name, (_, value) in best.items()}
+
+
+def member_row(
+    pod: Mapping[str, Any], predicted: Mapping[str, Mapping[str, str]] | None = None
+) -> dict[str, Any]:
     meta = _meta(pod)
+    name = _str(meta.get("name"))
+    guess = (predicted or {}).get(name)
     return {
-        "name": _str(meta.get("name")),
+        "name": name,
         "phase": _str(_map(pod.get("status")).get("phase")) or "Pending",
         "node": _str(_map(pod.get("spec")).get("nodeName")) or None,
-        "predicted_gpus": predicted(pod),
+        "predicted_gpus": guess["gpus"] if guess else None,
+        "predicted_node": guess["node"] if guess else None,
     }
 
 
@@ -282,11 +382,15 @@ def why_document(
     members: Sequence[Mapping[str, Any]],
     events: Sequence[Mapping[str, Any]],
     gang_error: str | None = None,
+    predicted: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """The decision for a pod (and its gang), with every Event on the pod and its gang object.
-    `gang_error`: why the pod's gang fields are unusable (the sidecar refuses the pod)."""
+    """The decision for a pod (and its gang), with every Event on the pod and its gang object
+    (oldest first, by the finest time each carries). `gang_error`: why the pod's gang fields are
+    unusable (the sidecar refuses the pod). `predicted`: the GPUs the sidecar predicted per pod
+    name (`predictions`); the pod's own are also read from `events`."""
     meta = _meta(pod)
-    me = member_row(pod)
+    predicted = {**predictions(events), **(predicted or {})}
+    me = member_row(pod, predicted)
     rows = sorted((event_row(e) for e in events), key=lambda e: (e["time"] is None, e["time"] or 0.0))
     gputopo_annotations = {
         k: v
@@ -299,6 +403,7 @@ def why_document(
         "node": me["node"],
         "decision": "",  # below, once the events are sorted
         "predicted_gpus": me["predicted_gpus"],
+        "predicted_node": me["predicted_node"],
         "constraints": {
             k: v
             for k, v in _map(meta.get("annotations")).items()
@@ -311,7 +416,7 @@ def why_document(
     }
     if gang is not None:
         namespace = _str(meta.get("namespace"))
-        member_rows = sorted((member_row(m) for m in members), key=lambda m: m["name"])
+        member_rows = sorted((member_row(m, predicted) for m in members), key=lambda m: m["name"])
         doc["gang"] = {
             "name": f"{namespace}/{gang.name}",
             "source": gang.field,
@@ -350,7 +455,8 @@ def render_why(doc: Mapping[str, Any], *, now: float, wide: bool = False) -> str
     lines = [f"pod {doc['pod']}: {doc['phase']}, {doc['decision']}"]
     if doc["predicted_gpus"]:
         lines.append(
-            f"predicted GPUs: {doc['predicted_gpus']} on {doc['node'] or '?'} ({PREDICTED_ANNOTATION})"
+            f"predicted GPUs: {doc['predicted_gpus']} on {doc['predicted_node'] or doc['node'] or '?'} "
+            f"(the sidecar's {PREDICTED_REASON} Event at bind)"
         )
     if doc["constraints"]:
         lines.append("asks for: " + ", ".join(f"{k}={v}" for k, v in doc["constraints"].items()))

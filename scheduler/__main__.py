@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import re
 import signal
 import sys
 import threading
@@ -25,12 +26,15 @@ from gputopo.network.cluster import ClusterError, load_cluster
 from gputopo.network.levels import LevelError, validate_levels
 from gputopo.numerals import ascii_uint
 from gputopo.output import add_version_argument
-from scheduler import defaults
+from scheduler import defaults, webhook
 from scheduler.events import EventEmitter
 from scheduler.extender import Extender
 from scheduler.metrics import Metrics
 from scheduler.server import Server
 from scheduler.state import ClusterState, from_cluster
+
+#: A scheduler name as a pod's spec.schedulerName takes it (a DNS-1123 subdomain).
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 if TYPE_CHECKING:
     from scheduler.kube import KubeState
@@ -113,7 +117,47 @@ def parser() -> argparse.ArgumentParser:
         "--annotation-max-age", type=_positive, default=defaults.ANNOTATION_MAX_AGE_S, metavar="SECONDS"
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _webhook_arguments(p)
     return p
+
+
+def _webhook_arguments(p: argparse.ArgumentParser) -> None:
+    """The opt-in admission webhook (scheduler/webhook.py): off unless --webhook."""
+    g = p.add_argument_group('opt-in admission webhook (docs/scheduler.md "Opt-in webhook")')
+    g.add_argument(
+        "--webhook",
+        action="store_true",
+        help="serve the mutating admission webhook (HTTPS POST /mutate-pods) that sets schedulerName "
+        "on opted-in pods asking for GPUs",
+    )
+    g.add_argument(
+        "--webhook-listen",
+        type=_listen,
+        default=("0.0.0.0", webhook.DEFAULT_PORT),
+        metavar="HOST:PORT",
+        help=f"default 0.0.0.0:{webhook.DEFAULT_PORT} (the API server calls it through a Service)",
+    )
+    g.add_argument(
+        "--webhook-tls-dir",
+        default=webhook.DEFAULT_TLS_DIR,
+        metavar="DIR",
+        help="a mounted kubernetes.io/tls Secret: DIR/tls.crt and DIR/tls.key (default %(default)s)",
+    )
+    g.add_argument("--webhook-cert-file", metavar="FILE", help="certificate (PEM); default DIR/tls.crt")
+    g.add_argument("--webhook-key-file", metavar="FILE", help="private key (PEM); default DIR/tls.key")
+    g.add_argument(
+        "--webhook-scheduler-name",
+        default=webhook.DEFAULT_SCHEDULER_NAME,
+        metavar="NAME",
+        help="the schedulerName set on opted-in GPU pods (default %(default)s)",
+    )
+    g.add_argument(
+        "--webhook-gpu-resource",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another extended resource that counts as a GPU (repeatable; nvidia.com/gpu always does)",
+    )
 
 
 def _fail(message: str) -> NoReturn:
@@ -132,16 +176,40 @@ def _live_state(
     except KubeConfigError as e:
         _fail(f"cannot load Kubernetes configuration: {e}")
     # --levels given: those levels; otherwise the cluster's Kueue/KAI Topology objects may set them
-    state = KubeState(
+    return KubeState(  # started by main, once its Node Events are wired
         client, clock=time.time, max_age_s=max_age, metrics=metrics, topology_levels=topology_levels
     )
-    state.start()
-    return state
+
+
+def _webhook(args: argparse.Namespace, metrics: Metrics) -> webhook.WebhookServer | None:
+    """The webhook server when --webhook, bound before anything else starts: a missing
+    certificate exits 2, a busy port 1, each with one line."""
+    if not args.webhook:
+        return None
+    cert, key = webhook.tls_files(args.webhook_tls_dir)
+    config = webhook.WebhookConfig(
+        cert_file=args.webhook_cert_file or cert,
+        key_file=args.webhook_key_file or key,
+        scheduler_name=args.webhook_scheduler_name,
+        resources=tuple(args.webhook_gpu_resource),
+    )
+    if not _DNS_LABEL.fullmatch(config.scheduler_name):
+        _fail(f"--webhook-scheduler-name {config.scheduler_name!r} is not a valid scheduler name")
+    host, port = args.webhook_listen
+    try:
+        return webhook.WebhookServer(config, host, port, registry=metrics.registry)
+    except webhook.TLSFilesError as e:
+        _fail(f"webhook: {e}")
+    except OSError as e:
+        sys.stderr.write(f"python -m scheduler: error: cannot listen on {host}:{port}: {e.strerror or e}\n")
+        sys.exit(1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     jsonlog.setup(args.log_level)
+    metrics = Metrics()  # one registry: the watch's per-node counters beside the extender's
+    hook = _webhook(args, metrics)
     levels: tuple[str, ...] | None = None
     if args.levels is not None:
         try:
@@ -151,7 +219,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         except LevelError as e:
             _fail(str(e))
     state: ClusterState
-    metrics = Metrics()  # one registry: the watch's per-node counters beside the extender's
     if args.cluster:
         try:
             snapshot = load_cluster(args.cluster)
@@ -167,6 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if core is not None:  # live: Events where operators look (kubectl describe pod / podgroup)
         kube = cast("KubeState", state)
         events = EventEmitter(core.api_client, pod_uid=kube.pod_uid, group_ref=kube.group_ref)
+        kube.guard.notify = events.node_topology  # the annotations it refuses, on their Nodes
+        kube.start()
     extender = Extender(
         state,
         levels or defaults.DEFAULT_LEVELS,
@@ -200,7 +269,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     server.start()
+    if hook is not None:
+        hook.start()
     stop.wait()
+    if hook is not None:
+        hook.stop()
     server.stop()
     halt = getattr(state, "stop", None)
     if halt is not None:

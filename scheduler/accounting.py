@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from gputopo import jsonlog
+from gputopo_kube.events import api_message
 from scheduler.metrics import Metrics
 from scheduler.model import NodeInfo, PodInfo
 
@@ -171,44 +171,23 @@ class PodAccounting:
         return dict(self._outcomes)
 
 
-def record_prediction(
-    core: Any, pod: PodInfo, node: str, gpus: tuple[int, ...], now: float, timeout_s: float
-) -> None:
+def record_prediction(writer: Any, pod: PodInfo, node: str, gpus: tuple[int, ...]) -> None:
     """Record the GPUs the sidecar expects as an Event on the pod, before the Binding, so an
-    operator (`kubectl describe pod`) and a test can compare them with what the node gave. An
-    Event, not a pod annotation: creating Events is the one write this needs, where patching
-    pods would let the sidecar rewrite any pod. Best effort: bounded by `timeout_s`, a failure
-    is logged, never fatal to the bind."""
-    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    body = {
+    operator (`kubectl describe pod`, `kubectl gputopo why`) and a test can compare them with
+    what the node gave. An Event, not a pod annotation: creating Events is the one write this
+    needs, where patching pods would let the sidecar rewrite any pod. Best effort: bounded by
+    the writer's timeout (a `gputopo_kube.events.EventWriter`), a failure is logged, never
+    fatal to the bind."""
+    regarding = {
         "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{pod.name[:200]}.", "namespace": pod.namespace},
-        "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "namespace": pod.namespace,
-            "name": pod.name,
-            "uid": pod.uid or None,
-        },
-        "reason": PREDICTED_REASON,
-        "message": f"gputopo predicts GPUs {','.join(str(g) for g in sorted(gpus))} on node {node}",
-        "type": "Normal",
-        "source": {"component": "gputopo-scheduler"},
-        "reportingComponent": "gputopo-scheduler",
-        "reportingInstance": "gputopo-scheduler",
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
+        "kind": "Pod",
+        "namespace": pod.namespace,
+        "name": pod.name,
+        "uid": pod.uid,
     }
+    note = f"gputopo predicts GPUs {','.join(str(g) for g in sorted(gpus))} on node {node}"
     try:
-        resp = core.create_namespaced_event(
-            pod.namespace, body, _preload_content=False, _request_timeout=timeout_s
-        )
-        try:
-            _ = resp.data  # read the body: a pooled connection left with one unread breaks the next call
-        finally:
-            resp.release_conn()
+        writer.create(regarding, PREDICTED_REASON, note, action="Binding")
     except Exception as e:
         jsonlog.event(
             log,
@@ -218,6 +197,6 @@ def record_prediction(
             node=node,
             gpus=list(gpus),
             status=getattr(e, "status", None),
-            reason=f"{type(e).__name__}: {getattr(e, 'reason', None) or e}"[:300],
+            reason=api_message(e)[:300],
             effect="the bind goes on; the prediction is still compared in memory",
         )

@@ -7,25 +7,26 @@ after a plan broke, or does not fit (with the planner's reason); binds refused s
 The extender calls `emit(pod_key, gang_key, reason, message)` at its decision points, under its
 lock, so `emit` never blocks and never raises: it rate-limits (one event per reason per object
 per `interval_s`), puts the event on a bounded queue (the oldest is dropped when full) and
-returns. One background thread writes core/v1 Events through the official client, each call
-bounded by a timeout; a failed write is logged (once per `interval_s`) and forgotten.
+returns. One background thread writes events.k8s.io/v1 Events (microsecond `eventTime`, so
+`kubectl gputopo why` orders them against kube-scheduler's own; core/v1 where that API is
+refused: `gputopo_kube.events`) through the official client, each call bounded by a timeout; a
+failed write is logged with the API server's message (once per `interval_s`) and forgotten.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol
 
 from kubernetes import client
 
 from gputopo import jsonlog
 from gputopo.gang.asks import Event
+from gputopo_kube.events import EventWriter, api_message
 
 log = logging.getLogger("gputopo.scheduler.events")
 
@@ -54,8 +55,10 @@ def _connection_dropped(e: BaseException) -> bool:
 
 COMPONENT = "gputopo-scheduler"
 #: Event reasons (CamelCase, as Kubernetes components write them) and their type.
-WARNING_REASONS = frozenset({"GangUnschedulable", "BindRefused", "BindFailed"})
-MAX_MESSAGE = 1024  # the API server refuses longer event messages
+#: On a Node: the sidecar refused its topology annotation / uses it again.
+REJECTED_REASON = "TopologyRejected"
+ACCEPTED_REASON = "TopologyAccepted"
+WARNING_REASONS = frozenset({"GangUnschedulable", "BindRefused", "BindFailed", REJECTED_REASON})
 
 #: Tracker event kinds -> the reason of the Kubernetes Event written on the gang's group object.
 _GANG_REASONS = {
@@ -93,7 +96,7 @@ class NullEvents:
 
 
 class EventEmitter:
-    """Rate-limited, queued core/v1 Event writer (see the module docstring)."""
+    """Rate-limited, queued Event writer (see the module docstring)."""
 
     def __init__(
         self,
@@ -106,15 +109,14 @@ class EventEmitter:
         timeout_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.core = client.CoreV1Api(api_client)
+        self.writer = EventWriter(api_client, controller=COMPONENT, timeout_s=timeout_s)
         self.pod_uid = pod_uid
         self.group_ref = group_ref
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.clock = clock
-        self.instance = socket.gethostname()
         self._lock = threading.Lock()
-        self._queue: collections.deque[tuple[str, str | None, str, str]] = collections.deque(
+        self._queue: collections.deque[tuple[str, str | None, str, str, str]] = collections.deque(
             maxlen=queue_size
         )
         self._last: dict[tuple[str, str], float] = {}  # (object key, reason) -> last emitted
@@ -160,8 +162,30 @@ class EventEmitter:
                     gang_key if f"gang:{gang_key}" in fresh else None,
                     reason,
                     message,
+                    "",
                 )
             )
+        self._wake.set()
+
+    def node_topology(self, node: str, stage: str, reason: str | None) -> None:
+        """NodeGuard's hook: the sidecar refused `node`'s annotation (`reason`), or accepts it
+        again (None). An Event on the Node (`kubectl describe node`, `kubectl gputopo nodes`):
+        the guard calls only on a change, so this writes nothing per watch event or heartbeat."""
+        if reason is None:
+            event = (
+                ACCEPTED_REASON,
+                f"gputopo-scheduler uses this node's topology annotation again ({stage})",
+            )
+        else:
+            event = (
+                REJECTED_REASON,
+                f"gputopo-scheduler ignores this node's topology annotation ({stage}): {reason}; "
+                "its GPUs are counted from allocatable, with a neutral score",
+            )
+        with self._lock:
+            if len(self._queue) == self._queue.maxlen:
+                self.overflowed += 1
+            self._queue.append(("", None, event[0], event[1], node))
         self._wake.set()
 
     # -- the writer thread ---------------------------------------------------------------------
@@ -199,8 +223,10 @@ class EventEmitter:
                 except Exception as e:  # never let one event stop the writer
                     self._failed(f"{type(e).__name__}: {e}")
 
-    def _write(self, pod_key: str, gang_key: str | None, reason: str, message: str) -> None:
+    def _write(self, pod_key: str, gang_key: str | None, reason: str, message: str, node: str) -> None:
         targets: list[dict[str, str]] = []
+        if node:  # kubelet's Node Events name the node as their uid; kubectl describe node finds both
+            targets.append({"apiVersion": "v1", "kind": "Node", "name": node, "uid": node})
         if pod_key:
             ns, _, name = pod_key.partition("/")
             targets.append(
@@ -215,43 +241,20 @@ class EventEmitter:
         ref = self.group_ref(gang_key) if gang_key else None
         if ref is not None:
             targets.append(dict(ref))
+        kind = "Warning" if reason in WARNING_REASONS else "Normal"
+        action = "Binding" if reason.startswith("Bind") else "Reading" if node else "Scheduling"
         for target in targets:
-            body = self._event(target, reason, message)
             for attempt in range(1 + CONNECTION_RETRIES):
                 try:
-                    create: Any = self.core.create_namespaced_event  # a raw response: _preload_content=False
-                    resp = create(
-                        target["namespace"], body, _preload_content=False, _request_timeout=self.timeout_s
-                    )
-                    resp.drain_conn()  # unread bytes left on a pooled connection break the next write
-                    resp.release_conn()
+                    self.writer.create(target, reason, message, type_=kind, action=action)
                     self.written += 1
                     break
                 except Exception as e:
                     if attempt < CONNECTION_RETRIES and _connection_dropped(e) and not self._stop.is_set():
                         time.sleep(RETRY_PAUSE_S * 2**attempt)  # the writer's own thread: no verb waits
                         continue
-                    self._failed(f"{type(e).__name__}: {getattr(e, 'status', '')} {getattr(e, 'reason', e)}")
+                    self._failed(api_message(e))
                     break
-
-    def _event(self, target: Mapping[str, str], reason: str, message: str) -> dict[str, Any]:
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        involved = {k: v for k, v in target.items() if v}
-        return {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{target['name'][:200]}.", "namespace": target["namespace"]},
-            "involvedObject": involved,
-            "reason": reason,
-            "message": message[:MAX_MESSAGE],
-            "type": "Warning" if reason in WARNING_REASONS else "Normal",
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.instance,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
 
     def _failed(self, why: str) -> None:
         self.failed += 1

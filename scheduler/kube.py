@@ -18,6 +18,7 @@ from typing import Any
 
 from kubernetes import client
 
+from gputopo_kube.events import EventWriter
 from scheduler import defaults
 from scheduler.accounting import PodAccounting, record_prediction
 from scheduler.apikinds import Discovery, ExtraKinds, Kind
@@ -67,6 +68,9 @@ class KubeState:
         self.bind_timeout_s = bind_timeout_s
         # The prediction's Event is best effort: a slow API call must not delay the bind for long.
         self.event_timeout_s = event_timeout_s
+        self.prediction_events = EventWriter(
+            api_client, controller="gputopo-scheduler", timeout_s=event_timeout_s
+        )
         self.metrics = metrics
         self.guard = NodeGuard(metrics)
         self.accounting = PodAccounting(metrics)
@@ -388,5 +392,5 @@ class KubeState:
         if gpus:
             with self._lock:
                 self.accounting.predict(pod.key, node, gpus, self.clock())
-            record_prediction(self.core, pod, node, gpus, self.clock(), self.event_timeout_s)
+            record_prediction(self.prediction_events, pod, node, gpus)
         create_binding(self.core, pod, node, self.bind_timeout_s)

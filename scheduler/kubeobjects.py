@@ -48,6 +48,9 @@ def node_info(
     if info.topology is None and info.topology_problem:
         stage = "allocatable" if "allocatable" in info.topology_problem else "annotation"
         guard.rejected(name, stage, info.topology_problem, quiet=True)  # extender logs it
+    elif info.topology is not None:  # a refusal of an earlier annotation is over
+        guard.accepted(name, "annotation")
+        guard.accepted(name, "allocatable")
     return info
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from gputopo import jsonlog
 from scheduler.metrics import Metrics
@@ -20,6 +21,9 @@ log = logging.getLogger("gputopo.scheduler.nodes")
 
 #: Reasons remembered at most (a cluster of 5,000 nodes each failing differently fits).
 MAX_REMEMBERED = 100_000
+#: The codec's reason for a node with no annotation: the plugin's business (it says on the Node
+#: why it cannot publish), so no Event of the sidecar's.
+MISSING = "annotation missing"
 #: A reason is cut to this length: it may quote a value from the annotation.
 MAX_REASON_CHARS = 300
 
@@ -37,6 +41,9 @@ class NodeGuard:
         self.metrics = metrics
         self._lock = threading.Lock()
         self._seen: dict[tuple[str, str], str] = {}
+        #: Called (node, stage, reason) on each new refusal and (node, stage, None) when a refused
+        #: step succeeds again: the sidecar's Node Events (scheduler/events.py). Must not block.
+        self.notify: Callable[[str, str, str | None], None] | None = None
 
     def rejected(
         self, node: str, stage: str, reason: str, *, error: bool = False, quiet: bool = False
@@ -53,6 +60,8 @@ class NodeGuard:
             self._seen[(node, stage)] = reason
         if self.metrics is not None:
             self.metrics.node_rejections.labels(stage=stage).inc()
+        if self.notify is not None and reason != MISSING:
+            self.notify(node, stage, reason)
         if quiet:
             return
         jsonlog.event(
@@ -69,4 +78,6 @@ class NodeGuard:
         """The step succeeded again: a later refusal with the same reason is news once more."""
         if (node, stage) in self._seen:
             with self._lock:
-                self._seen.pop((node, stage), None)
+                reason = self._seen.pop((node, stage), None)
+            if self.notify is not None and reason is not None and reason != MISSING:
+                self.notify(node, stage, None)

@@ -67,6 +67,53 @@ def _key(obj: dict[str, Any]) -> str:
     return f"{ns}/{meta['name']}" if ns else meta["name"]
 
 
+#: metav1.MicroTime as the API server parses it (RFC3339Micro: six digits, Z or an offset).
+MICRO_TIME = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)"
+
+
+def event_problem(body: dict[str, Any], namespace: str, v1: bool) -> str:
+    """What the API server's Event validation refuses (pkg/apis/core/validation/events.go), in
+    part: the fields each API requires, the note's length, the namespace of a cluster-scoped
+    object's Event; "" when valid."""
+    about = (body.get("regarding") if v1 else body.get("involvedObject")) or {}
+    if (body.get("metadata") or {}).get("namespace", namespace) != namespace:
+        return "metadata.namespace: does not match the request"
+    if not about.get("namespace") and namespace not in ("default", "kube-system"):
+        return f"namespace {namespace}: an Event about a cluster-scoped object must be in default"
+    if about.get("namespace") and about["namespace"] != namespace:
+        return "involvedObject.namespace: does not match event.namespace"
+    if v1:
+        for field in ("eventTime", "reportingController", "reportingInstance", "action", "reason"):
+            if not body.get(field):
+                return f"{field}: Required value"
+        if not re.fullmatch(MICRO_TIME, body["eventTime"]):
+            return f"eventTime: not a MicroTime: {body['eventTime']!r}"
+        if len(body.get("note") or "") > 1024:
+            return "note: Too long"
+    elif len(body.get("message") or "") > 1024 * 4:
+        return "message: Too long"
+    if body.get("type") not in ("Normal", "Warning"):
+        return "type: Unsupported value"
+    return ""
+
+
+def event_view(e: dict[str, Any]) -> dict[str, Any]:
+    """An Event as either API wrote it, in one shape: kind, name, uid, reason, message, type, from."""
+    about = e.get("regarding") or e.get("involvedObject") or {}
+    return {
+        "api": e.get("apiVersion"),
+        "kind": about.get("kind"),
+        "name": about.get("name"),
+        "uid": about.get("uid"),
+        "ref": about,
+        "reason": e.get("reason"),
+        "message": e.get("note") if "regarding" in e else e.get("message"),
+        "type": e.get("type"),
+        "from": e.get("reportingController") or (e.get("source") or {}).get("component"),
+        "namespace": (e.get("metadata") or {}).get("namespace"),
+    }
+
+
 class FakeAPI:
     """The store, its event history and the injected faults."""
 
@@ -96,7 +143,8 @@ class FakeAPI:
         self.fail: dict[str, list[int]] = {}  # endpoint -> status codes to answer next
         self.requests: list[tuple[str, str]] = []
         self.patches: list[tuple[str, dict[str, Any]]] = []
-        self.events: list[dict[str, Any]] = []  # core/v1 Events created (not listed or watched)
+        self.events: list[dict[str, Any]] = []  # Events created, as sent (not listed or watched)
+        self.events_v1 = True  # events.k8s.io/v1 served (False: 404, as a server without it)
         self.bindings: list[tuple[str, str]] = []
         self.bind_gate: threading.Event | None = None  # when set, bindings wait for it (slow API server)
 
@@ -370,9 +418,19 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         api = self.server.api
         body = self._body()
-        ev = re.fullmatch(r"/api/v1/namespaces/([^/]+)/events", urlparse(self.path).path)
+        ev = re.fullmatch(
+            r"(/api/v1|/apis/events\.k8s\.io/v1)/namespaces/([^/]+)/events", urlparse(self.path).path
+        )
         if ev:
-            api.requests.append(("event", f"{ev.group(1)}/{(body.get('involvedObject') or {}).get('name')}"))
+            v1 = ev.group(1) != "/api/v1"
+            about = (body.get("regarding") if v1 else body.get("involvedObject")) or {}
+            api.requests.append(("event", f"{ev.group(2)}/{about.get('name')}"))
+            if v1 and not api.events_v1:
+                self._status(404, "NotFound", "the server could not find the requested resource")
+                return
+            if problem := event_problem(body, ev.group(2), v1):
+                self._status(422, "Invalid", f"Event is invalid: {problem}")
+                return
             if api.event_gate is not None:
                 api.event_gate.wait(timeout=30)
             fault = api.take_fault("event")

@@ -106,9 +106,29 @@ def test_bad_topology_file_is_exit_2(tmp_path) -> None:
 
 
 def test_status_without_plugin_is_a_clear_failure(tmp_path) -> None:
-    out = gputopo("status", "--socket", str(tmp_path / "none.sock"), "--timeout", "0.5")
-    assert out.returncode == 1
-    assert "not reachable" in out.stderr and "Traceback" not in out.stderr
+    """Off a GPU node (no socket), beside a plain file, or on a socket nobody serves: exit 1 and
+    one line that names the path and says which, never gRPC's own text."""
+    import socket as sk
+
+    path = tmp_path / "none.sock"
+    plain = tmp_path / "file.sock"
+    plain.write_text("")
+    dead = tmp_path / "dead.sock"
+    left = sk.socket(sk.AF_UNIX, sk.SOCK_STREAM)
+    left.bind(str(dead))  # bound, never listening: what a killed plugin leaves behind
+    try:
+        for where, expect in (
+            (path, f"gputopo: no plugin socket at {path} (not a GPU node running the gputopo device plugin?"),
+            (plain, f"gputopo: {plain} is not a socket"),
+            (dead, f"gputopo: no plugin answers at {dead}"),
+        ):
+            out = gputopo("status", "--socket", str(where), "--timeout", "0.5")
+            assert out.returncode == 1 and out.stdout == ""
+            lines = out.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith(expect), out.stderr
+            assert "UNAVAILABLE" not in out.stderr and "FAILED_PRECONDITION" not in out.stderr
+    finally:
+        left.close()
 
 
 def test_status_reads_the_running_plugin(tmp_path) -> None:

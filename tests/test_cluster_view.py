@@ -381,11 +381,11 @@ def test_bind_records_the_predicted_gpus_as_an_event_and_survives_a_failed_post(
     caplog.set_level(logging.WARNING)
     live.start()
     assert live.bind(pods[0], "n1") == ""
-    (event,) = live.api.events
-    assert event["reason"] == PREDICTED_REASON and event["involvedObject"]["name"] == "p0"
+    (event,) = map(fk.event_view, live.api.events)
+    assert event["reason"] == PREDICTED_REASON and event["name"] == "p0"
     gpus = event["message"].split("GPUs ")[1].split(" on node ")[0].split(",")
     assert len(gpus) == 2 and event["message"].endswith("on node n1")
-    assert event["involvedObject"]["uid"] == "uid-ml-p0"
+    assert event["uid"] == "uid-ml-p0" and event["api"] == "events.k8s.io/v1"
     assert [r for r in live.api.requests if r[1] == "ml/p0"] == [("event", "ml/p0"), ("bind", "ml/p0")]
     live.api.inject("event", 500)
     assert live.bind(pods[1], "n1") == "", "a failed event never fails the bind"
@@ -458,7 +458,7 @@ def test_the_prediction_is_what_the_plugin_picks_and_a_reservation_it_takes_is_r
     reserved = live.ext.reservations.get("ml/g-1")
     assert reserved is not None
     _bind(live, solo)
-    (event,) = [e for e in live.api.events if e["involvedObject"]["name"] == "solo"]
+    (event,) = [v for v in map(fk.event_view, live.api.events) if v["name"] == "solo"]
     predicted = {int(g) for g in event["message"].split("GPUs ")[1].split(" on ")[0].split(",")}
     assert predicted <= set(reserved.gpus), "the plugin's own pick: inside the reservation"
     # before any annotation: the member's reservation is already re-planned around it

@@ -343,7 +343,17 @@ def test_sidecar_can_read_every_optional_kind_and_write_events() -> None:
         for verb in ("get", "list", "watch"):
             assert allows(rules, kind.group, kind.plural, verb), f"{verb} {kind.plural}.{kind.group}"
     assert allows(rules, "", "events", "create")
+    assert allows(rules, "events.k8s.io", "events", "create"), "Events with microsecond times"
     assert not allows(rules, "", "events", "delete")
+
+
+def test_plugin_can_write_events_on_its_node_and_nothing_else_new() -> None:
+    """The plugin explains on its Node why it cannot publish: create Events, no other write."""
+    rules = rbac_rules(render(""), "gputopo-device-plugin")
+    assert allows(rules, "events.k8s.io", "events", "create") and allows(rules, "", "events", "create")
+    for verb in ("update", "patch", "delete"):
+        assert not allows(rules, "events.k8s.io", "events", verb)
+    assert not allows(rules, "", "pods", "patch") and not allows(rules, "", "nodes", "update")
 
 
 # ------------------------------------------------------------------ device plugin
@@ -431,7 +441,7 @@ def test_plugin_runs_on_gpu_nodes_only_and_survives_pressure() -> None:
     assert sc["capabilities"]["drop"] == ["ALL"] and sc["allowPrivilegeEscalation"] is False
 
 
-def test_plugin_rbac_is_patch_nodes_only() -> None:
+def test_plugin_rbac_is_patch_nodes_and_create_events_only() -> None:
     rules = rbac_rules(render(""), "gputopo-device-plugin")
     granted = {
         (g, r, v)
@@ -440,8 +450,14 @@ def test_plugin_rbac_is_patch_nodes_only() -> None:
         for r in rule["resources"]
         for v in rule["verbs"]
     }
-    assert granted == {("", "nodes", "get"), ("", "nodes", "patch")}, (
-        "the publisher's one call is a merge patch of its Node; the per-node config reads its label"
+    assert granted == {
+        ("", "nodes", "get"),
+        ("", "nodes", "patch"),
+        ("", "events", "create"),
+        ("events.k8s.io", "events", "create"),
+    }, (
+        "the publisher's one call is a merge patch of its Node; the per-node config reads its label; "
+        "an Event on its Node says why it cannot publish"
     )
 
 

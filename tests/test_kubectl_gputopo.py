@@ -74,12 +74,31 @@ class _Handler(fk._Handler):
             return
         if m := re.fullmatch(r"/api/v1/namespaces/([^/]+)/events", path):
             fields = dict(part.split("=", 1) for part in q.get("fieldSelector", "").split(",") if part)
+
+            def field(e: dict[str, Any], key: str) -> Any:  # involvedObject.kind, reason, reportingComponent
+                head, _, rest = key.partition(".")
+                return e.get(head, {}).get(rest) if rest else e.get(head)
+
             items = [
                 e for e in api.objects["events"].values()
                 if e["metadata"]["namespace"] == m.group(1)
-                and all(e["involvedObject"].get(k.split(".", 1)[1]) == v for k, v in fields.items())
+                and all(field(e, k) == v for k, v in fields.items())
             ]  # fmt: skip
+            api.requests.append(("list:events", f"{m.group(1)}?{q.get('fieldSelector', '')}"))
             self._json(200, {"kind": "EventList", "metadata": {"resourceVersion": "1"}, "items": items})
+            return
+        if m := re.fullmatch(r"/apis/events\.k8s\.io/v1/namespaces/([^/]+)/events", path):
+            api.requests.append(("list:events.k8s.io", f"{m.group(1)}?{q.get('fieldSelector', '')}"))
+            if not api.events_v1:
+                self._status(404, "NotFound", "the server could not find the requested resource")
+                return
+            fields = dict(part.split("=", 1) for part in q.get("fieldSelector", "").split(",") if part)
+            items = [
+                v1 for v1 in map(as_events_v1, api.objects["events"].values())
+                if v1["metadata"]["namespace"] == m.group(1)
+                and all(v1["regarding"].get(k.split(".", 1)[1]) == v for k, v in fields.items())
+            ]  # fmt: skip
+            self._json(200, {"kind": "EventList", "apiVersion": "events.k8s.io/v1", "items": items})
             return
         if m := re.fullmatch(r"/apis/([^/]+)/([^/]+)/namespaces/([^/]+)/([^/]+)/([^/]+)", path):
             group, version, ns, plural, name = m.groups()
@@ -94,6 +113,27 @@ class _Handler(fk._Handler):
             self._status(404, "NotFound", f'pods "{m.group(2)}" not found')
             return
         super().do_GET()
+
+
+def as_events_v1(e: dict[str, Any]) -> dict[str, Any]:
+    """A stored Event as events.k8s.io/v1 lists it (the API server's conversion of core/v1)."""
+    if "regarding" in e:
+        return e
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": e["metadata"],
+        "eventTime": e.get("eventTime"),
+        "series": e.get("series"),
+        "reportingController": e.get("reportingComponent"),
+        "reason": e.get("reason"),
+        "regarding": e.get("involvedObject") or {},
+        "note": e.get("message"),
+        "type": e.get("type"),
+        "deprecatedSource": e.get("source"),
+        "deprecatedLastTimestamp": e.get("lastTimestamp"),
+        "deprecatedCount": e.get("count"),
+    }
 
 
 class _Server(fk.FakeServer):
@@ -176,6 +216,43 @@ def event(ns: str, kind: str, name: str, reason: str, message: str, at: str, n: 
     }
 
 
+def prediction_event(ns: str, pod: str, gpus: str, node: str, at: str) -> dict[str, Any]:
+    """The sidecar's GPUsPredicted Event, written through events.k8s.io/v1, as core/v1 lists it:
+    eventTime with microseconds, no first/lastTimestamp, reportingComponent."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"namespace": ns, "name": f"{pod}.{at}"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": ns},
+        "reason": "GPUsPredicted",
+        "message": f"gputopo predicts GPUs {gpus} on node {node}",
+        "type": "Normal",
+        "eventTime": at,
+        "firstTimestamp": None,
+        "lastTimestamp": None,
+        "action": "Binding",
+        "reportingComponent": "gputopo-scheduler",
+        "reportingInstance": "sched-0",
+    }
+
+
+def node_event(node: str, component: str, reason: str, note: str, at: str, n: int) -> dict[str, Any]:
+    """A daemon's Event on a Node (namespace default, uid = the node's name), as core/v1 lists it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"namespace": "default", "name": f"{node}.{n}"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+        "reason": reason,
+        "message": note,
+        "type": "Warning" if "Not" in reason or "Rejected" in reason else "Normal",
+        "eventTime": at,
+        "action": "Publishing",
+        "reportingComponent": component,
+        "reportingInstance": node,
+    }
+
+
 # ---------------------------------------------------------------------------- nodes
 
 
@@ -213,10 +290,13 @@ def test_nodes_lists_every_gpu_node_and_one_bad_annotation_costs_one_row(
     api.put("nodes", cpu)
     code, out, err = run(capsys, kubeconfig, "nodes")
     assert code == 0 and err == ""
-    rows = {
-        line.split()[0]: line.split() for line in out.splitlines()[1:] if line and not line.startswith("RING")
-    }
+    table_lines = out.split("\n\n")[0].splitlines()
+    rows = {line.split()[0]: line.split() for line in table_lines[1:]}
     assert set(rows) == {"a100-1", "bad-1", "gb200-1", "h100-1", "plain-1"}, "CPU-only nodes are left out"
+    assert out.splitlines()[-1] == (
+        "3 of 5 GPU nodes without a usable annotation: the scheduler counts their GPUs from allocatable, "
+        "with no topology (STATUS says why)."
+    )
     header = out.splitlines()[0].split()
     assert header == ["NODE", "GPUS", "FREE", "HEALTHY", "RING2", "RING4", "RING8", "AGE", "STATUS"]
     # dgx-a100 with 0-3 taken: 4 free, NV12 x 25 = 300 GB/s rings, no 8 left
@@ -310,7 +390,6 @@ def test_why_a_gang_member_waits_with_the_latest_reason(cluster, capsys, monkeyp
             8,
             labels=labels,
             node_name="n1",
-            annotations={"gputopo.io/predicted-gpus": "0,1,2,3,4,5,6,7"},
         ),
     )
     leaf = {"gputopo.io/required-topology": "network.topology.nvidia.com/leaf"}
@@ -332,16 +411,23 @@ def test_why_a_gang_member_waits_with_the_latest_reason(cluster, capsys, monkeyp
         "ml",
         "Pod",
         "train-1",
-        "GangRefused",
+        "GangUnschedulable",
         "no leaf has 3 nodes with 8 free GPUs",
         "2027-01-15T07:59:50Z",
         2,
     )
     ev["3"] = event("ml", "Pod", "solo", "Planned", "not in this gang", "2027-01-15T07:59:55Z", 3)
+    # what the sidecar writes at bind (events.k8s.io/v1, as core/v1 lists it)
+    ev["4"] = prediction_event("ml", "train-0", "0,1,2,3,4,5,6,7", "n1", "2027-01-15T07:58:00.250000Z")
+    ev["5"] = prediction_event(
+        "ml", "train-0", "9,9", "n9", "2027-01-15T07:57:00.000001Z"
+    )  # older: not shown
     code, out, err = run(capsys, kubeconfig, "why", "train-1")
     assert code == 0 and err == ""
     lines = out.splitlines()
-    assert lines[0] == "pod ml/train-1: Pending, waits: GangRefused: no leaf has 3 nodes with 8 free GPUs"
+    assert (
+        lines[0] == "pod ml/train-1: Pending, waits: GangUnschedulable: no leaf has 3 nodes with 8 free GPUs"
+    )
     assert lines.pop(1) == "asks for: gputopo.io/required-topology=network.topology.nvidia.com/leaf"
     assert lines[1].startswith(
         "gang ml/train (from label scheduling.x-k8s.io/pod-group; PodGroup found): 1 of 3"
@@ -359,12 +445,20 @@ def test_why_a_gang_member_waits_with_the_latest_reason(cluster, capsys, monkeyp
         "pod/train-1",
     ]
     reasons = [e[3] for e in events[1:]]
-    assert reasons == ["GangWaiting", "GangRefused"], "oldest first; another pod's events are not shown"
+    assert reasons == ["GangWaiting", "GangUnschedulable"], "oldest first; another pod's events are not shown"
+    predicted_calls = [r for r in api.requests if r[0] == "list:events" and "reason=GPUsPredicted" in r[1]]
+    assert len(predicted_calls) == 1, "every member's prediction in one call"
+    code, out, _ = run(capsys, kubeconfig, "why", "pod/train-0")
+    assert (
+        out.splitlines()[1]
+        == "predicted GPUs: 0,1,2,3,4,5,6,7 on n1 (the sidecar's GPUsPredicted Event at bind)"
+    )
     code, out, _ = run(capsys, kubeconfig, "why", "pod/train-0", "-o", "yaml")
     doc = yaml.safe_load(out)
     assert doc["decision"] == "bound to n1" and doc["predicted_gpus"] == "0,1,2,3,4,5,6,7"
+    assert doc["predicted_node"] == "n1"
     assert doc["gang"]["min_member"] == 3 and doc["gang"]["bound"] == 1
-    assert doc["annotations"] == {"gputopo.io/predicted-gpus": "0,1,2,3,4,5,6,7"}
+    assert doc["annotations"] == {}
 
 
 def test_why_a_single_pod_in_the_namespace_flag_and_context(cluster, capsys) -> None:
@@ -621,7 +715,8 @@ def test_any_node_is_a_row_or_none(meta: dict, status: object, text: str) -> Non
         resource="nvidia.com/gpu",
     )
     if row is not None:
-        assert row["status"] and views.render_nodes([row], wide=True).count("\n") == 3
+        unusable = row["status"] != "ok" and not row["status"].startswith("rings unavailable")
+        assert row["status"] and views.render_nodes([row], wide=True).count("\n") == 3 + unusable
 
 
 GANG_KEYS = [
@@ -643,7 +738,7 @@ POD = st.fixed_dictionaries(
                 "namespace": JSON,
                 "labels": st.dictionaries(st.sampled_from(GANG_KEYS), JSON) | JSON,
                 "annotations": st.dictionaries(
-                    st.sampled_from([*GANG_KEYS, views.PREDICTED_ANNOTATION]), JSON
+                    st.sampled_from([*GANG_KEYS, "gputopo.io/required-topology"]), JSON
                 )
                 | JSON,
             },
@@ -661,7 +756,22 @@ GANG_OBJECT = st.none() | st.fixed_dictionaries(
 @given(
     pod=POD,
     events=st.lists(
-        shaped(["involvedObject", "reason", "message", "type", "lastTimestamp", "count", "source"]),
+        shaped(
+            [
+                "involvedObject",
+                "regarding",
+                "reason",
+                "message",
+                "note",
+                "type",
+                "lastTimestamp",
+                "eventTime",
+                "series",
+                "count",
+                "source",
+                "reportingComponent",
+            ]
+        ),
         max_size=3,
     ),
     obj=GANG_OBJECT,
@@ -702,3 +812,161 @@ def test_nodes_are_listed_in_pages(cluster, capsys, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr("kubectl_gputopo.api.MAX_PAGES", 2)
     code, out, err = run(capsys, kubeconfig, "nodes")
     assert (code, out) == (1, "") and "more than 4 nodes: narrow the listing with -l" in err
+
+
+def test_nodes_says_why_a_gpu_node_has_no_usable_annotation(cluster, capsys, monkeypatch) -> None:
+    """Plugins that run but cannot publish (PodResources unreachable, a 403) and annotations the
+    sidecar refuses are explained per node from the daemons' Node Events: the latest Event of
+    each daemon decides (a later TopologyPublished / TopologyAccepted clears it, ordered by
+    microseconds within one second); every node listing the GPU resource is shown, even "0"."""
+    api, kubeconfig = cluster
+    monkeypatch.setattr("kubectl_gputopo.cli.time.time", lambda: NOW)
+    plugin, sidecar = "gputopo-device-plugin", "gputopo-scheduler"
+    api.put("nodes", fk.node("np-1"))  # plugin running, kubelet's PodResources unreachable
+    api.put("nodes", fk.node("np-2", annotations={KEY: ann("np-2", at=NOW - 3600)}))  # 403 since
+    api.put("nodes", fk.node("rej-1", annotations={KEY: ann("rej-1", at=NOW - 10)}))
+    api.put("nodes", fk.node("acc-1", annotations={KEY: ann("acc-1", at=NOW - 10)}))
+    api.put("nodes", fk.node("zero-1", gpus=0))  # registered, nothing advertised (yet)
+    pr = "gputopo.io/topology not published: cannot read the GPUs in use from kubelet's PodResources: connection refused"
+    forbidden = (
+        "gputopo.io/topology not published: the API server refused the annotation patch (HTTP 403): "
+        'nodes "np-2" is forbidden: User "system:serviceaccount:gputopo-system:gputopo-device-plugin" '
+        'cannot patch resource "nodes"'
+    )
+    refused = (
+        "gputopo-scheduler ignores this node's topology annotation (allocatable): annotation describes 8 "
+        "healthy GPUs but the Node's allocatable nvidia.com/gpu is 4; its GPUs are counted from allocatable, "
+        "with a neutral score"
+    )
+    ev = api.objects["events"]
+    ev["n1"] = node_event("np-1", plugin, "TopologyNotPublished", pr, "2027-01-15T07:00:00.000001Z", 1)
+    ev["n2a"] = node_event(
+        "np-2", plugin, "TopologyPublished", "published again", "2027-01-15T06:00:00.5Z", 2
+    )
+    ev["n2b"] = node_event(
+        "np-2", plugin, "TopologyNotPublished", forbidden, "2027-01-15T07:10:00.000002Z", 3
+    )
+    ev["r1"] = node_event("rej-1", sidecar, "TopologyRejected", refused, "2027-01-15T07:59:00.200000Z", 4)
+    ev["r2"] = node_event(
+        "rej-1", plugin, "TopologyPublished", "published again", "2027-01-15T07:59:10.0Z", 5
+    )
+    ev["a1"] = node_event("acc-1", sidecar, "TopologyRejected", refused, "2027-01-15T07:59:00.900000Z", 6)
+    ev["a2"] = node_event(
+        "acc-1", sidecar, "TopologyAccepted", "used again", "2027-01-15T07:59:00.950000Z", 7
+    )
+    ev["k"] = node_event(
+        "np-1", "kubelet", "NodeNotReady", "not a gputopo Event", "2027-01-15T07:59:59.0Z", 8
+    )
+    code, out, err = run(capsys, kubeconfig, "nodes")
+    assert code == 0 and err == ""
+    status = {
+        line.split()[0]: line[out.splitlines()[0].index("STATUS") :]
+        for line in out.split("\n\n")[0].splitlines()[1:]
+    }
+    assert status == {
+        "acc-1": "ok",
+        "np-1": f"no annotation: plugin says: {pr}",
+        "np-2": f"stale (older than 15 min: the sidecar ignores it); plugin says: {forbidden}",
+        "rej-1": f"refused by the scheduler: {refused}",
+        "zero-1": "no annotation (no gputopo plugin has published here: is it running? see its log)",
+    }
+    doc = {r["name"]: r for r in json.loads(run(capsys, kubeconfig, "nodes", "-o", "json")[1])}
+    assert doc["np-1"]["plugin_problem"] == pr and doc["np-1"]["scheduler_problem"] is None
+    assert doc["rej-1"]["scheduler_problem"] == refused and doc["rej-1"]["plugin_problem"] is None
+    assert doc["zero-1"]["gpus"] == 0
+    lists = [r[1] for r in api.requests if r[0] == "list:events"]
+    assert sorted(lists) == sorted(
+        [
+            "default?involvedObject.kind=Node,reportingComponent=gputopo-device-plugin",
+            "default?involvedObject.kind=Node,reportingComponent=gputopo-scheduler",
+        ]
+        * 2
+    ), "two calls per listing, whatever the number of nodes"
+
+
+def test_no_gpu_node_at_all_is_one_line(cluster, capsys) -> None:
+    api, kubeconfig = cluster
+    cpu = fk.node("cpu-1")
+    cpu["status"] = {"allocatable": {"cpu": "96"}}
+    api.put("nodes", cpu)
+    code, out, _ = run(capsys, kubeconfig, "nodes", "--resource", "example.com/gpu")
+    assert code == 0 and out == (
+        "No GPU nodes found (no node lists example.com/gpu in its allocatable or capacity, "
+        "nor has a gputopo.io/topology annotation).\n"
+    )
+
+
+def test_why_orders_events_by_their_finest_time(cluster, capsys, monkeypatch) -> None:
+    """kube-scheduler writes FailedScheduling through events.k8s.io/v1 (eventTime in
+    microseconds); the sidecar's Events carry microseconds too now, so one written 0.3 s after
+    it, in the same second, is shown after it. A core/v1 Event with whole seconds sorts at the
+    start of its second; a repeated Event (series) sorts at its last occurrence."""
+    api, kubeconfig = cluster
+    monkeypatch.setattr("kubectl_gputopo.cli.time.time", lambda: NOW)
+    api.put("pods", fk.pod("ml", "p", 8))
+    failed = prediction_event("ml", "p", "0", "n", "2027-01-15T07:59:50.100000Z")
+    failed |= {
+        "reason": "FailedScheduling",
+        "message": "0/4 nodes are available",
+        "reportingComponent": "default-scheduler",
+    }
+    ours = prediction_event("ml", "p", "0", "n", "2027-01-15T07:59:50.400000Z")
+    ours |= {"reason": "GangUnschedulable", "message": "does not fit", "type": "Warning"}
+    legacy = event("ml", "Pod", "p", "GangWaiting", "old style", "2027-01-15T07:59:50Z", 9)
+    again = prediction_event("ml", "p", "0", "n", "2027-01-15T07:59:40.000000Z")
+    again |= {
+        "reason": "Repeated",
+        "message": "seen 3 times",
+        "series": {"count": 3, "lastObservedTime": "2027-01-15T07:59:55.000000Z"},
+    }
+    for i, e in enumerate((ours, again, failed, legacy)):
+        e["metadata"]["name"] = f"p.{i}"
+        api.objects["events"][str(i)] = e
+    doc = json.loads(run(capsys, kubeconfig, "why", "p", "-o", "json")[1])
+    assert [e["reason"] for e in doc["events"]] == [
+        "GangWaiting",
+        "FailedScheduling",
+        "GangUnschedulable",
+        "Repeated",
+    ]
+    assert doc["events"][-1]["count"] == 3
+    assert doc["decision"] == "waits: Repeated: seen 3 times"
+    assert doc["events"][1]["from"] == "default-scheduler"
+
+
+@pytest.mark.parametrize("served", [True, False])
+def test_why_reads_both_event_apis_and_shows_each_event_once(cluster, capsys, served: bool) -> None:
+    """Events come back from core/v1 and events.k8s.io/v1 (one store): each is shown once, in
+    either spelling; a server without events.k8s.io/v1 (404) leaves the core/v1 answer."""
+    api, kubeconfig = cluster
+    api.events_v1 = served
+    api.put("pods", fk.pod("ml", "p", 8))
+    api.objects["events"]["a"] = event(
+        "ml", "Pod", "p", "GangWaiting", "core spelling", "2027-01-15T07:59:00Z", 1
+    )
+    only_v1 = {  # as events.k8s.io/v1 lists it: regarding, note, deprecated* fields
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"namespace": "ml", "name": "p.v1"},
+        "eventTime": None,
+        "regarding": {"kind": "Pod", "name": "p", "namespace": "ml"},
+        "reason": "FailedScheduling",
+        "note": "0/4 nodes are available",
+        "type": "Warning",
+        "reportingController": "default-scheduler",
+        "deprecatedLastTimestamp": "2027-01-15T07:59:30Z",
+        "deprecatedCount": 4,
+    }
+    api.objects["events"]["b"] = only_v1
+    doc = json.loads(run(capsys, kubeconfig, "why", "p", "-o", "json")[1])
+    rows = [(e["reason"], e["message"], e["from"], e["count"]) for e in doc["events"]]
+    if served:
+        assert rows == [
+            ("GangWaiting", "core spelling", "gputopo-scheduler", 1),
+            ("FailedScheduling", "0/4 nodes are available", "default-scheduler", 4),
+        ]
+    else:
+        assert rows == [("GangWaiting", "core spelling", "gputopo-scheduler", 1)]
+    assert [r for r in api.requests if r[0] == "list:events.k8s.io"] == [
+        ("list:events.k8s.io", "ml?regarding.kind=Pod,regarding.name=p")
+    ]

@@ -52,6 +52,8 @@ class FakeGpu:
     bus_id: str
     name: str = "Fake GPU"
     numa: int | None = None  # nvmlDeviceGetNumaNodeId; None -> NOT_SUPPORTED
+    memory_nodes: list[int] | None = None  # nvmlDeviceGetMemoryAffinity's nodes; None -> NOT_SUPPORTED
+    cpus: list[int] | None = None  # nvmlDeviceGetCpuAffinityWithinScope's CPUs; None -> NOT_SUPPORTED
     links: list[FakeLink] = field(default_factory=list)
     events: int = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
 
@@ -106,6 +108,25 @@ class FakeNvml:
         if self.gpus[h].numa is None:
             raise E(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return self.gpus[h].numa
+
+    @staticmethod
+    def _mask(bits: list[int] | None, words: int) -> list[int]:
+        """A pynvml-shaped mask: `words` 64-bit words, lowest first (pynvml returns a ctypes array)."""
+        if bits is None:
+            raise E(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        out = [0] * words
+        for b in bits:
+            if b < words * 64:  # what NVML cannot fit in the caller's words it leaves out
+                out[b // 64] |= 1 << (b % 64)
+        return out
+
+    def nvmlDeviceGetMemoryAffinity(self, h: int, words: int, scope: int) -> list[int]:
+        assert scope == pynvml.NVML_AFFINITY_SCOPE_NODE
+        return self._mask(self.gpus[h].memory_nodes, words)
+
+    def nvmlDeviceGetCpuAffinityWithinScope(self, h: int, words: int, scope: int) -> list[int]:
+        assert scope == pynvml.NVML_AFFINITY_SCOPE_NODE
+        return self._mask(self.gpus[h].cpus, words)
 
     def nvmlDeviceGetTopologyCommonAncestor(self, a: int, b: int) -> int:
         if (a, b) in self.ancestor_error:
@@ -289,8 +310,50 @@ def test_numa_from_sysfs_first_then_nvml(tmp_path: Path) -> None:
         d.mkdir(parents=True)
         (d / "numa_node").write_text(value)
     t = NvmlBackend(nvml=FakeNvml(gpus, [[0, 50, 50]] * 3), sysfs_root=str(tmp_path)).discover()
-    # sysfs says 1; sysfs says -1 (no NUMA): unknown; no sysfs entry: NVML's answer.
-    assert [g.numa for g in t.gpus] == [1, None, 9]
+    # sysfs says 1; sysfs says -1 (unknown) and no sysfs entry: NVML's answer.
+    assert [g.numa for g in t.gpus] == [1, 9, 9]
+
+
+def test_numa_falls_back_to_nvml_affinity(tmp_path: Path) -> None:
+    """Where sysfs says -1 and nvmlDeviceGetNumaNodeId is unknown (an H200 VM on driver 580),
+    the NUMA node is the one NVML's affinity names, as nvidia-smi topo -m's NUMA Affinity column:
+    memory affinity first, else the node of the CPUs of the CPU affinity; several nodes or none:
+    unknown."""
+    nodes = tmp_path / "devices" / "system" / "node"
+    for n, cpus in ((0, "0-3,8-11"), (1, "4-7,12-15"), (300, "70")):
+        (nodes / f"node{n}").mkdir(parents=True)
+        (nodes / f"node{n}" / "cpulist").write_text(cpus + "\n")
+    cases = [
+        FakeGpu("GPU-0", bus(0), memory_nodes=[0], cpus=[4]),  # memory affinity wins
+        FakeGpu("GPU-1", bus(1), memory_nodes=[1]),
+        FakeGpu("GPU-2", bus(2), cpus=[12, 13]),  # no memory affinity: the CPUs' node
+        FakeGpu("GPU-3", bus(3), memory_nodes=[0, 1]),  # spans both: unknown
+        FakeGpu("GPU-4", bus(4), cpus=[2, 5]),  # CPUs of both nodes: unknown
+        FakeGpu("GPU-5", bus(5)),  # nothing answers
+        FakeGpu("GPU-6", bus(6), cpus=[99]),  # a CPU of no node
+        FakeGpu("GPU-7", bus(7), memory_nodes=[200]),  # a high node: the mask's 4th word
+        FakeGpu("GPU-8", bus(8), numa=3, memory_nodes=[1]),  # nvmlDeviceGetNumaNodeId first
+    ]
+    for i in range(len(cases)):
+        d = tmp_path / "bus" / "pci" / "devices" / f"0000:{0x10 * (i + 1):02x}:00.0"
+        d.mkdir(parents=True)
+        (d / "numa_node").write_text("-1\n")
+    t = NvmlBackend(nvml=FakeNvml(cases, [[0] + [50] * 8] * 9), sysfs_root=str(tmp_path)).discover()
+    assert [g.numa for g in t.gpus] == [0, 1, 1, None, None, None, None, 200, 3]
+
+
+def test_numa_of_the_h200_vm_measured(tmp_path: Path) -> None:
+    """The answers an H200 VM gave (driver 580.159.04): numa_node -1, nvmlDeviceGetNumaNodeId
+    NOT_SUPPORTED, memory affinity 0x1, CPU affinity 0-15 = node0's cpulist; topo -m: 0."""
+    (tmp_path / "devices" / "system" / "node" / "node0").mkdir(parents=True)
+    (tmp_path / "devices" / "system" / "node" / "node0" / "cpulist").write_text("0-15\n")
+    d = tmp_path / "bus" / "pci" / "devices" / "0000:10:00.0"
+    d.mkdir(parents=True)
+    (d / "numa_node").write_text("-1\n")
+    gpu = FakeGpu("GPU-h200", bus(0), numa=None, memory_nodes=[0], cpus=list(range(16)))
+    assert NvmlBackend(nvml=FakeNvml([gpu], [[0]]), sysfs_root=str(tmp_path)).discover().gpus[0].numa == 0
+    gpu.memory_nodes = None  # the CPU affinity alone says the same
+    assert NvmlBackend(nvml=FakeNvml([gpu], [[0]]), sysfs_root=str(tmp_path)).discover().gpus[0].numa == 0
 
 
 def test_overrides_beat_nvml(no_sysfs: str) -> None:

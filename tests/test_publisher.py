@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 import socket
 import threading
 import time
@@ -279,3 +281,64 @@ def test_a_plain_set_reader_publishes_no_pod_map() -> None:
     pub.update(snapshot())
     pub.sync(0.0)
     assert api.last().pods is None and api.last().allocated == {1}
+
+
+FORBIDDEN = "injected failure patching node-a"  # the stand-in's Status message for the 403
+
+
+def test_a_refused_patch_logs_the_api_servers_message_and_says_why_on_the_node(caplog) -> None:
+    """Through the real client and the API stand-in: a 403 logs the Status body's message (what
+    RBAC or the admission policy said), not `Forbidden`; the Node gets one Warning Event per
+    cause (not per retry), in events.k8s.io/v1 with a microsecond time, and one Normal Event
+    once publishing works again."""
+    from gputopo_kube.events import EventWriter
+
+    caplog.set_level(logging.WARNING, logger="deviceplugin.publisher")
+    with fk.running() as (api, _, api_client):
+        api.put("nodes", fk.node("node-a"))
+        core = client.CoreV1Api(api_client)
+        events = EventWriter(api_client, controller="gputopo-device-plugin")
+        in_use: list = [
+            PodResourcesError("PodResources unreachable at /var/lib/kubelet/pod-resources/kubelet.sock")
+        ]
+        pub = publisher(core, in_use, events=events)
+        pub.update(snapshot())
+        pub.sync(0.0)
+        pub.sync(1.0)  # the same cause again: no second Event
+        in_use[0] = {UUIDS[0]}
+        api.inject("patch", 403, 403)  # answered with a Status whose message says why
+        pub.sync(3.0)
+        pub.sync(10.0)  # still refused: same cause, no new Event
+        pub.sync(30.0)
+        assert api.patches, "published once the API server lets it"
+        logged = [r.fields for r in caplog.records if r.getMessage() == "publish_failed"]
+        assert logged and logged[0]["status"] == 403 and logged[0]["reason"] == FORBIDDEN
+        views = [fk.event_view(e) for e in api.events]
+        assert [(v["kind"], v["name"], v["type"], v["reason"]) for v in views] == [
+            ("Node", "node-a", "Warning", "TopologyNotPublished"),
+            ("Node", "node-a", "Warning", "TopologyNotPublished"),
+            ("Node", "node-a", "Normal", "TopologyPublished"),
+        ]
+        assert "PodResources unreachable" in views[0]["message"]
+        assert "HTTP 403" in views[1]["message"] and FORBIDDEN in views[1]["message"]
+        assert all(v["api"] == "events.k8s.io/v1" and v["namespace"] == "default" for v in views)
+        assert all(v["from"] == "gputopo-device-plugin" and v["uid"] == "node-a" for v in views)
+        assert all(re.fullmatch(fk.MICRO_TIME, e["eventTime"]) for e in api.events)
+
+
+def test_node_events_that_cannot_be_written_never_stop_publishing() -> None:
+    class Broken:
+        calls = 0
+
+        def create(self, *a: Any, **k: Any) -> None:
+            Broken.calls += 1
+            raise ConnectionError("API server down")
+
+    api = RecordingAPI()
+    in_use: list = [PodResourcesError("kubelet down")]
+    pub = publisher(api, in_use, events=Broken())
+    pub.update(snapshot())
+    pub.sync(0.0)
+    in_use[0] = {UUIDS[1]}
+    pub.sync(5.0)
+    assert api.last().allocated == {1} and Broken.calls == 2

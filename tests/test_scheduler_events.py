@@ -4,7 +4,9 @@ what `kubectl describe pod` (and describe of the PodGroup) shows, rate-limited, 
 from __future__ import annotations
 
 import logging
+import re
 import threading
+import time
 
 from scheduler.events import EventEmitter
 from scheduler.extender import Extender
@@ -36,10 +38,11 @@ class Setup:
 
     def events(self, kind: str | None = None) -> list[tuple[str, str, str, str]]:
         assert self.emitter.flush()
+        views = [fk.event_view(e) for e in self.api.events]
         return [
-            (e["involvedObject"]["kind"], e["involvedObject"]["name"], e["reason"], e["message"])
-            for e in self.api.events
-            if kind is None or e["involvedObject"]["kind"] == kind
+            (v["kind"], v["name"], v["reason"], v["message"])
+            for v in views
+            if kind is None or v["kind"] == kind
         ]
 
 
@@ -65,6 +68,7 @@ def run(pods, nodes=None, **emitter_kw):
                 clock=lambda: clock[0],
                 **emitter_kw,
             )
+            self.state.guard.notify = self.emitter.node_topology  # as python -m scheduler wires it
             ext = Extender(self.state, clock=lambda: NOW, events=self.emitter)
             self.server = Server(ext, "127.0.0.1", 0)
             self.state.start()
@@ -96,11 +100,14 @@ def test_waiting_planned_replanned_and_refused_events_on_the_pod_and_the_podgrou
             ("Pod", "w-0", "GangWaiting", "gang ml/podgroup:train waiting for members 1/2"),
             ("PodGroup", "train", "GangWaiting", "gang ml/podgroup:train waiting for members 1/2"),
         ]
-        (pod_event,) = [e for e in s.api.events if e["involvedObject"]["kind"] == "Pod"]
-        assert pod_event["involvedObject"]["uid"] == "uid-ml-w-0" and pod_event["type"] == "Normal"
-        assert pod_event["source"] == {"component": "gputopo-scheduler"}
-        group_event = next(e for e in s.api.events if e["involvedObject"]["kind"] == "PodGroup")
-        assert group_event["involvedObject"] == {
+        (pod_event,) = [e for e in s.api.events if e["regarding"]["kind"] == "Pod"]
+        assert pod_event["apiVersion"] == "events.k8s.io/v1" and pod_event["action"] == "Scheduling"
+        assert pod_event["regarding"]["uid"] == "uid-ml-w-0" and pod_event["type"] == "Normal"
+        assert pod_event["reportingController"] == "gputopo-scheduler"
+        # microseconds, so `kubectl gputopo why` orders it against kube-scheduler's own Events
+        assert re.fullmatch(fk.MICRO_TIME, pod_event["eventTime"])
+        group_event = next(e for e in s.api.events if e["regarding"]["kind"] == "PodGroup")
+        assert group_event["regarding"] == {
             "apiVersion": "scheduling.k8s.io/v1alpha2",
             "kind": "PodGroup",
             "namespace": "ml",
@@ -125,7 +132,7 @@ def test_waiting_planned_replanned_and_refused_events_on_the_pod_and_the_podgrou
         other = next(n for n in NAMES if n != planned_node)
         assert "filter it again" in s.client.post("/bind", bind_body("w-1", other))[1]["Error"]
         assert s.emitter.flush()
-        refused = [e for e in s.api.events if e["reason"] == "BindRefused"]
+        refused = [fk.event_view(e) for e in s.api.events if e["reason"] == "BindRefused"]
         assert refused and refused[0]["type"] == "Warning"
         assert "filter it again" in refused[0]["message"]
 
@@ -141,9 +148,9 @@ def test_a_gang_that_does_not_fit_says_why() -> None:
         s.client.post("/filter", args(pods[0], NAMES))
         assert s.emitter.flush()
         (event,) = [
-            e
-            for e in s.api.events
-            if e["reason"] == "GangUnschedulable" and e["involvedObject"]["kind"] == "Pod"
+            v
+            for v in map(fk.event_view, s.api.events)
+            if v["reason"] == "GangUnschedulable" and v["kind"] == "Pod"
         ]
         assert event["type"] == "Warning" and "does not fit" in event["message"]
 
@@ -194,9 +201,9 @@ def test_a_scheduler_plugins_podgroup_gets_the_events_too() -> None:
         wait_until(lambda: s.state.snapshot().min_members.get("ml/legacy") == 2)
         s.client.post("/filter", args(pods[0], NAMES))
         assert s.emitter.flush()
-        (group_event,) = [e for e in s.api.events if e["involvedObject"]["kind"] == "PodGroup"]
-        assert group_event["involvedObject"]["uid"] == "legacy-uid"
-        assert group_event["involvedObject"]["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
+        (group_event,) = [e for e in s.api.events if e["regarding"]["kind"] == "PodGroup"]
+        assert group_event["regarding"]["uid"] == "legacy-uid"
+        assert group_event["regarding"]["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
         assert group_event["reason"] == "GangWaiting"
 
 
@@ -218,3 +225,53 @@ def test_an_event_whose_connection_dropped_is_written_on_a_retry_and_an_http_err
         s.client.post("/filter", args(pods[0], NAMES))
         assert [e[0] for e in s.events() if e[2] == "GangWaiting"] == ["Pod", "PodGroup", "PodGroup"]
         assert s.emitter.failed == 1
+
+
+def test_core_v1_events_where_the_events_api_is_refused_and_the_api_message_is_logged(caplog) -> None:
+    """An API server (or RBAC) without events.k8s.io/v1: one warning, then core/v1 Events for
+    good; a refused write logs the API server's own message, not just the status."""
+    caplog.set_level(logging.WARNING, logger="gputopo")
+    pods = gang_pods(2, spec={"schedulingGroup": {"podGroupName": "train"}})
+    with run(pods[:1]) as s:
+        s.api.events_v1 = False
+        s.client.post("/filter", args(pods[0], NAMES))
+        assert [e[:3] for e in s.events()] == [
+            ("Pod", "w-0", "GangWaiting"),
+            ("PodGroup", "train", "GangWaiting"),
+        ]
+        assert {e["apiVersion"] for e in s.api.events} == {"v1"}
+        assert all(e["involvedObject"]["namespace"] == "ml" for e in s.api.events)
+        refusals = [r for r in caplog.records if r.getMessage() == "events_api_refused"]
+        assert len(refusals) == 1, "said once, not per event"
+        assert "could not find the requested resource" in refusals[0].fields["reason"]
+        s.api.inject("event", 403)
+        s.clock[0] += 31
+        s.client.post("/filter", args(pods[0], NAMES))
+        assert s.emitter.flush()
+        failed = [r for r in caplog.records if r.getMessage() == "event_write_failed"]
+        assert failed and "injected failure creating an event" in failed[-1].fields["reason"]
+
+
+def test_a_refused_annotation_is_an_event_on_its_node_once_per_change() -> None:
+    """The sidecar's reason for ignoring a node's annotation is where operators look (kubectl
+    describe node, kubectl gputopo nodes): one Warning when it starts, none per re-publication
+    of the same refusal, one Normal when the node's annotation is used again. A node without
+    any annotation gets none (the plugin says why on its Node)."""
+    nodes = [("n0", {}), ("n1", {})]
+    with run([], nodes=nodes) as s:
+        node = fk.node("n1", {}, annotations={KEY: '{"not": "an annotation"'})
+        s.api.put("nodes", node)
+        wait_until(lambda: any(e[0] == "Node" for e in s.events()))
+        for i in range(3):  # the node changes (labels, status), the refusal does not: no new Event
+            node["metadata"]["labels"]["round"] = str(i)
+            s.api.put("nodes", node)
+        s.api.put("nodes", fk.node("n2", {}))  # no annotation at all: not the sidecar's to report
+        s.api.put("nodes", fk.node("n1", {}, annotations={KEY: annotation("n1")}))
+        wait_until(lambda: len([e for e in s.events() if e[0] == "Node"]) >= 2)
+        time.sleep(0.3)
+        node_events = [e for e in s.events() if e[0] == "Node"]
+        assert [(e[1], e[2]) for e in node_events] == [("n1", "TopologyRejected"), ("n1", "TopologyAccepted")]
+        assert "not JSON" in node_events[0][3] and "counted from allocatable" in node_events[0][3]
+        (warning,) = [e for e in s.api.events if e["reason"] == "TopologyRejected"]
+        assert warning["type"] == "Warning" and warning["metadata"]["namespace"] == "default"
+        assert warning["regarding"] == {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "n1"}
