@@ -265,6 +265,18 @@ SAME_SETTINGS: dict[str, tuple[str, Obj, str, tuple[str, ...]]] = {
     "kubernetes-1.28": ("overlays/kubernetes-1.28", {}, "v1.28.15", ()),
     "with-podgroup-crd": ("overlays/with-podgroup-crd", {"podGroupCRD": {"enabled": True}}, "v1.33.5", ()),
 }
+OPT_IN_KUSTOMIZE = "components/opt-in-policy"
+
+
+def test_chart_opt_in_on_1_36_is_the_kustomize_component(tmp_path: Path) -> None:
+    from tests.manifests import kustomize_with
+
+    chart = render_chart(
+        {"optIn": {"enabled": True}},
+        kube_version="v1.33.5",
+        api_versions=("admissionregistration.k8s.io/v1/MutatingAdmissionPolicy",),
+    )
+    assert differences(chart, kustomize_with(tmp_path, ["."], (OPT_IN_KUSTOMIZE,))) == []
 
 
 @pytest.mark.parametrize("case", list(SAME_SETTINGS))

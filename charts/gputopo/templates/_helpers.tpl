@@ -129,3 +129,8 @@ webhook
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The kubernetes.io/tls Secret the scheduler pods mount at /etc/gputopo/webhook-tls. */}}
+{{- define "gputopo.webhookTLSSecret" -}}
+{{- .Values.scheduler.webhook.tlsSecretName | default (printf "%s-webhook-tls" (include "gputopo.schedulerFullname" .)) -}}
+{{- end -}}
