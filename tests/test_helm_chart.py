@@ -743,3 +743,87 @@ def test_default_node_selection_with_and_without_the_gpu_operator(operator: str,
     labels, expected = NODES[what]
     assert node_selected(spec, labels) is expected
     assert spec.get("runtimeClassName") == ("nvidia" if operator == "installed" else None)
+
+
+def notes_with_nodes(tmp_path: Path, nodes: list[Obj], values: Obj | None = None) -> str:
+    """NOTES.txt as `helm install` prints it on a cluster with these Nodes. Helm's `lookup`
+    lists nothing offline, so a copy of the chart reads the same unstructured objects (what
+    `lookup` returns: {"items": [...]}) from a file instead; the template is otherwise the
+    shipped one."""
+    import shutil as _shutil
+
+    from helm_python import _native
+
+    copy_dir = tmp_path / "gputopo"
+    _shutil.copytree(CHART, copy_dir)
+    notes = copy_dir / "templates" / "NOTES.txt"
+    text = notes.read_text()
+    assert text.count('lookup "v1" "Node" "" ""') == 1
+    notes.write_text(
+        text.replace('lookup "v1" "Node" "" ""', '(.Files.Get "files/test-nodes.json" | fromJson)')
+    )
+    (copy_dir / "files" / "test-nodes.json").write_text(json.dumps({"items": nodes}))
+    opts = {"name": "gputopo", "namespace": NAMESPACE, "kube_version": "v1.33.5", "is_install": True}
+    with helm.Chart.load(copy_dir) as chart:
+        rendered = json.loads(
+            _native.call_string("helm_render", chart._raw(), json.dumps(values or {}), json.dumps(opts))
+        )
+    return str(rendered["gputopo/templates/NOTES.txt"])
+
+
+def k8s_node(name: str, labels: dict[str, str], gpus: str | None = None) -> Obj:
+    status: Obj = {"allocatable": {"cpu": "64"}}
+    if gpus is not None:
+        status["allocatable"]["nvidia.com/gpu"] = gpus
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": status,
+    }
+
+
+def test_install_notes_count_the_nodes_the_plugin_selects(tmp_path: Path) -> None:
+    nodes = [
+        k8s_node(what.replace(" ", "-").replace(",", "").lower(), labels)
+        for what, (labels, _) in NODES.items()
+    ] + [k8s_node("unlabelled-gpu-node", {}, gpus="8")]
+    expected = sum(1 for _, ok in NODES.values() if ok)
+    notes = notes_with_nodes(tmp_path, nodes)
+    gpu_like = (
+        sum(
+            1
+            for labels, _ in NODES.values()
+            if "nvidia.com/gpu.present" in labels or any("pci-10de" in k for k in labels)
+        )
+        + 1
+    )
+    assert (
+        f"{expected} of the cluster's {len(nodes)} Nodes are selected ({gpu_like} look like GPU nodes)"
+        in notes
+    )
+    assert "WARNING" not in notes
+
+
+def test_install_notes_warn_when_no_node_matches(tmp_path: Path) -> None:
+    """The silent install the notes exist for: a GPU Operator cluster where no node was moved over."""
+    nodes = [
+        k8s_node(
+            "gpu-a01", {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.device-plugin": "true"}, "8"
+        ),
+        k8s_node(
+            "gpu-a02", {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.device-plugin": "true"}, "8"
+        ),
+        k8s_node("cpu-1", {"kubernetes.io/os": "linux"}),
+    ]
+    notes = notes_with_nodes(tmp_path, nodes)
+    assert "0 of the cluster's 3 Nodes are selected (2 look like GPU nodes)" in notes
+    assert "WARNING: no Node matches" in notes and "GPU nodes: gpu-a01, gpu-a02." in notes
+    assert "nvidia.com/gpu.deploy.device-plugin=false --overwrite" in notes
+    # plugin.nodeSelector narrows the count as the scheduler would
+    narrowed = notes_with_nodes(
+        tmp_path / "b",
+        [k8s_node("gpu-b1", {"nvidia.com/gpu.present": "true"})],
+        {"plugin": {"nodeSelector": {"pool": "a"}}},
+    )
+    assert "0 of the cluster's 1 Nodes are selected" in narrowed
