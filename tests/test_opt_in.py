@@ -395,3 +395,23 @@ def test_no_webhook_objects_without_webhook_mode() -> None:
     assert not any(a.startswith("--webhook") for a in ext["args"])
     assert not [d for d in docs if d["kind"] in ("Secret", "Service", "MutatingWebhookConfiguration")]
     assert yaml.safe_dump(docs)  # renders to plain YAML
+
+
+@pytest.mark.parametrize("cluster", ["v1.36.1", "v1.33.5"])
+def test_one_way_to_opt_in_can_be_switched_off(cluster: str) -> None:
+    """A selector set to null (helm --set optIn.namespaceSelector=null) drops that binding or
+    webhook; an empty one would match every namespace, so null is the way to turn it off."""
+    from tests.manifests import render_chart_files
+
+    values = {"optIn": {"enabled": True, "namespaceSelector": None}}
+    docs = render_chart(values, kube_version=cluster)
+    if cluster == "v1.36.1":
+        bindings = [d for d in docs if d["kind"] == "MutatingAdmissionPolicyBinding"]
+        assert [b["metadata"]["name"] for b in bindings] == ["gputopo-opt-in-pod"]
+    else:
+        hooks = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+        assert [w["name"].split(".")[0] for w in hooks] == ["pod"]
+    notes = render_chart_files(json.dumps(values), cluster, NAMESPACE, ())["gputopo/templates/NOTES.txt"]
+    assert "or by label" in notes and "kubectl label namespace <namespace>" not in notes
+    on = render_chart_files(json.dumps({"optIn": {"enabled": True}}), cluster, NAMESPACE, ())
+    assert "kubectl label namespace <namespace> gputopo.io/opt-in=true" in on["gputopo/templates/NOTES.txt"]
