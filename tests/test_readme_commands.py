@@ -73,3 +73,64 @@ def test_trace_commands_run_as_written(command: str, tmp_path: Path, monkeypatch
     assert gputopo_main(args) in (0, None)
     if "--plot" in args:
         assert (tmp_path / "out.png").stat().st_size > 0
+
+
+OUTPUT_FLAGS = {"--plot", "--json", "-o"}
+
+
+def test_every_file_a_command_reads_is_in_the_repository() -> None:
+    missing = []
+    for command in COMMANDS:
+        args = shlex.split(command)
+        for i, arg in enumerate(args):
+            value = arg.split("=", 1)[1] if arg.startswith("--") and "=" in arg else arg
+            if i and args[i - 1] in OUTPUT_FLAGS:
+                continue
+            if value.startswith("-") or value.startswith("/") or "/" not in value:
+                continue
+            if value.endswith((".yaml", ".yml", ".csv", ".json")) and not (ROOT / value).is_file():
+                missing.append(f"{command}: {value}")
+    assert not missing, missing
+
+
+def test_the_sidecar_serves_the_shipped_cluster_file(tmp_path: Path) -> None:
+    """`python -m scheduler --cluster data/clusters/two-leaves.yaml`, as the README runs it, on
+    a free port: ready, and it filters a GPU pod to the nodes with room."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests.kubelet_fake import eventually
+
+    (command,) = [c for c in COMMANDS if c.startswith("python -m scheduler --cluster")]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [*shlex.split(command)[1:], f"--listen=127.0.0.1:{port}"]
+    log = (tmp_path / "sidecar.log").open("wb")
+    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=log, stderr=log)
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    try:
+        assert eventually(ready, timeout=30), (tmp_path / "sidecar.log").read_text()
+        pod = {
+            "metadata": {"name": "p", "namespace": "default", "uid": "u1"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
+        }
+        body = json.dumps({"Pod": pod, "NodeNames": ["a1", "a2", "b1", "b2"]}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/filter", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            answer = json.loads(r.read())
+        assert sorted(answer["NodeNames"]) == ["a2", "b1", "b2"], answer  # a1 has 6 of 8 free
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
