@@ -25,7 +25,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
 
 from gputopo import __version__, jsonlog
-from gputopo.allocator import Allocator
+from gputopo.node.allocator import Allocator
 
 log = logging.getLogger("deviceplugin.metrics")
 
