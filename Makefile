@@ -8,11 +8,17 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install run demo test lint imports types proto bench images diagram clean
 
+# pip's own progress (each package as it is collected, downloaded and installed) is shown: a
+# fresh install takes about a minute and should not look hung.
 $(STAMP): pyproject.toml
+	@echo "==> creating $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
+	@echo "==> upgrading pip"
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@echo "==> installing gputopo and its dev tools into $(VENV) (about a minute on a fresh machine)"
+	$(BIN)/python -m pip install --progress-bar on -e ".[dev]"
 	touch $(STAMP)
+	@echo "==> installed: . $(VENV)/bin/activate, then gputopo --help (or: make run, make test)"
 
 install: $(STAMP)
 

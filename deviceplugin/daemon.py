@@ -117,9 +117,37 @@ class Daemon:
             cfg, self.store, self.metrics, self.registration, allocated=self._allocated
         )
         self.server.start()
+        self.metrics.set_check("/healthz", self._live)
+        self.metrics.set_check("/readyz", self._ready)
         self.health.start()
         self.watcher = KubeletWatcher(cfg, self.server, self.metrics, self._register, self._clock, self._wall)
         self.watcher.start()
+
+    def _live(self) -> str | None:
+        """Liveness (GET /healthz on the metrics port): the plugin answers a gRPC call on the
+        socket kubelet dials, as `gputopo status` checks it, from inside the daemon."""
+        from deviceplugin.status_client import StatusUnavailable, fetch_status
+
+        server = self.server
+        if server is None:
+            return "the gRPC server is not running"
+        if not server.socket_intact():
+            return f"socket {server.path} is gone or replaced (kubelet restarted?); being re-created"
+        try:
+            fetch_status(server.path, timeout=3.0)
+        except StatusUnavailable as e:
+            return f"socket {server.path} does not answer: {e}"
+        return None
+
+    def _ready(self) -> str | None:
+        """Readiness (GET /readyz): alive, and kubelet accepted the registration, so the node's
+        GPUs are advertised."""
+        reason = self._live()
+        if reason is not None:
+            return reason
+        if not self.registration().registered:
+            return "not registered with kubelet yet"
+        return None
 
     def stop(self) -> None:
         if self.watcher is not None:

@@ -1,19 +1,28 @@
-"""Prometheus metrics of the plugin, in a registry of its own.
+"""Prometheus metrics of the plugin, in a registry of its own, and its health on the same port.
 
 A private CollectorRegistry (not prometheus_client's global one) lets tests build as many
 daemons as they like in one process and read exact values, and keeps library metrics of
 other code out of the plugin's endpoint.
+
+The metrics port also answers GET /healthz and /readyz, for kubelet's httpGet probes: an
+exec probe starts a process (Python, twice for readiness) on every GPU node each period,
+against a 50m CPU request; an HTTP answer from the running daemon costs next to nothing.
+Each path asks a check the daemon sets (`set_check`): 200 with {"ok": true} while it holds,
+503 with {"ok": false, "reason": ...} otherwise, and 503 before the daemon set one.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import platform
 import threading
-from collections.abc import Iterable
-from wsgiref.simple_server import WSGIServer
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
 
 from gputopo import __version__, jsonlog
 from gputopo.node.allocator import Allocator
@@ -29,8 +38,27 @@ RING_GBPS_BUCKETS = (6.0, 12.0, 16.0, 20.0, 24.0, 25.0, 50.0, 100.0, 150.0, 200.
 RING_SHARE_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
 
 
+#: A health check: None while healthy, else the reason it is not (shown in the probe's body).
+HealthCheck = Callable[[], "str | None"]
+#: The paths kubelet's probes ask (liveness, readiness).
+HEALTH_PATHS = ("/healthz", "/readyz")
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    """One thread per request, so a slow scrape never holds up a probe."""
+
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log line per scrape or probe on stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
 class Metrics:
-    """All series the plugin exports; `serve(port)` exposes them over HTTP."""
+    """All series the plugin exports; `serve(port)` exposes them and /healthz, /readyz over HTTP."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -94,6 +122,7 @@ class Metrics:
         self._health_labels: set[tuple[str, str]] = set()
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
+        self._checks: dict[str, HealthCheck] = {}
 
     def set_build(self, backend: str) -> None:
         self.build_info.info(
@@ -124,12 +153,45 @@ class Metrics:
                 self.gpu_healthy.remove(*key)
             self._health_labels = now
 
+    def set_check(self, path: str, check: HealthCheck) -> None:
+        """What GET `path` (/healthz or /readyz) answers from now on."""
+        if path not in HEALTH_PATHS:
+            raise ValueError(f"health path {path!r} is not one of {HEALTH_PATHS}")
+        self._checks[path] = check
+
+    def health(self, path: str) -> str | None:
+        """The check's answer: None when healthy, else why not. A check that raises is unhealthy
+        with the exception as the reason, never an error out of the HTTP server."""
+        check = self._checks.get(path)
+        if check is None:
+            return "starting: the daemon has not set this check yet"
+        try:
+            return check()
+        except Exception as e:  # any failure of a check is an unhealthy answer
+            return f"check failed: {type(e).__name__}: {e}"
+
+    def _app(self) -> Callable[..., Iterable[bytes]]:
+        metrics_app = make_wsgi_app(self.registry)
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            path = environ.get("PATH_INFO", "")
+            if path not in HEALTH_PATHS:
+                return metrics_app(environ, start_response)
+            reason = self.health(path)
+            body = json.dumps({"ok": reason is None} | ({} if reason is None else {"reason": reason}))
+            status = "200 OK" if reason is None else "503 Service Unavailable"
+            start_response(status, [("Content-Type", "application/json"), ("Cache-Control", "no-store")])
+            return [body.encode() + b"\n"]
+
+        return app
+
     def serve(self, port: int, addr: str = "0.0.0.0") -> bool:
-        """Expose /metrics; a port in use is logged, not fatal: devices matter more than metrics."""
+        """Expose /metrics, /healthz and /readyz; a port in use is logged, not fatal: devices
+        matter more than metrics (the probes then fail and say so)."""
         if port == 0:
             return False
         try:
-            self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+            server = make_server(addr, port, self._app(), _Server, handler_class=_QuietHandler)
         except OSError as e:
             jsonlog.event(
                 log,
@@ -139,6 +201,9 @@ class Metrics:
                 reason=f"cannot listen: {e.strerror or e}; serving devices without metrics",
             )
             return False
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+        self._thread.start()
         jsonlog.event(log, "metrics_serving", port=port, reason="metrics port configured")
         return True
 

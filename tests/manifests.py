@@ -71,13 +71,14 @@ def render_chart(
     kube_version: str = "v1.35.4",
     namespace: str = NAMESPACE,
     api_versions: tuple[str, ...] = (),
+    release: str = RELEASE,
 ) -> tuple[Obj, ...]:
     """The chart's objects as `helm install` against a cluster of `kube_version` would send them.
 
     helm-python-sdk's `Chart.render` does not expose Helm's `kube_version`/`api_versions` render
     options (its `lint` does); the native call underneath accepts them, so they are passed there.
     """
-    files = render_chart_files(json.dumps(values or {}), kube_version, namespace, api_versions)
+    files = render_chart_files(json.dumps(values or {}), kube_version, namespace, api_versions, release)
     return tuple(
         doc
         for path, text in files.items()
@@ -89,12 +90,16 @@ def render_chart(
 
 @cache
 def render_chart_files(
-    values_json: str, kube_version: str, namespace: str, api_versions: tuple[str, ...]
+    values_json: str,
+    kube_version: str,
+    namespace: str,
+    api_versions: tuple[str, ...],
+    release: str = RELEASE,
 ) -> dict[str, str]:
     helm = _helm()
     from helm_python import _native
 
-    opts = {"name": RELEASE, "namespace": namespace, "kube_version": kube_version, "is_install": True}
+    opts = {"name": release, "namespace": namespace, "kube_version": kube_version, "is_install": True}
     if api_versions:
         opts["api_versions"] = list(api_versions)
     with helm.Chart.load(CHART) as chart:
@@ -114,3 +119,36 @@ def one(docs: tuple[Obj, ...], kind: str, name: str | None = None) -> Obj:
 
 def container(pod_spec: Obj, name: str) -> Obj:
     return next(c for c in pod_spec["containers"] if c["name"] == name)
+
+
+def _expression_holds(expr: Obj, labels: dict[str, str]) -> bool:
+    """One node selector requirement against a node's labels, as the scheduler evaluates it
+    (NotIn and DoesNotExist hold for a node without the key)."""
+    key, op = expr["key"], expr["operator"]
+    if op == "In":
+        return key in labels and labels[key] in expr["values"]
+    if op == "NotIn":
+        return key not in labels or labels[key] not in expr["values"]
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    raise AssertionError(f"operator {op} not modelled")
+
+
+def node_selected(pod_spec: Obj, labels: dict[str, str]) -> bool:
+    """Whether a pod of this spec may run on a node with these labels: nodeSelector and every
+    requirement of at least one required nodeSelectorTerm (the terms are ORed)."""
+    if any(labels.get(k) != v for k, v in pod_spec.get("nodeSelector", {}).items()):
+        return False
+    required = (
+        pod_spec.get("affinity", {})
+        .get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution")
+    )
+    if required is None:
+        return True
+    return any(
+        all(_expression_holds(e, labels) for e in term.get("matchExpressions", []))
+        for term in required["nodeSelectorTerms"]
+    )

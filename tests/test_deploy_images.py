@@ -210,7 +210,8 @@ def test_image_entrypoint_starts_from_the_wheel(dockerfile: str, wheel_install: 
     assert "usage" in out.stdout.lower()
 
 
-def test_gputopo_cli_the_probes_call_is_on_the_image_path(wheel_install: tuple[Path, Path]) -> None:
+def test_gputopo_cli_kubectl_exec_calls_is_on_the_image_path(wheel_install: tuple[Path, Path]) -> None:
+    """`kubectl exec ds/gputopo-device-plugin -- gputopo status` (docs/operator.md § Verify)."""
     _, venv = wheel_install
     env = {"PATH": f"{venv / 'bin'}{os.pathsep}/usr/bin:/bin"}
     out = run(["gputopo", "status", "--help"], env=env)

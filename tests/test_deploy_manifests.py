@@ -30,6 +30,7 @@ from gputopo.network.levels import validate_levels
 from scheduler import defaults as sched_defaults
 from scheduler.__main__ import parser as sidecar_parser
 from scheduler.model import parse_pod
+from tests.manifests import kustomize_with, node_selected
 
 kv = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is not installed (pip install .[dev])"
@@ -174,18 +175,11 @@ def test_overlays_add_only_what_they_name() -> None:
     assert {(d["kind"], d["metadata"]["name"]) for d in operator} == {
         (d["kind"], d["metadata"]["name"]) for d in base
     }
-    # Beside the GPU Operator, exactly the nodes where its own device plugin is switched off.
-    terms = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ]["nodeSelectorTerms"]
-    assert terms == [
-        {
-            "matchExpressions": [
-                {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]},
-                {"key": "nvidia.com/gpu.deploy.device-plugin", "operator": "In", "values": ["false"]},
-            ]
-        }
-    ]
+    # Node selection does not depend on the overlay: the same nodes with and without the operator.
+    assert (
+        ds["spec"]["template"]["spec"]["affinity"]
+        == one(base, "DaemonSet")["spec"]["template"]["spec"]["affinity"]
+    )
     old_k8s = render("overlays/kubernetes-1.28")
     assert {(d["kind"], d["metadata"]["name"]) for d in old_k8s} == {
         (d["kind"], d["metadata"]["name"]) for d in base if d["kind"] not in POLICY_KINDS
@@ -619,10 +613,102 @@ def test_the_overlay_docs_operator_md_shows_renders_as_it_says(tmp_path: Path) -
     }
 
 
-def test_default_kube_scheduler_is_the_release_the_real_scheduler_tests_run() -> None:
+def test_the_kube_scheduler_the_real_scheduler_tests_run_has_its_component(tmp_path: Path) -> None:
+    """The default stays low (never newer than a 1.33+ API server); the release the real-cluster
+    tests run is one component away."""
     readme = ROOT.parent / "shared" / "realk8s" / "README.md"
     if not readme.exists():
         pytest.skip("../shared is absent (a newcomer's clone)")
     tested = re.search(r"## kube-scheduler \((v[0-9.]+)\)", readme.read_text())
     assert tested is not None
-    assert images_of(render(""))["kube-scheduler"] == f"registry.k8s.io/kube-scheduler:{tested.group(1)}"
+    minor = ".".join(tested.group(1).lstrip("v").split(".")[:2])
+    docs = kustomize_with(tmp_path, ["."], (f"components/kube-scheduler-{minor}",))
+    assert images_of(docs)["kube-scheduler"] == f"registry.k8s.io/kube-scheduler:{tested.group(1)}"
+
+
+def test_default_kube_scheduler_is_not_newer_than_most_control_planes() -> None:
+    tag = images_of(render(""))["kube-scheduler"].rsplit(":", 1)[1]
+    assert tag == "v1.33.5", "docs/operator.md and deploy/base/kustomization.yaml name this default"
+    assert "v1.33.5" in (ROOT / "docs" / "operator.md").read_text()
+
+
+KUBE_SCHEDULER_COMPONENTS = sorted(
+    p.parent.name for p in DEPLOY.glob("components/kube-scheduler-*/kustomization.yaml")
+)
+
+
+@pytest.mark.parametrize("component", KUBE_SCHEDULER_COMPONENTS)
+def test_each_kube_scheduler_component_sets_a_release_of_its_minor(component: str, tmp_path: Path) -> None:
+    minor = component.removeprefix("kube-scheduler-")
+    docs = kustomize_with(tmp_path, ["."], (f"components/{component}",))
+    image = images_of(docs)["kube-scheduler"]
+    assert re.fullmatch(rf"registry\.k8s\.io/kube-scheduler:v{re.escape(minor)}\.\d+", image), image
+    # kubescheduler.config.k8s.io/v1 (extenders included) is served from 1.25 on.
+    assert tuple(map(int, minor.split("."))) >= (1, 25)
+    assert scheduler_config()["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    # everything else is the base's
+    assert {(d["kind"], d["metadata"]["name"]) for d in docs} == {
+        (d["kind"], d["metadata"]["name"]) for d in render("")
+    }
+
+
+def test_kube_scheduler_components_cover_every_minor_the_base_supports() -> None:
+    minors = {int(c.split(".")[-1]) for c in KUBE_SCHEDULER_COMPONENTS}
+    assert minors >= set(range(30, 36)), KUBE_SCHEDULER_COMPONENTS
+
+
+# ------------------------------------------------------------------ failover and node selection
+
+
+def test_two_schedulers_on_different_nodes_with_a_budget_and_rolling_one_at_a_time() -> None:
+    docs = render("")
+    deploy = one(docs, "Deployment", "gputopo-scheduler")
+    assert deploy["spec"]["replicas"] >= 2
+    assert deploy["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    (term,) = deploy["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= labels.items()
+    pdb = one(docs, "PodDisruptionBudget", "gputopo-scheduler")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
+
+
+def test_lease_timings_are_set_and_ordered_as_kube_scheduler_requires() -> None:
+    le = scheduler_config()["leaderElection"]
+
+    def seconds(d: str) -> float:
+        return float(d.removesuffix("s"))
+
+    lease, renew, retry = (seconds(le[k]) for k in ("leaseDuration", "renewDeadline", "retryPeriod"))
+    assert lease > renew > retry > 0
+
+
+# Nodes as the GPU Operator, GPU/node feature discovery and an operator label them.
+NODES = {
+    "operator node, its plugin running": (
+        {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.device-plugin": "true"},
+        False,
+    ),
+    "operator node moved over to gputopo": (
+        {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.device-plugin": "false"},
+        True,
+    ),
+    "GPU feature discovery, no operator": ({"nvidia.com/gpu.present": "true"}, True),
+    "node feature discovery only": ({"feature.node.kubernetes.io/pci-10de.present": "true"}, True),
+    "opted out": ({"nvidia.com/gpu.present": "true", "gputopo.io/device-plugin": "false"}, False),
+    "CPU node": ({"kubernetes.io/os": "linux"}, False),
+}
+
+
+@pytest.mark.parametrize("path", ["", "overlays/gpu-operator"])
+@pytest.mark.parametrize("what", list(NODES))
+def test_plugin_runs_on_every_gpu_node_but_never_beside_the_operators_plugin(path: str, what: str) -> None:
+    labels, expected = NODES[what]
+    spec = one(render(path), "DaemonSet", "gputopo-device-plugin")["spec"]["template"]["spec"]
+    assert node_selected(spec, labels) is expected

@@ -1,6 +1,7 @@
-"""The manifests' exec probes, run for real against the daemons they watch.
+"""The manifests' probes, run for real against the daemons they watch.
 
-The probe commands are taken from the rendered manifests and executed the way kubelet's exec
+The plugin's probes are httpGet on its metrics port, asked as kubelet asks them; the sidecar's
+are exec commands taken from the rendered manifests and executed the way kubelet's exec
 probes run them, inside the container's environment, against the daemon started as the image's
 entrypoint with the manifest's own args and env. Only what a test machine lacks is stood in for:
 a topology preset for NVML, a kubelet stand-in, a fake API server, temporary folders for the
@@ -17,6 +18,8 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,38 +93,61 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+def http_probe(probe_spec: dict[str, Any], ports: dict[str, int], port_here: int) -> int:
+    """An httpGet probe as kubelet runs it: GET on the pod's port, success is 200-399 (0 here,
+    1 otherwise, like an exec probe's exit code). The named port is resolved from the
+    container's ports and then moved to the free one this test serves on."""
+    get = probe_spec["httpGet"]
+    port = get["port"] if isinstance(get["port"], int) else ports[get["port"]]
+    assert port in ports.values(), f"probe port {get['port']} is not a declared container port"
+    url = f"{get.get('scheme', 'HTTP').lower()}://127.0.0.1:{port_here}{get['path']}"
+    try:
+        with urllib.request.urlopen(url, timeout=probe_spec.get("timeoutSeconds", 1)) as r:
+            return 0 if 200 <= r.status < 400 else 1
+    except (urllib.error.URLError, OSError):
+        return 1
+
+
 def test_liveness_follows_the_socket_and_readiness_follows_registration(
     node: tuple[dict[str, Any], dict[str, str], Path],
 ) -> None:
     c, env, kubelet_dir = node
-    live = c["livenessProbe"]["exec"]["command"]
-    ready = c["readinessProbe"]["exec"]["command"]
-    plugin_socket = kubelet_dir / "gputopo-gpu.sock"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert "exec" not in c["livenessProbe"] and "exec" not in c["readinessProbe"], "no process per probe"
+    port_here = free_port()
 
-    assert probe(live, env) != 0, "nothing serves yet: liveness must fail"
+    def live() -> int:
+        return http_probe(c["livenessProbe"], ports, port_here)
+
+    def ready() -> int:
+        return http_probe(c["readinessProbe"], ports, port_here)
+
+    plugin_socket = kubelet_dir / "gputopo-gpu.sock"
+    assert live() != 0, "nothing serves yet: liveness must fail"
     log = kubelet_dir.parent / "plugin.log"
-    # A preset in place of NVML, no metrics port to collide on, and no API server to publish to
-    # (publication end to end: tests/test_plugin_publish.py).
+    # A preset in place of NVML, the metrics port moved to a free one, and no API server to
+    # publish to (publication end to end: tests/test_plugin_publish.py).
+    assert env["GPUTOPO_METRICS_PORT"] == str(ports["metrics"])
     plugin_env = {
         **env,
         "GPUTOPO_TOPOLOGY": "dgx1-v100",
-        "GPUTOPO_METRICS_PORT": "0",
+        "GPUTOPO_METRICS_PORT": str(port_here),
         "GPUTOPO_PUBLISH": "false",
     }
     plugin = start("deviceplugin", c.get("args", []), plugin_env, log)
     try:
         assert eventually(plugin_socket.exists, timeout=20), log.read_text()
-        assert eventually(lambda: probe(live, env) == 0, timeout=30, interval=PROBE_POLL_S)
-        assert probe(ready, env) != 0, "kubelet is not there: the plugin is not registered, so not ready"
+        assert eventually(lambda: live() == 0, timeout=30, interval=PROBE_POLL_S), log.read_text()
+        assert ready() != 0, "kubelet is not there: the plugin is not registered, so not ready"
 
         with fake_kubelet(kubelet_dir) as kubelet:
             assert kubelet.wait(1, timeout=20) is not None
-            assert eventually(lambda: probe(ready, env) == 0, timeout=30, interval=PROBE_POLL_S)
-            assert probe(live, env) == 0
+            assert eventually(lambda: ready() == 0, timeout=30, interval=PROBE_POLL_S)
+            assert live() == 0
     finally:
         stop(plugin)
-    assert probe(live, env) != 0, "the plugin is gone: liveness must fail"
-    assert probe(ready, env) != 0
+    assert live() != 0, "the plugin is gone: liveness must fail"
+    assert ready() != 0
 
 
 # ------------------------------------------------------------------ scheduler extender sidecar

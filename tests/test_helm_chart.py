@@ -124,7 +124,7 @@ def test_every_rendered_object_is_valid_for_that_kubernetes(cluster: str) -> Non
     kinds = {d["kind"] for d in docs}
     has_policy = tuple(map(int, schema_version.split(".")[:2])) >= (1, 30)
     assert (kinds >= POLICY_KINDS) == has_policy, f"{cluster}: the admission policy exists from 1.30 on"
-    assert len(docs) == (21 if has_policy else 19), sorted((d["kind"], d["metadata"]["name"]) for d in docs)
+    assert len(docs) == (22 if has_policy else 20), sorted((d["kind"], d["metadata"]["name"]) for d in docs)
 
 
 def test_strict_validation_catches_a_misspelt_field() -> None:
@@ -250,31 +250,47 @@ def differences(chart: tuple[Obj, ...], kust: tuple[Obj, ...]) -> list[str]:
     return sorted(diffs)
 
 
-# The kube-scheduler tag kustomize pins, and the cluster version that makes the chart pick it.
-SAME_SETTINGS = {
-    "base": ("", {"gpuOperator": {"enabled": False}}, "v1.35.4"),
-    "gpu-operator": ("overlays/gpu-operator", {}, "v1.35.4"),
-    "kubernetes-1.28": ("overlays/kubernetes-1.28", {"gpuOperator": {"enabled": False}}, "v1.28.15"),
-    "with-podgroup-crd": (
-        "overlays/with-podgroup-crd",
-        {"gpuOperator": {"enabled": False}, "podGroupCRD": {"enabled": True}},
-        "v1.35.4",
+# The kube-scheduler tag kustomize pins, and the cluster version that makes the chart pick it;
+# the APIs the cluster serves (the GPU Operator's ClusterPolicy turns its RuntimeClass on).
+OPERATOR_API = ("nvidia.com/v1/ClusterPolicy",)
+SAME_SETTINGS: dict[str, tuple[str, Obj, str, tuple[str, ...]]] = {
+    "base": ("", {}, "v1.33.5", ()),
+    "gpu-operator": ("overlays/gpu-operator", {}, "v1.33.5", OPERATOR_API),
+    "gpu-operator, said by hand": (
+        "overlays/gpu-operator",
+        {"gpuOperator": {"enabled": True}},
+        "v1.33.5",
+        (),
     ),
+    "kubernetes-1.28": ("overlays/kubernetes-1.28", {}, "v1.28.15", ()),
+    "with-podgroup-crd": ("overlays/with-podgroup-crd", {"podGroupCRD": {"enabled": True}}, "v1.33.5", ()),
 }
+OPT_IN_KUSTOMIZE = "components/opt-in-policy"
+
+
+def test_chart_opt_in_on_1_36_is_the_kustomize_component(tmp_path: Path) -> None:
+    from tests.manifests import kustomize_with
+
+    chart = render_chart(
+        {"optIn": {"enabled": True}},
+        kube_version="v1.33.5",
+        api_versions=("admissionregistration.k8s.io/v1/MutatingAdmissionPolicy",),
+    )
+    assert differences(chart, kustomize_with(tmp_path, ["."], (OPT_IN_KUSTOMIZE,))) == []
 
 
 @pytest.mark.parametrize("case", list(SAME_SETTINGS))
 def test_chart_and_kustomize_render_the_same_objects(case: str) -> None:
-    path, values, cluster = SAME_SETTINGS[case]
-    assert differences(render_chart(values, kube_version=cluster), kustomize(path)) == []
+    path, values, cluster, apis = SAME_SETTINGS[case]
+    assert differences(render_chart(values, kube_version=cluster, api_versions=apis), kustomize(path)) == []
 
 
 def test_the_comparison_notices_a_difference() -> None:
     """Guards the test above: one changed setting, one missing object, each is reported."""
-    chart = render_chart({"gpuOperator": {"enabled": False}, "plugin": {"metricsPort": 9500}})
+    chart = render_chart({"plugin": {"metricsPort": 9500}})
     diffs = differences(chart, kustomize(""))
     assert any("GPUTOPO_METRICS_PORT" in d or "9500" in d for d in diffs), diffs
-    no_quota = render_chart({"gpuOperator": {"enabled": False}, "criticalPodsQuota": {"enabled": False}})
+    no_quota = render_chart({"criticalPodsQuota": {"enabled": False}})
     assert "only in kustomize: ('ResourceQuota', 'gputopo-system', 'gputopo-critical-pods')" in differences(
         no_quota, kustomize("")
     )
@@ -294,6 +310,14 @@ BAD_VALUES = {
     "config name with a slash": {"plugin": {"config": {"a/b": {}}}},
     "pull policy": {"images": {"kubeScheduler": {"repository": "x", "tag": "", "pullPolicy": "Sometimes"}}},
     "env var name": {"plugin": {"env": [{"name": "1BAD", "value": "x"}]}},
+    "no scheduler": {"scheduler": {"replicas": 0}},
+    "lease in minutes without a unit": {"scheduler": {"leaderElection": {"leaseDuration": "15"}}},
+    "the default scheduler's name": {"schedulerName": "default-scheduler"},
+    "scheduler name with capitals": {"schedulerName": "GPU"},
+    "gpu operator maybe": {"gpuOperator": {"enabled": "maybe"}},
+    "opt-in mode": {"optIn": {"mode": "both"}},
+    "webhook on the extender's port": {"scheduler": {"webhook": {"port": 8888}}},
+    "fullname with a dot": {"fullnameOverride": "a.b"},
 }
 
 
@@ -311,7 +335,6 @@ def test_default_values_pass_the_schema() -> None:
 
 def test_node_selection_tolerations_resources_and_priority_are_values() -> None:
     values = {
-        "gpuOperator": {"enabled": False},
         "plugin": {
             "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}],
             "nodeSelector": {"pool": "a100"},
@@ -511,6 +534,21 @@ def test_install_notes_say_what_was_left_out_and_which_kube_scheduler() -> None:
     assert "registry.k8s.io/kube-scheduler:v1.29.1" in old and "admission policy" in old
     assert "registry.k8s.io/kube-scheduler:v1.33.2" in new and "admission policy" not in new
     assert "nvidia.com/gpu.deploy.device-plugin=false" in new
+    assert "spec.schedulerName: gputopo-scheduler" in new
+
+
+def test_install_notes_say_when_nodes_cannot_be_counted() -> None:
+    """Offline (helm template, --dry-run) `lookup` lists no Node: the notes say so and how to
+    see the DaemonSet's desired count, instead of claiming nodes match."""
+    from tests.manifests import render_chart_files
+
+    notes = render_chart_files(json.dumps({"fullnameOverride": "gpu-a"}), "v1.33.2", NAMESPACE, ())[
+        "gputopo/templates/NOTES.txt"
+    ]
+    assert "could not list the cluster's Nodes" in notes
+    assert f"kubectl -n {NAMESPACE} get daemonset gpu-a-device-plugin" in notes
+    assert "exec ds/gpu-a-device-plugin" in notes and "spec.schedulerName: gpu-a-scheduler" in notes
+    assert "objects named gpu-a-*" in notes
 
 
 def test_the_charts_podgroup_crd_is_the_kustomize_components() -> None:
@@ -520,3 +558,272 @@ def test_the_charts_podgroup_crd_is_the_kustomize_components() -> None:
     crd = one(render_chart({"podGroupCRD": {"enabled": True}}), "CustomResourceDefinition")
     assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     assert "CustomResourceDefinition" not in {d["kind"] for d in render_chart({})}
+
+
+# ------------------------------------------------------------------ releases, failover, node selection
+
+
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
+    "MutatingWebhookConfiguration",
+    "CustomResourceDefinition",
+}
+
+
+def identities(docs: tuple[Obj, ...]) -> set[tuple[str, str, str]]:
+    return {
+        (
+            d["kind"],
+            "" if d["kind"] in CLUSTER_SCOPED else d["metadata"].get("namespace", ""),
+            d["metadata"]["name"],
+        )
+        for d in docs
+    }
+
+
+@pytest.mark.parametrize("namespace", [NAMESPACE, "gputopo-b"])
+def test_two_releases_share_no_object_lease_label_or_scheduler_name(namespace: str) -> None:
+    """`helm install gputopo` and `helm install other` (in the same namespace or another) own
+    disjoint objects, select disjoint pods and answer to different scheduler names."""
+    a = render_chart({}, release="gputopo")
+    b = render_chart({}, namespace=namespace, release="other")
+    assert not identities(a) & identities(b), sorted(identities(a) & identities(b))
+    names_b = {d["metadata"]["name"] for d in b}
+    assert "other-gputopo-device-plugin" in names_b and "other-gputopo-scheduler" in names_b
+
+    def selectors(docs: tuple[Obj, ...]) -> list[dict[str, str]]:
+        return [
+            d["spec"]["selector"]["matchLabels"] for d in docs if d["kind"] in ("DaemonSet", "Deployment")
+        ]
+
+    def pod_labels(docs: tuple[Obj, ...]) -> list[dict[str, str]]:
+        return [
+            d["spec"]["template"]["metadata"]["labels"]
+            for d in docs
+            if d["kind"] in ("DaemonSet", "Deployment")
+        ]
+
+    for sel in selectors(a):
+        assert not any(sel.items() <= labels.items() for labels in pod_labels(b)), sel
+    for sel in selectors(b):
+        assert not any(sel.items() <= labels.items() for labels in pod_labels(a)), sel
+
+    def config(docs: tuple[Obj, ...]) -> Obj:
+        cm = next(
+            d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("scheduler-config")
+        )
+        return yaml.safe_load(cm["data"]["config.yaml"])
+
+    ca, cb = config(a), config(b)
+    assert ca["profiles"][0]["schedulerName"] == "gputopo-scheduler"
+    assert cb["profiles"][0]["schedulerName"] == "other-gputopo-scheduler"
+    assert ca["leaderElection"]["resourceName"] != cb["leaderElection"]["resourceName"]
+    # The plugin's admission policy names the plugin's own service account of its release.
+    vap = one(b, "ValidatingAdmissionPolicy")
+    assert (
+        f"system:serviceaccount:{namespace}:other-gputopo-device-plugin"
+        in vap["spec"]["matchConditions"][0]["expression"]
+    )
+    assert one(b, "ValidatingAdmissionPolicyBinding")["spec"]["policyName"] == vap["metadata"]["name"]
+    # RBAC binds each release's own accounts to its own roles.
+    for binding in (d for d in b if d["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        for subject in binding["subjects"]:
+            assert subject["name"].startswith("other-gputopo-") and subject["namespace"] == namespace
+        if binding["roleRef"]["name"].startswith("system:") or binding["roleRef"]["name"].startswith(
+            "extension-"
+        ):
+            continue
+        assert binding["roleRef"]["name"] in names_b
+
+
+def test_name_overrides_and_scheduler_name_are_values() -> None:
+    docs = render_chart({"fullnameOverride": "gpu-a", "schedulerName": "topo"})
+    assert {d["metadata"]["name"] for d in docs if d["kind"] in ("DaemonSet", "Deployment")} == {
+        "gpu-a-device-plugin",
+        "gpu-a-scheduler",
+    }
+    cm = one(docs, "ConfigMap", "gpu-a-scheduler-config")
+    assert yaml.safe_load(cm["data"]["config.yaml"])["profiles"][0]["schedulerName"] == "topo"
+    named = render_chart({"nameOverride": "topo"}, release="prod")
+    assert "prod-topo-scheduler" in {d["metadata"]["name"] for d in named}
+    # Every name fits: a 40-character stem plus the longest suffix stays within a label value
+    # (63) where the name is one, and Services (DNS labels) too.
+    long = render_chart(MONITORING, release="a" * 53)
+    for d in long:
+        meta = d["metadata"]
+        assert len(meta.get("labels", {}).get("app.kubernetes.io/name", "")) <= 63, meta["name"]
+        assert len(meta["name"]) <= (63 if d["kind"] == "Service" else 253), meta["name"]
+
+
+def test_schedulers_stand_by_on_other_nodes_with_a_budget_and_operator_set_lease() -> None:
+    docs = render_chart({})
+    deploy = one(docs, "Deployment")
+    assert deploy["spec"]["replicas"] == 2
+    assert deploy["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert deploy["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    anti = deploy["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert "preferredDuringSchedulingIgnoredDuringExecution" in anti
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert (
+        pdb["spec"]["selector"]["matchLabels"].items()
+        <= deploy["spec"]["template"]["metadata"]["labels"].items()
+    )
+
+    values = {
+        "scheduler": {
+            "replicas": 3,
+            "antiAffinity": "hard",
+            "leaderElection": {"leaseDuration": "30s", "renewDeadline": "20s", "retryPeriod": "4s"},
+        }
+    }
+    docs = render_chart(values)
+    deploy = one(docs, "Deployment")
+    assert deploy["spec"]["replicas"] == 3
+    (term,) = deploy["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    le = yaml.safe_load(one(docs, "ConfigMap", "gputopo-scheduler-config")["data"]["config.yaml"])[
+        "leaderElection"
+    ]
+    assert (le["leaseDuration"], le["renewDeadline"], le["retryPeriod"]) == ("30s", "20s", "4s")
+    none = one(render_chart({"scheduler": {"antiAffinity": "none"}}), "Deployment")["spec"]["template"][
+        "spec"
+    ]
+    assert "affinity" not in none
+    mine = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "role", "operator": "In", "values": ["infra"]}]}
+                ]
+            }
+        }
+    }
+    own = one(render_chart({"scheduler": {"affinity": mine}}), "Deployment")["spec"]["template"]["spec"]
+    assert own["affinity"] == mine, "a set affinity replaces the default spread"
+    assert "PodDisruptionBudget" not in {
+        d["kind"]
+        for d in render_chart({"scheduler": {"podDisruptionBudget": {"enabled": False, "maxUnavailable": 1}}})
+    }
+
+
+# Nodes as the GPU Operator, GPU/node feature discovery and an operator label them, and whether
+# the plugin must run there (evidence for docs/operator.md's table).
+NODES = {
+    "operator node, its plugin running": (
+        {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.device-plugin": "true"},
+        False,
+    ),
+    "operator node moved over to gputopo": (
+        {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.device-plugin": "false"},
+        True,
+    ),
+    "GPU feature discovery, no operator": ({"nvidia.com/gpu.present": "true"}, True),
+    "node feature discovery only": ({"feature.node.kubernetes.io/pci-10de.present": "true"}, True),
+    "opted out": ({"nvidia.com/gpu.present": "true", "gputopo.io/device-plugin": "false"}, False),
+    "CPU node": ({"kubernetes.io/os": "linux"}, False),
+}
+
+
+@pytest.mark.parametrize("operator", ["installed", "absent"])
+@pytest.mark.parametrize("what", list(NODES))
+def test_default_node_selection_with_and_without_the_gpu_operator(operator: str, what: str) -> None:
+    """One default for every cluster: never beside the operator's own plugin, never nowhere."""
+    from tests.manifests import node_selected
+
+    apis = OPERATOR_API if operator == "installed" else ()
+    spec = one(render_chart({}, api_versions=apis), "DaemonSet")["spec"]["template"]["spec"]
+    labels, expected = NODES[what]
+    assert node_selected(spec, labels) is expected
+    assert spec.get("runtimeClassName") == ("nvidia" if operator == "installed" else None)
+
+
+def notes_with_nodes(tmp_path: Path, nodes: list[Obj], values: Obj | None = None) -> str:
+    """NOTES.txt as `helm install` prints it on a cluster with these Nodes. Helm's `lookup`
+    lists nothing offline, so a copy of the chart reads the same unstructured objects (what
+    `lookup` returns: {"items": [...]}) from a file instead; the template is otherwise the
+    shipped one."""
+    import shutil as _shutil
+
+    from helm_python import _native
+
+    copy_dir = tmp_path / "gputopo"
+    _shutil.copytree(CHART, copy_dir)
+    notes = copy_dir / "templates" / "NOTES.txt"
+    text = notes.read_text()
+    assert text.count('lookup "v1" "Node" "" ""') == 1
+    notes.write_text(
+        text.replace('lookup "v1" "Node" "" ""', '(.Files.Get "files/test-nodes.json" | fromJson)')
+    )
+    (copy_dir / "files" / "test-nodes.json").write_text(json.dumps({"items": nodes}))
+    opts = {"name": "gputopo", "namespace": NAMESPACE, "kube_version": "v1.33.5", "is_install": True}
+    with helm.Chart.load(copy_dir) as chart:
+        rendered = json.loads(
+            _native.call_string("helm_render", chart._raw(), json.dumps(values or {}), json.dumps(opts))
+        )
+    return str(rendered["gputopo/templates/NOTES.txt"])
+
+
+def k8s_node(name: str, labels: dict[str, str], gpus: str | None = None) -> Obj:
+    status: Obj = {"allocatable": {"cpu": "64"}}
+    if gpus is not None:
+        status["allocatable"]["nvidia.com/gpu"] = gpus
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": status,
+    }
+
+
+def test_install_notes_count_the_nodes_the_plugin_selects(tmp_path: Path) -> None:
+    nodes = [
+        k8s_node(what.replace(" ", "-").replace(",", "").lower(), labels)
+        for what, (labels, _) in NODES.items()
+    ] + [k8s_node("unlabelled-gpu-node", {}, gpus="8")]
+    expected = sum(1 for _, ok in NODES.values() if ok)
+    notes = notes_with_nodes(tmp_path, nodes)
+    gpu_like = (
+        sum(
+            1
+            for labels, _ in NODES.values()
+            if "nvidia.com/gpu.present" in labels or any("pci-10de" in k for k in labels)
+        )
+        + 1
+    )
+    assert (
+        f"{expected} of the cluster's {len(nodes)} Nodes are selected ({gpu_like} look like GPU nodes)"
+        in notes
+    )
+    assert "WARNING" not in notes
+
+
+def test_install_notes_warn_when_no_node_matches(tmp_path: Path) -> None:
+    """The silent install the notes exist for: a GPU Operator cluster where no node was moved over."""
+    nodes = [
+        k8s_node(
+            "gpu-a01", {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.device-plugin": "true"}, "8"
+        ),
+        k8s_node(
+            "gpu-a02", {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.device-plugin": "true"}, "8"
+        ),
+        k8s_node("cpu-1", {"kubernetes.io/os": "linux"}),
+    ]
+    notes = notes_with_nodes(tmp_path, nodes)
+    assert "0 of the cluster's 3 Nodes are selected (2 look like GPU nodes)" in notes
+    assert "WARNING: no Node matches" in notes and "GPU nodes: gpu-a01, gpu-a02." in notes
+    assert "nvidia.com/gpu.deploy.device-plugin=false --overwrite" in notes
+    # plugin.nodeSelector narrows the count as the scheduler would
+    narrowed = notes_with_nodes(
+        tmp_path / "b",
+        [k8s_node("gpu-b1", {"nvidia.com/gpu.present": "true"})],
+        {"plugin": {"nodeSelector": {"pool": "a"}}},
+    )
+    assert "0 of the cluster's 1 Nodes are selected" in narrowed

@@ -9,13 +9,45 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
+{{/*
+The release's name stem: fullnameOverride, else the release name when it already contains the
+chart name (release "gputopo" gives "gputopo", the names deploy/ uses), else
+<release>-<nameOverride or chart name>. Cut to 40 characters so that every name built on it
+(longest: <stem>-device-plugin-metrics) stays within the 63 of a label value or Service name.
+*/}}
+{{- define "gputopo.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gputopo.pluginName" -}}
+{{- include "gputopo.fullname" . }}-device-plugin
+{{- end -}}
+
+{{- define "gputopo.schedulerFullname" -}}
+{{- include "gputopo.fullname" . }}-scheduler
+{{- end -}}
+
+{{/* The profile pods name in spec.schedulerName: the value, else <fullname>-scheduler. */}}
+{{- define "gputopo.schedulerName" -}}
+{{- .Values.schedulerName | default (include "gputopo.schedulerFullname" .) -}}
+{{- end -}}
+
 {{- define "gputopo.pluginLabels" -}}
-app.kubernetes.io/name: gputopo-device-plugin
+app.kubernetes.io/name: {{ include "gputopo.pluginName" . }}
 app.kubernetes.io/component: device-plugin
 {{- end -}}
 
 {{- define "gputopo.schedulerLabels" -}}
-app.kubernetes.io/name: gputopo-scheduler
+app.kubernetes.io/name: {{ include "gputopo.schedulerFullname" . }}
 app.kubernetes.io/component: scheduler
 {{- end -}}
 
@@ -45,13 +77,60 @@ true
 {{- end -}}
 
 {{- define "gputopo.pluginServiceAccount" -}}
-gputopo-device-plugin
+{{- include "gputopo.pluginName" . -}}
+{{- end -}}
+
+{{- define "gputopo.nodeConfigsName" -}}
+{{- .Values.plugin.configMapName | default (printf "%s-node-configs" (include "gputopo.fullname" .)) -}}
+{{- end -}}
+
+{{/*
+"true" when the NVIDIA GPU Operator is taken to be installed: enabled true, or auto on a cluster
+that serves its ClusterPolicy API (nvidia.com/v1), which only the operator installs.
+*/}}
+{{- define "gputopo.gpuOperator" -}}
+{{- $e := .Values.gpuOperator.enabled | toString -}}
+{{- if or (eq $e "true") (and (eq $e "auto") (.Capabilities.APIVersions.Has "nvidia.com/v1/ClusterPolicy")) -}}
+true
+{{- end -}}
 {{- end -}}
 
 {{- define "gputopo.runtimeClassName" -}}
 {{- if .Values.plugin.runtimeClassName -}}
 {{- .Values.plugin.runtimeClassName -}}
-{{- else if .Values.gpuOperator.enabled -}}
+{{- else if include "gputopo.gpuOperator" . -}}
 {{- .Values.gpuOperator.runtimeClassName -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+The opt-in mutation's form: "v1", "v1beta1" or "v1alpha1" (a MutatingAdmissionPolicy of that
+admissionregistration.k8s.io version, the newest the cluster serves; v1 from 1.36), "webhook"
+(a MutatingWebhookConfiguration served by the scheduler pods) or "" (off).
+*/}}
+{{- define "gputopo.optInMode" -}}
+{{- $o := .Values.optIn -}}
+{{- if $o.enabled -}}
+{{- $api := .Capabilities.APIVersions -}}
+{{- if eq $o.mode "webhook" -}}
+webhook
+{{- else if or (eq $o.mode "policy") (eq $o.mode "auto") -}}
+{{- if or ($api.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy") (semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version) -}}
+v1
+{{- else if $api.Has "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy" -}}
+v1beta1
+{{- else if $api.Has "admissionregistration.k8s.io/v1alpha1/MutatingAdmissionPolicy" -}}
+v1alpha1
+{{- else if eq $o.mode "policy" -}}
+{{- fail "optIn.mode=policy: this cluster serves no MutatingAdmissionPolicy API (v1 from Kubernetes 1.36, v1beta1/v1alpha1 only with --runtime-config); use mode auto or webhook" -}}
+{{- else -}}
+webhook
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The kubernetes.io/tls Secret the scheduler pods mount at /etc/gputopo/webhook-tls. */}}
+{{- define "gputopo.webhookTLSSecret" -}}
+{{- .Values.scheduler.webhook.tlsSecretName | default (printf "%s-webhook-tls" (include "gputopo.schedulerFullname" .)) -}}
 {{- end -}}
