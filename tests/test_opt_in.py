@@ -415,3 +415,74 @@ def test_one_way_to_opt_in_can_be_switched_off(cluster: str) -> None:
     assert "or by label" in notes and "kubectl label namespace <namespace>" not in notes
     on = render_chart_files(json.dumps({"optIn": {"enabled": True}}), cluster, NAMESPACE, ())
     assert "kubectl label namespace <namespace> gputopo.io/opt-in=true" in on["gputopo/templates/NOTES.txt"]
+
+
+def test_the_chart_webhook_args_run_the_sidecar_webhook_with_the_generated_certificate(
+    tmp_path: Path,
+) -> None:
+    """The extender's args as the chart writes them parse with the sidecar's own parser, and the
+    webhook they describe, served with the chart's Secret as mounted, sets the release's
+    scheduler name on a GPU pod for a client that trusts only the MutatingWebhookConfiguration's
+    caBundle and checks the Service's DNS name, as the API server does."""
+    from scheduler.__main__ import parser as sidecar_parser
+    from scheduler.webhook import MUTATE_PATH, WebhookConfig, WebhookServer, tls_files
+
+    docs = render_chart({"optIn": {"enabled": True}, "schedulerName": "topo-sched"}, kube_version="v1.33.5")
+    deploy = one(docs, "Deployment")
+    spec = deploy["spec"]["template"]["spec"]
+    args = sidecar_parser().parse_args(container(spec, "extender")["args"])
+    assert args.webhook and args.webhook_listen[1] == 8443 and args.webhook_scheduler_name == "topo-sched"
+    (vol,) = [v for v in spec["volumes"] if v["name"] == "webhook-tls"]
+    secret = one(docs, "Secret", vol["secret"]["secretName"])
+    for name in ("tls.crt", "tls.key"):
+        (tmp_path / name).write_bytes(base64.b64decode(secret["data"][name]))
+    crt, key = tls_files(str(tmp_path))
+    server = WebhookServer(
+        WebhookConfig(crt, key, scheduler_name=args.webhook_scheduler_name), "127.0.0.1", 0
+    )
+    server.start()
+    try:
+        mwc = one(docs, "MutatingWebhookConfiguration")
+        ref = mwc["webhooks"][0]["clientConfig"]
+        ctx = ssl.create_default_context(cadata=base64.b64decode(ref["caBundle"]).decode())
+        dns = f"{ref['service']['name']}.{ref['service']['namespace']}.svc"
+        review = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u-1",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "operation": "CREATE",
+                "object": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "p", "namespace": "ml"},
+                    "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 2}}}]},
+                },
+            },
+        }
+        body = json.dumps(review).encode()
+        with (
+            socket.create_connection(server.address, timeout=10) as raw,
+            ctx.wrap_socket(raw, server_hostname=dns) as tls,
+        ):
+            tls.sendall(
+                f"POST {MUTATE_PATH} HTTP/1.1\r\nHost: {dns}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body
+            )
+            answer = b""
+            while chunk := tls.recv(65536):
+                answer += chunk
+    finally:
+        server.stop()
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") or head.startswith(b"HTTP/1.0 200"), head
+    response = json.loads(payload)["response"]
+    assert response["allowed"] and response["uid"] == "u-1"
+    ops = json.loads(base64.b64decode(response["patch"]))
+    assert {"op": "add", "path": "/spec/schedulerName", "value": "topo-sched"} in ops or {
+        "op": "replace",
+        "path": "/spec/schedulerName",
+        "value": "topo-sched",
+    } in ops
