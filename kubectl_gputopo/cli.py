@@ -131,7 +131,12 @@ def _nodes(reader: Reader, args: argparse.Namespace, now: float) -> int:
     print(
         dump(rows, args.output)
         if is_machine(args.output)
-        else views.render_nodes(rows, wide=args.output == "wide", resource=args.resource)
+        else views.render_nodes(
+            rows,
+            wide=args.output == "wide",
+            resource=args.resource,
+            unserved=views.unserved_gpu_nodes(nodes, {r["name"] for r in rows}),
+        )
     )
     return 0
 

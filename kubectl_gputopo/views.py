@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from datetime import datetime
 from typing import Any
 
@@ -192,9 +192,44 @@ def _num(value: Any) -> str:
     return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def render_nodes(rows: list[dict[str, Any]], *, wide: bool = False, resource: str = "nvidia.com/gpu") -> str:
+#: Labels that mark a node as having NVIDIA GPUs whether or not a device plugin runs there: the
+#: GPU Operator's feature label and Node Feature Discovery's PCI vendor label (the same two the
+#: chart's and deploy/'s DaemonSet select on, docs/operator.md "Which nodes run the plugin").
+GPU_NODE_LABELS = ("nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present")
+
+
+def unserved_gpu_nodes(nodes: Sequence[Mapping[str, Any]], listed: Set[str]) -> list[str]:
+    """Nodes labelled as GPU nodes that no row lists: no device plugin advertises their GPUs
+    (the DaemonSet does not select them, or its pod there is not running)."""
+    names = []
+    for node in nodes:
+        meta = _meta(node)
+        labels = _map(meta.get("labels"))
+        name = _str(meta.get("name"))
+        if name and name not in listed and any(labels.get(k) == "true" for k in GPU_NODE_LABELS):
+            names.append(name)
+    return sorted(names)
+
+
+def render_nodes(
+    rows: list[dict[str, Any]],
+    *,
+    wide: bool = False,
+    resource: str = "nvidia.com/gpu",
+    unserved: Sequence[str] = (),
+) -> str:
+    hint = ""
+    if unserved:
+        shown = ", ".join(unserved[:10]) + (f" and {len(unserved) - 10} more" if len(unserved) > 10 else "")
+        hint = (
+            f"{len(unserved)} node(s) labelled as GPU nodes ({' or '.join(f'{k}=true' for k in GPU_NODE_LABELS)})"
+            f" list no {resource}: {shown}. Is the device plugin running there? "
+            "(kubectl get ds -A -l app.kubernetes.io/component=device-plugin; a node labelled "
+            "nvidia.com/gpu.deploy.device-plugin=true or gputopo.io/device-plugin=false is left out)"
+        )
     if not rows:
-        return f"No GPU nodes found (no node lists {resource} in its allocatable or capacity, nor has a {TOPOLOGY_ANNOTATION} annotation)."
+        none = f"No GPU nodes found (no node lists {resource} in its allocatable or capacity, nor has a {TOPOLOGY_ANNOTATION} annotation)."
+        return none + ("\n" + hint if hint else "")
     header = ["NODE", "GPUS", "FREE", "HEALTHY", *(f"RING{k}" for k in RING_SIZES), "AGE"]
     if wide:
         header += ["TOPOLOGY", "NVLINK", "PLUGIN", "POLICY", "UNHEALTHY"]
@@ -231,6 +266,8 @@ def render_nodes(rows: list[dict[str, Any]], *, wide: bool = False, resource: st
             f"{unusable} of {len(rows)} GPU nodes without a usable annotation: the scheduler counts their "
             "GPUs from allocatable, with no topology (STATUS says why)."
         )
+    if hint:
+        lines.append(hint)
     return "\n".join(lines)
 
 

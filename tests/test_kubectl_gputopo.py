@@ -896,6 +896,31 @@ def test_no_gpu_node_at_all_is_one_line(cluster, capsys) -> None:
     )
 
 
+def test_gpu_labelled_nodes_that_list_no_gpus_are_named(cluster, capsys) -> None:
+    """An install whose DaemonSet selects no node (or whose plugin never started) is not
+    silent: nodes labelled as GPU nodes that advertise no GPUs are named, with what to check."""
+    api, kubeconfig = cluster
+    for name, labels in (
+        ("gpu-a", {"nvidia.com/gpu.present": "true"}),
+        ("gpu-b", {"feature.node.kubernetes.io/pci-10de.present": "true"}),
+        ("cpu-1", {"nvidia.com/gpu.present": "false"}),
+    ):
+        node = fk.node(name)
+        node["metadata"]["labels"] = labels
+        node["status"] = {"allocatable": {"cpu": "96"}}
+        api.put("nodes", node)
+    code, out, _ = run(capsys, kubeconfig, "nodes")
+    first, second = out.splitlines()
+    assert code == 0 and first.startswith("No GPU nodes found")
+    assert (
+        second.startswith("2 node(s) labelled as GPU nodes")
+        and "list no nvidia.com/gpu: gpu-a, gpu-b." in second
+    )
+    assert "cpu-1" not in out
+    code, out, _ = run(capsys, kubeconfig, "nodes", "-o", "json")
+    assert code == 0 and json.loads(out) == []
+
+
 def test_why_orders_events_by_their_finest_time(cluster, capsys, monkeypatch) -> None:
     """kube-scheduler writes FailedScheduling through events.k8s.io/v1 (eventTime in
     microseconds); the sidecar's Events carry microseconds too now, so one written 0.3 s after
