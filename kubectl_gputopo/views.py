@@ -479,7 +479,7 @@ def why_document(
 
 
 def _object_levels(gang: Named, namespace: str, obj: Mapping[str, Any] | None) -> dict[str, str] | None:
-    """The levels the gang's group object sets (a Kubernetes PodGroup's topologyKey, a KAI
+    """The levels the gang's group object sets (a Kubernetes PodGroup's topology key, a KAI
     PodGroup's topologyConstraint): the sidecar uses them unless gputopo's annotations set some."""
     group = gangsources.object_group(gang, namespace, obj)
     if group is None or not (group.required_level or group.preferred_level):

@@ -108,14 +108,14 @@ def plan_of(live: Live, pod: dict, gang: str) -> tuple[str, str]:
 
 def test_kubernetes_podgroup_v1alpha2_with_its_topology_constraint(live_with) -> None:
     """1.36 Workload API: pods name their PodGroup in spec.schedulingGroup; the PodGroup's
-    gang.minCount is the quorum and its topologyKey is a required level."""
+    gang.minCount is the quorum and its topology key is a required level."""
     pg = {
         "apiVersion": "scheduling.k8s.io/v1alpha2",
         "kind": "PodGroup",
         "metadata": {"namespace": "ml", "name": "train", "uid": "pg-uid"},
         "spec": {
             "schedulingPolicy": {"gang": {"minCount": 2}},
-            "schedulingConstraints": {"topologyConstraints": [{"topologyKey": TIER0}]},
+            "schedulingConstraints": {"topology": [{"key": TIER0}]},
         },
     }
     pods = gang_pods(2, spec={"schedulingGroup": {"podGroupName": "train"}})
@@ -320,7 +320,7 @@ def test_precedence_when_a_pod_names_several_gangs_and_levels(live_with) -> None
         "metadata": {"namespace": "ml", "name": "train"},
         "spec": {
             "schedulingPolicy": {"gang": {"minCount": 2}},
-            "schedulingConstraints": {"topologyConstraints": [{"topologyKey": TIER1}]},
+            "schedulingConstraints": {"topology": [{"key": TIER1}]},
         },
     }
     both = {"scheduling.x-k8s.io/pod-group": "legacy", "kueue.x-k8s.io/pod-group-name": "kq"}

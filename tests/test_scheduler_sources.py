@@ -139,9 +139,7 @@ def test_group_objects_of_each_kind() -> None:
             "metadata": meta,
             "spec": {
                 "schedulingPolicy": {"gang": {"minCount": 3}},
-                "schedulingConstraints": {
-                    "topologyConstraints": [{"topologyKey": "topology.kubernetes.io/rack"}]
-                },
+                "schedulingConstraints": {"topology": [{"key": "topology.kubernetes.io/rack"}]},
             },
         },
         "scheduling.k8s.io/v1alpha2",
@@ -255,8 +253,8 @@ KEYS = st.sampled_from(
         "levels",
         "nodeLabel",
         "schedulingConstraints",
-        "topologyConstraints",
-        "topologyKey",
+        "topology",
+        "key",
         "namespace",
         "uid",
     ]

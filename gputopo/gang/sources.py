@@ -14,7 +14,7 @@ Everything is a pure function of API JSON: every field checked, garbage -> None 
 `SourceError` when a pod names a source but its fields are unusable: the message names the
 field). Upstream facts used here (checked against upstream source, see docs/scheduler.md):
 - `scheduling.k8s.io/v1alpha2` PodGroup: `spec.schedulingPolicy.gang.minCount`,
-  `spec.schedulingConstraints.topologyConstraints[].topologyKey`; pods join with
+  `spec.schedulingConstraints.topology[].key`; pods join with
   `spec.schedulingGroup.podGroupName` (kubernetes staging/src/k8s.io/api/scheduling/v1alpha2).
 - `scheduling.k8s.io/v1alpha1` Workload (1.35): `spec.podGroups[] {name, policy.gang.minCount}`;
   pods join with `spec.workloadRef {name, podGroup, podGroupReplicaKey}`; the policy applies
@@ -192,9 +192,9 @@ def dig(obj: Any, *path: str) -> Any:
 
 
 def _topology_key(constraints: Any) -> str | None:
-    items = dig(constraints, "topologyConstraints")
+    items = dig(constraints, "topology")
     if isinstance(items, list) and items and isinstance(items[0], Mapping):
-        key = items[0].get("topologyKey")
+        key = items[0].get("key")
         return key if is_label_key(key) else None
     return None
 
