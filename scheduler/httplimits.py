@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from socketserver import ThreadingMixIn
+from typing import Any
 
 import orjson
 
@@ -62,3 +64,33 @@ class Limits:
     max_connections: int = defaults.MAX_CONNECTIONS
     idle_timeout: float = defaults.IDLE_TIMEOUT_S
     body_timeout: float = defaults.BODY_TIMEOUT_S
+
+
+class ConnectionCap(ThreadingMixIn):
+    """One thread per connection, but only `max_connections` of them at once: past that the
+    accept loop calls `refuse(request)` (which may answer on the socket) and closes the
+    connection, no thread started. Both of the sidecar's servers (the extender's and the opt-in
+    webhook's) are bounded this way, so a flood of connections costs sockets, not threads."""
+
+    def cap_connections(self, max_connections: int) -> None:
+        self._connections = threading.BoundedSemaphore(max_connections)
+
+    def refuse(self, request: Any) -> None:
+        """What a connection past the cap gets before it is closed (nothing by default)."""
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._connections.acquire(blocking=False):
+            self.refuse(request)
+            self.shutdown_request(request)  # type: ignore[attr-defined]
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._connections.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._connections.release()

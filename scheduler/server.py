@@ -31,7 +31,7 @@ from gputopo import jsonlog
 from gputopo.numerals import ascii_uint
 from scheduler import defaults
 from scheduler.extender import Extender
-from scheduler.httplimits import BUSY_RESPONSE, Budget, Limits, Refused
+from scheduler.httplimits import BUSY_RESPONSE, Budget, ConnectionCap, Limits, Refused
 from scheduler.model import BadInput, parse_node_names, parse_pod
 from scheduler.state import BindError
 
@@ -268,7 +268,7 @@ class _Handler(BaseHTTPRequestHandler):
             raise BadInput(f"malformed JSON: {e}") from None
 
 
-class ExtenderHTTPServer(ThreadingHTTPServer):
+class ExtenderHTTPServer(ConnectionCap, ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 256  # kube-scheduler calls in parallel; the default backlog of 5 resets them
@@ -279,7 +279,7 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
         self.max_inflight_body = limits.max_inflight_body
         self.idle_timeout = limits.idle_timeout
         self.body_timeout = limits.body_timeout
-        self._connections = threading.BoundedSemaphore(limits.max_connections)
+        self.cap_connections(limits.max_connections)
         self.budget = Budget(limits.max_inflight_body)
         super().__init__(address, _Handler)
 
@@ -287,23 +287,14 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
     def inflight_body_bytes(self) -> int:
         return self.budget.taken
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        """One thread per connection, but only `max_connections` of them: past that the
-        connection gets a 503 from the accept loop and is closed, no thread started."""
-        if not self._connections.acquire(blocking=False):
-            self.extender.metrics.refused.labels(reason="connections").inc()
-            try:
-                request.settimeout(0.5)
-                request.sendall(BUSY_RESPONSE)
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
+    def refuse(self, request: Any) -> None:
+        """A connection past `max_connections` gets a 503 from the accept loop."""
+        self.extender.metrics.refused.labels(reason="connections").inc()
         try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._connections.release()
-            raise
+            request.settimeout(0.5)
+            request.sendall(BUSY_RESPONSE)
+        except OSError:
+            pass
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """socketserver prints a traceback to stderr; a client hanging up mid-answer is routine
@@ -313,12 +304,6 @@ class ExtenderHTTPServer(ThreadingHTTPServer):
             jsonlog.event(log, "client_gone", logging.DEBUG, reason=f"{type(err).__name__}: {err}")
         else:
             jsonlog.event(log, "connection_failed", logging.ERROR, reason=f"{type(err).__name__}: {err}")
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._connections.release()
 
 
 class Server:

@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry, Counter
 from gputopo import jsonlog
 from gputopo.numerals import ascii_uint
 from gputopo.pod.optin import decide
+from scheduler.httplimits import ConnectionCap
 
 log = logging.getLogger("gputopo.scheduler.webhook")
 
@@ -209,7 +210,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(200, answer)
 
 
-class WebhookHTTPServer(ThreadingHTTPServer):
+class WebhookHTTPServer(ConnectionCap, ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 64
@@ -237,7 +238,7 @@ class WebhookHTTPServer(ThreadingHTTPServer):
         self.max_body = max_body
         self.timeout_s = timeout_s
         self.reload_s = reload_s
-        self._slots = threading.BoundedSemaphore(max_connections)
+        self.cap_connections(max_connections)
         self._tls_lock = threading.Lock()
         self._stamp = self._file_stamp()
         self._context = self._load_context()  # an unreadable certificate fails here, at start
@@ -302,22 +303,8 @@ class WebhookHTTPServer(ThreadingHTTPServer):
 
     # -- connections ----------------------------------------------------------------------------
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            jsonlog.event(log, "connection_refused", logging.WARNING, reason="too many open connections")
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
+    def refuse(self, request: Any) -> None:
+        jsonlog.event(log, "connection_refused", logging.WARNING, reason="too many open connections")
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         """TLS handshake here, in the connection's own thread, bounded by the timeout."""
