@@ -3,40 +3,17 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from gputopo.network.cluster import generate_cluster, parse_cluster
 from gputopo.network.levels import CLUSTER, HOSTNAME, LEAF, SPINE
-from scheduler.extender import Extender
 from scheduler.model import PodInfo
-from scheduler.server import Server
 from scheduler.state import BindError, FileState, from_cluster
 from tests import fake_apiserver as fk
-from tests.kube_scheduler_standin import StandIn
 
 LEVELS = (HOSTNAME, LEAF, SPINE)
 GROUP = "scheduling.x-k8s.io/pod-group"
-
-
-@pytest.fixture
-def running() -> Iterator[Any]:
-    started: list[tuple[Server, StandIn]] = []
-
-    def start(state: FileState, clock: list[float], **kw: Any) -> tuple[Extender, StandIn]:
-        ext = Extender(state, LEVELS, clock=lambda: clock[0], **kw)
-        server = Server(ext, "127.0.0.1", 0)
-        server.start()
-        standin = StandIn(*server.address, sorted(state.snapshot().nodes))
-        started.append((server, standin))
-        return ext, standin
-
-    yield start
-    for server, standin in started:
-        standin.close()
-        server.stop()
 
 
 def level_of(nodes: set[str], labels: dict[str, dict[str, str]]) -> str:

@@ -10,7 +10,6 @@ per cluster (--gang-spill-after), and then still waits as before.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -59,24 +58,6 @@ def leaves_full_spine_has_room() -> FileState:
 def spine_of(node: str) -> str:
     leaf = node.split("-")[0]
     return next(s for s, leaves in SPINES.items() if leaf in leaves)
-
-
-@pytest.fixture
-def running() -> Iterator[Any]:
-    started: list[tuple[Server, StandIn]] = []
-
-    def start(state: FileState, clock: list[float], **kw: Any) -> tuple[Extender, StandIn]:
-        ext = Extender(state, LEVELS, clock=lambda: clock[0], **kw)
-        server = Server(ext, "127.0.0.1", 0)
-        server.start()
-        standin = StandIn(*server.address, sorted(state.snapshot().nodes))
-        started.append((server, standin))
-        return ext, standin
-
-    yield start
-    for server, standin in started:
-        standin.close()
-        server.stop()
 
 
 def light_gang(name: str, count: int, gpus: int, annotations: dict[str, str] | None = None) -> list[dict]:
