@@ -75,12 +75,15 @@ class Sidecar:
     emitter: EventEmitter | None = None
 
     @classmethod
-    def start(cls, api_client: Any, clock: list[float], events: bool = False) -> Sidecar:
+    def start(
+        cls, api_client: Any, clock: list[float], events: bool = False, spill_after_s: float | None = None
+    ) -> Sidecar:
         state = KubeState(api_client, clock=lambda: clock[0], watch_timeout_s=5, backoff_s=(0.05, 0.2))
         emitter = None
         if events:  # Kubernetes Events of gang decisions, as `python -m scheduler` writes them
             emitter = EventEmitter(api_client, pod_uid=state.pod_uid, group_ref=state.group_ref)
-        ext = Extender(state, clock=lambda: clock[0], events=emitter)
+        wait = {} if spill_after_s is None else {"spill_after_s": spill_after_s}
+        ext = Extender(state, clock=lambda: clock[0], events=emitter, **wait)
         server = Server(ext, "127.0.0.1", 0)
         state.start()
         wait_until(state.ready)
@@ -248,11 +251,11 @@ def judge(
             ends[g] = "part"
     # the GPUs each sidecar predicted per bound pod (its GPUsPredicted Event, latest wins)
     predicted: dict[str, tuple[str, set[int]]] = {}
-    for e in events:
-        if e.get("reason") == "GPUsPredicted":
+    for e in map(fk.event_view, events):  # core/v1 or events.k8s.io/v1, as the sidecar wrote it
+        if e["reason"] == "GPUsPredicted":
             msg = e["message"]  # "gputopo predicts GPUs 0,1 on node a1"
             gpus = {int(x) for x in msg.split("GPUs ")[1].split(" on node ")[0].split(",")}
-            pod = f"{e['involvedObject']['namespace']}/{e['involvedObject']['name']}"
+            pod = f"{e['ref']['namespace']}/{e['name']}"
             predicted[pod] = (msg.rsplit(" ", 1)[1], gpus)
     double = 0
     for node in leaf_of:
@@ -479,8 +482,9 @@ def stamp(t: float) -> str:
 @pytest.mark.parametrize(("age", "clock_from"), [(100.0, "creation"), (8 * 86_400.0, "takeover")])
 def test_a_waiting_gangs_wait_clock_goes_on_from_its_creation(api, age: float, clock_from: str) -> None:
     """The standby's first call re-derives the wait clock of a gang still waiting from its oldest
-    member's creationTimestamp; one older than the gang's spill time (7 days by default) is not
-    trusted and the clock restarts at the takeover (waiting longer, never spilling early)."""
+    member's creationTimestamp; one older than the gang's spill time (here the cluster opts into
+    7 days; the default is no wait) is not trusted and the clock restarts at the takeover
+    (waiting longer, never spilling early)."""
     fake, api_client = api
     clock = [NOW]
     waiting = gang_pod("g", 0, 8, 2, False)
@@ -488,7 +492,7 @@ def test_a_waiting_gangs_wait_clock_goes_on_from_its_creation(api, age: float, c
     fake.put("pods", waiting)
     solo = fk.pod(NS, "solo", 1)
     fake.put("pods", solo)
-    b = Sidecar.start(api_client, clock)
+    b = Sidecar.start(api_client, clock, spill_after_s=7 * 86_400.0)
     try:
         wait_until(lambda: b.sees(fake))
         clock[0] += 15.0
@@ -549,8 +553,8 @@ def test_the_new_leader_tells_the_gangs_group_object_it_took_the_gang_over(api) 
         drive.close()
         assert second is not None and LEAF_OF[second] == LEAF_OF[first] and second != first
         assert b.emitter is not None and b.emitter.flush()
-        adopted = [e for e in fake.events if e.get("reason") == "GangAdopted"]
-        assert [(e["involvedObject"]["kind"], e["involvedObject"]["name"]) for e in adopted] == [
+        adopted = [e for e in map(fk.event_view, fake.events) if e["reason"] == "GangAdopted"]
+        assert [(e["kind"], e["name"]) for e in adopted] == [
             ("PodGroup", "pg")
         ]
     finally:
