@@ -37,7 +37,7 @@ SHELL_BLOCKS = shell_blocks(README)
 COMMANDS = [
     line.split("  #", 1)[0].strip()
     for block in SHELL_BLOCKS
-    for line in block.splitlines()
+    for line in block.replace("\\\n", " ").splitlines()  # a line ending in \ goes on on the next
     if line.strip() and not line.lstrip().startswith("#")
 ]
 TRACE_COMMANDS = [c for c in COMMANDS if c.startswith("gputopo simulate --trace")]
