@@ -19,8 +19,7 @@ from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from deviceplugin import defaults
-from deviceplugin.config import ConfigError, PluginConfig, load_config
+from deviceplugin.settings import NVML_RETRY_SECONDS, ConfigError, PluginConfig, load_config
 from gputopo import jsonlog
 
 if TYPE_CHECKING:
@@ -62,9 +61,9 @@ def _nvml_backend(config: PluginConfig, stop: threading.Event) -> Backend | None
             if config.fail_on_init_error:
                 raise InitError(reason + " (run with --fail-on-init-error=false to keep retrying)") from None
             jsonlog.event(
-                log, "nvml_init_failed", logging.ERROR, retry_in_s=defaults.NVML_RETRY_SECONDS, reason=reason
+                log, "nvml_init_failed", logging.ERROR, retry_in_s=NVML_RETRY_SECONDS, reason=reason
             )
-            if stop.wait(defaults.NVML_RETRY_SECONDS):
+            if stop.wait(NVML_RETRY_SECONDS):
                 return None
 
 

@@ -100,14 +100,14 @@ class StatusCommand:
         add_output_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        from deviceplugin import defaults
+        from deviceplugin import settings
         from deviceplugin.status_client import StatusUnavailable, fetch_status
 
         if not (math.isfinite(args.timeout) and args.timeout > 0):
             raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
         socket = args.socket or os.path.join(
-            args.kubelet_dir or os.environ.get("GPUTOPO_KUBELET_DIR", defaults.KUBELET_DIR),
-            os.environ.get("GPUTOPO_SOCKET_NAME", defaults.SOCKET_NAME),
+            args.kubelet_dir or os.environ.get("GPUTOPO_KUBELET_DIR", settings.KUBELET_DIR),
+            os.environ.get("GPUTOPO_SOCKET_NAME", settings.SOCKET_NAME),
         )
         # gRPC reads `unix://dp/x.sock` as host "dp": a relative path must become absolute first.
         socket = os.path.abspath(socket)

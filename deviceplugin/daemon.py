@@ -12,13 +12,13 @@ import time
 from collections.abc import Callable
 
 from deviceplugin.backend import Backend
-from deviceplugin.config import PluginConfig
 from deviceplugin.health import HealthTracker
 from deviceplugin.healthloop import HealthLoop
 from deviceplugin.kubeletapi import RegistrationInfo
 from deviceplugin.metrics import Metrics
 from deviceplugin.registration import KubeletWatcher
 from deviceplugin.server import PluginServer
+from deviceplugin.settings import PluginConfig
 from deviceplugin.state import Listener, SnapshotStore, make_snapshot
 from gputopo import jsonlog
 from gputopo.node.topology import TopologyError

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from deviceplugin.backend import HealthEvent
-from deviceplugin.defaults import IGNORED_XIDS
+from deviceplugin.settings import IGNORED_XIDS
 from gputopo import jsonlog
 
 log = logging.getLogger("deviceplugin.health")

@@ -3,7 +3,7 @@
 A fleet mixes server generations (PCIe figures, NVLink speed) and an operator may A/B one node's
 `--policy`; per-node flags do not scale. As NVIDIA's device plugin does with
 `nvidia.com/device-plugin.config`, one ConfigMap holds several named configs (key = name, value =
-the plugin's own versioned YAML config, `deviceplugin/config.py`), it is mounted as a folder
+the plugin's own versioned YAML config, `deviceplugin/settings.py`), it is mounted as a folder
 (`--config-dir`), and the Node label `--node-config-label` (default `gputopo.io/config`) names
 the one this node uses. The selected file then takes the place of `--config`: flags > env >
 that file > defaults, as always.
@@ -25,7 +25,7 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 
-from deviceplugin.config import CONFIG_ENV, ConfigError, PluginConfig, build_parser, read_config_file
+from deviceplugin.settings import CONFIG_ENV, ConfigError, PluginConfig, build_parser, read_config_file
 
 DEFAULT_NAME = "default"
 #: ConfigMap keys: what a mounted ConfigMap folder can hold as file names.

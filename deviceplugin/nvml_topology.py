@@ -33,8 +33,11 @@ prints, so what an operator reads on the node is what the allocator decides on:
   Explicit constructor overrides beat both.
 
 `discover()` runs when asked (at start and on an explicit re-probe), never inside an RPC. The
-XID health watch is the other half of the NVML backend (`deviceplugin.nvml_health`), as NVIDIA's
-plugin keeps device discovery and `health.go` apart; `deviceplugin.nvml` joins them.
+XID health watch is the other half of the NVML backend, as NVIDIA's plugin keeps device
+discovery and `health.go` apart; `deviceplugin.nvml` holds it, owns NVML's init and shutdown and
+joins the two. How the pynvml binding answers (the error codes both halves tell apart, text that
+comes back as bytes or str depending on the nvidia-ml-py version, `NvmlUnavailable`) is at the
+top of this module, the one both halves import.
 """
 
 from __future__ import annotations
@@ -46,14 +49,35 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from deviceplugin.nvmlapi import NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_SUPPORTED, NvmlUnavailable
-from deviceplugin.nvmlapi import code as _code
-from deviceplugin.nvmlapi import text as _text
 from gputopo import jsonlog
 from gputopo.node.links import BandwidthSettings, Link
 from gputopo.node.topology import GPU, Topology
 
 log = logging.getLogger("deviceplugin.nvml")
+
+# How the pynvml binding answers, for both halves of the NVML backend.
+
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_TIMEOUT = 10
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used on this node (no library, no driver, no permission)."""
+
+
+def text(value: Any) -> str:
+    """pynvml returns bytes from some versions and str from others."""
+    return value.decode("ascii", "replace").strip("\x00 ") if isinstance(value, bytes) else str(value).strip()
+
+
+def error_code(error: Exception) -> int | None:
+    """The NVML return code an NVMLError carries, if any."""
+    value = getattr(error, "value", None)
+    return value if isinstance(value, int) else None
+
+
+# Discovery.
 
 #: nvmlGpuTopologyLevel_t value -> nvidia-smi code.
 TOPOLOGY_LEVEL_CODES: Mapping[int, str] = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
@@ -157,11 +181,11 @@ class TopologyProbe:
 
     def _gpu(self, index: int, handle: Any) -> GPU:
         nvml = self._nvml
-        bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+        bus_id = text(nvml.nvmlDeviceGetPciInfo(handle).busId)
         return GPU(
             index=index,
-            uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
-            model=_text(nvml.nvmlDeviceGetName(handle)),
+            uuid=text(nvml.nvmlDeviceGetUUID(handle)),
+            model=text(nvml.nvmlDeviceGetName(handle)),
             pci_bus_id=bus_id,
             numa=self._numa(handle, bus_id),
             minor=self._minor(handle),
@@ -253,13 +277,13 @@ class TopologyProbe:
                 if self._remote_is_switch(handle, link):
                     switch += 1
                 else:
-                    remote = _bus_key(_text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId))
+                    remote = _bus_key(text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId))
                     direct[remote] = direct.get(remote, 0) + 1
                 version = self._link_version(handle, link)
                 if version is not None:
                     versions.add(version)
             except nvml.NVMLError as e:
-                if _code(e) not in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT):
+                if error_code(e) not in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT):
                     jsonlog.event(
                         log,
                         "nvlink_probe_failed",
@@ -278,7 +302,10 @@ class TopologyProbe:
         try:
             return bool(getter(handle, link) == _NVML_SWITCH)
         except nvml.NVMLError as e:
-            if _code(e) in (NVML_ERROR_NOT_SUPPORTED, getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)):
+            if error_code(e) in (
+                NVML_ERROR_NOT_SUPPORTED,
+                getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13),
+            ):
                 return False  # older driver: fall back to the remote PCI bus id
             raise
 

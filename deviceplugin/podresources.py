@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import grpc
 
-from deviceplugin import defaults
+from deviceplugin import settings
 from gputopo_proto.podresources.v1 import api_pb2, api_pb2_grpc
 
 #: kubelet's own limit on a PodResources reply (16 MiB).
@@ -50,8 +50,8 @@ class PodResourcesClient:
 
     def __init__(
         self,
-        socket_path: str = defaults.POD_RESOURCES_SOCKET,
-        resource: str = defaults.RESOURCE_NAME,
+        socket_path: str = settings.POD_RESOURCES_SOCKET,
+        resource: str = settings.RESOURCE_NAME,
         timeout_s: float = 5.0,
     ) -> None:
         self.socket_path = socket_path

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from deviceplugin import defaults
+from deviceplugin import settings
 from deviceplugin.podresources import PodResourcesError, ids_to_uuids
 from deviceplugin.state import Snapshot
 from gputopo import __version__, jsonlog
@@ -86,7 +86,7 @@ class Publisher:
         api: NodePatcher,
         in_use: Callable[[], frozenset[str] | Mapping[str, frozenset[str]]],
         *,
-        annotation_key: str = defaults.TOPOLOGY_ANNOTATION,
+        annotation_key: str = settings.TOPOLOGY_ANNOTATION,
         plugin_version: str = __version__,
         min_interval_s: float = 5.0,
         resync_s: float = 30.0,

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from deviceplugin import defaults
-from deviceplugin.config import PluginConfig
+from deviceplugin import settings
 from deviceplugin.kubeletapi import FileId, RegistrationInfo, file_id, plugin_options
 from deviceplugin.metrics import Metrics
+from deviceplugin.settings import PluginConfig
 from gputopo import jsonlog
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
@@ -50,14 +50,14 @@ _UNSEEN: FileId = (-1, -1, -1)
 
 def register_request(config: PluginConfig) -> api_pb2.RegisterRequest:
     return api_pb2.RegisterRequest(
-        version=defaults.API_VERSION,
+        version=settings.API_VERSION,
         endpoint=config.socket_name,
         resource_name=config.resource_name,
         options=plugin_options(),
     )
 
 
-def register_with_kubelet(config: PluginConfig, timeout: float = defaults.REGISTER_TIMEOUT_SECONDS) -> None:
+def register_with_kubelet(config: PluginConfig, timeout: float = settings.REGISTER_TIMEOUT_SECONDS) -> None:
     """One Register call; raises grpc.RpcError when kubelet refuses or cannot be reached."""
     with grpc.insecure_channel(f"unix://{config.kubelet_socket}") as channel:
         api_pb2_grpc.RegistrationStub(channel).Register(register_request(config), timeout=timeout)
@@ -90,8 +90,8 @@ class KubeletWatcher:
         register: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
-        interval: float = defaults.WATCH_INTERVAL_SECONDS,
-        backoff: tuple[float, float] = defaults.REGISTER_BACKOFF_SECONDS,
+        interval: float = settings.WATCH_INTERVAL_SECONDS,
+        backoff: tuple[float, float] = settings.REGISTER_BACKOFF_SECONDS,
     ) -> None:
         self._config = config
         self._server = server
@@ -179,7 +179,7 @@ class KubeletWatcher:
         config = self._config
         with grpc.insecure_channel(f"unix://{config.kubelet_socket}") as channel:
             call = api_pb2_grpc.RegistrationStub(channel).Register.future(
-                register_request(config), timeout=defaults.REGISTER_TIMEOUT_SECONDS
+                register_request(config), timeout=settings.REGISTER_TIMEOUT_SECONDS
             )
             while True:
                 try:

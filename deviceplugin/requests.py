@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deviceplugin.defaults import MAX_REQUEST_IDS
+from deviceplugin.settings import MAX_REQUEST_IDS
 from deviceplugin.state import Snapshot
 from gputopo.node.allocator import MAX_GPUS, AllocationError, Choice
 
@@ -58,7 +58,7 @@ def _duplicates(ids: Sequence[str]) -> list[str]:
 
 def _bounded(field: str, ids: Sequence[str]) -> None:
     """No node offers more than MAX_GPUS devices, so a longer list is not kubelet's: refuse
-    it before any per-ID work (MAX_REQUEST_IDS is 4 x MAX_GPUS, see deviceplugin/defaults.py)."""
+    it before any per-ID work (MAX_REQUEST_IDS is 4 x MAX_GPUS, see deviceplugin/settings.py)."""
     if len(ids) > MAX_REQUEST_IDS:
         raise RequestError(
             f"{field} lists {len(ids)} devices; at most {MAX_REQUEST_IDS} are accepted "

@@ -19,10 +19,10 @@ from typing import Any
 
 import grpc
 
-from deviceplugin.config import PluginConfig
 from deviceplugin.kubeletapi import FileId, RegistrationInfo, file_id
 from deviceplugin.metrics import Metrics
 from deviceplugin.service import DevicePluginService, StatusService
+from deviceplugin.settings import PluginConfig
 from deviceplugin.state import SnapshotStore
 from gputopo import jsonlog
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2_grpc

@@ -15,11 +15,11 @@ from typing import Any
 
 import grpc
 
-from deviceplugin import defaults
-from deviceplugin.config import PluginConfig
+from deviceplugin import settings
 from deviceplugin.kubeletapi import RegistrationInfo, plugin_options
 from deviceplugin.metrics import Metrics
 from deviceplugin.requests import PreferredAnswer, RequestError, allocate_ids, preferred
+from deviceplugin.settings import PluginConfig
 from deviceplugin.state import Snapshot, SnapshotStore
 from deviceplugin.strategies import Handover, parse_strategies, probe_device_specs
 from gputopo import __version__, jsonlog
@@ -54,9 +54,9 @@ def logged_ids(ids: Sequence[str]) -> list[str]:
 
 def _too_many_containers(n: int) -> str | None:
     """Every container request names at least one device, so more requests than the longest
-    device list a node can offer are not kubelet's (defaults.MAX_REQUEST_IDS)."""
-    if n > defaults.MAX_REQUEST_IDS:
-        return f"{n} container_requests; at most {defaults.MAX_REQUEST_IDS} are accepted"
+    device list a node can offer are not kubelet's (settings.MAX_REQUEST_IDS)."""
+    if n > settings.MAX_REQUEST_IDS:
+        return f"{n} container_requests; at most {settings.MAX_REQUEST_IDS} are accepted"
     return None
 
 
@@ -76,7 +76,7 @@ def handover(config: PluginConfig) -> Handover:
         strategies=parse_strategies(config.device_list_strategy),
         specs=probe_device_specs(config.nvidia_driver_root) if config.pass_device_specs else None,
         annotation_prefix=config.cdi_annotation_prefix,
-        cdi_kind=defaults.CDI_KIND,
+        cdi_kind=settings.CDI_KIND,
     )
 
 

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deviceplugin import defaults as plugin_defaults
+from deviceplugin import settings as plugin_defaults
 from gputopo.network.annotation import encode, make
 from gputopo.node.topofile import load_preset
 from tests.admission import Decision, admission_request, evaluate

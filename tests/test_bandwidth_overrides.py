@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from deviceplugin.config import ConfigError, load_config
 from deviceplugin.filebackend import FileBackend
+from deviceplugin.settings import ConfigError, load_config
 from gputopo.node.allocator import Allocator
 
 

@@ -189,7 +189,7 @@ def test_import_contracts_catch_what_they_should(tmp_path: Path) -> None:
         f.write("\n\ndef _status():\n    import deviceplugin.status_client\n")
     with (tmp_path / "gputopo" / "node" / "links.py").open("a") as f:
         f.write("\n\ndef _plan():\n    from gputopo.gang import planner\n")
-    with (tmp_path / "deviceplugin" / "defaults.py").open("a") as f:
+    with (tmp_path / "deviceplugin" / "settings.py").open("a") as f:
         f.write("\n\ndef _levels():\n    from scheduler import defaults\n")
     with (tmp_path / "kubectl_gputopo" / "views.py").open("a") as f:
         f.write("\n\ndef _status():\n    import deviceplugin.status_client\n")
@@ -199,6 +199,6 @@ def test_import_contracts_catch_what_they_should(tmp_path: Path) -> None:
     assert "Contracts: 0 kept, 4 broken." in out.stdout, out.stdout
     assert "gputopo.node.links -> gputopo.gang.planner" in out.stdout
     assert "gputopo.numerals -> deviceplugin.status_client" in out.stdout
-    assert "deviceplugin.defaults -> scheduler" in out.stdout
+    assert "deviceplugin.settings -> scheduler" in out.stdout
     assert "kubectl_gputopo.views -> deviceplugin.status_client" in out.stdout
     assert "gputopo is not allowed to import grpc" in out.stdout

@@ -24,8 +24,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from deviceplugin import config as plugin_config
-from deviceplugin import defaults as plugin_defaults
+from deviceplugin import settings as plugin_config
+from deviceplugin import settings as plugin_defaults
 from gputopo.network.levels import validate_levels
 from scheduler import defaults as sched_defaults
 from scheduler.__main__ import parser as sidecar_parser

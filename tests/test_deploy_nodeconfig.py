@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deviceplugin.config import load_config, read_config_file
 from deviceplugin.nodeconfig import resolve
+from deviceplugin.settings import load_config, read_config_file
 from tests.test_deploy_manifests import K8S_VERSIONS, container, one, render
 from tests.test_plugin_nodeconfig import mounted
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from deviceplugin import config as plugin_config
+from deviceplugin import settings as plugin_config
 from deviceplugin.metrics import Metrics as PluginMetrics
 from scheduler.__main__ import parser as sidecar_parser
 from scheduler.metrics import Metrics as SidecarMetrics

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin import defaults
-from deviceplugin.config import ConfigError, PluginConfig, load_config
+from deviceplugin import settings
+from deviceplugin.settings import ConfigError, PluginConfig, load_config
 from deviceplugin.status_client import fetch_status
 from gputopo.node.topofile import load_preset
 from tests.kubelet_fake import eventually, fake_kubelet, short_tmpdir
@@ -42,7 +42,7 @@ def plugin(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[by
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_stops_serving_removes_socket_exits_zero(folder: Path, sig: signal.Signals) -> None:
-    sock = folder / defaults.SOCKET_NAME
+    sock = folder / settings.SOCKET_NAME
     with fake_kubelet(folder) as kubelet:
         proc = plugin("--kubelet-dir", str(folder), "--topology", "gb200-tray", "--metrics-port", "0")
         try:
@@ -94,7 +94,7 @@ def test_bad_flags_exit_2_with_one_line(case: str, folder: Path) -> None:
     assert proc.returncode == 2, err.decode()
     assert len(lines) == 1 and lines[0].startswith("deviceplugin: error: "), lines
     assert "Traceback" not in err.decode()
-    assert not (folder / defaults.SOCKET_NAME).exists()
+    assert not (folder / settings.SOCKET_NAME).exists()
 
 
 def test_bad_topology_file_content_exits_2(folder: Path) -> None:
@@ -137,7 +137,7 @@ def write_config(path: Path, text: str) -> str:
 def test_defaults() -> None:
     assert load_config([], {}) == PluginConfig()
     cfg = PluginConfig()
-    assert cfg.kubelet_dir == defaults.KUBELET_DIR and cfg.backend_kind == "nvml"
+    assert cfg.kubelet_dir == settings.KUBELET_DIR and cfg.backend_kind == "nvml"
 
 
 def test_precedence_flag_over_env_over_file_over_default(tmp_path: Path) -> None:
@@ -203,7 +203,7 @@ def test_nvml_init_failure_exits_1_with_one_line(folder: Path) -> None:
     assert proc.returncode == 1
     lines = err.decode().splitlines()
     assert len(lines) == 1 and "NVML" in lines[0] and "--fail-on-init-error=false" in lines[0]
-    assert not (folder / defaults.SOCKET_NAME).exists()
+    assert not (folder / settings.SOCKET_NAME).exists()
 
 
 @needs_no_nvml
@@ -236,7 +236,7 @@ def test_topology_beyond_the_allocator_exits_2(folder: Path) -> None:
     last = err.decode().splitlines()[-1]
     assert last.startswith("deviceplugin: error: topology:") and "16" in last
     assert "Traceback" not in err.decode()
-    assert not (folder / defaults.SOCKET_NAME).exists()
+    assert not (folder / settings.SOCKET_NAME).exists()
 
 
 @pytest.mark.parametrize(
@@ -263,7 +263,7 @@ def test_unreadable_config_file_exits_2_with_one_line(folder: Path, content: byt
 
 def test_relative_kubelet_dir_is_served_and_registered(folder: Path) -> None:
     """`--kubelet-dir some/dir` is relative to the working directory, like every other path."""
-    sock = folder / defaults.SOCKET_NAME
+    sock = folder / settings.SOCKET_NAME
     with fake_kubelet(folder) as kubelet:
         proc = subprocess.Popen(
             [sys.executable, "-m", "deviceplugin", "--kubelet-dir", folder.name, "--topology", "rtx8000-4",
@@ -294,7 +294,7 @@ def test_topology_with_a_reserved_uuid_exits_2(folder: Path) -> None:
     assert proc.returncode == 2, err.decode()
     last = err.decode().splitlines()[-1]
     assert last.startswith("deviceplugin: error: topology:") and "reserved" in last
-    assert not (folder / defaults.SOCKET_NAME).exists()
+    assert not (folder / settings.SOCKET_NAME).exists()
 
 
 def test_version() -> None:

@@ -102,7 +102,7 @@ def test_the_daemons_checks_follow_its_socket_and_kubelet_registration(
 ) -> None:
     """The real daemon on a preset topology: not ready until kubelet (a stand-in) accepts its
     registration, live while its socket answers, neither once stopped."""
-    from deviceplugin import config as plugin_config
+    from deviceplugin import settings as plugin_config
     from deviceplugin.__main__ import _file_backend
     from deviceplugin.daemon import Daemon
 

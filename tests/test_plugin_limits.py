@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from deviceplugin import defaults
+from deviceplugin import settings
 from deviceplugin.status_client import fetch_status
 from gputopo.node.allocator import MAX_GPUS
 from gputopo.node.topofile import load_preset
@@ -29,7 +29,7 @@ from tests.kubelet_fake import eventually, fake_kubelet, plugin_channel, running
 
 PRESET = "dgx1-v100"
 UUIDS = [g.uuid for g in load_preset(PRESET).gpus]
-LIMIT = defaults.MAX_REQUEST_IDS
+LIMIT = settings.MAX_REQUEST_IDS
 REPO = Path(__file__).resolve().parent.parent
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("GPUTOPO_") and k != "NODE_NAME"}
 
@@ -45,7 +45,7 @@ def folder() -> Iterator[Path]:
 def stub(folder: Path) -> Iterator[api_pb2_grpc.DevicePluginStub]:
     with fake_kubelet(folder) as kubelet, running_daemon(folder, PRESET):
         assert kubelet.wait(1, 10) is not None, kubelet.refusals
-        with plugin_channel(folder / defaults.SOCKET_NAME) as s:
+        with plugin_channel(folder / settings.SOCKET_NAME) as s:
             yield s
 
 
@@ -150,7 +150,7 @@ def _hammer(sock: Path, stop: threading.Event, sent: list[int]) -> None:
 def test_sigterm_with_large_requests_in_flight_exits_promptly() -> None:
     """A hang check, not a benchmark: the bound is generous (10 s), the design target is 2 s."""
     folder = short_tmpdir()
-    sock = folder / defaults.SOCKET_NAME
+    sock = folder / settings.SOCKET_NAME
     try:
         with fake_kubelet(folder) as kubelet:
             proc = _plugin(folder)
@@ -236,9 +236,9 @@ def test_a_dropped_list_and_watch_frees_its_slot_at_once(
 ) -> None:
     """kubelet reconnecting 100 times in a row is never refused: each dropped stream's slot is
     free before the next stream arrives (it used to wait for the stream's next 0.25 s poll)."""
-    assert _reconnects(folder / defaults.SOCKET_NAME, 100) == 0
+    assert _reconnects(folder / settings.SOCKET_NAME, 100) == 0
     # and the slots really are released: the cap still admits a full set of streams afterwards
-    with grpc.insecure_channel(f"unix://{folder / defaults.SOCKET_NAME}") as channel:
+    with grpc.insecure_channel(f"unix://{folder / settings.SOCKET_NAME}") as channel:
         s = api_pb2_grpc.DevicePluginStub(channel)
         streams = [s.ListAndWatch(api_pb2.Empty(), timeout=10) for _ in range(8)]
         try:

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from deviceplugin.config import PluginConfig
 from deviceplugin.daemon import Daemon
 from deviceplugin.filebackend import FileBackend
+from deviceplugin.settings import PluginConfig
 from gputopo import __version__
 from gputopo.node.topofile import load_preset
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from deviceplugin.config import ConfigError, load_config
 from deviceplugin.nodeconfig import api_label, config_names, resolve
+from deviceplugin.settings import ConfigError, load_config
 from gputopo.network.annotation import decode
 from gputopo_proto.podresources.v1 import api_pb2_grpc as pr_grpc
 from tests import fake_apiserver as fk

@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from deviceplugin.config import ConfigError, load_config
 from deviceplugin.publisher import for_cluster
+from deviceplugin.settings import ConfigError, load_config
 from gputopo.network.annotation import decode
 from gputopo.node.allocator import Allocator
 from gputopo.node.policy import POLICY_NAMES, policy_by_name

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deviceplugin.config import ConfigError, load_config
+from deviceplugin.settings import ConfigError, load_config
 from deviceplugin.strategies import STRATEGIES, parse_strategies
 from gputopo.node.topofile import load_preset
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2
