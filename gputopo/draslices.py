@@ -27,13 +27,14 @@ The slice format (`resource.k8s.io/v1`), one pool per node (pool name = node nam
   order across slices of a pool is not defined (it gathers them from an informer cache) while
   the order inside a slice is the device list.
 
-Which sets (measured in docs/dra.md): per size, whole ring-bandwidth levels best first while
-they fit in one slice (`max_sets` devices, 64 by default: the limit for devices with counters);
-a best level larger than that (uniform NVSwitch nodes) is cut to its first `max_sets` in the
-ranking order. Within a level, sets whose GPUs are all free come first in the allocator's order
-for the current free set, then the others in its order for the healthy set, so the first free
-set is the allocator's own choice right after each republication, and a best-ring set as long
-as the published levels reach the best ring still free.
+Which sets (measured in docs/dra.md, bench/bench_dra_slices.py): per size, ring-bandwidth
+levels best first, whole while they fit in one slice (`max_sets` devices, 64 by default: the
+limit for devices with counters); the first level that does not fit fills the rest of the slice
+with a spread-out cut of itself (its first set, then sets overlapping the kept ones least).
+Within a level, sets whose GPUs are all free come first in the allocator's order for the current
+free set, then the others in its order for the healthy set. Hence, because only the LAST level
+is ever cut: right after a republication the first free set is the allocator's own choice, and
+however stale the slices are, a first free set is always a best-ring set of the free GPUs.
 
 Pure: a function of the topology, the healthy and free GPU indices and the pool generation; the
 daemon does the I/O (sysfs for PCIe roots, the API for publishing).
@@ -136,9 +137,12 @@ def pci_bus_id(raw: str) -> str | None:
 
 
 def choose_sets(
-    alloc: Allocator, healthy: Iterable[int], free: Iterable[int], size: int, max_sets: int
+    alloc: Allocator, healthy: Iterable[int], free: Iterable[int], size: int, max_sets: int, *, fill: bool = True
 ) -> list[SetDevice]:
-    """The set devices of one size, in publication order (see the module docstring)."""
+    """The set devices of one size, in publication order (see the module docstring).
+
+    `fill=False` stops after the last whole level that fits (a measured alternative,
+    bench/bench_dra_slices.py: it halves availability on a DGX-1 for no gain in ring)."""
     h = sorted(set(healthy))
     f = sorted(set(free) & set(h))
     if size < 2 or size > len(h):
@@ -158,11 +162,10 @@ def choose_sets(
             levels.append([dev])
     out: list[SetDevice] = []
     for level in levels:
-        if len(out) + len(level) > max_sets:
-            if not out:
-                out = _spread(level, max_sets)
+        room = max_sets - len(out)
+        if room <= 0 or (not fill and out and len(level) > room):
             break
-        out += level
+        out += level if len(level) <= room else _spread(level, room)
     return out
 
 
