@@ -120,7 +120,9 @@ class SlicePublisher:
             return None
         topo = snap.topology
         if self._alloc is None or self._alloc.topology != topo:
-            self._alloc = Allocator(topo)
+            # the snapshot's policy scores with the exact allocator (built once per topology)
+            exact = snap.allocator.exact
+            self._alloc = exact if isinstance(exact, Allocator) else Allocator(topo)
         healthy = [g.index for g in topo.gpus if snap.healthy(g.uuid)]
         free = [i for i in healthy if i not in in_use]
         return draslices.build_slices(
