@@ -111,12 +111,20 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         build_parser(env).print_help()
         print("\nEvery other flag is the device plugin's: python -m deviceplugin --help")
         return 0
+    from deviceplugin.nodeconfig import NodeConfigUnavailable, resolve
+
     try:
         ours, rest = build_parser(env).parse_known_args(args)
         config = load_config(rest, env)
+        # --config-dir: the node's named config takes --config's place, as in device-plugin mode
+        rest, node_config, _chosen_by = resolve(rest, env, config)
+        config = load_config(rest, env) if node_config is not None else config
     except (_Error, ConfigError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    except NodeConfigUnavailable as e:
+        print(f"{PROG}: error: per-node config: {e}", file=sys.stderr)
+        return 1
     if not config.node_name:
         print(f"{PROG}: error: DRA mode needs the node name (--node-name or NODE_NAME)", file=sys.stderr)
         return 2
