@@ -91,6 +91,13 @@ def test_the_daemonset_runs_dra_mode_with_kubelets_plugin_folders(source: str) -
         assert "exec" not in c[probe] and c[probe]["tcpSocket"]["port"] == "metrics"
 
 
+def test_chart_and_kustomize_render_the_same_objects() -> None:
+    from tests.test_helm_chart import differences
+
+    chart = render_chart({"gpuOperator": {"enabled": False}, **DRA_ON}, kube_version="v1.35.4")
+    assert differences(chart, kustomize_docs()) == []
+
+
 def test_dra_off_by_default_in_the_chart() -> None:
     docs = render_chart({}, kube_version="v1.36.1")
     assert not [d for d in docs if d["kind"] == "DeviceClass"]
