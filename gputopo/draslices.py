@@ -137,7 +137,13 @@ def pci_bus_id(raw: str) -> str | None:
 
 
 def choose_sets(
-    alloc: Allocator, healthy: Iterable[int], free: Iterable[int], size: int, max_sets: int, *, fill: bool = True
+    alloc: Allocator,
+    healthy: Iterable[int],
+    free: Iterable[int],
+    size: int,
+    max_sets: int,
+    *,
+    fill: bool = True,
 ) -> list[SetDevice]:
     """The set devices of one size, in publication order (see the module docstring).
 
