@@ -119,6 +119,26 @@ def test_first_free_set_is_a_best_ring_set_however_stale(data: st.DataObject) ->
             assert alloc.ring_mbps(got[1]) == best
 
 
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_sixteen_gpu_node_first_free_set_is_a_best_ring_set(data: st.DataObject) -> None:
+    """The same rule on the DGX-2 (16 GPUs, every set size cut to one slice), fewer examples:
+    each publication there ranks 12,870 8-sets."""
+    _topo, alloc = _alloc("dgx2-v100")
+    healthy = frozenset(data.draw(st.sets(st.integers(0, 15), min_size=8), label="healthy"))
+    free0 = frozenset(data.draw(st.sets(st.sampled_from(sorted(healthy))), label="free0"))
+    free = frozenset(data.draw(st.sets(st.sampled_from(sorted(healthy))), label="free"))
+    slices = _published("dgx2-v100", healthy, free0)
+    assert draslices.check_limits(slices) == []
+    for k in _sizes(slices):
+        got = draslices.first_fit(slices, k, used=set(range(16)) - free)
+        if got is not None:
+            assert set(got[1]) <= free
+            assert alloc.ring_mbps(got[1]) == _brute_best_ring(alloc, free, k)
+        if free == free0 and len(free) >= k:
+            assert got is not None and got[1] == alloc.choose(sorted(free), k).indices
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_fresh_publication_gives_the_exact_allocators_choice(data: st.DataObject) -> None:
