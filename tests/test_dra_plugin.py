@@ -379,3 +379,28 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], done.stderr
+
+
+def test_a_checkpoint_from_other_hardware_or_a_corrupt_one_costs_only_its_claims(folder: Path) -> None:
+    plugin_dir = folder / "plugins" / "gputopo.io"
+    plugin_dir.mkdir(parents=True)
+    (plugin_dir / "prepared.json").write_text(
+        json.dumps(
+            {
+                "claims": {
+                    "old": {"namespace": "ns", "name": "old", "devices": [[NODE, "set-8-9", "gpus", [8, 9]]]}
+                }
+            }
+        )
+    )
+    with running(folder) as (daemon, api, kubelet):
+        kubelet.register()
+        resp = kubelet.prepare(("ns", "old", "old"))
+        assert "no longer has" in resp.claims["old"].error
+        assert daemon.claims is not None and daemon.claims.in_use() == frozenset()
+        api.put_claim(allocated_claim("ns", "old", "old", _results("set-0-3")))
+        assert kubelet.prepare(("ns", "old", "old")).claims["old"].error == ""
+    (plugin_dir / "prepared.json").write_text("{not json")
+    with running(folder) as (daemon, _api, kubelet):
+        kubelet.register()
+        assert daemon.claims is not None and daemon.claims.in_use() == frozenset()
