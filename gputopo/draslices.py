@@ -14,7 +14,8 @@ The slice format (`resource.k8s.io/v1`), one pool per node (pool name = node nam
 * slice `counters`: `spec.sharedCounters = [{name: "gpus", counters: {"gpu-<i>": {value: "1"}}}]`,
   one counter per GPU of the topology (healthy or not: capacity is static) and no devices —
   1.36 wants shared counters in a slice of their own.
-* slice `gpus`: one device `gpu-<i>` per healthy GPU, consuming `gpu-<i>`; attributes
+* slice `gpus`: one device `gpu-<i>` per healthy GPU, consuming `gpu-<i>`, the free ones first in
+  the allocator's order for one GPU (least disruption), then the rest by index; attributes
   `type="gpu"`, `index`, `uuid`, `productName`, `resource.kubernetes.io/pciBusID`
   (`dddd:bb:dd.f`), `resource.kubernetes.io/pcieRoot` (`pci<domain>:<bus>`, when the daemon
   could read it from sysfs), `resource.kubernetes.io/numaNode` (when known), and per published
@@ -202,6 +203,14 @@ def _popcount(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def gpu_order(alloc: Allocator, healthy: Sequence[int], free: Sequence[int]) -> list[int]:
+    """Single GPUs in publication order: the free ones as the allocator ranks them for a 1-GPU
+    request (least disruption of what stays free), then the others by index. A claim for one
+    `gpu` device then takes the GPU the exact allocator would give."""
+    ranked = [c.indices[0] for c in alloc.rank(free, 1, top=len(free))] if free else []
+    return ranked + [i for i in healthy if i not in set(ranked)]
+
+
 def group_partition(alloc: Allocator, healthy: Iterable[int], size: int) -> dict[int, int]:
     """GPU index -> group number of a best-first partition of the healthy GPUs into `size`-sets
     (the allocator's choice, repeatedly); GPUs left over get none."""
@@ -242,7 +251,7 @@ def build_slices(
     used_sizes = [k for k in sorted(set(sizes)) if 2 <= k <= len(h)]
     groups = {k: group_partition(alloc, h, k) for k in used_sizes}
 
-    gpu_devices = [_gpu_device(topology, i, roots.get(i), groups) for i in h]
+    gpu_devices = [_gpu_device(topology, i, roots.get(i), groups) for i in gpu_order(alloc, h, f)]
     parts: list[tuple[str, dict[str, Any]]] = [
         (
             "counters",

@@ -63,7 +63,8 @@ def test_every_preset_publishes_within_the_limits(name: str) -> None:
     assert slices[0]["spec"]["sharedCounters"][0]["counters"].keys() == {f"gpu-{i}" for i in range(topo.n)}
     assert "devices" not in slices[0]["spec"]
     gpus = [d for d in slices[1]["spec"]["devices"]]
-    assert [d["name"] for d in gpus] == [f"gpu-{i}" for i in range(topo.n)]
+    assert sorted(d["name"] for d in gpus) == sorted(f"gpu-{i}" for i in range(topo.n))
+    assert gpus[0]["name"] == f"gpu-{alloc.choose(range(topo.n), 1).indices[0]}"
     for d in gpus:
         attrs = d["attributes"]
         assert attrs["resource.kubernetes.io/pciBusID"]["string"].count(":") == 2
@@ -83,8 +84,14 @@ def test_dgx1_four_gpu_claim_with_gpu0_taken_gets_the_fast_ring() -> None:
     assert got is not None
     assert alloc.ring_mbps(got[1]) == _brute_best_ring(alloc, frozenset(range(1, 8)), 4) == 25000
     assert got[1] == (4, 5, 6, 7)
-    # the single-GPU class is first fit over GPUs, as the stock allocator does
-    assert draslices.first_fit(slices, 1, used=[0]) == ("gpu-1", (1,))
+    # one GPU: stale slices still give a free GPU; fresh ones the allocator's choice
+    got1 = draslices.first_fit(slices, 1, used=[0])
+    assert got1 is not None and got1[1][0] != 0
+    fresh = _published("dgx1-v100", frozenset(range(8)), frozenset(range(1, 8)))
+    assert draslices.first_fit(fresh, 1, used=[0]) == (
+        f"gpu-{alloc.choose(range(1, 8), 1).indices[0]}",
+        alloc.choose(range(1, 8), 1).indices,
+    )
 
 
 _SMALL = [p for p in PRESETS if load_preset(p).n <= 8]
@@ -148,6 +155,8 @@ def test_fresh_publication_gives_the_exact_allocators_choice(data: st.DataObject
     healthy = frozenset(data.draw(st.sets(st.integers(0, n - 1), min_size=2), label="healthy"))
     free = frozenset(data.draw(st.sets(st.sampled_from(sorted(healthy)), min_size=2), label="free"))
     slices = _published(name, healthy, free)
+    one = draslices.first_fit(slices, 1, used=set(range(n)) - free)
+    assert one is not None and one[1] == alloc.choose(sorted(free), 1).indices
     for k, sets in _sizes(slices).items():
         if k > len(free):
             continue
