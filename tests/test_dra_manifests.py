@@ -86,9 +86,11 @@ def test_the_daemonset_runs_dra_mode_with_kubelets_plugin_folders(source: str) -
     assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins"} <= mounts
     paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins"} <= paths
-    # no device-plugin status socket in DRA mode: the probes must not ask for one
+    # no device-plugin status socket in DRA mode: the probes ask the DRA sockets, for our driver
     for probe in ("livenessProbe", "readinessProbe"):
-        assert "exec" not in c[probe] and c[probe]["tcpSocket"]["port"] == "metrics"
+        command = c[probe]["exec"]["command"]
+        assert command[:3] == ["python", "-m", "deviceplugin.dra.probe"]
+        assert command[command.index("--driver-name") + 1] == c["args"][c["args"].index("--driver-name") + 1]
 
 
 def test_chart_and_kustomize_render_the_same_objects() -> None:

@@ -404,3 +404,17 @@ def test_a_checkpoint_from_other_hardware_or_a_corrupt_one_costs_only_its_claims
     with running(folder) as (daemon, _api, kubelet):
         kubelet.register()
         assert daemon.claims is not None and daemon.claims.in_use() == frozenset()
+
+
+def test_the_probe_asks_both_sockets_kubelet_dials(folder: Path) -> None:
+    from deviceplugin.dra.probe import main as probe
+
+    args = ["--registry-dir", str(folder / "registry"), "--timeout", "2"]
+    with running(folder) as (_daemon, _api, _kubelet):
+        assert probe(args, {}) == 0
+        assert probe([*args, "--driver-name", "other.example.com"], {}) == 1
+        # the DRA socket gone (the registration one still answers): not alive
+        (folder / "plugins" / "gputopo.io" / "dra.sock").unlink()
+        assert probe(args, {}) == 1
+    assert probe(args, {}) == 1
+    assert probe(["--timeout", "x"], {}) == 2
