@@ -229,7 +229,7 @@ def test_malformed_requests_are_invalid_argument(folder: Path, claims: list[tupl
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_an_xid_drops_the_gpu_and_its_sets_and_recovery_brings_them_back(folder: Path) -> None:
+def test_an_xid_makes_the_gpu_and_its_sets_unselectable_and_recovery_brings_them_back(folder: Path) -> None:
     health = folder / "health.json"
     health.write_text("{}")
     with running(folder, health=health) as (_daemon, api, kubelet):
@@ -238,9 +238,12 @@ def test_an_xid_drops_the_gpu_and_its_sets_and_recovery_brings_them_back(folder:
         gen = _generation(api)
         health.write_text(json.dumps({"5": {"xid": 79}}))
         sick = _published_after(api, gen)
-        names = {d["name"] for s in sick for d in s["spec"].get("devices") or []}
-        assert "gpu-5" not in names
-        assert all(5 not in draslices.expand(n, 8) for n in names)
+        devices = {d["name"]: d for s in sick for d in s["spec"].get("devices") or []}
+        # still published (a claim holding them keeps its counters), no longer selectable
+        assert {n for n, d in devices.items() if not d["attributes"]["healthy"]["bool"]} == {
+            n for n in devices if 5 in draslices.expand(n, 8)
+        }
+        assert draslices.first_fit(sick, 8) is None
         assert draslices.check_limits(sick) == []
         # a claim allocated on the sick GPU before the republication fails alone
         api.put_claim(allocated_claim("ns", "late", "late", _results("set-4-5-6-7")))
@@ -248,7 +251,8 @@ def test_an_xid_drops_the_gpu_and_its_sets_and_recovery_brings_them_back(folder:
         gen = _generation(api)
         health.write_text(json.dumps({"5": "Healthy"}))
         well = _published_after(api, gen)
-        assert "gpu-5" in {d["name"] for s in well for d in s["spec"].get("devices") or []}
+        assert all(d["attributes"]["healthy"]["bool"] for s in well for d in s["spec"].get("devices") or [])
+        assert draslices.first_fit(well, 8) is not None
 
 
 def test_api_errors_are_retried(folder: Path) -> None:
