@@ -270,3 +270,27 @@ def test_long_node_names_give_valid_object_names() -> None:
     name = draslices.slice_name("n" * 250, "set16")
     assert len(name) <= 253 and name.endswith("-gputopo-set16")
     assert draslices.slice_name("n" * 250, "set16") != draslices.slice_name("n" * 249 + "m", "set16")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_health_and_use_never_change_which_devices_exist(data: st.DataObject) -> None:
+    """kube-scheduler counts consumed counters from the allocated devices it finds in the slices:
+    a device that left them while allocated would free its GPUs for a second claim."""
+    name = data.draw(st.sampled_from(_SMALL), label="preset")
+    n = load_preset(name).n
+    states = [
+        (
+            frozenset(data.draw(st.sets(st.integers(0, n - 1)), label=f"healthy{j}")),
+            frozenset(data.draw(st.sets(st.integers(0, n - 1)), label=f"free{j}")),
+        )
+        for j in range(2)
+    ]
+    names = [
+        [
+            (s["metadata"]["name"], sorted(d["name"] for d in s["spec"].get("devices") or []))
+            for s in _published(name, h, f)
+        ]
+        for h, f in states
+    ]
+    assert names[0] == names[1]
