@@ -107,6 +107,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
     args = list(sys.argv[1:] if argv is None else argv)
     env = os.environ if environ is None else environ
+    mode, args = _mode(args)
+    if mode == "dra":  # the DRA node daemon (deviceplugin/dra): its own flags, then ours
+        from deviceplugin.dra.__main__ import main as dra_main
+
+        return dra_main(args, env)
+    if mode != "device-plugin":
+        print(f"{PROG}: error: --mode must be device-plugin or dra, got {mode!r}", file=sys.stderr)
+        return 2
     try:
         config = load_config(args, env)
         # --config-dir: the node's named config takes --config's place, then the usual layering
@@ -179,6 +187,16 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     daemon.stop()
     _abandon_stragglers(SHUTDOWN_JOIN_SECONDS)
     return 0
+
+
+def _mode(args: list[str]) -> tuple[str, list[str]]:
+    """`--mode dra|device-plugin` (or `--mode=…`) taken out of the arguments."""
+    for k, a in enumerate(args):
+        if a == "--mode" and k + 1 < len(args):
+            return args[k + 1], args[:k] + args[k + 2 :]
+        if a.startswith("--mode="):
+            return a.partition("=")[2], args[:k] + args[k + 1 :]
+    return "device-plugin", args
 
 
 # After a signal the socket is gone and the server stopped; an RPC handler still running then

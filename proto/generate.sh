@@ -9,4 +9,6 @@ PYTHON="${PYTHON:-python}"
 "$PYTHON" -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. \
   gputopo_proto/deviceplugin/v1beta1/api.proto \
   gputopo_proto/podresources/v1/api.proto \
-  gputopo_proto/status/v1/status.proto
+  gputopo_proto/status/v1/status.proto \
+  gputopo_proto/pluginregistration/v1/api.proto \
+  gputopo_proto/dra/v1/api.proto

@@ -554,9 +554,7 @@ def test_the_new_leader_tells_the_gangs_group_object_it_took_the_gang_over(api) 
         assert second is not None and LEAF_OF[second] == LEAF_OF[first] and second != first
         assert b.emitter is not None and b.emitter.flush()
         adopted = [e for e in map(fk.event_view, fake.events) if e["reason"] == "GangAdopted"]
-        assert [(e["kind"], e["name"]) for e in adopted] == [
-            ("PodGroup", "pg")
-        ]
+        assert [(e["kind"], e["name"]) for e in adopted] == [("PodGroup", "pg")]
     finally:
         a.kill()
         b.kill()

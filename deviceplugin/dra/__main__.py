@@ -1,0 +1,194 @@
+"""`python -m deviceplugin.dra` (or `python -m deviceplugin --mode dra`): the DRA node daemon.
+
+Its own flags are below; every other flag, environment variable and config-file key is the
+device plugin's (`--topology`, `--health-file`, `--node-name`, `--kubeconfig`, `--metrics-port`,
+`--log-level`, the XID and recovery settings …), read by the same loader, so a node moves
+between the modes by adding one flag. Exit codes as in device-plugin mode: 2 for a bad flag or
+topology (one line on stderr), 1 when the node cannot be served, 0 after SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from types import FrameType
+from typing import NoReturn
+
+from gputopo import jsonlog
+
+log = logging.getLogger("deviceplugin.dra")
+PROG = "deviceplugin --mode dra"
+
+
+_DNS = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+class _Error(ValueError):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _Error(message)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers, got {text!r}") from None
+    if not sizes or any(k < 2 or k > 16 for k in sizes):
+        raise argparse.ArgumentTypeError(f"sizes must be between 2 and 16, got {text!r}")
+    return sizes
+
+
+def _driver(text: str) -> str:
+    if len(text) > 63 or not _DNS.fullmatch(text) or "." not in text:
+        raise argparse.ArgumentTypeError(
+            f"must be a DNS subdomain with a dot (like gputopo.io), got {text!r}"
+        )
+    return text
+
+
+def _max_sets(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 64, got {value}")
+    return value
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    from gputopo.node import draslices
+
+    p = _Parser(prog=PROG, add_help=False, allow_abbrev=False)
+    p.add_argument(
+        "--driver-name",
+        type=_driver,
+        default=_driver(env.get("GPUTOPO_DRA_DRIVER", draslices.DRIVER)),
+        help="DRA driver name: the ResourceSlices' driver and DeviceClass selectors (env GPUTOPO_DRA_DRIVER)",
+    )
+    p.add_argument(
+        "--registry-dir",
+        default=env.get("GPUTOPO_DRA_REGISTRY_DIR", "/var/lib/kubelet/plugins_registry"),
+        help="kubelet's plugin-watcher folder (env GPUTOPO_DRA_REGISTRY_DIR)",
+    )
+    p.add_argument(
+        "--plugins-dir",
+        default=env.get("GPUTOPO_DRA_PLUGINS_DIR", "/var/lib/kubelet/plugins"),
+        help="parent of the plugin's own folder <plugins-dir>/<driver>/ (env GPUTOPO_DRA_PLUGINS_DIR)",
+    )
+    p.add_argument(
+        "--set-sizes",
+        type=_sizes,
+        default=_sizes(env.get("GPUTOPO_DRA_SET_SIZES", "2,4,8,16")),
+        help="GPU set sizes published as devices (env GPUTOPO_DRA_SET_SIZES; default 2,4,8,16)",
+    )
+    p.add_argument(
+        "--max-sets",
+        type=_max_sets,
+        default=_max_sets(env.get("GPUTOPO_DRA_MAX_SETS", "64")),
+        help="most set devices per size, one slice (env GPUTOPO_DRA_MAX_SETS; default 64)",
+    )
+    p.add_argument("--sysfs", default="/sys", help="sysfs root, for PCIe roots (default /sys)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    from deviceplugin.settings import ConfigError, load_config
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    env = os.environ if environ is None else environ
+    if "--help" in args or "-h" in args:
+        build_parser(env).print_help()
+        print("\nEvery other flag is the device plugin's: python -m deviceplugin --help")
+        return 0
+    from deviceplugin.nodeconfig import NodeConfigUnavailable, resolve
+
+    try:
+        ours, rest = build_parser(env).parse_known_args(args)
+        config = load_config(rest, env)
+        # --config-dir: the node's named config takes --config's place, as in device-plugin mode
+        rest, node_config, _chosen_by = resolve(rest, env, config)
+        config = load_config(rest, env) if node_config is not None else config
+    except (_Error, ConfigError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except NodeConfigUnavailable as e:
+        print(f"{PROG}: error: per-node config: {e}", file=sys.stderr)
+        return 1
+    if not config.node_name:
+        print(f"{PROG}: error: DRA mode needs the node name (--node-name or NODE_NAME)", file=sys.stderr)
+        return 2
+    jsonlog.setup(config.log_level)
+
+    from deviceplugin.__main__ import InitError, _file_backend, _nvml_backend
+    from deviceplugin.dra.daemon import DraDaemon, DraSettings
+    from deviceplugin.dra.kubeapi import for_cluster
+    from deviceplugin.dra.registrar import RegistrarError
+    from gputopo.node.topology import TopologyError
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        jsonlog.event(log, "signal", signal=signal.Signals(signum).name, reason="shutting down")
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        api = for_cluster(config.kubeconfig)
+    except Exception as e:
+        print(f"{PROG}: error: no API server configuration: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    try:
+        backend = _file_backend(config) if config.topology else _nvml_backend(config, stop)
+    except (TopologyError, ValueError) as e:
+        print(f"{PROG}: error: topology: {e}", file=sys.stderr)
+        return 2
+    except InitError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    if backend is None:
+        return 0
+    settings = DraSettings(
+        node_name=config.node_name,
+        driver=ours.driver_name,
+        registry_dir=ours.registry_dir,
+        plugins_dir=ours.plugins_dir,
+        sizes=ours.set_sizes,
+        max_sets=ours.max_sets,
+        sysfs=ours.sysfs,
+        ignored_xids=tuple(config.ignored_xids),
+        health_recovery_seconds=config.health_recovery_seconds,
+        metrics_port=config.metrics_port,
+        backend_kind=config.backend_kind,
+    )
+    daemon = DraDaemon(settings, backend, api)
+    try:
+        daemon.start()
+    except TopologyError as e:
+        print(f"{PROG}: error: topology: {e}", file=sys.stderr)
+        return 2 if config.topology else 1
+    except (RegistrarError, OSError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # the backend failed its first probe: one line, no traceback
+        print(f"{PROG}: error: cannot start: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    while not stop.wait(0.5):
+        pass
+    daemon.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
