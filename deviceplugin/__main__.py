@@ -17,54 +17,14 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from deviceplugin.settings import NVML_RETRY_SECONDS, ConfigError, PluginConfig, load_config
+from deviceplugin.settings import ConfigError, PluginConfig, load_config
+from deviceplugin.startup import InitError, file_backend, nvml_backend
 from gputopo import jsonlog
-
-if TYPE_CHECKING:
-    from deviceplugin.backend import Backend
 
 log = logging.getLogger("deviceplugin")
 PROG = "deviceplugin"
-
-
-class InitError(RuntimeError):
-    """The hardware backend cannot start; the message says why."""
-
-
-def _file_backend(config: PluginConfig) -> Backend:
-    from deviceplugin.filebackend import FileBackend
-
-    assert config.topology is not None
-    return FileBackend(config.topology, config.health_file, settings=config.bandwidth)
-
-
-def _nvml_backend(config: PluginConfig, stop: threading.Event) -> Backend | None:
-    """NVML, retried every NVML_RETRY_SECONDS unless fail-on-init-error; None if stopped first."""
-    while True:
-        backend: Backend | None = None
-        try:
-            from deviceplugin.nvml import NvmlBackend
-
-            overrides = config.bandwidth
-            backend = NvmlBackend(
-                nvlink_gbps_per_link=overrides.nvlink_gbps_per_link if overrides else None,
-                pcie_gbps=overrides.pcie_gbps if overrides else None,
-            )
-            backend.discover()  # a node whose GPUs cannot be probed is not initialised either
-            return backend
-        except Exception as e:
-            if backend is not None:
-                backend.close()
-            reason = f"NVML could not start: {type(e).__name__}: {e}"
-            if config.fail_on_init_error:
-                raise InitError(reason + " (run with --fail-on-init-error=false to keep retrying)") from None
-            jsonlog.event(
-                log, "nvml_init_failed", logging.ERROR, retry_in_s=NVML_RETRY_SECONDS, reason=reason
-            )
-            if stop.wait(NVML_RETRY_SECONDS):
-                return None
 
 
 class NodePublication:
@@ -147,7 +107,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     signal.signal(signal.SIGINT, on_signal)
 
     try:
-        backend = _file_backend(config) if config.topology else _nvml_backend(config, stop)
+        backend = file_backend(config) if config.topology else nvml_backend(config, stop)
     except (TopologyError, ValueError) as e:
         print(f"{PROG}: error: topology: {e}", file=sys.stderr)
         return 2

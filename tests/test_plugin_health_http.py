@@ -103,8 +103,8 @@ def test_the_daemons_checks_follow_its_socket_and_kubelet_registration(
     """The real daemon on a preset topology: not ready until kubelet (a stand-in) accepts its
     registration, live while its socket answers, neither once stopped."""
     from deviceplugin import settings as plugin_config
-    from deviceplugin.__main__ import _file_backend
     from deviceplugin.daemon import Daemon
+    from deviceplugin.startup import file_backend
 
     root = short_tmpdir("gth-")
     kubelet_dir = root / "device-plugins"
@@ -118,7 +118,7 @@ def test_the_daemons_checks_follow_its_socket_and_kubelet_registration(
         "GPUTOPO_POD_RESOURCES_SOCKET": str(root / "pod-resources" / "kubelet.sock"),
     }
     cfg = plugin_config.load_config([], env)
-    daemon = Daemon(cfg, _file_backend(cfg))
+    daemon = Daemon(cfg, file_backend(cfg))
     daemon.start()
     try:
         assert eventually(lambda: get(port, "/healthz")[0] == 200, timeout=20)

@@ -130,10 +130,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return 2
     jsonlog.setup(config.log_level)
 
-    from deviceplugin.__main__ import InitError, _file_backend, _nvml_backend
     from deviceplugin.dra.daemon import DraDaemon, DraSettings
     from deviceplugin.dra.kubeapi import for_cluster
     from deviceplugin.dra.registrar import RegistrarError
+    from deviceplugin.startup import InitError, file_backend, nvml_backend
     from gputopo.node.topology import TopologyError
 
     stop = threading.Event()
@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         print(f"{PROG}: error: no API server configuration: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     try:
-        backend = _file_backend(config) if config.topology else _nvml_backend(config, stop)
+        backend = file_backend(config) if config.topology else nvml_backend(config, stop)
     except (TopologyError, ValueError) as e:
         print(f"{PROG}: error: topology: {e}", file=sys.stderr)
         return 2

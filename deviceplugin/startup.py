@@ -1,0 +1,53 @@
+"""Starting the hardware backend a PluginConfig names: the topology file, or NVML retried until
+it starts (or, with fail-on-init-error, refused at once). Both daemons' entry points (the device
+plugin's `python -m deviceplugin` and its DRA mode) start their backend here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from deviceplugin.backend import Backend
+from deviceplugin.settings import NVML_RETRY_SECONDS, PluginConfig
+from gputopo import jsonlog
+
+log = logging.getLogger("deviceplugin")
+
+
+class InitError(RuntimeError):
+    """The hardware backend cannot start; the message says why."""
+
+
+def file_backend(config: PluginConfig) -> Backend:
+    from deviceplugin.filebackend import FileBackend
+
+    assert config.topology is not None
+    return FileBackend(config.topology, config.health_file, settings=config.bandwidth)
+
+
+def nvml_backend(config: PluginConfig, stop: threading.Event) -> Backend | None:
+    """NVML, retried every NVML_RETRY_SECONDS unless fail-on-init-error; None if stopped first."""
+    while True:
+        backend: Backend | None = None
+        try:
+            from deviceplugin.nvml import NvmlBackend
+
+            overrides = config.bandwidth
+            backend = NvmlBackend(
+                nvlink_gbps_per_link=overrides.nvlink_gbps_per_link if overrides else None,
+                pcie_gbps=overrides.pcie_gbps if overrides else None,
+            )
+            backend.discover()  # a node whose GPUs cannot be probed is not initialised either
+            return backend
+        except Exception as e:
+            if backend is not None:
+                backend.close()
+            reason = f"NVML could not start: {type(e).__name__}: {e}"
+            if config.fail_on_init_error:
+                raise InitError(reason + " (run with --fail-on-init-error=false to keep retrying)") from None
+            jsonlog.event(
+                log, "nvml_init_failed", logging.ERROR, retry_in_s=NVML_RETRY_SECONDS, reason=reason
+            )
+            if stop.wait(NVML_RETRY_SECONDS):
+                return None
