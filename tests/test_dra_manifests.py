@@ -89,11 +89,12 @@ def test_the_daemonset_runs_dra_mode_with_kubelets_plugin_folders(source: str) -
     assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins"} <= mounts
     paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins"} <= paths
-    # no device-plugin status socket in DRA mode: the probes ask the DRA sockets, for our driver
-    for probe in ("livenessProbe", "readinessProbe"):
-        command = c[probe]["exec"]["command"]
-        assert command[:3] == ["python", "-m", "deviceplugin.dra.probe"]
-        assert command[command.index("--driver-name") + 1] == c["args"][c["args"].index("--driver-name") + 1]
+    # the probes ask the daemon over HTTP on its metrics port (it checks the DRA sockets itself):
+    # no process started per probe, in DRA mode as in device-plugin mode
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert "exec" not in c[probe]
+        assert c[probe]["httpGet"]["path"] == path and c[probe]["httpGet"]["port"] in ("metrics", ports["metrics"])
 
 
 def test_chart_and_kustomize_render_the_same_objects() -> None:

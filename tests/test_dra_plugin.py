@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,7 +47,11 @@ def folder() -> Iterator[Path]:
 
 @contextmanager
 def running(
-    folder: Path, preset: str = "dgx1-v100", health: Path | None = None, api: ResourceApi | None = None
+    folder: Path,
+    preset: str = "dgx1-v100",
+    health: Path | None = None,
+    api: ResourceApi | None = None,
+    metrics_port: int = 0,
 ) -> Iterator[tuple[DraDaemon, ResourceApi, KubeletDra]]:
     with resource_api() as (stand_in, api_client):
         settings = DraSettings(
@@ -52,6 +59,7 @@ def running(
             registry_dir=str(folder / "registry"),
             plugins_dir=str(folder / "plugins"),
             sysfs=str(folder / "sys"),
+            metrics_port=metrics_port,
         )
         backend = FileBackend(preset, str(health) if health else None, poll_interval=0.05)
         daemon = DraDaemon(
@@ -422,3 +430,30 @@ def test_the_probe_asks_both_sockets_kubelet_dials(folder: Path) -> None:
         assert probe(args, {}) == 1
     assert probe(args, {}) == 1
     assert probe(["--timeout", "x"], {}) == 2
+
+
+def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_kubelets_http_probes_ask_the_daemon_on_its_metrics_port(folder: Path) -> None:
+    """DRA mode answers kubelet's httpGet probes itself (no process per probe): alive while both
+    sockets kubelet dials answer, ready once kubelet has also accepted the registration."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with running(folder, metrics_port=port) as (daemon, _api, kubelet):
+        assert _get(port, "/healthz") == (200, {"ok": True})
+        code, body = _get(port, "/readyz")
+        assert code == 503 and body["reason"] == "not registered with kubelet yet"
+        kubelet.register()
+        assert _get(port, "/readyz") == (200, {"ok": True})
+        assert daemon.server is not None
+        daemon.server.close()  # the gRPC servers gone (a removed socket is served again)
+        code, body = _get(port, "/healthz")
+        assert code == 503 and "no answer from the plugin" in body["reason"]
+        assert _get(port, "/readyz")[0] == 503

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from deviceplugin import settings
 from deviceplugin.backend import Backend
+from deviceplugin.dra import probe
 from deviceplugin.dra.kubeapi import DraApi
 from deviceplugin.dra.pcie import roots_for
 from deviceplugin.dra.registrar import DraServer
@@ -51,6 +52,10 @@ class DraSettings:
     @property
     def plugin_dir(self) -> str:
         return os.path.join(self.plugins_dir, self.driver)
+
+
+#: Seconds each gRPC call of a health check may take.
+PROBE_TIMEOUT_S = 2.0
 
 
 class DraDaemon:
@@ -136,6 +141,18 @@ class DraDaemon:
         self.server.start()
         self.publisher.start()
         self.health.start()
+        # kubelet's httpGet probes on the metrics port: alive when both sockets kubelet dials
+        # answer (as `python -m deviceplugin.dra.probe` checks them), ready when kubelet has also
+        # accepted the registration.
+        server = self.server
+        self.metrics.set_check("/healthz", lambda: probe.check(s.driver, s.registry_dir, PROBE_TIMEOUT_S))
+        self.metrics.set_check(
+            "/readyz",
+            lambda: (
+                probe.check(s.driver, s.registry_dir, PROBE_TIMEOUT_S)
+                or (None if server.state.registered else "not registered with kubelet yet")
+            ),
+        )
 
     def stop(self) -> None:
         if self.health is not None:

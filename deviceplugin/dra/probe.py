@@ -38,25 +38,31 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as e:
         return 0 if e.code == 0 else 2
-    reg_path = os.path.join(args.registry_dir, f"{args.driver_name}-reg.sock")
+    reason = check(args.driver_name, args.registry_dir, args.timeout)
+    if reason is not None:
+        print(f"{PROG}: {reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def check(driver_name: str, registry_dir: str, timeout: float) -> str | None:
+    """None when both sockets kubelet dials answer as our DRA plugin, else why not (one line).
+    The daemon answers its /healthz with this (deviceplugin/dra/daemon.py), so kubelet's httpGet
+    probe starts no process; this module's command line runs the same check from outside."""
+    reg_path = os.path.join(registry_dir, f"{driver_name}-reg.sock")
     try:
         with grpc.insecure_channel(f"unix://{reg_path}") as ch:
-            info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb2.InfoRequest(), timeout=args.timeout)
-        if info.type != "DRAPlugin" or info.name != args.driver_name or not info.endpoint:
-            print(
-                f"{PROG}: {reg_path} answers as {info.type!r} {info.name!r}, not our DRA plugin",
-                file=sys.stderr,
-            )
-            return 1
+            info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb2.InfoRequest(), timeout=timeout)
+        if info.type != "DRAPlugin" or info.name != driver_name or not info.endpoint:
+            return f"{reg_path} answers as {info.type!r} {info.name!r}, not our DRA plugin"
         with grpc.insecure_channel(f"unix://{info.endpoint}") as ch:
             dra_grpc.DRAPluginStub(ch).NodePrepareResources(
-                dra_pb2.NodePrepareResourcesRequest(), timeout=args.timeout
+                dra_pb2.NodePrepareResourcesRequest(), timeout=timeout
             )
     except grpc.RpcError as e:
         code = e.code() if isinstance(e, grpc.Call) else None
-        print(f"{PROG}: no answer from the plugin ({code}): {reg_path}", file=sys.stderr)
-        return 1
-    return 0
+        return f"no answer from the plugin ({code}): {reg_path}"
+    return None
 
 
 if __name__ == "__main__":
