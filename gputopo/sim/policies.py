@@ -13,6 +13,8 @@ scheduler does) plus an in-node GPU choice (what the device plugin answers) plus
 | gputopo           | kube-scheduler + extender score | gputopo Allocator            | the sidecar's GangTracker |
 | fgd               | least growth of expected fragmentation (FGD) | kubelet's (random) order | members one by one, all or nothing |
 | kueue-tas         | least allocated (single pods)  | go-gpuallocator best-effort   | Kueue TAS BestFit over the levels |
+| dra-first-fit     | least allocated (spread)       | DRA first fit over per-GPU devices (NVIDIA's driver) | members one by one, all or nothing |
+| dra-gputopo-sets  | least allocated (spread)       | DRA first free set device in gputopo's published order | same |
 
 Every policy admits a gang all or nothing (as kube-scheduler's GangScheduling/Coscheduling
 do); without that the comparison would measure deadlocks, not placement. `gang-only` is
@@ -45,6 +47,8 @@ POLICIES: tuple[str, ...] = (
     "gang-only",
     "fgd",
     "kueue-tas",
+    "dra-first-fit",
+    "dra-gputopo-sets",
 )
 BASELINE = "kubelet-default"
 
@@ -207,4 +211,14 @@ def build_policy(
             return FgdPolicy(cluster, allocators, kubelet, jobs)
         pairs = [policy_by_name("best-effort-pairs", t, pool=pool, faithful=True) for t in topos]
         return KueueTasPolicy(cluster, allocators, pairs)
+    if name in (
+        "dra-first-fit",
+        "dra-gputopo-sets",
+    ):  # kube-scheduler's DRA allocator (gputopo/sim/drapeers.py)
+        from gputopo.sim.drapeers import DraFirstFit, DraGputopoSets
+
+        chooser = DraFirstFit if name == "dra-first-fit" else DraGputopoSets
+        return Policy(
+            name, cluster, allocators, rank="least", gpus=[chooser(a) for a in allocators], cache_gpus=True
+        )
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")

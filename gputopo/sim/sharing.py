@@ -35,7 +35,14 @@ WHOLE = 1000
 #: Policies that share GPUs under --gpu-sharing (the rest count a fractional pod as one GPU).
 SHARING_POLICIES: tuple[str, ...] = ("kubelet-default", "best-combo", "fgd")
 #: Policies whose device plugin hands out whole GPUs only, flag or not.
-WHOLE_GPU_POLICIES: tuple[str, ...] = ("gputopo", "gang-only", "best-effort-pairs", "kueue-tas")
+WHOLE_GPU_POLICIES: tuple[str, ...] = (
+    "gputopo",
+    "gang-only",
+    "best-effort-pairs",
+    "kueue-tas",
+    "dra-first-fit",  # DRA devices are whole GPUs or whole sets
+    "dra-gputopo-sets",
+)
 
 
 class ShareBook:

@@ -1,0 +1,113 @@
+"""The simulator's DRA peers: kube-scheduler's first fit over NVIDIA-style per-GPU devices and over
+gputopo's set devices, each checked against a brute-force reading of the slices."""
+
+from __future__ import annotations
+
+import math
+from itertools import combinations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gputopo.allocator import AllocationError, Allocator
+from gputopo.draslices import build_slices, first_fit
+from gputopo.network import DEFAULT_LEVELS, LEAF
+from gputopo.sim.drapeers import DraFirstFit, DraGputopoSets
+from gputopo.sim.engine import RunConfig, compare
+from gputopo.sim.state import SimCluster, SimNode
+from gputopo.sim.workload import Job
+from gputopo.topofile import load_preset
+
+DGX1 = load_preset("dgx1-v100")
+
+
+def best_ring(alloc: Allocator, free: list[int], size: int) -> int:
+    return max(alloc.ring_mbps(c) for c in combinations(free, size))
+
+
+def test_the_issue_example_first_fit_gets_the_slow_ring_and_sets_the_fast_one() -> None:
+    alloc = Allocator(DGX1)
+    free = [1, 2, 3, 4, 5, 6, 7]
+    ff = DraFirstFit(alloc).choose(free, 4)
+    sets = DraGputopoSets(alloc).choose(free, 4)
+    assert ff.indices == (1, 2, 3, 4)
+    assert ff.ring_mbps == 6_000
+    assert sets.indices == (4, 5, 6, 7)
+    assert sets.ring_mbps == 25_000
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sets(st.integers(0, 7), min_size=1), st.integers(1, 8))
+def test_first_fit_is_the_stock_allocator_over_per_gpu_slices(free: set[int], size: int) -> None:
+    alloc = Allocator(DGX1)
+    if size > len(free):
+        with pytest.raises(AllocationError):
+            DraFirstFit(alloc).choose(sorted(free), size)
+        return
+    got = DraFirstFit(alloc).choose(sorted(free), size).indices
+    # the slice's GPU devices in order, the first `size` whose counters are free
+    devices = [
+        d["name"]
+        for d in build_slices(DGX1, alloc, "n", healthy=range(8), free=range(8))[1]["spec"]["devices"]
+    ]
+    want = [int(name.split("-")[1]) for name in devices if int(name.split("-")[1]) in free][:size]
+    assert got == tuple(want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sets(st.integers(0, 7), min_size=2), st.sampled_from([2, 4, 8]))
+def test_set_devices_give_the_published_first_free_set_which_is_a_best_ring(
+    free: set[int], size: int
+) -> None:
+    alloc = Allocator(DGX1)
+    peer = DraGputopoSets(alloc)
+    if size > len(free):
+        with pytest.raises(AllocationError):
+            peer.choose(sorted(free), size)
+        return
+    got = peer.choose(sorted(free), size)
+    slices = build_slices(DGX1, alloc, "n", healthy=range(8), free=sorted(free))
+    used = sorted(set(range(8)) - free)
+    hit = first_fit(slices, size, used)
+    assert hit is not None and got.indices == hit[1]
+    assert got.ring_mbps == best_ring(alloc, sorted(free), size)
+
+
+def test_a_free_set_cut_from_the_slice_is_refused_not_invented() -> None:
+    """Publication keeps ring levels best first; when the better levels (none of whose sets is
+    free) fill the slice, no free set is listed and the claim has no device on this node, as
+    kube-scheduler would find. One set per slice makes that happen on a DGX-1's pairs."""
+    alloc = Allocator(DGX1)
+    top = alloc.best_ring_mbps(2)
+    free = next(
+        list(f)
+        for f in combinations(range(8), 3)
+        if all(alloc.ring_mbps(p) < top for p in combinations(f, 2))
+    )
+    with pytest.raises(AllocationError):
+        DraGputopoSets(alloc, max_sets=1).choose(free, 2)
+    assert DraGputopoSets(alloc).choose(free, 2).ring_mbps == best_ring(alloc, free, 2)
+
+
+def test_sizes_without_a_set_class_use_first_fit() -> None:
+    alloc = Allocator(DGX1)
+    assert DraGputopoSets(alloc).choose([1, 2, 3, 4, 5, 6, 7], 3).indices == (1, 2, 3)
+    assert DraGputopoSets(alloc).choose([5, 6], 1).indices == (5,)
+
+
+def test_both_peers_run_through_compare_side_by_side() -> None:
+    """One DGX-1 with GPU 0 taken, then a 4-GPU pod: the issue's case through the engine. First
+    fit's pod is off its best ring, the set device's is on it."""
+    c = SimCluster(
+        topologies=(DGX1,),
+        nodes=(SimNode("dgx", 0, {LEAF: "a"}, frozenset({0})),),
+        levels=DEFAULT_LEVELS,
+    )
+    jobs = [Job(id=0, submit=0.0, duration=math.inf, pods=(4,))]
+    res = {
+        r.policy: r for r in compare(c, jobs, ("dra-first-fit", "dra-gputopo-sets"), RunConfig(mode="fill"))
+    }
+    assert res["dra-first-fit"].placed == res["dra-gputopo-sets"].placed == 1
+    assert res["dra-first-fit"].best_ring_share == 0.0
+    assert res["dra-gputopo-sets"].best_ring_share == 1.0
