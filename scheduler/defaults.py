@@ -43,3 +43,7 @@ RESERVATION_TTL_S = gangs.RESERVATION_TTL_S  # a gang plan's capacity is held th
 ANNOTATION_MAX_AGE_S = 900.0  # older topology annotations are treated as unknown
 GANG_BACKOFF_S = gangs.BACKOFF_S  # first and largest retry delay of a gang that fits nowhere
 GANG_SPILL_AFTER_S = gangs.SPILL_AFTER_S  # a gang's wait for a domain of its own level
+#: Extended resources of gputopo's DeviceClasses on a DRA cluster (deploy/components/dra): a
+#: container asking `gputopo.io/nvlink-4: 1` asks for 4 GPUs.
+DRA_GPU_RESOURCE = "gputopo.io/gpu"
+DRA_SET_RESOURCE_PREFIX = "gputopo.io/nvlink-"
