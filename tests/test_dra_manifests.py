@@ -27,7 +27,7 @@ from celpy import celtypes  # noqa: E402
 from tests.admission import evaluate  # noqa: E402
 
 DRA_ON = {"dra": {"enabled": True, "driverName": "gputopo.io", "setSizes": [2, 4, 8, 16]}}
-SCHEMAS = ("1.34.0", "1.36.0", kv.latest_version())
+SCHEMAS = ("1.35.0", "1.36.0", kv.latest_version())
 PLUGIN_USER = f"system:serviceaccount:{NAMESPACE}:gputopo-device-plugin"
 Obj = dict[str, Any]
 
