@@ -184,8 +184,12 @@ def _gputopo(
         raise DraViewError("GPU devices disagree on nvlinkMBps")
     speed = nvlink_mbps.pop()
     unhealthy = frozenset(range(n)) - set(gpus)
-    if any((i, j) not in codes for i in range(n) for j in range(i + 1, n)):
-        raise DraViewError("a pair of unpublished GPUs: their link is unknown")
+    for i in range(n):
+        for j in range(i + 1, n):
+            if (i, j) not in codes:  # two unhealthy GPUs: neither is ever chosen, any link does
+                if i not in unhealthy or j not in unhealthy:
+                    raise DraViewError(f"the link of GPUs {i} and {j} is missing")
+                codes[(i, j)] = "SYS"
     try:
         settings = BandwidthSettings(nvlink_gbps_per_link=speed / 1000)
         links = [

@@ -162,6 +162,10 @@ class DraStore:
 
     # -- derived -------------------------------------------------------------------------
 
+    @property
+    def has_claims(self) -> bool:
+        return bool(self._claims)
+
     def pod_gpus(self, namespace: str, claims: Iterable[str]) -> int:
         """GPUs a pod's claims ask for (claims not seen yet count 0)."""
         return sum(c.gpus for name in claims if (c := self._claims.get(f"{namespace}/{name}")) is not None)
@@ -286,6 +290,8 @@ def _read_node(node: str, slices: list[Mapping[str, Any]]) -> DraNode | str:
 
 def with_claim_gpus(pods: Mapping[str, PodInfo], store: DraStore) -> Mapping[str, PodInfo]:
     """Pods that ask for GPUs only through claims, with their size from those claims."""
+    if not store.has_claims:  # not a DRA cluster (or no claims yet): nothing to size, no pass
+        return pods
     changed = {
         k: replace(p, gpus=g)
         for k, p in pods.items()
