@@ -300,3 +300,37 @@ def test_read_pool_refuses_disagreeing_links() -> None:
     devs[0]["attributes"]["link1"] = {"string": "SYS"}  # GPU 1 still says NV1 (or NV2)
     with pytest.raises(DraViewError, match="disagree"):
         read_pool("n", "gputopo.io", slices)
+
+
+def test_claims_and_slices_followed_through_the_watch(live) -> None:
+    """A claim allocated, then released, and the node's slices removed, all while running."""
+    api, state, _ext, start = live
+    api.put("nodes", fk.node("d1", gpus=0))
+    slices = publish(api, "d1")
+    client = start()
+    _, out = client.post("/filter", args(fk.pod("ml", "p", 8), ["d1"]))
+    assert out["NodeNames"] == ["d1"]
+    api.put("resourceclaims", claim("c", "nvlink-2.gputopo.io", node="d1", devices=("set-0-3",)))
+    wait_until(lambda: state.snapshot().nodes["d1"].topology.allocated == {0, 3})
+    _, out = client.post("/filter", args(fk.pod("ml", "p", 8), ["d1"]))
+    assert out["FailedNodes"] == {"d1": "needs 8 GPUs, 6 free"}
+    api.delete("resourceclaims", "ml/c")
+    wait_until(lambda: not state.snapshot().nodes["d1"].topology.allocated)
+    for s in slices:
+        api.delete("resourceslices", s["metadata"]["name"])
+    wait_until(lambda: state.snapshot().nodes["d1"].topology is None)
+
+
+def test_a_malformed_gpu_request_is_a_400_with_a_reason(live) -> None:
+    api, _state, _ext, start = live
+    api.put("nodes", fk.node("d1", gpus=0))
+    publish(api, "d1")
+    client = start()
+    pod = fk.pod("ml", "p", 0)
+    pod["spec"]["containers"][0]["resources"]["limits"]["gputopo.io/nvlink-4"] = "lots"
+    code, out = client.post("/filter", args(pod, ["d1"]))
+    assert code == 400 and "gputopo.io/nvlink-4" in out["Error"]
+    pod = fk.pod("ml", "q", 0)
+    pod["spec"]["resourceClaims"] = {"name": "not-a-list"}
+    code, out = client.post("/filter", args(pod, ["d1"]))
+    assert code == 400 and "resource claims" in out["Error"]
