@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gputopo.draslices import SliceError, expand
 from gputopo.links import BandwidthSettings, Link, LinkError, parse_code
 from gputopo.topology import GPU, Topology, TopologyError
 
@@ -282,6 +283,13 @@ def gpus_in_use(node: DraNode, held: Iterable[str]) -> frozenset[int]:
     out: set[int] = set()
     for device in held:
         gpus = node.devices.get(device)
+        if gpus is None and node.driver == GPUTOPO_DRIVER:
+            # a set the node's newer publication lists (claims may run ahead of the slices we
+            # read): gputopo's device names say their GPUs (draslices.expand, strict)
+            try:
+                gpus = expand(device, node.topology.n)
+            except SliceError:
+                gpus = None
         if gpus is None:
             raise DraViewError(f"an allocated claim holds device {device!r}, which the pool does not list")
         out.update(gpus)

@@ -45,6 +45,7 @@ VERSION = "v1"
 _SET_CLASS = re.compile(r"^nvlink-(\d{1,2})\.gputopo\.io$")
 _GPU_CLASSES = {"gpu.gputopo.io": 1, "gpu.nvidia.com": 1}
 MAX_COUNT = 64
+PUBLISHING = " (still being published)"
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,11 @@ class DraStore:
 
     # -- derived -------------------------------------------------------------------------
 
+    def pool(self, node: str) -> DraNode | str | None:
+        """The node's pool as last read (for tests and debugging): its view, why it could not
+        be read, or None."""
+        return self._nodes.get(node)
+
     @property
     def has_claims(self) -> bool:
         return bool(self._claims)
@@ -171,21 +177,39 @@ class DraStore:
         return sum(c.gpus for name in claims if (c := self._claims.get(f"{namespace}/{name}")) is not None)
 
     def _read_nodes(self) -> None:
+        """Re-read the pools of the nodes whose slices changed (all after a relist). A node's
+        daemon republishes on every prepare and unprepare (the set order follows use), so a
+        re-read that finds the same Topology keeps the old object, and the node's version (what
+        its overlaid NodeInfo is kept by) moves only when its topology, health or problem did."""
         by_node: dict[str, list[Mapping[str, Any]]] = {}
         for s in self._slices.values():
             node = _node_of(s)
             if node and (self._dirty is None or node in self._dirty):
                 by_node.setdefault(node, []).append(s)
+        old_nodes = self._nodes
         if self._dirty is None:
             self._nodes = {}
-        for node in self._dirty if self._dirty is not None else list(by_node):
+            todo: Iterable[str] = set(by_node) | set(old_nodes)
+        else:
+            todo = self._dirty
+        for node in todo:
+            old = old_nodes.get(node)
             self._nodes.pop(node, None)
-            self._node_version[node] = self._node_version.get(node, 0) + 1
-            if node in by_node:
-                self._nodes[node] = _read_node(node, by_node[node])
-        if self._dirty is None:
-            for node in by_node:
+            if node not in by_node:
+                self._node_version.pop(node, None)
+                self._overlay.pop(node, None)
+                continue
+            new = _read_node(node, by_node[node])
+            if isinstance(new, str) and isinstance(old, DraNode) and new.endswith(PUBLISHING):
+                new = old  # a republication under way: the last complete one stands until it ends
+            if isinstance(old, DraNode) and isinstance(new, DraNode) and old.topology == new.topology:
+                new = replace(new, topology=old.topology)
+                if old.unhealthy == new.unhealthy:
+                    self._nodes[node] = new
+                    continue
+            if new != old:
                 self._node_version[node] = self._node_version.get(node, 0) + 1
+            self._nodes[node] = new
         self._dirty = set()
 
     def _read_use(self, nodes_changed: bool) -> None:
@@ -279,7 +303,7 @@ def _read_node(node: str, slices: list[Mapping[str, Any]]) -> DraNode | str:
             current = [s for s in mine if int(s["spec"]["pool"]["generation"]) == newest]
             count = current[0]["spec"]["pool"].get("resourceSliceCount")
             if count != len(current):
-                raise DraViewError(f"pool has {len(current)} of its {count} slices (still being published)")
+                raise DraViewError(f"pool has {len(current)} of its {count} slices{PUBLISHING}")
             current.sort(key=lambda s: str(s.get("metadata", {}).get("name")))
             return read_pool(node, driver, current)
         except Exception as e:  # DraViewError, or any shape nobody foresaw: this node only

@@ -312,6 +312,14 @@ def test_claims_and_slices_followed_through_the_watch(live) -> None:
     assert out["NodeNames"] == ["d1"]
     api.put("resourceclaims", claim("c", "nvlink-2.gputopo.io", node="d1", devices=("set-0-3",)))
     wait_until(lambda: state.snapshot().nodes["d1"].topology.allocated == {0, 3})
+    before = state.snapshot().nodes["d1"].topology.topology
+    for sl in build_slices(
+        DGX1, Allocator(DGX1), "d1", healthy=range(8), free=(1, 2, 4, 5, 6, 7), generation=2
+    ):
+        api.put("resourceslices", sl)  # the daemon republishes after the prepare: new order, same node
+    wait_until(lambda: state.snapshot() is not None and getattr(state.dra.pool("d1"), "generation", 0) == 2)
+    assert state.snapshot().nodes["d1"].topology.topology is before, "an equal Topology is kept, not rebuilt"
+    assert state.snapshot().nodes["d1"].topology.allocated == {0, 3}
     _, out = client.post("/filter", args(fk.pod("ml", "p", 8), ["d1"]))
     assert out["FailedNodes"] == {"d1": "needs 8 GPUs, 6 free"}
     api.delete("resourceclaims", "ml/c")
