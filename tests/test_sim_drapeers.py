@@ -7,7 +7,7 @@ import math
 from itertools import combinations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gputopo.allocator import AllocationError, Allocator
@@ -20,6 +20,8 @@ from gputopo.sim.workload import Job
 from gputopo.topofile import load_preset
 
 DGX1 = load_preset("dgx1-v100")
+DGX2 = load_preset("dgx2-v100")
+DGX2_ALLOC = Allocator(DGX2)  # built once: its tables take a while on 16 GPUs
 
 
 def best_ring(alloc: Allocator, free: list[int], size: int) -> int:
@@ -111,3 +113,21 @@ def test_both_peers_run_through_compare_side_by_side() -> None:
     assert res["dra-first-fit"].placed == res["dra-gputopo-sets"].placed == 1
     assert res["dra-first-fit"].best_ring_share == 0.0
     assert res["dra-gputopo-sets"].best_ring_share == 1.0
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sets(st.integers(0, 15), min_size=4), st.sampled_from([2, 4, 8]))
+def test_set_devices_on_a_16_gpu_node_read_the_cut_slices_as_kube_scheduler_would(
+    free: set[int], size: int
+) -> None:
+    """DGX-2: 1,820 4-sets and 12,870 8-sets of one ring level, 64 published per size. The peer's
+    answer is what first fit over the published slices gives, refusal included."""
+    topo, alloc = DGX2, DGX2_ALLOC
+    slices = build_slices(topo, alloc, "n", healthy=range(16), free=sorted(free))
+    hit = first_fit(slices, size, sorted(set(range(16)) - free)) if size <= len(free) else None
+    peer = DraGputopoSets(alloc)
+    if hit is None:
+        with pytest.raises(AllocationError):
+            peer.choose(sorted(free), size)
+    else:
+        assert peer.choose(sorted(free), size).indices == hit[1]
