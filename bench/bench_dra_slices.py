@@ -11,7 +11,9 @@ seeded sample on 16), what kube-scheduler's first fit gets from the slices of ea
 * `all`: every k-subset (exact by construction; the cost is devices and slices).
 
 Each is scored published fresh (for the state itself: the daemon republishes after every
-prepare) and stale (published on the empty node, never republished: the worst case). Columns:
+prepare), one behind (published for a state, then a first claim of the same size allocated and
+a second one asked before the republication: two pods scheduled back to back) and stale
+(published on the empty node, never republished: the worst case). Columns:
 `avail` = states with >= k free GPUs where first fit finds a device; `best` = allocations whose
 ring equals the best ring of any k free GPUs; `exact` = allocations equal to the exact
 allocator's choice. Run: `python bench/bench_dra_slices.py [--sample 2000]` (markdown table).
@@ -81,17 +83,30 @@ def measure(name: str, sample: int, seed: int) -> list[str]:
     for k in (2, 4, 8, 16):
         if k > n:
             continue
-        rows.append(f"| {name} | {k} | all | {comb(n, k)} | {-(-comb(n, k) // 64)} | 100 / 100 / 100 | 100 / 100 / 100 |")
+        rows.append(
+            f"| {name} | {k} | all | {comb(n, k)} | {-(-comb(n, k) // 64)} | 100 / 100 / 100 | 100 / 100 / 100 |"
+        )
         for pname, policy in POLICIES.items():
             stale_order = policy(alloc, n, range(n), k)
             cells = []
-            for fresh in (True, False):
+            for mode in ("fresh", "behind", "stale"):
                 eligible = found = best = exact = 0
-                for free in states:
+                for free0 in states:
+                    free = free0
+                    if mode == "stale":
+                        order = stale_order
+                    else:
+                        if len(free0) < k:
+                            continue
+                        order = policy(alloc, n, sorted(free0), k)
+                        if mode == "behind":  # a second claim before the first one's republication
+                            first = _first_fit(order, free0)
+                            if first is None:
+                                continue
+                            free = free0 - set(first)
                     if len(free) < k:
                         continue
                     eligible += 1
-                    order = policy(alloc, n, sorted(free), k) if fresh else stale_order
                     got = _first_fit(order, free)
                     if got is None:
                         continue
@@ -100,10 +115,12 @@ def measure(name: str, sample: int, seed: int) -> list[str]:
                     best += alloc.ring_mbps(got) == choice.ring_mbps
                     exact += got == choice.indices
                 cells.append(
-                    f"{100 * found / max(eligible, 1):.1f} / {100 * best / max(found, 1):.1f}"
+                    "n/a"
+                    if not eligible
+                    else f"{100 * found / eligible:.1f} / {100 * best / max(found, 1):.1f}"
                     f" / {100 * exact / max(found, 1):.1f}"
                 )
-            rows.append(f"| {name} | {k} | {pname} | {len(stale_order)} | 1 | {cells[0]} | {cells[1]} |")
+            rows.append(f"| {name} | {k} | {pname} | {len(stale_order)} | 1 | {' | '.join(cells)} |")
     return rows
 
 
@@ -113,8 +130,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--preset", action="append", help="preset(s) to measure (default: all)")
     args = parser.parse_args()
-    print("| preset | k | choice | devices | slices | fresh avail / best / exact % | stale avail / best / exact % |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| preset | k | choice | devices | slices | fresh avail / best / exact % "
+        "| one behind avail / best / exact % | stale avail / best / exact % |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for name in args.preset or list_presets():
         for row in measure(name, args.sample, args.seed):
             print(row, flush=True)

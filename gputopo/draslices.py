@@ -14,30 +14,38 @@ The slice format (`resource.k8s.io/v1`), one pool per node (pool name = node nam
 * slice `counters`: `spec.sharedCounters = [{name: "gpus", counters: {"gpu-<i>": {value: "1"}}}]`,
   one counter per GPU of the topology (healthy or not: capacity is static) and no devices —
   1.36 wants shared counters in a slice of their own.
-* slice `gpus`: one device `gpu-<i>` per healthy GPU, consuming `gpu-<i>`; attributes
-  `type="gpu"`, `index`, `uuid`, `productName`, `resource.kubernetes.io/pciBusID`
-  (`dddd:bb:dd.f`), `resource.kubernetes.io/pcieRoot` (`pci<domain>:<bus>`, when the daemon
-  could read it from sysfs), `resource.kubernetes.io/numaNode` (when known), and per published
-  size k the scalar group attribute `group<k>`: which set of a best-first partition of the
-  healthy GPUs into k-sets this GPU is in (for hand-written `matchAttribute` claims); and its
-  links (`link<j>`: the `topo -m` code to GPU j, `nvlinkMBps`: one NVLink's MB/s), from which
-  the scheduler sidecar rebuilds the node's Topology where no annotation exists
-  (`link_attributes`; left out when they would pass the 32-attribute limit).
+* slice `gpus`: one device `gpu-<i>` per GPU, consuming `gpu-<i>`, the free healthy ones first
+  in the allocator's order for one GPU (least disruption), then the rest by index; attributes
+  `type="gpu"`, `healthy` (bool), `index`, `uuid`, `productName`,
+  `resource.kubernetes.io/pciBusID` (`dddd:bb:dd.f`), `resource.kubernetes.io/pcieRoot`
+  (`pci<domain>:<bus>`, when the daemon could read it from sysfs),
+  `resource.kubernetes.io/numaNode` (when known), and per published size k the scalar group
+  attribute `group<k>`: which set of a best-first partition of the node into k-sets this GPU is
+  in (for hand-written `matchAttribute` claims); and its links (`link<j>`: the `topo -m` code
+  to GPU j, `nvlinkMBps`: one NVLink's MB/s), from which the scheduler sidecar rebuilds the
+  node's Topology where no annotation exists (`link_attributes`; left out when they would pass
+  the 32-attribute limit).
 * slice `set<k>` for each published size k: devices `set-<i>-<j>-…` (sorted indices), each
-  consuming its members' counters, attributes `type="set"`, `size`, `ringMBps` (the set's ring
-  bandwidth in MB/s), `gpus` (comma-joined indices) and `resource.kubernetes.io/numaNode` when
-  every member shares one. All set devices of one size sit in ONE slice, because the allocator's
-  order across slices of a pool is not defined (it gathers them from an informer cache) while
-  the order inside a slice is the device list.
+  consuming its members' counters, attributes `type="set"`, `healthy` (all members healthy),
+  `size`, `ringMBps` (the set's ring bandwidth in MB/s), `gpus` (comma-joined indices) and
+  `resource.kubernetes.io/numaNode` when every member shares one. All set devices of one size
+  sit in ONE slice, because the allocator's order across slices of a pool is not defined (it
+  gathers them from an informer cache) while the order inside a slice is the device list.
+
+The DeviceClasses select `healthy` devices only. Devices are never dropped for health or use:
+kube-scheduler counts a pool's consumed counters from the allocated devices it still finds in
+the slices, so a device that left them while allocated would hand its GPUs to a second claim.
+Which devices exist depends on the topology alone; health and use change attributes and order.
 
 Which sets (measured in docs/dra.md, bench/bench_dra_slices.py): per size, ring-bandwidth
 levels best first, whole while they fit in one slice (`max_sets` devices, 64 by default: the
 limit for devices with counters); the first level that does not fit fills the rest of the slice
-with a spread-out cut of itself (its first set, then sets overlapping the kept ones least).
-Within a level, sets whose GPUs are all free come first in the allocator's order for the current
-free set, then the others in its order for the healthy set. Hence, because only the LAST level
-is ever cut: right after a republication the first free set is the allocator's own choice, and
-however stale the slices are, a first free set is always a best-ring set of the free GPUs.
+with a spread-out cut of itself (the node's first set of that level, then sets overlapping the
+kept ones least). Within a level, sets whose GPUs are all free and healthy come first in the
+allocator's order for the current free set, then the others in its order for the whole node.
+Hence, because only the LAST level is ever cut, however stale the slices are a first free set is
+always a best-ring set of the free healthy GPUs; right after a republication it is the
+allocator's own choice whenever that set is published (always, unless its level was cut).
 
 Pure: a function of the topology, the healthy and free GPU indices and the pool generation; the
 daemon does the I/O (sysfs for PCIe roots, the API for publishing).
@@ -150,32 +158,39 @@ def choose_sets(
 ) -> list[SetDevice]:
     """The set devices of one size, in publication order (see the module docstring).
 
+    Which sets are published depends on the topology alone, never on health or use: kube-
+    scheduler counts a pool's used counters from the allocated devices it still finds in the
+    slices, so a set that left the slices while allocated would free its GPUs for a second
+    claim. Health and use only reorder: sets whose GPUs are all free and healthy first, in the
+    allocator's order for the free set, then the others in its order for the whole node.
+
     `fill=False` stops after the last whole level that fits (a measured alternative,
     bench/bench_dra_slices.py: it halves availability on a DGX-1 for no gain in ring)."""
-    h = sorted(set(healthy))
-    f = sorted(set(free) & set(h))
-    if size < 2 or size > len(h):
+    n = alloc.n
+    if size < 2 or size > n:
         return []
-    free_rank = alloc.rank(f, size, top=1 << 16) if size <= len(f) else []
-    healthy_rank = alloc.rank(h, size, top=1 << 16)
-    seen = {c.indices for c in free_rank}
-    ordered = [*free_rank, *(c for c in healthy_rank if c.indices not in seen)]
-    # Stable sort on ring only: keeps free-first allocator order inside each ring level.
-    ordered.sort(key=lambda c: -c.ring_mbps)
+    usable = sorted(set(free) & set(healthy))
+    static = alloc.rank(range(n), size, top=1 << 16)  # ring first, then the allocator's keys
     levels: list[list[SetDevice]] = []
-    for c in ordered:
+    for c in static:
         dev = SetDevice(set_device_name(c.indices), c.indices, c.ring_mbps)
         if levels and levels[-1][0].ring_mbps == c.ring_mbps:
             levels[-1].append(dev)
         else:
             levels.append([dev])
-    out: list[SetDevice] = []
+    members: list[SetDevice] = []
     for level in levels:
-        room = max_sets - len(out)
-        if room <= 0 or (not fill and out and len(level) > room):
+        room = max_sets - len(members)
+        if room <= 0 or (not fill and members and len(level) > room):
             break
-        out += level if len(level) <= room else _spread(level, room)
-    return out
+        members += level if len(level) <= room else _spread(level, room)
+    free_rank = alloc.rank(usable, size, top=1 << 16) if size <= len(usable) else []
+    pos_free = {c.indices: i for i, c in enumerate(free_rank)}
+    pos_static = {c.indices: i for i, c in enumerate(static)}
+    members.sort(
+        key=lambda s: (-s.ring_mbps, s.gpus not in pos_free, pos_free.get(s.gpus, pos_static[s.gpus]))
+    )
+    return members
 
 
 def _spread(level: list[SetDevice], keep: int) -> list[SetDevice]:
@@ -203,6 +218,14 @@ def _popcount(x: np.ndarray) -> np.ndarray:
     for b in range(16):
         out += (x >> b) & 1
     return out
+
+
+def gpu_order(alloc: Allocator, every: Iterable[int], free: Sequence[int]) -> list[int]:
+    """Single GPUs in publication order: the free healthy ones as the allocator ranks them for a
+    1-GPU request (least disruption of what stays free), then the others by index. A claim for
+    one `gpu` device then takes the GPU the exact allocator would give."""
+    ranked = [c.indices[0] for c in alloc.rank(free, 1, top=len(free))] if free else []
+    return ranked + [i for i in every if i not in set(ranked)]
 
 
 def group_partition(alloc: Allocator, healthy: Iterable[int], size: int) -> dict[int, int]:
@@ -242,10 +265,13 @@ def build_slices(
     h = sorted(i for i in set(healthy) if 0 <= i < n)
     f = sorted(i for i in set(free) if i in set(h))
     roots = pcie_roots or {}
-    used_sizes = [k for k in sorted(set(sizes)) if 2 <= k <= len(h)]
-    groups = {k: group_partition(alloc, h, k) for k in used_sizes}
+    used_sizes = [k for k in sorted(set(sizes)) if 2 <= k <= n]
+    groups = {k: group_partition(alloc, range(n), k) for k in used_sizes}
+    ok = set(h)
 
-    gpu_devices = [_gpu_device(topology, i, roots.get(i), groups) for i in h]
+    gpu_devices = [
+        _gpu_device(topology, i, roots.get(i), groups, i in ok) for i in gpu_order(alloc, range(n), f)
+    ]
     parts: list[tuple[str, dict[str, Any]]] = [
         (
             "counters",
@@ -260,7 +286,7 @@ def build_slices(
     for k in used_sizes:
         sets = choose_sets(alloc, h, f, k, max_sets)
         if sets:
-            parts.append((f"set{k}", {"devices": [_set_device(topology, s) for s in sets]}))
+            parts.append((f"set{k}", {"devices": [_set_device(topology, s, ok) for s in sets]}))
     pool = {"name": node_name, "generation": generation, "resourceSliceCount": len(parts)}
     return [
         {
@@ -290,11 +316,12 @@ def _consumes(gpus: Iterable[int]) -> list[dict[str, Any]]:
 
 
 def _gpu_device(
-    topology: Topology, i: int, root: str | None, groups: Mapping[int, Mapping[int, int]]
+    topology: Topology, i: int, root: str | None, groups: Mapping[int, Mapping[int, int]], healthy: bool
 ) -> dict[str, Any]:
     gpu = topology.gpus[i]
     attrs: dict[str, dict[str, Any]] = {
         "type": {"string": "gpu"},
+        "healthy": {"bool": healthy},
         "index": {"int": i},
         "uuid": {"string": gpu.uuid[:MAX_STRING_ATTRIBUTE_CHARS]},
     }
@@ -332,9 +359,10 @@ def link_attributes(topology: Topology, i: int, *, room: int) -> dict[str, dict[
     return out
 
 
-def _set_device(topology: Topology, s: SetDevice) -> dict[str, Any]:
+def _set_device(topology: Topology, s: SetDevice, healthy: set[int]) -> dict[str, Any]:
     attrs: dict[str, dict[str, Any]] = {
         "type": {"string": "set"},
+        "healthy": {"bool": all(i in healthy for i in s.gpus)},
         "size": {"int": len(s.gpus)},
         "ringMBps": {"int": s.ring_mbps},
         "gpus": {"string": ",".join(str(i) for i in s.gpus)},
@@ -439,7 +467,8 @@ def first_fit(
     slices: Sequence[Mapping[str, Any]], size: int, used: Iterable[int] = ()
 ) -> tuple[str, tuple[int, ...]] | None:
     """What kube-scheduler's allocator gives a claim for one device of the size-`size` class
-    (size 1: the single-GPU class): the first matching device, in slice order, none of whose
+    (size 1: the single-GPU class; the classes select `healthy` devices only): the first
+    matching device, in slice order, none of whose
     counters is consumed already (`used`: the GPUs that allocated claims hold; every counter is
     one GPU). None when no device fits.
 
@@ -450,7 +479,10 @@ def first_fit(
     for s in slices:
         for d in s.get("spec", {}).get("devices") or []:
             attrs = d.get("attributes", {})
-            if attrs.get("type", {}).get("string") != want_type:
+            if (
+                attrs.get("type", {}).get("string") != want_type
+                or attrs.get("healthy", {}).get("bool") is False
+            ):
                 continue
             if size > 1 and attrs.get("size", {}).get("int") != size:
                 continue

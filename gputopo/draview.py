@@ -11,9 +11,9 @@ Two drivers are read:
 
 * gputopo's own (`gputopo.io`, gputopo/draslices.py): the counter set `gpus` names every GPU of
   the node (`gpu-<i>`, healthy or not); each healthy GPU's device carries `index`, `uuid`,
-  `productName`, `link<j>` (the `topo -m` code to GPU j) and `nvlinkMBps`. The Topology is the
-  node's own, exactly as the annotation carries it (PCIe levels under NVLink aside). GPUs with
-  no device are unhealthy. Set devices (`set-<i>-<j>-…`) stand for their member GPUs.
+  `productName`, `healthy`, `link<j>` (the `topo -m` code to GPU j) and `nvlinkMBps`. The
+  Topology is the node's own, exactly as the annotation carries it (PCIe levels under NVLink
+  aside). GPUs published `healthy: false`, or not published, are unhealthy. Set devices (`set-<i>-<j>-…`) stand for their member GPUs.
 * NVIDIA's (`gpu.nvidia.com`): one device per GPU with `index`, `uuid`, `productName` and, on
   recent versions, `resource.kubernetes.io/pcieRoot`, and nothing about NVLink. The view is
   conservative: GPUs under one PCIe root are linked at PHB, all others at SYS; no NVLink is
@@ -76,6 +76,8 @@ def _attr(attrs: Mapping[str, Any], name: str, kind: str, driver: str) -> Any:
     value = raw[kind]
     if kind == "int" and (not isinstance(value, int) or isinstance(value, bool)):
         raise DraViewError(f"attribute {name} is not an integer")
+    if kind == "bool" and not isinstance(value, bool):
+        raise DraViewError(f"attribute {name} is not a boolean")
     if kind == "string" and not isinstance(value, str):
         raise DraViewError(f"attribute {name} is not a string")
     return value
@@ -141,6 +143,7 @@ def _gputopo(
     codes: dict[tuple[int, int], str] = {}
     nvlink_mbps: set[int] = set()
     names: dict[str, tuple[int, ...]] = {}
+    sick: set[int] = set()  # published with healthy=false
     for d in devices:
         attrs = d.get("attributes") or {}
         kind = _attr(attrs, "type", "string", GPUTOPO_DRIVER)
@@ -164,6 +167,8 @@ def _gputopo(
         model = _attr(attrs, "productName", "string", GPUTOPO_DRIVER) or ""
         gpus[i] = GPU(i, uuid, model)
         names[str(d["name"])] = (i,)
+        if _attr(attrs, "healthy", "bool", GPUTOPO_DRIVER) is False:
+            sick.add(i)
         speed = _attr(attrs, "nvlinkMBps", "int", GPUTOPO_DRIVER)
         if speed is None:
             raise DraViewError(
@@ -184,7 +189,7 @@ def _gputopo(
     if len(nvlink_mbps) != 1:
         raise DraViewError("GPU devices disagree on nvlinkMBps")
     speed = nvlink_mbps.pop()
-    unhealthy = frozenset(range(n)) - set(gpus)
+    unhealthy = frozenset(range(n)) - set(gpus) | sick
     for i in range(n):
         for j in range(i + 1, n):
             if (i, j) not in codes:  # two unhealthy GPUs: neither is ever chosen, any link does

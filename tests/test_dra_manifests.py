@@ -86,9 +86,11 @@ def test_the_daemonset_runs_dra_mode_with_kubelets_plugin_folders(source: str) -
     assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins"} <= mounts
     paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins"} <= paths
-    # no device-plugin status socket in DRA mode: the probes must not ask for one
+    # no device-plugin status socket in DRA mode: the probes ask the DRA sockets, for our driver
     for probe in ("livenessProbe", "readinessProbe"):
-        assert "exec" not in c[probe] and c[probe]["tcpSocket"]["port"] == "metrics"
+        command = c[probe]["exec"]["command"]
+        assert command[:3] == ["python", "-m", "deviceplugin.dra.probe"]
+        assert command[command.index("--driver-name") + 1] == c["args"][c["args"].index("--driver-name") + 1]
 
 
 def test_chart_and_kustomize_render_the_same_objects() -> None:
@@ -139,11 +141,10 @@ def _device_activation(driver: str, device: Obj) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("preset", ["dgx1-v100", "dgx2-v100", "gb200-tray"])
-def test_each_class_selects_exactly_its_devices(preset: str) -> None:
+def test_each_class_selects_exactly_its_healthy_devices(preset: str) -> None:
     topo = load_preset(preset)
-    slices = draslices.build_slices(
-        topo, Allocator(topo), "node-a", healthy=range(topo.n), free=range(topo.n)
-    )
+    healthy = set(range(topo.n)) - {1}
+    slices = draslices.build_slices(topo, Allocator(topo), "node-a", healthy=healthy, free=range(topo.n))
     devices = [d for s in slices for d in s["spec"].get("devices") or []]
     env = celpy.Environment()
     for cls in (d for d in kustomize_docs() if d["kind"] == "DeviceClass"):
@@ -154,14 +155,13 @@ def test_each_class_selects_exactly_its_devices(preset: str) -> None:
             if program.evaluate(_device_activation("gputopo.io", d)) == celtypes.BoolType(True)
         }
         size = cls["metadata"]["name"].split(".")[0]
+        members = {d["name"]: draslices.expand(d["name"], topo.n) for d in devices}
         if size == "gpu":
-            want = {d["name"] for d in devices if d["name"].startswith("gpu-")}
+            want = {n for n, g in members.items() if n.startswith("gpu-") and set(g) <= healthy}
         else:
             k = int(size.split("-")[1])
             want = {
-                d["name"]
-                for d in devices
-                if d["name"].startswith("set-") and len(draslices.expand(d["name"], topo.n)) == k
+                n for n, g in members.items() if n.startswith("set-") and len(g) == k and set(g) <= healthy
             }
         assert chosen == want, cls["metadata"]["name"]
         # a device of another driver with the same attributes is never selected

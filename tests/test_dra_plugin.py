@@ -229,7 +229,7 @@ def test_malformed_requests_are_invalid_argument(folder: Path, claims: list[tupl
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_an_xid_drops_the_gpu_and_its_sets_and_recovery_brings_them_back(folder: Path) -> None:
+def test_an_xid_makes_the_gpu_and_its_sets_unselectable_and_recovery_brings_them_back(folder: Path) -> None:
     health = folder / "health.json"
     health.write_text("{}")
     with running(folder, health=health) as (_daemon, api, kubelet):
@@ -238,9 +238,12 @@ def test_an_xid_drops_the_gpu_and_its_sets_and_recovery_brings_them_back(folder:
         gen = _generation(api)
         health.write_text(json.dumps({"5": {"xid": 79}}))
         sick = _published_after(api, gen)
-        names = {d["name"] for s in sick for d in s["spec"].get("devices") or []}
-        assert "gpu-5" not in names
-        assert all(5 not in draslices.expand(n, 8) for n in names)
+        devices = {d["name"]: d for s in sick for d in s["spec"].get("devices") or []}
+        # still published (a claim holding them keeps its counters), no longer selectable
+        assert {n for n, d in devices.items() if not d["attributes"]["healthy"]["bool"]} == {
+            n for n in devices if 5 in draslices.expand(n, 8)
+        }
+        assert draslices.first_fit(sick, 8) is None
         assert draslices.check_limits(sick) == []
         # a claim allocated on the sick GPU before the republication fails alone
         api.put_claim(allocated_claim("ns", "late", "late", _results("set-4-5-6-7")))
@@ -248,7 +251,8 @@ def test_an_xid_drops_the_gpu_and_its_sets_and_recovery_brings_them_back(folder:
         gen = _generation(api)
         health.write_text(json.dumps({"5": "Healthy"}))
         well = _published_after(api, gen)
-        assert "gpu-5" in {d["name"] for s in well for d in s["spec"].get("devices") or []}
+        assert all(d["attributes"]["healthy"]["bool"] for s in well for d in s["spec"].get("devices") or [])
+        assert draslices.first_fit(well, 8) is not None
 
 
 def test_api_errors_are_retried(folder: Path) -> None:
@@ -379,3 +383,42 @@ def test_bad_flags_exit_2_with_one_line(args: list[str], message: str) -> None:
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], done.stderr
+
+
+def test_a_checkpoint_from_other_hardware_or_a_corrupt_one_costs_only_its_claims(folder: Path) -> None:
+    plugin_dir = folder / "plugins" / "gputopo.io"
+    plugin_dir.mkdir(parents=True)
+    (plugin_dir / "prepared.json").write_text(
+        json.dumps(
+            {
+                "claims": {
+                    "old": {"namespace": "ns", "name": "old", "devices": [[NODE, "set-8-9", "gpus", [8, 9]]]}
+                }
+            }
+        )
+    )
+    with running(folder) as (daemon, api, kubelet):
+        kubelet.register()
+        resp = kubelet.prepare(("ns", "old", "old"))
+        assert "no longer has" in resp.claims["old"].error
+        assert daemon.claims is not None and daemon.claims.in_use() == frozenset()
+        api.put_claim(allocated_claim("ns", "old", "old", _results("set-0-3")))
+        assert kubelet.prepare(("ns", "old", "old")).claims["old"].error == ""
+    (plugin_dir / "prepared.json").write_text("{not json")
+    with running(folder) as (daemon, _api, kubelet):
+        kubelet.register()
+        assert daemon.claims is not None and daemon.claims.in_use() == frozenset()
+
+
+def test_the_probe_asks_both_sockets_kubelet_dials(folder: Path) -> None:
+    from deviceplugin.dra.probe import main as probe
+
+    args = ["--registry-dir", str(folder / "registry"), "--timeout", "2"]
+    with running(folder) as (_daemon, _api, _kubelet):
+        assert probe(args, {}) == 0
+        assert probe([*args, "--driver-name", "other.example.com"], {}) == 1
+        # the DRA socket gone (the registration one still answers): not alive
+        (folder / "plugins" / "gputopo.io" / "dra.sock").unlink()
+        assert probe(args, {}) == 1
+    assert probe(args, {}) == 1
+    assert probe(["--timeout", "x"], {}) == 2

@@ -92,10 +92,22 @@ def test_a_free_set_cut_from_the_slice_is_refused_not_invented() -> None:
     assert DraGputopoSets(alloc).choose(free, 2).ring_mbps == best_ring(alloc, free, 2)
 
 
-def test_sizes_without_a_set_class_use_first_fit() -> None:
+@settings(max_examples=40, deadline=None)
+@given(st.sets(st.integers(0, 7), min_size=3), st.sampled_from([1, 3]))
+def test_sizes_without_a_set_class_take_the_first_free_gpu_devices_as_published(
+    free: set[int], size: int
+) -> None:
     alloc = Allocator(DGX1)
-    assert DraGputopoSets(alloc).choose([1, 2, 3, 4, 5, 6, 7], 3).indices == (1, 2, 3)
-    assert DraGputopoSets(alloc).choose([5, 6], 1).indices == (5,)
+    slices = build_slices(DGX1, alloc, "n", healthy=range(8), free=sorted(free))
+    order = [int(d["name"].split("-")[1]) for d in slices[1]["spec"]["devices"]]
+    want = tuple(sorted([i for i in order if i in free][:size]))
+    assert DraGputopoSets(alloc).choose(sorted(free), size).indices == want
+    if size == 1:  # one device of the GPU class: kube-scheduler's first fit, the allocator's GPU
+        assert (
+            want
+            == first_fit(slices, 1, sorted(set(range(8)) - free))[1]
+            == alloc.choose(sorted(free), 1).indices
+        )
 
 
 def test_both_peers_run_through_compare_side_by_side() -> None:

@@ -165,8 +165,12 @@ class DraService(api_pb2_grpc.DRAPluginServicer):
                     prepared = self._prepare(claim)
                     self._claims.add(claim.uid, prepared)
                     changed = True
-                entry = out.claims[claim.uid]
                 snap = self._store.current()
+                if any(i >= snap.topology.n for i in prepared.gpus):  # a checkpoint from other hardware
+                    self._claims.remove(claim.uid)
+                    changed = True
+                    raise ClaimRefused("the claim was prepared for GPUs this node no longer has")
+                entry = out.claims[claim.uid]
                 for pool, device, req, gpus in prepared.devices:
                     entry.devices.append(
                         api_pb2.Device(

@@ -15,10 +15,12 @@ slice order — the lowest free indices. (On a DGX-1 with GPU 0 taken, a 4-GPU c
 per good GPU set over shared per-GPU counters, in the exact allocator's order, republished when
 use changes that order. A k-GPU pod whose k is a published size asks for one device of the
 `nvlink-k` class and gets the first set device, in published order, whose GPUs are all free;
-other sizes (1, 3, 5…) use the GPU class with `count: k` (first fit, as above). The publication
-is modelled fresh (the daemon republishes on every use change), and it is the real one
-(`draslices.choose_sets`, 64 set devices per size at most), so a node whose free best set was
-cut from its slice refuses the claim here as kube-scheduler would.
+other sizes (1, 3, 5…) use the GPU class with `count: k`: the first k free GPU devices in
+gputopo's GPU order (free ones as the allocator ranks them for one GPU). The publication is
+modelled fresh (the daemon republishes on every use change), and it is the real one
+(`draslices.choose_sets`: which sets exist depends on the topology alone, at most 64 per size;
+use only reorders them), so a node whose free sets of that size were all cut from its slice
+refuses the claim here as kube-scheduler would.
 
 Node choice is the same for both and for kubelet-default: kube-scheduler's least-allocated spread;
 gangs member by member, all or nothing. Only the in-node choice differs, so the rows isolate
@@ -30,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gputopo.allocator import AllocationError, Allocator, Choice
-from gputopo.draslices import DEFAULT_SIZES, MAX_DEVICES_WITH_COUNTERS_PER_SLICE, choose_sets
+from gputopo.draslices import DEFAULT_SIZES, MAX_DEVICES_WITH_COUNTERS_PER_SLICE, choose_sets, gpu_order
 
 #: Cached answers per policy object before the cache is cleared (bounded memory).
 _CACHE_LIMIT = 200_000
@@ -96,8 +98,10 @@ class DraGputopoSets:
 
     def choose(self, free: Iterable[int], size: int, must: Iterable[int] = ()) -> Choice:
         free_mask, must_mask = self._exact.validate(free, size, must)
-        if must_mask or size not in self._sizes or size > self._n:
+        if must_mask:
             return self._first_fit.choose(_indices(free_mask, self._n), size, _indices(must_mask, self._n))
+        if size not in self._sizes or size > self._n:
+            return self._gpu_devices(free_mask, size)
         key = (free_mask, size)
         if key in self._cache:
             hit = self._cache[key]
@@ -108,6 +112,20 @@ class DraGputopoSets:
             self._cache[key] = hit
         if hit is None:
             raise AllocationError(f"no published {size}-GPU set device is free")
+        return hit
+
+    def _gpu_devices(self, free_mask: int, size: int) -> Choice:
+        """A claim of `count: size` GPU devices: the first `size` free ones in the published GPU
+        order (free ones first, as the allocator ranks them for one GPU)."""
+        key = (free_mask, -size)
+        hit = self._cache.get(key)
+        if hit is None:
+            order = gpu_order(self._exact, range(self._n), _indices(free_mask, self._n))
+            picked = sum(1 << i for i in [i for i in order if free_mask >> i & 1][:size])
+            hit = self._exact.score_masks(picked, free_mask)
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[key] = hit
         return hit
 
     def _published_first(self, free_mask: int, size: int) -> Choice | None:
