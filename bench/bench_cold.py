@@ -35,8 +35,8 @@ from dataclasses import replace
 import numpy as np
 from bench_extender import MIX, pod  # run as a script: bench/ is on the path
 
-from gputopo.annotation import decode, encode
-from gputopo.cluster import generate_cluster
+from gputopo.network.annotation import decode, encode
+from gputopo.network.cluster import generate_cluster
 from scheduler.extender import Extender
 from scheduler.model import NodeInfo, parse_pod
 from scheduler.state import FileState, from_cluster

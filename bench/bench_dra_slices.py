@@ -26,9 +26,9 @@ import random
 from collections.abc import Callable, Sequence
 from math import comb
 
-from gputopo import draslices
-from gputopo.allocator import Allocator
-from gputopo.topofile import list_presets, load_preset
+from gputopo.node import draslices
+from gputopo.node.allocator import Allocator
+from gputopo.node.topofile import list_presets, load_preset
 
 Order = list[tuple[int, ...]]
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from gputopo.cluster import generate_cluster
+from gputopo.network.cluster import generate_cluster
 from scheduler.extender import Extender
 from scheduler.model import parse_pod
 from scheduler.server import Server
@@ -197,7 +197,7 @@ def bench_gangs(runs: int, seed: int) -> dict[str, tuple[float, float, str]]:
     for count in (16, 128):
         key = f"g{count}"
         groups = [{"namespace": "bench", "name": key, "minMember": count}]
-        from gputopo.cluster import parse_cluster
+        from gputopo.network.cluster import parse_cluster
 
         state = from_cluster(parse_cluster({**snap.to_dict(), "podgroups": groups}))
         ext = Extender(state, snap.levels, clock=time.time)

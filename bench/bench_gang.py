@@ -21,10 +21,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gputopo.allocator import AllocatorPool
-from gputopo.cluster import ClusterSnapshot, generate_cluster
-from gputopo.gang import GangPlan, GangSpec, Member, NodeView, NoPlan, plan_gang
-from gputopo.network import LEAF, SPINE, NetworkIndex
+from gputopo.gang.planner import GangPlan, GangSpec, Member, NoPlan, plan_gang
+from gputopo.network.cluster import ClusterSnapshot, generate_cluster
+from gputopo.network.levels import LEAF, SPINE, NetworkIndex
+from gputopo.network.nodeview import NodeView
+from gputopo.node.allocator import AllocatorPool
 
 MIX = {"dgx-a100": 2.0, "hgx-h100": 1.0, "dgx1-v100": 1.0}
 TARGET_MS = {"128x8": 100.0}

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 CHILD = r"""
 import sys, time
 sys.path.insert(0, {repo!r})
-from gputopo.cluster import parse_cluster
+from gputopo.network.cluster import parse_cluster
 from scheduler import defaults
 from scheduler.extender import Extender
 from scheduler.httplimits import Limits

@@ -11,7 +11,7 @@ must-include GPU; kubelet's random ID order is imitated by shuffling the offered
   of reach for brute force (the least-disruption packing of 15 leftover GPUs alone runs for
   minutes), so the baseline is brute force over key 1 (ring bandwidth) only, the part
   design.md §2 promises exact on 16 GPUs.
-* allocator: `gputopo.allocator.Allocator.choose`, the allocator built once (build time shown).
+* allocator: `gputopo.node.allocator.Allocator.choose`, the allocator built once (build time shown).
   Up to 8 GPUs its no-must-include answers are tabulated at build, so a request is a lookup.
 * pair points: the simulator's model of NVIDIA go-gpuallocator's best-effort policy (pair-point
   partitions), the in-node choice most clusters run, on the same requests in the same process.
@@ -44,11 +44,11 @@ import grpc
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gputopo.allocator import Allocator  # noqa: E402
-from gputopo.policies.pairpoints import pair_points  # noqa: E402
-from gputopo.policies.search import best_effort  # noqa: E402
-from gputopo.topofile import load_preset  # noqa: E402
-from gputopo.topology import Topology  # noqa: E402
+from gputopo.node.allocator import Allocator  # noqa: E402
+from gputopo.node.policies.pairpoints import pair_points  # noqa: E402
+from gputopo.node.policies.search import best_effort  # noqa: E402
+from gputopo.node.topofile import load_preset  # noqa: E402
+from gputopo.node.topology import Topology  # noqa: E402
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc  # noqa: E402
 from tests.oracle import Oracle, brute_force_choose  # noqa: E402
 

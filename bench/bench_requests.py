@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 from deviceplugin import requests  # noqa: E402
 from deviceplugin.requests import RequestError  # noqa: E402
 from deviceplugin.state import Snapshot, make_snapshot  # noqa: E402
-from gputopo.topofile import load_preset  # noqa: E402
+from gputopo.node.topofile import load_preset  # noqa: E402
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc  # noqa: E402
 from tests.kubelet_fake import fake_kubelet, short_tmpdir  # noqa: E402
 

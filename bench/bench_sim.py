@@ -4,7 +4,7 @@ Two tables.
 
   * Workloads (the default): each run exactly as `gputopo simulate` builds it
     (gputopo.sim.cli.prepare; every policy in the CLI's order with one allocator pool, as
-    gputopo.sim.engine.compare runs them) on the default generator run, the Philly and Helios
+    gputopo.sim.run.compare runs them) on the default generator run, the Philly and Helios
     excerpts and the mixed-leaf and gb200-nvl presets. Rates are pods per second of the
     process's CPU time (other work on a shared machine does not count), each policy's best
     over `--repeat` comparisons; the last column is each policy's rate over the fastest
@@ -28,11 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-from gputopo.allocator import AllocatorPool
+from gputopo.node.allocator import AllocatorPool
 from gputopo.sim.cli import add_arguments, prepare
 from gputopo.sim.clusters import default_cluster
-from gputopo.sim.engine import RunConfig, simulate
-from gputopo.sim.policies import BASELINE, POLICIES
+from gputopo.sim.engine import RunConfig
+from gputopo.sim.policies.catalog import BASELINE, POLICIES
+from gputopo.sim.run import simulate
 from gputopo.sim.workload import generate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,7 +59,7 @@ def workloads_table(names: list[str], repeat: int) -> None:
     for name in names:
         cluster, jobs, header, config, policies = prepare(parser.parse_args(WORKLOADS[name]))
         rates: dict[str, list[float]] = {p: [] for p in policies}
-        # As gputopo.sim.engine.compare: one pool, the CLI's order. The pool lives across the
+        # As gputopo.sim.run.compare: one pool, the CLI's order. The pool lives across the
         # comparisons: built anew each time, its tables would be filled in every comparison by
         # whichever policy runs first (gputopo) and found warm by the rest.
         pool = AllocatorPool()

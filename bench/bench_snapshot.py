@@ -33,8 +33,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gputopo.cluster import generate_cluster, load_cluster  # noqa: E402
-from gputopo.topofile import load_preset  # noqa: E402
+from gputopo.network.cluster import generate_cluster, load_cluster  # noqa: E402
+from gputopo.node.topofile import load_preset  # noqa: E402
 
 MIX = ("dgx-a100", "hgx-h100", "dgx1-v100")
 

@@ -2,7 +2,7 @@
 
 For each (workload, cluster) the harness builds the run exactly as `gputopo simulate` does
 (gputopo.sim.cli.prepare: same parser, same workload construction, same seed for every
-policy), compares the policies with gputopo.sim.engine.compare, and prints one compact table:
+policy), compares the policies with gputopo.sim.run.compare, and prints one compact table:
 rows are policies; columns are the four target figures (throughput of multi-GPU jobs vs
 kubelet-default, share of multi-GPU pods at their node's best ring, gangs inside one leaf,
 mean queueing delay) plus the share of GPU demand placed (the fill mode's figure). A verdict
@@ -11,7 +11,7 @@ throughput, ring share and leaf share, and a mean queueing delay within 5 % of t
 Peers are every policy run except gputopo and gang-only: gang-only is gputopo itself with the
 network-aware gang planner switched off (its ablation), not a system anyone would pick instead.
 
-The policy list is gputopo.sim.policies.POLICIES as it is when the harness runs, so policies
+The policy list is gputopo.sim.policies.catalog.POLICIES as it is when the harness runs, so policies
 added there are compared without touching this file.
 
 Run: .venv/bin/python bench/bench_targets.py [--workloads generator,helios,philly,openb-fill]
@@ -31,9 +31,10 @@ from typing import Any, NoReturn
 from gputopo.sim import report
 from gputopo.sim.cli import UsageError, add_arguments, prepare
 from gputopo.sim.clusters import CLUSTER_PRESETS
-from gputopo.sim.engine import QUEUE_ORDERS, compare
+from gputopo.sim.engine import QUEUE_ORDERS
 from gputopo.sim.metrics import Summary
-from gputopo.sim.policies import POLICIES
+from gputopo.sim.policies.catalog import POLICIES
+from gputopo.sim.run import compare
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Trace files by workload name, relative to --traces; the generator needs none.

@@ -39,8 +39,8 @@ def rss_mib() -> float:
 
 def serve(nodes: int, pods: int, finished: float) -> None:
     """Child process: fill a FakeAPI, print its URL, serve until stdin closes."""
-    from gputopo.annotation import encode, make
-    from gputopo.topofile import load_preset
+    from gputopo.network.annotation import encode, make
+    from gputopo.node.topofile import load_preset
     from tests import fake_apiserver as fk
 
     api = fk.FakeAPI()

@@ -135,8 +135,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     # Heavy imports (grpc, numpy) only once the flags are known good: bad flags fail fast.
     from deviceplugin.daemon import Daemon
     from deviceplugin.server import ServerError
-    from gputopo.allocator import AllocationError
-    from gputopo.topology import TopologyError
+    from gputopo.node.allocator import AllocationError
+    from gputopo.node.topology import TopologyError
 
     stop = threading.Event()
 

@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from gputopo.links import BandwidthSettings
-from gputopo.topology import Topology
+from gputopo.node.links import BandwidthSettings
+from gputopo.node.topology import Topology
 
 
 @dataclass(frozen=True, slots=True)

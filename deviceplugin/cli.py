@@ -17,8 +17,8 @@ import time
 from typing import Any
 
 from gputopo.commands import UsageError
+from gputopo.node.topology import Topology
 from gputopo.output import add_output_arguments, ago, dump, is_machine, table, yes_no
-from gputopo.topology import Topology
 
 
 def local_topology() -> Topology:

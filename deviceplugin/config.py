@@ -21,8 +21,8 @@ from deviceplugin import defaults, strategies
 from deviceplugin.backend import BandwidthOverrides
 from deviceplugin.configoptions import OPTIONS, Option
 from deviceplugin.configvalues import LOG_LEVELS, PUBLISH_MODES, STRATEGIES
+from gputopo.node.policy import DEFAULT_POLICY
 from gputopo.output import add_version_argument
-from gputopo.policy import DEFAULT_POLICY
 from gputopo.userfile import (
     MAX_CONFIG_BYTES,
     MAX_HEALTH_FILE_BYTES,

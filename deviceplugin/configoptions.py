@@ -28,7 +28,7 @@ from deviceplugin.configvalues import (
     parse_strategy_list,
     parse_xids,
 )
-from gputopo.policy import POLICY_NAMES
+from gputopo.node.policy import POLICY_NAMES
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from deviceplugin import defaults, strategies
-from gputopo.links import PCIE_LEVELS
+from gputopo.node.links import PCIE_LEVELS
 
 STRATEGIES = strategies.STRATEGIES  # the names --device-list-strategy accepts (plus "cdi")
 PUBLISH_MODES = ("auto", "true", "false")

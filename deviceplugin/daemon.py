@@ -21,7 +21,7 @@ from deviceplugin.registration import KubeletWatcher
 from deviceplugin.server import PluginServer
 from deviceplugin.state import Listener, SnapshotStore, make_snapshot
 from gputopo import jsonlog
-from gputopo.topology import TopologyError
+from gputopo.node.topology import TopologyError
 
 log = logging.getLogger("deviceplugin.daemon")
 

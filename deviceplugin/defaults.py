@@ -19,7 +19,7 @@ REGISTER_BACKOFF_SECONDS = (0.2, 5.0)  # first and largest wait between failed R
 REGISTER_TIMEOUT_SECONDS = 10.0  # kubelet dials back inside Register (its own timeout: 10 s)
 NVML_RETRY_SECONDS = 30.0  # NVML init retry period when fail-on-init-error is off
 # Longest device-ID list (and most container requests) one RPC may carry. kubelet lists the
-# devices this plugin advertised, at most gputopo.allocator.MAX_GPUS (16); 4x that leaves room
+# devices this plugin advertised, at most gputopo.node.allocator.MAX_GPUS (16); 4x that leaves room
 # for IDs of GPUs since replaced (kubelet may still offer them) and for larger nodes, while
 # keeping every request's work tiny. Longer lists are INVALID_ARGUMENT before any per-ID work.
 MAX_REQUEST_IDS = 64

@@ -4,7 +4,7 @@ This is what CI, the kind demo and every test of the daemon run on, so it must b
 NVML backend at the seam (same Topology, same HealthEvent stream) while being driven by files
 a test can write.
 
-Topology source: anything `gputopo.topofile.load_topology` accepts (a preset name, a design.md
+Topology source: anything `gputopo.node.topofile.load_topology` accepts (a preset name, a design.md
 §3 JSON file, or `nvidia-smi topo -m` text). `discover()` reads it again on every call, so a
 test can swap the layout and ask the daemon to re-probe.
 
@@ -36,8 +36,8 @@ from typing import Any
 
 from deviceplugin.backend import BandwidthOverrides, HealthEvent
 from gputopo import jsonlog
-from gputopo.topofile import load_topology
-from gputopo.topology import Topology
+from gputopo.node.topofile import load_topology
+from gputopo.node.topology import Topology
 from gputopo.userfile import MAX_HEALTH_FILE_BYTES, read_text
 
 log = logging.getLogger("deviceplugin.filebackend")

@@ -16,7 +16,7 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 from gputopo import __version__, jsonlog
-from gputopo.allocator import Allocator
+from gputopo.node.allocator import Allocator
 
 log = logging.getLogger("deviceplugin.metrics")
 

@@ -23,7 +23,7 @@ from deviceplugin.backend import HealthEvent
 from deviceplugin.nvml_health import DBE_XID, XidWatch
 from deviceplugin.nvml_topology import NVLINK_VERSION_GBPS, TOPOLOGY_LEVEL_CODES, TopologyProbe
 from deviceplugin.nvmlapi import NvmlUnavailable
-from gputopo.topology import Topology
+from gputopo.node.topology import Topology
 
 __all__ = ["DBE_XID", "NVLINK_VERSION_GBPS", "TOPOLOGY_LEVEL_CODES", "NvmlBackend", "NvmlUnavailable"]
 

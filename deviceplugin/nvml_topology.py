@@ -45,8 +45,8 @@ from deviceplugin.nvmlapi import NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_SUP
 from deviceplugin.nvmlapi import code as _code
 from deviceplugin.nvmlapi import text as _text
 from gputopo import jsonlog
-from gputopo.links import BandwidthSettings, Link
-from gputopo.topology import GPU, Topology
+from gputopo.node.links import BandwidthSettings, Link
+from gputopo.node.topology import GPU, Topology
 
 log = logging.getLogger("deviceplugin.nvml")
 

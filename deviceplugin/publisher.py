@@ -25,7 +25,7 @@ from deviceplugin import defaults
 from deviceplugin.podresources import PodResourcesError, ids_to_uuids
 from deviceplugin.state import Snapshot
 from gputopo import __version__, jsonlog
-from gputopo.annotation import MAX_POD_KEY_CHARS, MAX_PODS, encode, make
+from gputopo.network.annotation import MAX_POD_KEY_CHARS, MAX_PODS, encode, make
 
 log = logging.getLogger("deviceplugin.publisher")
 

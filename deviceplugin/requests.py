@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from deviceplugin.defaults import MAX_REQUEST_IDS
 from deviceplugin.state import Snapshot
-from gputopo.allocator import MAX_GPUS, AllocationError, Choice
+from gputopo.node.allocator import MAX_GPUS, AllocationError, Choice
 
 
 class RequestError(ValueError):

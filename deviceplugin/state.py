@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gputopo import jsonlog
-from gputopo.policy import DEFAULT_POLICY, GpuPolicy, policy_by_name
-from gputopo.topology import GPU, Topology
+from gputopo.node.policy import DEFAULT_POLICY, GpuPolicy, policy_by_name
+from gputopo.node.topology import GPU, Topology
 
 log = logging.getLogger("deviceplugin.state")
 

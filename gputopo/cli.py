@@ -17,13 +17,20 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from gputopo.allocator import DISRUPTION_SIZES, MAX_GPUS, AllocationError, Allocator, AllocatorPool, Choice
 from gputopo.commands import Missing, UsageError, local_topology, plugin_commands
+from gputopo.node.allocator import (
+    DISRUPTION_SIZES,
+    MAX_GPUS,
+    AllocationError,
+    Allocator,
+    AllocatorPool,
+    Choice,
+)
+from gputopo.node.policy import DEFAULT_POLICY, POLICY_NAMES, UnknownPolicyError, check_name, policy_by_name
+from gputopo.node.topofile import HostColumns
+from gputopo.node.topology import Topology, TopologyError
 from gputopo.numerals import ascii_uint
 from gputopo.output import add_output_arguments, add_version_argument, dump, is_machine
-from gputopo.policy import DEFAULT_POLICY, POLICY_NAMES, UnknownPolicyError, check_name, policy_by_name
-from gputopo.topofile import HostColumns
-from gputopo.topology import Topology, TopologyError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,7 +56,7 @@ def _load_detail(source: str | None) -> tuple[Topology, HostColumns | None]:
 
 def _read_topology(source: str | None) -> tuple[Topology, HostColumns | None]:
     if source is not None:
-        from gputopo.topofile import load_topology_detail
+        from gputopo.node.topofile import load_topology_detail
 
         try:
             return load_topology_detail(source)
@@ -300,7 +307,7 @@ def _run(args: argparse.Namespace) -> int:
             )
         return 0
     if args.command == "presets":
-        from gputopo.topofile import list_presets, load_preset
+        from gputopo.node.topofile import list_presets, load_preset
 
         rows = [load_preset(name) for name in list_presets()]
         if args.output == "json":  # one line, as before `-o` existed

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Protocol, runtime_checkable
 
-from gputopo.topology import Topology
+from gputopo.node.topology import Topology
 
 #: Entry-point group of subcommands: name = the subcommand, value = a `Command` object.
 COMMANDS_GROUP = "gputopo.commands"

@@ -18,9 +18,9 @@ from typing import Any, NoReturn
 
 from kubernetes import client
 
-from gputopo import annotation
-from gputopo.allocator import MAX_GPUS, AllocatorPool
 from gputopo.cli import render_topo, topo_document
+from gputopo.network import annotation
+from gputopo.node.allocator import MAX_GPUS, AllocatorPool
 from gputopo.output import add_output_arguments, add_version_argument, ago, dump, is_machine
 from gputopo_kube import KubeConfigError, user_configuration
 from kubectl_gputopo import views

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from gputopo import annotation
-from gputopo.allocator import AllocatorPool
+from gputopo.network import annotation
+from gputopo.node.allocator import AllocatorPool
 from gputopo.numerals import ascii_uint
 from gputopo.output import ago, short_age, table
 

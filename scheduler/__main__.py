@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, NoReturn, cast
 from prometheus_client import start_http_server
 
 from gputopo import jsonlog
-from gputopo.cluster import ClusterError, load_cluster
-from gputopo.network import LevelError, validate_levels
+from gputopo.network.cluster import ClusterError, load_cluster
+from gputopo.network.levels import LevelError, validate_levels
 from gputopo.numerals import ascii_uint
 from gputopo.output import add_version_argument
 from scheduler import defaults

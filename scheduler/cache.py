@@ -14,10 +14,10 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from gputopo import jsonlog
-from gputopo.gang import NodeView
-from gputopo.network import NetworkIndex
-from gputopo.policy import GpuPolicy
-from gputopo.reservations import Assumed, Reservation
+from gputopo.gang.reservations import Assumed, Reservation
+from gputopo.network.levels import NetworkIndex
+from gputopo.network.nodeview import NodeView
+from gputopo.node.policy import GpuPolicy
 from scheduler.model import PodInfo, Snapshot
 from scheduler.nodeguard import NodeGuard
 from scheduler.views import NodeViews, ViewBuilder, in_use

@@ -1,6 +1,7 @@
 """Defaults the sidecar serves with; the deploy manifests and their tests read these."""
 
-from gputopo import gangs, network
+from gputopo.gang import tracker as gangs
+from gputopo.network import levels as network
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8888

@@ -4,7 +4,7 @@ topology, free GPUs and pod sizes the planner needs where no node annotation exi
 `DraStore` keeps the raw slices and what each claim says (the devices its allocation holds, the
 GPUs it asks for), fed by two reflectors in scheduler/kube.py, and overlays the snapshot: a node
 whose `gputopo.io/topology` annotation is absent gets a NodeTopology rebuilt from its pool
-(gputopo/draview.py: gputopo's slices exactly, NVIDIA's conservatively), GPUs in use from the
+(gputopo/network/draview.py: gputopo's slices exactly, NVIDIA's conservatively), GPUs in use from the
 claims allocated in that pool, so filter, score and gang planning treat it like an annotated
 node. Pods that ask for GPUs through claims get their size from those claims.
 
@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gputopo import jsonlog
-from gputopo.annotation import NodeTopology
-from gputopo.draview import (
+from gputopo.network.annotation import NodeTopology
+from gputopo.network.draview import (
     DRIVERS,
     GPUTOPO_DRIVER,
     NVIDIA_DRIVER,

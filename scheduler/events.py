@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from kubernetes import client
 
 from gputopo import jsonlog
-from gputopo.gangs import Event
+from gputopo.gang.asks import Event
 
 log = logging.getLogger("gputopo.scheduler.events")
 

@@ -1,7 +1,7 @@
 """The extender's verbs: filter, prioritize and bind, translated onto the core's decisions.
 
-Decisions are made in the pure core: single pods by `gputopo.gang` (node objective), gangs by
-`gputopo.gangs.GangTracker` (quorum, plans within what kube-scheduler offered, reservations,
+Decisions are made in the pure core: single pods by `gputopo.gang.planner` (node objective), gangs by
+`gputopo.gang.tracker.GangTracker` (quorum, plans within what kube-scheduler offered, reservations,
 re-plans). This module only keeps what a live cluster adds around them, under one lock so
 that parallel calls from kube-scheduler never promise the same GPU twice: the snapshot and its
 NodeViews (cached per snapshot), the binds this sidecar made that no annotation shows yet, the
@@ -16,13 +16,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from gputopo import jsonlog
-from gputopo.allocator import AllocationError
-from gputopo.clusterobjective import ClusterObjective, DemandMix
-from gputopo.gang import GangPlan, NodeView
-from gputopo.gangs import Decision, Event, GangAsk, GangMember, GangTracker, Planned, Refused
-from gputopo.placement import node_scores
-from gputopo.reservations import Assumed, Reservations
-from gputopo.ringwait import RingWait
+from gputopo.gang.asks import Decision, Event, GangAsk, GangMember, Planned, Refused
+from gputopo.gang.planner import GangPlan
+from gputopo.gang.reservations import Assumed, Reservations
+from gputopo.gang.tracker import GangTracker
+from gputopo.network.nodeview import NodeView
+from gputopo.node.allocator import AllocationError
+from gputopo.pod.objective import ClusterObjective, DemandMix
+from gputopo.pod.placement import node_scores
+from gputopo.pod.ringwait import RingWait
 from scheduler import defaults
 from scheduler.cache import ClusterCache
 from scheduler.events import EventSink, NullEvents, gang_event
@@ -67,7 +69,7 @@ class Extender:
         self.metrics = metrics or Metrics()
         self.ttl_s = ttl_s
         # single pods and gang plans are ranked by the cluster-level objective
-        # (gputopo/clusterobjective.py) over the GPU demand of the pods this sidecar has been
+        # (gputopo/pod/objective.py) over the GPU demand of the pods this sidecar has been
         # asked about; the tracker holds it, as the simulator's does
         self.objective = ClusterObjective(DemandMix())
         self.gangs = GangTracker(
@@ -177,7 +179,7 @@ class Extender:
             why = self.ring_wait.reason(
                 f"{pod.key}/{pod.uid}", pod.gpus, bool(drop), now, pod.topology_wait_s
             )
-        if why is not None:  # held to the nodes that give it their best ring (gputopo.ringwait)
+        if why is not None:  # held to the nodes that give it their best ring (gputopo.pod.ringwait)
             ok, failed = [n for n in ok if n not in drop], failed | dict.fromkeys(drop, why)
         jsonlog.event(
             log,

@@ -15,8 +15,8 @@ from dataclasses import replace
 from typing import Any
 
 from gputopo import jsonlog
-from gputopo.allocator import MAX_GPUS
-from gputopo.annotation import AnnotationError, decode
+from gputopo.network.annotation import AnnotationError, decode
+from gputopo.node.allocator import MAX_GPUS
 from scheduler.model import BadInput, NodeInfo, PodInfo, node_gpu_capacity, parse_pod
 from scheduler.nodeguard import NodeGuard, describe
 

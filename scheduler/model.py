@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gputopo.annotation import NodeTopology
+from gputopo.network.annotation import NodeTopology
 from gputopo.numerals import ascii_uint
 from scheduler import defaults, sources
 

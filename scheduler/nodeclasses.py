@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from gputopo.gang import NodeView
-from gputopo.policy import GpuPolicy
+from gputopo.network.nodeview import NodeView
+from gputopo.node.policy import GpuPolicy
 from scheduler.model import NodeInfo
 
 

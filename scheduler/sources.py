@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gputopo.network import HOSTNAME, is_label_key
+from gputopo.network.levels import HOSTNAME, is_label_key
 from gputopo.numerals import duration_s
 
 MAX_MEMBERS = 100_000
@@ -55,8 +55,8 @@ LEVEL_ANNOTATIONS: tuple[tuple[str, str, str], ...] = (
 )
 
 #: How long this pod waits for its best topology before it takes what there is, overriding the
-#: sidecar's --gang-spill-after: a gang for one domain of its own level (gputopo/gangwait.py), a
-#: multi-GPU pod for a node at its best ring (gputopo/ringwait.py). A duration ("300s", "30m",
+#: sidecar's --gang-spill-after: a gang for one domain of its own level (gputopo/gang/levelwait.py), a
+#: multi-GPU pod for a node at its best ring (gputopo/pod/ringwait.py). A duration ("300s", "30m",
 #: "1h30m") or seconds; Slurm's `--switches=count@max-time` is the same per-job bound.
 LEVEL_WAIT_ANNOTATION = "gputopo.io/topology-wait"
 #: The longest wait a pod may ask for (the sidecar's own flag has the same bound).

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Protocol
 
-from gputopo.annotation import NodeTopology
-from gputopo.cluster import ClusterSnapshot
+from gputopo.network.annotation import NodeTopology
+from gputopo.network.cluster import ClusterSnapshot
 from scheduler import defaults
 from scheduler.model import NodeInfo, PodInfo, Snapshot, parse_pod
 
@@ -151,7 +151,7 @@ class FileState:
 
 
 def from_cluster(snapshot: ClusterSnapshot, resource: str = defaults.RESOURCE_NAME) -> FileState:
-    """A FileState holding a parsed cluster snapshot file (gputopo.cluster)."""
+    """A FileState holding a parsed cluster snapshot file (gputopo.network.cluster)."""
     nodes = []
     for n in snapshot.nodes:
         if n.topology is not None:

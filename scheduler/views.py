@@ -17,11 +17,11 @@ import gc
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from gputopo.allocator import AllocationError
-from gputopo.gang import NodeView
-from gputopo.policy import GpuPolicy, PolicyPool
-from gputopo.reservations import Assumed, Reservation
-from gputopo.topology import Topology
+from gputopo.gang.reservations import Assumed, Reservation
+from gputopo.network.nodeview import NodeView
+from gputopo.node.allocator import AllocationError
+from gputopo.node.policy import GpuPolicy, PolicyPool
+from gputopo.node.topology import Topology
 from scheduler.model import NodeInfo, Snapshot
 from scheduler.nodeclasses import NodeClass, NodeViews, Offers
 from scheduler.nodeguard import NodeGuard, describe

@@ -1,6 +1,6 @@
 """Brute-force oracle of the node objective (design.md §2), written straight from its text.
 
-Deliberately independent of gputopo.allocator: ring bandwidth by backtracking search for a
+Deliberately independent of gputopo.node.allocator: ring bandwidth by backtracking search for a
 Hamiltonian cycle at each threshold, leftover groups by exhaustive packing, candidates by
 itertools. Slow (fine for <= 8 GPUs), obviously correct, used by tests and as the benchmark
 baseline.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from itertools import combinations
 
-from gputopo.topology import Topology
+from gputopo.node.topology import Topology
 
 SIZES = (8, 4, 2)
 

@@ -31,9 +31,9 @@ from typing import IO, Any, TypeVar
 import pytest
 import yaml
 
-from gputopo.annotation import encode, make
-from gputopo.network import LEAF, SPINE
-from gputopo.topofile import load_preset
+from gputopo.network.annotation import encode, make
+from gputopo.network.levels import LEAF, SPINE
+from gputopo.node.topofile import load_preset
 
 ROOT = Path(__file__).resolve().parents[1]
 REALK8S = Path(os.environ.get("GPUTOPO_REALK8S", ROOT.parent / "shared" / "realk8s"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from gputopo.topology import Topology, make_topology
+from gputopo.node.topology import Topology, make_topology
 
 _PCIE_SAME_NUMA = ("PIX", "PXB", "PHB", "NODE")
 

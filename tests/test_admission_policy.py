@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deviceplugin import defaults as plugin_defaults
-from gputopo.annotation import encode, make
-from gputopo.topofile import load_preset
+from gputopo.network.annotation import encode, make
+from gputopo.node.topofile import load_preset
 from tests.admission import Decision, admission_request, evaluate
 from tests.manifests import NAMESPACE, kustomize, kustomize_with, one, render_chart
 

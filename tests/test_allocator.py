@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gputopo.allocator import AllocationError, Allocator
-from gputopo.topofile import load_preset
-from gputopo.topology import Topology, make_topology
+from gputopo.node.allocator import AllocationError, Allocator
+from gputopo.node.topofile import load_preset
+from gputopo.node.topology import Topology, make_topology
 from tests.oracle import Oracle
 from tests.strategies import requests, topologies
 
@@ -138,7 +138,7 @@ def test_cache_returns_same_answer() -> None:
 
 
 def test_pool_shares_allocators_between_equal_matrices() -> None:
-    from gputopo.allocator import AllocatorPool
+    from gputopo.node.allocator import AllocatorPool
 
     pool = AllocatorPool()
     a = load_preset("dgx1-v100")

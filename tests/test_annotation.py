@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo import annotation
-from gputopo.annotation import AnnotationError, decode, encode, make
-from gputopo.topology import Topology, make_topology
+from gputopo.network import annotation
+from gputopo.network.annotation import AnnotationError, decode, encode, make
+from gputopo.node.topology import Topology, make_topology
 from tests.strategies import topologies
 
-PRESETS = Path(__file__).resolve().parent.parent / "gputopo" / "presets"
+PRESETS = Path(__file__).resolve().parent.parent / "gputopo" / "node" / "presets"
 NOW = 1_800_000_000.0
 
 
@@ -42,7 +42,7 @@ def test_round_trip_keeps_everything_the_scheduler_needs() -> None:
 
 def test_bandwidth_settings_travel() -> None:
     topo = preset("hgx-h100")
-    from gputopo.links import BandwidthSettings
+    from gputopo.node.links import BandwidthSettings
 
     topo = topo.with_settings(BandwidthSettings(nvlink_gbps_per_link=50, pcie_gbps={"SYS": 9}))
     back = decode(encode(make("n", topo, generated_at=NOW, plugin_version="x")), now=NOW, max_age_s=1)

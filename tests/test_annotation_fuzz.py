@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gputopo.allocator import MAX_GPUS, Allocator
-from gputopo.annotation import AnnotationError, NodeTopology, decode, encode, make
-from gputopo.links import MAX_GBPS
-from gputopo.topofile import load_preset
+from gputopo.network.annotation import AnnotationError, NodeTopology, decode, encode, make
+from gputopo.node.allocator import MAX_GPUS, Allocator
+from gputopo.node.links import MAX_GBPS
+from gputopo.node.topofile import load_preset
 
 NOW = 1_800_000_000.0
 HUGE = int("9" * 400)
@@ -308,8 +308,8 @@ def test_a_mutated_annotation_never_breaks_the_sidecars_per_node_steps(
     healthy node: whatever the annotation holds, nothing raises and the healthy node is planned."""
     from kubernetes import client
 
-    from gputopo.gang import GangSpec, Member, plan_gang
-    from gputopo.placement import node_scores
+    from gputopo.gang.planner import GangSpec, Member, plan_gang
+    from gputopo.pod.placement import node_scores
     from scheduler.kube import KubeState
     from scheduler.model import Snapshot
     from scheduler.views import ViewBuilder

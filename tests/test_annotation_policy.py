@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo.annotation import AnnotationError, decode, encode, make
-from gputopo.policy import POLICY_NAMES
-from gputopo.topofile import load_preset
+from gputopo.network.annotation import AnnotationError, decode, encode, make
+from gputopo.node.policy import POLICY_NAMES
+from gputopo.node.topofile import load_preset
 
 NOW = 1_800_000_000.0
 TOPO = load_preset("dgx1-v100")

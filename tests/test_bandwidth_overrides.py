@@ -9,7 +9,7 @@ import pytest
 
 from deviceplugin.config import ConfigError, load_config
 from deviceplugin.filebackend import FileBackend
-from gputopo.allocator import Allocator
+from gputopo.node.allocator import Allocator
 
 
 def test_flags_env_and_file_layer(tmp_path) -> None:

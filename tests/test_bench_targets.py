@@ -17,7 +17,7 @@ import pytest
 
 from gputopo.sim.clusters import CLUSTER_PRESETS
 from gputopo.sim.metrics import Summary
-from gputopo.sim.policies import POLICIES
+from gputopo.sim.policies.catalog import POLICIES
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "bench_targets.py"

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from gputopo.cluster import ClusterError, generate_cluster, load_cluster, parse_cluster
-from gputopo.gang import GangPlan, GangSpec, Member, plan_gang
-from gputopo.network import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
-from gputopo.topofile import load_preset
+from gputopo.gang.planner import GangPlan, GangSpec, Member, plan_gang
+from gputopo.network.cluster import ClusterError, generate_cluster, load_cluster, parse_cluster
+from gputopo.network.levels import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
+from gputopo.node.topofile import load_preset
 
 DESIGN_EXAMPLE = """\
 levels: [kubernetes.io/hostname, network.topology.nvidia.com/leaf, network.topology.nvidia.com/spine, topology.kubernetes.io/zone]

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from gputopo.allocator import Allocator, AllocatorPool
-from gputopo.annotation import encode, make
-from gputopo.topofile import load_preset
+from gputopo.network.annotation import encode, make
+from gputopo.node.allocator import Allocator, AllocatorPool
+from gputopo.node.topofile import load_preset
 from scheduler.accounting import PREDICTED_REASON
 from scheduler.extender import Extender
 from scheduler.kube import KubeState

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo.allocator import AllocatorPool
-from gputopo.clusterobjective import ClusterObjective, CommProfile, DemandMix, size_class
-from gputopo.nodeview import NodeView
-from gputopo.placement import node_scores
-from gputopo.topofile import load_preset
+from gputopo.network.nodeview import NodeView
+from gputopo.node.allocator import AllocatorPool
+from gputopo.node.topofile import load_preset
+from gputopo.pod.objective import ClusterObjective, CommProfile, DemandMix, size_class
+from gputopo.pod.placement import node_scores
 
 POOL = AllocatorPool()
 KINDS = {name: POOL.get(load_preset(name)) for name in ("hgx-h100", "dgx1-v100", "pcie8-plx")}
@@ -126,7 +126,7 @@ def test_scores_rank_every_fitting_node_and_refuse_the_rest(gpus: int, frees: li
 def test_the_sidecar_prioritizes_by_the_cluster_objective_over_http() -> None:
     """Through the extender's real HTTP server: a 1-GPU pod is steered to the PCIe box, an
     8-GPU ring to the NVSwitch box, and filtering a pod twice counts its demand once."""
-    from gputopo.cluster import parse_cluster
+    from gputopo.network.cluster import parse_cluster
     from scheduler import defaults
     from scheduler.extender import Extender
     from scheduler.server import Server

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.topofile import list_presets
+from gputopo.node.topofile import list_presets
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO.parent / "shared" / "conformance" / "kubelet_standin.py"

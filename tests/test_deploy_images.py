@@ -183,7 +183,7 @@ def test_wheel_carries_presets_and_protos_and_the_venv_no_pip(wheel_install: tup
     wheel, venv = wheel_install
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
-    assert any(n.startswith("gputopo/presets/") and n.endswith(".json") for n in names)
+    assert any(n.startswith("gputopo/node/presets/") and n.endswith(".json") for n in names)
     assert any(
         n.startswith("gputopo_proto/deviceplugin/v1beta1/") and n.endswith("_pb2_grpc.py") for n in names
     )

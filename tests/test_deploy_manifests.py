@@ -26,7 +26,7 @@ import yaml
 
 from deviceplugin import config as plugin_config
 from deviceplugin import defaults as plugin_defaults
-from gputopo.network import validate_levels
+from gputopo.network.levels import validate_levels
 from scheduler import defaults as sched_defaults
 from scheduler.__main__ import parser as sidecar_parser
 from scheduler.model import parse_pod

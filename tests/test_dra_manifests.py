@@ -1,7 +1,7 @@
 """DRA mode as shipped: the Helm switch `dra.enabled`, the kustomize component, the examples.
 
 The DeviceClasses' CEL is run (cel-python) over the devices the node actually publishes
-(gputopo.draslices), so a class selects exactly its devices; the admission policy is evaluated
+(gputopo.node.draslices), so a class selects exactly its devices; the admission policy is evaluated
 over ResourceSlice requests as kube-apiserver would; everything is checked against the
 Kubernetes schemas of the versions DRA mode supports.
 """
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gputopo import draslices
-from gputopo.allocator import Allocator
-from gputopo.topofile import load_preset
+from gputopo.node import draslices
+from gputopo.node.allocator import Allocator
+from gputopo.node.topofile import load_preset
 from tests.manifests import DEPLOY, NAMESPACE, kustomize, one, render_chart
 
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed")

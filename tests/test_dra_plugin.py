@@ -23,9 +23,9 @@ import pytest
 from deviceplugin.dra.daemon import DraDaemon, DraSettings
 from deviceplugin.dra.kubeapi import KubeDraApi
 from deviceplugin.filebackend import FileBackend
-from gputopo import draslices
-from gputopo.allocator import Allocator
-from gputopo.topofile import load_preset
+from gputopo.node import draslices
+from gputopo.node.allocator import Allocator
+from gputopo.node.topofile import load_preset
 from tests.dra_standins import KubeletDra, ResourceApi, allocated_claim, resource_api
 
 NODE = "node-a"

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from gputopo import draslices
-from gputopo.allocator import Allocator
-from gputopo.topofile import load_preset
+from gputopo.node import draslices
+from gputopo.node.allocator import Allocator
+from gputopo.node.topofile import load_preset
 from tests import realk8s as rk
 from tests.dra_standins import KubeletDra, allocated_claim
 

@@ -1,4 +1,4 @@
-"""The node's DRA ResourceSlices (gputopo.draslices): limits, shape, and the allocator's rule.
+"""The node's DRA ResourceSlices (gputopo.node.draslices): limits, shape, and the allocator's rule.
 
 The property at the heart of issue 21: kube-scheduler allocates a one-device claim by first fit
 in slice order over devices whose counters are free. For the published slices that must give a
@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gputopo import draslices
-from gputopo.allocator import Allocator
-from gputopo.topofile import list_presets, load_preset
-from gputopo.topology import Topology
+from gputopo.node import draslices
+from gputopo.node.allocator import Allocator
+from gputopo.node.topofile import list_presets, load_preset
+from gputopo.node.topology import Topology
 from tests.strategies import topologies
 
 PRESETS = list_presets()

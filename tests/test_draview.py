@@ -1,4 +1,4 @@
-"""Reading a node back from its DRA slices (gputopo/draview.py): what gputopo's publisher writes
+"""Reading a node back from its DRA slices (gputopo/network/draview.py): what gputopo's publisher writes
 is read as the same Topology, health and device map, for every preset and any unhealthy GPUs."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo.allocator import Allocator
-from gputopo.draslices import build_slices, check_limits
-from gputopo.draview import gpus_in_use, read_pool
-from gputopo.topofile import load_preset
+from gputopo.network.draview import gpus_in_use, read_pool
+from gputopo.node.allocator import Allocator
+from gputopo.node.draslices import build_slices, check_limits
+from gputopo.node.topofile import load_preset
 
 PRESETS = ("dgx1-v100", "dgx-a100", "hgx-h100", "dgx2-v100", "pcie8-plx", "l40s-nv4-pairs-4numa", "rtx8000-4")
 

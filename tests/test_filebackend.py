@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from deviceplugin.backend import Backend, HealthEvent
 from deviceplugin.filebackend import FileBackend, HealthFileError, parse_health_entry
-from gputopo.topofile import load_preset
-from gputopo.topology import TopologyError
+from gputopo.node.topofile import load_preset
+from gputopo.node.topology import TopologyError
 
 POLL = 0.01
 WAIT = 5.0

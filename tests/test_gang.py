@@ -7,20 +7,13 @@ from functools import cache
 
 import pytest
 
-from gputopo.allocator import Allocator
-from gputopo.cluster import generate_cluster
-from gputopo.gang import (
-    ChoiceMemo,
-    GangPlan,
-    GangSpec,
-    Member,
-    NodeView,
-    NoPlan,
-    plan_gang,
-)
-from gputopo.network import CLUSTER, DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE, NetworkIndex
-from gputopo.placement import NEUTRAL_SCORE, node_scores, place_pod
-from gputopo.topofile import load_preset
+from gputopo.gang.planner import GangPlan, GangSpec, Member, NoPlan, plan_gang
+from gputopo.network.cluster import generate_cluster
+from gputopo.network.levels import CLUSTER, DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE, NetworkIndex
+from gputopo.network.nodeview import ChoiceMemo, NodeView
+from gputopo.node.allocator import Allocator
+from gputopo.node.topofile import load_preset
+from gputopo.pod.placement import NEUTRAL_SCORE, node_scores, place_pod
 
 LEVELS = (HOSTNAME, LEAF, SPINE)
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from gputopo.allocator import AllocatorPool
-from gputopo.cluster import parse_cluster
-from gputopo.network import HOSTNAME, LEAF, SPINE
+from gputopo.network.cluster import parse_cluster
+from gputopo.network.levels import HOSTNAME, LEAF, SPINE
+from gputopo.node.allocator import AllocatorPool
 from gputopo.sim.clusters import from_snapshot
-from gputopo.sim.policies import Failure
-from gputopo.sim.sidecar import SidecarPolicy
+from gputopo.sim.policies.base import Failure
+from gputopo.sim.policies.sidecar import SidecarPolicy
 from gputopo.sim.state import ClusterState
 from gputopo.sim.workload import Job
 from scheduler.extender import Extender

@@ -1,12 +1,12 @@
 """The gang planner's fast paths must not change a plan.
 
 Each one is checked against the path it short-cuts: skipping tied domains whose bound on the
-worst member (`gangdomain.worst_cap`) is below a plan already found, and pricing only the
-candidates still level on (2)-(3b) (`gangdomain.contenders`), against working out and pricing
+worst member (`gang.domain.worst_cap`) is below a plan already found, and pricing only the
+candidates still level on (2)-(3b) (`gang.domain.contenders`), against working out and pricing
 every tied domain; the bound itself against its definition and the evaluated plans; the node
 kinds memoised across gangs of other sizes against a fresh pass; the objective's `take_cost`
 memo against a fresh objective; `packing.equal_bounds` on a list against it on an array; the
-single-offer path (`gangsingle`, no node takes two members) against the general search.
+single-offer path (`gang.singleoffer`, no node takes two members) against the general search.
 """
 
 from __future__ import annotations
@@ -21,15 +21,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo import gang, gangdomain, gangsingle, packing
-from gputopo.allocator import Allocator, AllocatorPool
-from gputopo.clusterobjective import ClusterObjective, DemandMix
-from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, plan_gang
-from gputopo.gangcost import plan_cost
-from gputopo.network import LevelIndex, NetworkIndex
-from gputopo.nodeview import UNKNOWN_QUALITY, member_quality
+from gputopo.gang import domain as gangdomain
+from gputopo.gang import packing
+from gputopo.gang import planner as gang
+from gputopo.gang import singleoffer as gangsingle
+from gputopo.gang.cost import plan_cost
+from gputopo.gang.planner import GangPlan, GangSpec, Member, plan_gang
+from gputopo.gang.spread import lower_levels
+from gputopo.network.levels import LevelIndex, NetworkIndex
+from gputopo.network.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, member_quality
+from gputopo.node.allocator import Allocator, AllocatorPool
+from gputopo.pod.objective import ClusterObjective, DemandMix
 from gputopo.sim.clusters import preset_cluster
-from gputopo.spread import lower_levels
 
 
 def _every_tied_domain(
@@ -55,7 +58,7 @@ def slow_paths() -> Iterator[None]:
 
 @contextmanager
 def general_path() -> Iterator[None]:
-    """The single-offer path off: every level through `gangdomain`'s search."""
+    """The single-offer path off: every level through `gang.domain`'s search."""
     with mock.patch.object(gangsingle, "applies", lambda pb: False):
         yield
 
@@ -276,7 +279,7 @@ def test_equal_bounds_on_a_list_equal_those_on_an_array(
 @settings(max_examples=100, deadline=None)
 @given(st.integers(0, 2**32 - 1))
 def test_level_bounds_memoised_per_domain_equal_equal_bounds(seed: int) -> None:
-    """`gangdomain.level_bounds` with one memo across changing free counts, member sizes and
+    """`gang.domain.level_bounds` with one memo across changing free counts, member sizes and
     counts, on every level of a preset (single-node domains too), equals `packing.equal_bounds`."""
     rng = random.Random(seed)
     cluster = preset_cluster(rng.choice(["default", "mixed-leaf", "gb200-nvl"]))
@@ -383,7 +386,7 @@ def test_single_offer_path_plans_as_the_general_search(preset: str, seed: int) -
 @given(st.integers(0, 2**32 - 1))
 def test_single_offer_candidates_are_the_general_evaluations(seed: int) -> None:
     """Per level, the single-offer path's one candidate is the general evaluation
-    (`gangdomain.evaluate`) of every passing domain that ranks first, (4)'s cost included,
+    (`gang.domain.evaluate`) of every passing domain that ranks first, (4)'s cost included,
     and the cost it carries is `plan_cost` of its assignment."""
     rng = random.Random(seed)
     index, views, allocators = _random_views(
@@ -425,8 +428,8 @@ def test_single_offer_candidates_are_the_general_evaluations(seed: int) -> None:
 @pytest.mark.parametrize("preset", ["default", "gb200-nvl"])
 @pytest.mark.parametrize("seed", range(3))
 def test_answers_kept_from_the_last_call_plan_as_a_fresh_memo(preset: str, seed: int) -> None:
-    """What a shared memo keeps from one plan to the next (`gang._layout`'s node layout,
-    `gangsingle`'s per-node offers, domain rooms and picks), against a fresh memo each time,
+    """What a shared memo keeps from one plan to the next (`planner._layout`'s node layout,
+    `gang.singleoffer`'s per-node offers, domain rooms and picks), against a fresh memo each time,
     while the node list changes between calls as no simulator changes it: a few nodes left
     out, the list reversed, a name given twice (its last view counts), the objective switched
     between two (other weights) and none, now and then a gang too big for every node (a NoPlan

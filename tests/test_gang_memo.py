@@ -9,11 +9,12 @@ import random
 
 import pytest
 
-from gputopo.allocator import AllocatorPool
-from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, plan_gang
-from gputopo.network import NetworkIndex
+from gputopo.gang.planner import GangPlan, GangSpec, Member, plan_gang
+from gputopo.network.levels import NetworkIndex
+from gputopo.network.nodeview import ChoiceMemo, NodeView
+from gputopo.node.allocator import AllocatorPool
+from gputopo.node.topology import make_topology
 from gputopo.sim.clusters import default_cluster
-from gputopo.topology import make_topology
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -55,7 +56,7 @@ def test_a_memo_shared_by_planners_with_different_objectives_gives_each_its_own_
     """One memo, two cluster objectives that order nodes differently (no fragmentation weight
     and a heavy one; all-small and all-large demand): a domain worked out for one must not be
     read back for the other, though the views, the shape and the mix versions are the same."""
-    from gputopo.clusterobjective import ClusterObjective, DemandMix
+    from gputopo.pod.objective import ClusterObjective, DemandMix
 
     cluster = default_cluster()
     pool = AllocatorPool()
@@ -92,7 +93,7 @@ def test_plans_ranked_by_an_objective_with_a_shared_memo_equal_fresh_plans(seed:
     count changed, and the single-offer path's picks (kept with their spans) stay the fresh
     memo's. The fresh side uses a fresh objective over the same demand mix each time, so what
     the shared one learned must be exactly every server in the views."""
-    from gputopo.clusterobjective import ClusterObjective, DemandMix
+    from gputopo.pod.objective import ClusterObjective, DemandMix
 
     cluster = default_cluster()
     pool = AllocatorPool()

@@ -1,5 +1,5 @@
-"""The cluster objective inside gang planning (gputopo.gangcost) and the wait for a gang's own
-level (gputopo.gangwait), in the core.
+"""The cluster objective inside gang planning (gputopo.gang.cost) and the wait for a gang's own
+level (gputopo.gang.levelwait), in the core.
 
 The oracle: for every domain of the level the planner chose, the planner's own best plan
 inside that domain alone (a required level, the domain's nodes only) priced by the literal
@@ -19,13 +19,15 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from gputopo.allocator import Allocator
-from gputopo.clusterobjective import ClusterObjective, DemandMix
-from gputopo.gang import GangPlan, GangSpec, Member, NodeView, NoPlan, plan_gang
-from gputopo.gangs import GangAsk, GangMember, GangTracker, Planned, Wait
-from gputopo.gangwait import carried, own_level
-from gputopo.network import CLUSTER, HOSTNAME, LEAF, SPINE, NetworkIndex, short_name
-from gputopo.topofile import load_preset
+from gputopo.gang.asks import GangAsk, GangMember, Planned, Wait
+from gputopo.gang.levelwait import carried, own_level
+from gputopo.gang.planner import GangPlan, GangSpec, Member, NoPlan, plan_gang
+from gputopo.gang.tracker import GangTracker
+from gputopo.network.levels import CLUSTER, HOSTNAME, LEAF, SPINE, NetworkIndex, short_name
+from gputopo.network.nodeview import NodeView
+from gputopo.node.allocator import Allocator
+from gputopo.node.topofile import load_preset
+from gputopo.pod.objective import ClusterObjective, DemandMix
 from tests.test_gang import check_plan
 
 LEVELS = (HOSTNAME, LEAF)
@@ -296,7 +298,7 @@ def test_whole_node_gangs_match_a_brute_force_over_every_node_set(
     got = plan_gang(spec, nodes, LEVELS, objective=obj)
     whole = [v for v in nodes if len(v.free) == 8]
     n = len(spec.members)
-    # the leaf level counts for (3b) only where it groups two nodes or more (gputopo.spread)
+    # the leaf level counts for (3b) only where it groups two nodes or more (gputopo.gang.spread)
     grouped = len({domain_of(v, LEAF) for v in nodes}) < len(nodes)
     best: tuple[object, ...] | None = None
     for rank, level in enumerate((*LEVELS, CLUSTER)):
@@ -324,7 +326,7 @@ def test_whole_node_gangs_match_a_brute_force_over_every_node_set(
         return
     assert isinstance(got, GangPlan), got
     check_plan(spec, nodes, got)
-    # (3b) picks the leaves of a cluster-level plan by best fit over leaves (gputopo.spread,
+    # (3b) picks the leaves of a cluster-level plan by best fit over leaves (gputopo.gang.spread,
     # tests/test_gang_spread.py); the cost orders nodes within them, so the literal key over
     # every node set holds where no leaf is chosen
     assume(got.level != CLUSTER or not grouped)

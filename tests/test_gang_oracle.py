@@ -17,10 +17,11 @@ from itertools import product
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gputopo.allocator import Allocator
-from gputopo.gang import GangPlan, GangSpec, Member, NodeView, NoPlan, Quality, plan_gang
-from gputopo.network import CLUSTER, HOSTNAME, LEAF
-from gputopo.topofile import load_preset
+from gputopo.gang.planner import GangPlan, GangSpec, Member, NoPlan, plan_gang
+from gputopo.network.levels import CLUSTER, HOSTNAME, LEAF
+from gputopo.network.nodeview import NodeView, Quality
+from gputopo.node.allocator import Allocator
+from gputopo.node.topofile import load_preset
 from tests.test_gang import check_plan
 
 LEVELS = (HOSTNAME, LEAF)

@@ -22,10 +22,11 @@ from itertools import combinations_with_replacement
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gputopo.allocator import Allocator
-from gputopo.gang import GangPlan, GangSpec, Member, NodeView, Quality, plan_gang
-from gputopo.network import CLUSTER, HOSTNAME, LEAF, SPINE
-from gputopo.topofile import load_preset
+from gputopo.gang.planner import GangPlan, GangSpec, Member, plan_gang
+from gputopo.network.levels import CLUSTER, HOSTNAME, LEAF, SPINE
+from gputopo.network.nodeview import NodeView, Quality
+from gputopo.node.allocator import Allocator
+from gputopo.node.topofile import load_preset
 from tests.test_gang import check_plan, gang, node, plan
 from tests.test_gang_oracle import domain, worst_member
 

@@ -1,4 +1,4 @@
-"""The gang lifecycle in the core (gputopo.gangs): quorum, plans within the offer, permit, TTL."""
+"""The gang lifecycle in the core (gputopo.gang.tracker): quorum, plans within the offer, permit, TTL."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo import gangs
-from gputopo.allocator import AllocatorPool
-from gputopo.gang import NodeView
-from gputopo.gangs import GangAsk, GangMember, GangTracker, Planned, Refused, Wait
-from gputopo.network import HOSTNAME, LEAF, SPINE, NetworkIndex
-from gputopo.topofile import load_preset
+from gputopo.gang import tracker as gangs
+from gputopo.gang.asks import GangAsk, GangMember, Planned, Refused, Wait
+from gputopo.gang.tracker import GangTracker
+from gputopo.network.levels import HOSTNAME, LEAF, SPINE, NetworkIndex
+from gputopo.network.nodeview import NodeView
+from gputopo.node.allocator import AllocatorPool
+from gputopo.node.topofile import load_preset
 
 LEVELS = (HOSTNAME, LEAF, SPINE)
 NAMES = [f"{leaf}{i}" for leaf in "ab" for i in range(3)]

@@ -21,9 +21,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo.allocator import AllocatorPool
-from gputopo.annotation import encode, make
-from gputopo.topofile import load_preset
+from gputopo.network.annotation import encode, make
+from gputopo.node.allocator import AllocatorPool
+from gputopo.node.topofile import load_preset
 from kubectl_gputopo import views
 from kubectl_gputopo.cli import main
 from tests import fake_apiserver as fk

@@ -2,9 +2,9 @@
 
 The simulated sidecar skips the tracker's full pass for a gang whose last answer was "wait
 for a domain of your own level" while no domain of that level can hold it yet
-(`gputopo.sim.levelwaits`) and the tracker's `repeat_wait` finds nothing else changed (spill
+(`gputopo.sim.policies.levelwaits`) and the tracker's `repeat_wait` finds nothing else changed (spill
 time, first filter, plan, offer). Checked three ways: the incremental domain count against a
-count from scratch (`gangwait.fits_now` on fresh views) over random takes and frees; the
+count from scratch (`gang.levelwait.fits_now` on fresh views) over random takes and frees; the
 tracker's repeated answer against a real filter (same Wait, same back-off and events); and
 whole simulator runs with and without the skip (same placements, failures, events, figures).
 """
@@ -24,18 +24,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo.allocator import AllocatorPool
-from gputopo.gang import GangSpec, Member, NodeView
-from gputopo.gangs import Event, GangAsk, GangMember, GangTracker, Planned, Wait
-from gputopo.gangwait import LevelWait, fits_now
-from gputopo.network import CLUSTER, HOSTNAME, LEAF, SPINE, NetworkIndex
-from gputopo.sim import sidecar
+from gputopo.gang.asks import Event, GangAsk, GangMember, Planned, Wait
+from gputopo.gang.levelwait import LevelWait, fits_now
+from gputopo.gang.planner import GangSpec, Member
+from gputopo.gang.tracker import GangTracker
+from gputopo.network.levels import CLUSTER, HOSTNAME, LEAF, SPINE, NetworkIndex
+from gputopo.network.nodeview import NodeView
+from gputopo.node.allocator import AllocatorPool
 from gputopo.sim.cli import add_arguments, prepare
 from gputopo.sim.clusters import preset_cluster
-from gputopo.sim.engine import simulate
-from gputopo.sim.levelwaits import LevelWaits
 from gputopo.sim.metrics import Recorder
-from gputopo.sim.policies import Failure, Slot
+from gputopo.sim.policies import sidecar
+from gputopo.sim.policies.base import Failure, Slot
+from gputopo.sim.policies.levelwaits import LevelWaits
+from gputopo.sim.run import simulate
 from gputopo.sim.state import ClusterState
 from gputopo.sim.workload import Job
 from tests.test_gang_objective import A100, INDEX, NAMES, TLEVELS, views
@@ -227,7 +229,7 @@ def test_the_hold_check_answers_as_without_its_memo() -> None:
 
 
 #: How a run asks the simulated sidecar about a gang waiting for its own level: the engine's
-#: queueing hint skips the ask (`policies.Hinted`, the default); without hints the tracker's
+#: queueing hint skips the ask (`base.Hinted`, the default); without hints the tracker's
 #: `repeat_wait` answers it without planning; or every ask is a real filter.
 MODES = ("hint", "tracker", "ask")
 
@@ -367,8 +369,9 @@ def test_carried_levels_kept_per_plan_views_equal_a_fresh_reading(seed: int) -> 
     """`OwnLevels` keeps the plan's carried levels on the identity of its nodes' views: over
     plans on nodes seen before, nodes whose view (and labels) changed, and nodes missing from
     the views, the kept answer is `carried`'s read afresh."""
-    from gputopo.gang import GangPlan, Placement
-    from gputopo.gangwait import OwnLevels, carried
+    from gputopo.gang.levelwait import OwnLevels, carried
+    from gputopo.gang.planner import GangPlan
+    from gputopo.network.nodeview import Placement
 
     rng = random.Random(seed)
     names = [f"n{i}" for i in range(8)]

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo.network import (
+from gputopo.network.levels import (
     CLUSTER,
     DEFAULT_LEVELS,
     HOSTNAME,

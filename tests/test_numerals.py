@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from deviceplugin.filebackend import HealthFileError, parse_health_entry
+from gputopo.node.topofile import load_preset
 from gputopo.numerals import MAX_DIGITS, ascii_uint, duration_s
-from gputopo.topofile import load_preset
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Digits `str.isdigit` accepts that are not ASCII: superscript two, Arabic-Indic three,

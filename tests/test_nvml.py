@@ -24,8 +24,8 @@ from deviceplugin import nvml_probe
 from deviceplugin.backend import Backend, HealthEvent
 from deviceplugin.health import ALL_GPUS, HealthTracker
 from deviceplugin.nvml import NvmlBackend, NvmlUnavailable
-from gputopo.topofile import load_preset
-from gputopo.topology import Topology
+from gputopo.node.topofile import load_preset
+from gputopo.node.topology import Topology
 
 LEVEL = {
     "PIX": pynvml.NVML_TOPOLOGY_SINGLE,

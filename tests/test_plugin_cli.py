@@ -16,7 +16,7 @@ import pytest
 from deviceplugin import defaults
 from deviceplugin.config import ConfigError, PluginConfig, load_config
 from deviceplugin.status_client import fetch_status
-from gputopo.topofile import load_preset
+from gputopo.node.topofile import load_preset
 from tests.kubelet_fake import eventually, fake_kubelet, short_tmpdir
 
 REPO = Path(__file__).resolve().parent.parent

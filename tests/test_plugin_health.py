@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from deviceplugin.state import Snapshot
-from gputopo.topofile import load_preset
+from gputopo.node.topofile import load_preset
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from tests.kubelet_fake import eventually, fake_kubelet, plugin_channel, running_daemon, short_tmpdir
 

@@ -22,8 +22,8 @@ import pytest
 
 from deviceplugin import defaults
 from deviceplugin.status_client import fetch_status
-from gputopo.allocator import MAX_GPUS
-from gputopo.topofile import load_preset
+from gputopo.node.allocator import MAX_GPUS
+from gputopo.node.topofile import load_preset
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from tests.kubelet_fake import eventually, fake_kubelet, plugin_channel, running_daemon, short_tmpdir
 

@@ -19,7 +19,7 @@ from deviceplugin.config import PluginConfig
 from deviceplugin.daemon import Daemon
 from deviceplugin.filebackend import FileBackend
 from gputopo import __version__
-from gputopo.topofile import load_preset
+from gputopo.node.topofile import load_preset
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2
 from tests.kubelet_fake import eventually, fake_kubelet, plugin_channel, short_tmpdir
 

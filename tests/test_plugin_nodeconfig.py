@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from deviceplugin.config import ConfigError, load_config
 from deviceplugin.nodeconfig import api_label, config_names, resolve
-from gputopo.annotation import decode
+from gputopo.network.annotation import decode
 from gputopo_proto.podresources.v1 import api_pb2_grpc as pr_grpc
 from tests import fake_apiserver as fk
 from tests.kubelet_fake import eventually, fake_kubelet, short_tmpdir

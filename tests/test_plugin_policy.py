@@ -19,10 +19,10 @@ import pytest
 
 from deviceplugin.config import ConfigError, load_config
 from deviceplugin.publisher import for_cluster
-from gputopo.allocator import Allocator
-from gputopo.annotation import decode
-from gputopo.policy import POLICY_NAMES, policy_by_name
-from gputopo.topofile import load_preset
+from gputopo.network.annotation import decode
+from gputopo.node.allocator import Allocator
+from gputopo.node.policy import POLICY_NAMES, policy_by_name
+from gputopo.node.topofile import load_preset
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2
 from scheduler.extender import Extender
 from scheduler.kube import KubeState

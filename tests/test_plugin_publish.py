@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gputopo.annotation import decode
-from gputopo.topofile import load_preset
+from gputopo.network.annotation import decode
+from gputopo.node.topofile import load_preset
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2
 from gputopo_proto.podresources.v1 import api_pb2 as pr_pb2
 from gputopo_proto.podresources.v1 import api_pb2_grpc as pr_grpc

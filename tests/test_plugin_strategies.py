@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from deviceplugin.config import ConfigError, load_config
 from deviceplugin.strategies import STRATEGIES, parse_strategies
-from gputopo.topofile import load_preset
+from gputopo.node.topofile import load_preset
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2
 from tests.kubelet_fake import fake_kubelet, plugin_channel, running_daemon, short_tmpdir
 

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gputopo.allocator import AllocationError, Allocator, AllocatorPool, Choice
-from gputopo.policies import BestCombo, BestEffortPairs, KubeletOrder
-from gputopo.policies.pairpoints import pair_points
-from gputopo.policies.search import best_combo, best_effort, kubelet_order
-from gputopo.policy import (
+from gputopo.node.allocator import AllocationError, Allocator, AllocatorPool, Choice
+from gputopo.node.policies.baselines import BestCombo, BestEffortPairs, KubeletOrder
+from gputopo.node.policies.pairpoints import pair_points
+from gputopo.node.policies.search import best_combo, best_effort, kubelet_order
+from gputopo.node.policy import (
     DEFAULT_POLICY,
     POLICY_NAMES,
     GpuPolicy,
@@ -22,8 +22,8 @@ from gputopo.policy import (
     UnknownPolicyError,
     policy_by_name,
 )
-from gputopo.topofile import load_preset
-from gputopo.topology import make_topology
+from gputopo.node.topofile import load_preset
+from gputopo.node.topology import make_topology
 from tests.oracle import brute_force_choose
 from tests.strategies import requests, topologies
 

@@ -14,8 +14,8 @@ from kubernetes.client.rest import ApiException
 from deviceplugin.podresources import PodResourcesError
 from deviceplugin.publisher import Publisher, PublisherError, node_name_from_env
 from deviceplugin.state import make_snapshot
-from gputopo.annotation import decode
-from gputopo.topofile import load_preset
+from gputopo.network.annotation import decode
+from gputopo.node.topofile import load_preset
 from tests import fake_apiserver as fk
 
 KEY = "gputopo.io/topology"

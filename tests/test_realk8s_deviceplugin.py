@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.allocator import Allocator
-from gputopo.topofile import load_preset
+from gputopo.node.allocator import Allocator
+from gputopo.node.topofile import load_preset
 from tests import realk8s as rk
 
 PRESET = "dgx1-v100"  # 8 GPUs, 4 per NUMA node, hybrid cube-mesh NVLink

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.network import LEAF
+from gputopo.network.levels import LEAF
 from tests import realk8s as rk
 
 _ids = itertools.count()

@@ -1,4 +1,4 @@
-"""A multi-GPU pod waits for a node that gives it that node's best ring (gputopo.ringwait): the
+"""A multi-GPU pod waits for a node that gives it that node's best ring (gputopo.pod.ringwait): the
 rule against a brute-force oracle, its clock, and both callers — the simulator's sidecar policy
 and the real sidecar's filter over HTTP."""
 
@@ -12,17 +12,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo.allocator import AllocatorPool
-from gputopo.cluster import parse_cluster
-from gputopo.clusterobjective import CommProfile
-from gputopo.gang import ChoiceMemo
-from gputopo.network import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
-from gputopo.ringwait import RingWait
-from gputopo.sim.policies import Failure
-from gputopo.sim.sidecar import Lifecycle, SidecarPolicy
+from gputopo.network.cluster import parse_cluster
+from gputopo.network.levels import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
+from gputopo.network.nodeview import ChoiceMemo
+from gputopo.node.allocator import AllocatorPool
+from gputopo.node.topofile import load_preset
+from gputopo.pod.objective import CommProfile
+from gputopo.pod.ringwait import RingWait
+from gputopo.sim.policies.base import Failure
+from gputopo.sim.policies.sidecar import Lifecycle, SidecarPolicy
 from gputopo.sim.state import ClusterState, SimCluster, SimNode
 from gputopo.sim.workload import Job
-from gputopo.topofile import load_preset
 from scheduler import defaults
 from scheduler.state import from_cluster
 from tests import fake_apiserver as fk

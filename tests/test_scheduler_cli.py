@@ -144,8 +144,8 @@ def test_live_mode_exports_annotation_ages_from_the_watched_nodes(tmp_path: Path
     import socket
     import time
 
-    from gputopo.annotation import encode, make
-    from gputopo.topofile import load_preset
+    from gputopo.network.annotation import encode, make
+    from gputopo.node.topofile import load_preset
     from tests import fake_apiserver as fk
 
     with socket.socket() as s:

@@ -22,11 +22,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo.annotation import NodeTopology
-from gputopo.clusterobjective import ClusterObjective
-from gputopo.nodeview import ChoiceMemo
-from gputopo.placement import node_scores
-from gputopo.topofile import load_preset
+from gputopo.network.annotation import NodeTopology
+from gputopo.network.nodeview import ChoiceMemo
+from gputopo.node.topofile import load_preset
+from gputopo.pod.objective import ClusterObjective
+from gputopo.pod.placement import node_scores
 from scheduler import defaults
 from scheduler.extender import Extender
 from scheduler.model import NodeInfo

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from gputopo.allocator import Allocator
-from gputopo.annotation import encode, make
-from gputopo.draslices import build_slices
-from gputopo.draview import DraViewError, read_pool
-from gputopo.topofile import load_preset
+from gputopo.network.annotation import encode, make
+from gputopo.network.draview import DraViewError, read_pool
+from gputopo.node.allocator import Allocator
+from gputopo.node.draslices import build_slices
+from gputopo.node.topofile import load_preset
 from scheduler.extender import Extender
 from scheduler.kube import KubeState
 from scheduler.server import Server
@@ -53,7 +53,7 @@ def live():
 
 
 def publish(api: fk.FakeAPI, node: str, topo=DGX1, free: tuple[int, ...] | None = None) -> list[dict]:
-    """gputopo's slices of `node` (gputopo/draslices.py), as its DRA daemon publishes them."""
+    """gputopo's slices of `node` (gputopo/node/draslices.py), as its DRA daemon publishes them."""
     n = topo.n
     slices = build_slices(
         topo, Allocator(topo), node, healthy=range(n), free=range(n) if free is None else free

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.annotation import encode, make
-from gputopo.topology import Topology
+from gputopo.network.annotation import encode, make
+from gputopo.node.topology import Topology
 from scheduler.kube import KubeState
 from scheduler.model import parse_pod
 from scheduler.state import BindError
 from tests import fake_apiserver as fk
 
-PRESETS = Path(__file__).resolve().parent.parent / "gputopo" / "presets"
+PRESETS = Path(__file__).resolve().parent.parent / "gputopo" / "node" / "presets"
 NOW = 1_800_000_000.0
 
 

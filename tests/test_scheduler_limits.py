@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gputopo.cluster import parse_cluster
+from gputopo.network.cluster import parse_cluster
 from scheduler import defaults
 from scheduler.extender import Extender
 from scheduler.server import Limits, Server

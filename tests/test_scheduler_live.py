@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import pytest
 
-from gputopo.annotation import encode, make
-from gputopo.topofile import load_preset
-from gputopo.topology import Topology
+from gputopo.network.annotation import encode, make
+from gputopo.node.topofile import load_preset
+from gputopo.node.topology import Topology
 from scheduler.extender import Extender
 from scheduler.kube import KubeState
 from scheduler.server import Server

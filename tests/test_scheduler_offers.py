@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from gputopo.cluster import parse_cluster
-from gputopo.network import HOSTNAME, LEAF, SPINE
+from gputopo.network.cluster import parse_cluster
+from gputopo.network.levels import HOSTNAME, LEAF, SPINE
 from scheduler.extender import Extender
 from scheduler.model import PodInfo
 from scheduler.server import Server

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gputopo.network import HOSTNAME, RECOGNISED_LEVELS, validate_levels
+from gputopo.network.levels import HOSTNAME, RECOGNISED_LEVELS, validate_levels
 from scheduler import sources
 from scheduler.model import BadInput, parse_pod
 from tests import fake_apiserver as fk
@@ -215,7 +215,7 @@ def test_topology_levels_are_reversed_and_merged_before_the_defaults() -> None:
 
 def test_recognised_levels_keep_design_defaults_in_order() -> None:
     """The design.md §5 defaults stay recognised, in their order, among Topograph's families."""
-    from gputopo.network import DEFAULT_LEVELS
+    from gputopo.network.levels import DEFAULT_LEVELS
 
     positions = [RECOGNISED_LEVELS.index(lv) for lv in DEFAULT_LEVELS]
     assert positions == sorted(positions)

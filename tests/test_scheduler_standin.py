@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gputopo.cluster import generate_cluster, parse_cluster
-from gputopo.network import CLUSTER, HOSTNAME, LEAF, SPINE
+from gputopo.network.cluster import generate_cluster, parse_cluster
+from gputopo.network.levels import CLUSTER, HOSTNAME, LEAF, SPINE
 from scheduler.extender import Extender
 from scheduler.model import PodInfo
 from scheduler.server import Server

@@ -15,13 +15,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gputopo.policies.pairpoints import pair_points
-from gputopo.policies.search import best_combo, best_effort, kubelet_order
-from gputopo.topofile import load_preset
-from gputopo.topology import Topology, make_topology
+from gputopo.node.policies.pairpoints import pair_points
+from gputopo.node.policies.search import best_combo, best_effort, kubelet_order
+from gputopo.node.topofile import load_preset
+from gputopo.node.topology import Topology, make_topology
 from tests.strategies import topologies
 
-PRESETS = Path(__file__).resolve().parent.parent / "gputopo" / "presets"
+PRESETS = Path(__file__).resolve().parent.parent / "gputopo" / "node" / "presets"
 
 # go-gpuallocator's DGX-1 Volta model: PIX within {0,1},{2,3},{4,5},{6,7}, PHB otherwise in a socket.
 DGX1_POINTS = [

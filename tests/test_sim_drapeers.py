@@ -10,14 +10,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gputopo.allocator import AllocationError, Allocator
-from gputopo.draslices import build_slices, first_fit
-from gputopo.network import DEFAULT_LEVELS, LEAF
-from gputopo.sim.drapeers import DraFirstFit, DraGputopoSets
-from gputopo.sim.engine import RunConfig, compare
+from gputopo.network.levels import DEFAULT_LEVELS, LEAF
+from gputopo.node.allocator import AllocationError, Allocator
+from gputopo.node.draslices import build_slices, first_fit
+from gputopo.node.topofile import load_preset
+from gputopo.sim.engine import RunConfig
+from gputopo.sim.policies.drapeers import DraFirstFit, DraGputopoSets
+from gputopo.sim.run import compare
 from gputopo.sim.state import SimCluster, SimNode
 from gputopo.sim.workload import Job
-from gputopo.topofile import load_preset
 
 DGX1 = load_preset("dgx1-v100")
 DGX2 = load_preset("dgx2-v100")

@@ -9,15 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo.allocator import AllocatorPool
-from gputopo.network import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
+from gputopo.network.levels import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
+from gputopo.node.allocator import AllocatorPool
+from gputopo.node.topofile import load_preset
 from gputopo.sim.comm import CommModel
-from gputopo.sim.engine import RunConfig, compare, queue_priority, run_replay, simulate
+from gputopo.sim.engine import RunConfig, queue_priority, run_replay
 from gputopo.sim.metrics import Recorder
-from gputopo.sim.policies import Failure, Hinted, build_policy
+from gputopo.sim.policies.base import Failure, Hinted
+from gputopo.sim.policies.catalog import build_policy
+from gputopo.sim.run import compare, simulate
 from gputopo.sim.state import ClusterState, SimCluster, SimNode
 from gputopo.sim.workload import Job
-from gputopo.topofile import load_preset
 
 POLICIES = ("gputopo", "kubelet-default", "best-effort-pairs", "best-combo", "gang-only")
 

@@ -20,17 +20,22 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gputopo import clusterobjective, gang, gangs, packing, spread
-from gputopo.allocator import AllocatorPool, Choice
-from gputopo.clusterobjective import ClusterObjective, DemandMix
-from gputopo.gang import ChoiceMemo, GangPlan, GangSpec, Member, NodeView, plan_gang
-from gputopo.network import NetworkIndex
-from gputopo.policy import GpuPolicy
-from gputopo.reservations import Reservation, Reservations
-from gputopo.sim import sidecar
+from gputopo.gang import asks, packing, spread
+from gputopo.gang import planner as gang
+from gputopo.gang import tracker as gangs
+from gputopo.gang.planner import GangPlan, GangSpec, Member, plan_gang
+from gputopo.gang.reservations import Reservation, Reservations
+from gputopo.network.levels import NetworkIndex
+from gputopo.network.nodeview import ChoiceMemo, NodeView
+from gputopo.node.allocator import AllocatorPool, Choice
+from gputopo.node.policy import GpuPolicy
+from gputopo.pod import objective as clusterobjective
+from gputopo.pod.objective import ClusterObjective, DemandMix
 from gputopo.sim.clusters import default_cluster, preset_cluster
-from gputopo.sim.engine import RunConfig, simulate
-from gputopo.sim.policies import Failure, Slot
+from gputopo.sim.engine import RunConfig
+from gputopo.sim.policies import sidecar
+from gputopo.sim.policies.base import Failure, Slot
+from gputopo.sim.run import simulate
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job, generate
 
@@ -248,12 +253,12 @@ def test_the_sidecar_with_its_caches_places_as_without_them(preset: str, seed: i
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 2**32 - 1))
 def test_fits_now_for_equal_members_equals_a_plain_domain_sum(seed: int) -> None:
-    """The waiting gang's check (`gangwait.fits_now`, plain Python for members of one size)
+    """The waiting gang's check (`gang.levelwait.fits_now`, plain Python for members of one size)
     against its definition on the index's arrays: per level, some domain whose nodes' slots of
     the member size (free GPUs // size) reach the member count; nodes missing from the index
     or offered twice change nothing."""
-    from gputopo import gangwait
-    from gputopo.network import CLUSTER
+    from gputopo.gang import levelwait as gangwait
+    from gputopo.network.levels import CLUSTER
 
     rng = random.Random(seed)
     nodes = rng.randint(1, 30)
@@ -276,13 +281,13 @@ def test_fits_now_for_equal_members_equals_a_plain_domain_sum(seed: int) -> None
 @settings(max_examples=200, deadline=None)
 @given(st.integers(0, 2**32 - 1))
 def test_slot_count_kept_across_calls_equals_a_fresh_count(seed: int) -> None:
-    """`gangwait.SlotCount` (the waiting gang's check, kept from one call to the next and
+    """`gang.levelwait.SlotCount` (the waiting gang's check, kept from one call to the next and
     brought up to date by the nodes that are another object) answers as a fresh
     `_fits_now_equal` over a run of calls: a few nodes changing their free GPUs at a time, a
     node renamed at its position, a name given twice, a node missing from the index, another
     index, other member sizes and counts, and levels asked for the first time later on."""
-    from gputopo import gangwait
-    from gputopo.network import CLUSTER
+    from gputopo.gang import levelwait as gangwait
+    from gputopo.network.levels import CLUSTER
 
     rng = random.Random(seed)
     nodes = rng.randint(1, 24)
@@ -310,7 +315,7 @@ def test_slot_count_kept_across_calls_equals_a_fresh_count(seed: int) -> None:
 
 
 def test_spec_check_gives_the_reason_of_the_member_by_member_check() -> None:
-    """`gang._spec_problem`'s one-pass check of the common case answers as its definition,
+    """`planner._spec_problem`'s one-pass check of the common case answers as its definition,
     member by member in spec order (the first bad size or repeated pod names the reason)."""
 
     def definition(spec: GangSpec) -> str:
@@ -342,7 +347,7 @@ def test_spec_check_gives_the_reason_of_the_member_by_member_check() -> None:
 def test_problem_free_array_is_made_from_the_counts_when_first_read() -> None:
     """`plan_gang` hands `Problem` no free GPU array (the single-offer path reads lists): the
     general path reads the same array as it was given before."""
-    from gputopo import gangdomain
+    from gputopo.gang import domain as gangdomain
 
     index = NetworkIndex.build([("a", {}), ("b", {})], ("kubernetes.io/hostname",))
     pb = gangdomain.Problem(index, [None, None], None, [3, 5], [1], ChoiceMemo())
@@ -367,19 +372,19 @@ def _gang_run(seed: int, every_quorum_filter: bool) -> tuple[list[object], Count
         log.append((job.id, got))
         return got
 
-    def every(self: gangs.GangTracker, ask: gangs.GangAsk, offer, views, index, now):  # type: ignore[no-untyped-def]
+    def every(self: gangs.GangTracker, ask: asks.GangAsk, offer, views, index, now):  # type: ignore[no-untyped-def]
         got = filt(self, ask, offer, views, index, now)
         need = ask.min_member or 0
         if every_quorum_filter and len(ask.members) == 1 and need > 1:
-            assert isinstance(got, gangs.Wait) and "waiting for members" in got.reason
+            assert isinstance(got, asks.Wait) and "waiting for members" in got.reason
             for k in range(2, need):  # the members up to the last, later on
-                members = tuple(gangs.GangMember(f"{ask.gang}-{i}", ask.members[0].gpus) for i in range(k))
-                more = gangs.GangAsk(ask.gang, members[-1].pod, members, need)
+                members = tuple(asks.GangMember(f"{ask.gang}-{i}", ask.members[0].gpus) for i in range(k))
+                more = asks.GangAsk(ask.gang, members[-1].pod, members, need)
                 again = filt(self, more, offer, views, index, now + k)
-                assert isinstance(again, gangs.Wait) and "waiting for members" in again.reason
+                assert isinstance(again, asks.Wait) and "waiting for members" in again.reason
         return got
 
-    def counted(self: gangs.GangTracker) -> list[gangs.Event]:
+    def counted(self: gangs.GangTracker) -> list[asks.Event]:
         out = drain(self)
         kinds.update(e.kind for e in out)
         return out
@@ -411,8 +416,8 @@ def test_asking_only_the_first_member_for_quorum_places_as_asking_each(seed: int
 def test_the_tracker_learns_every_new_server_once() -> None:
     """`GangTracker._learn` asks the objective only for policies it has not seen: the objective
     ends up as one that learned every view's server at every plan."""
-    from gputopo.network import HOSTNAME
-    from gputopo.topofile import load_preset
+    from gputopo.network.levels import HOSTNAME
+    from gputopo.node.topofile import load_preset
 
     pool = AllocatorPool()
     small, big = pool.get(load_preset("pcie8-plx")), pool.get(load_preset("dgx-a100"))
@@ -425,9 +430,9 @@ def test_the_tracker_learns_every_new_server_once() -> None:
             "a": NodeView("a", {}, 8, frozenset(range(8)), first),
             "b": NodeView("b", {}, 8, frozenset(range(8)), second),
         }
-        members = (gangs.GangMember(f"g{k}-0", 8), gangs.GangMember(f"g{k}-1", 8))
-        got = tracker.filter(gangs.GangAsk(f"g{k}", f"g{k}-0", members, 2), ["a", "b"], views, index, 0.0)
-        assert isinstance(got, gangs.Planned)
+        members = (asks.GangMember(f"g{k}-0", 8), asks.GangMember(f"g{k}-1", 8))
+        got = tracker.filter(asks.GangAsk(f"g{k}", f"g{k}-0", members, 2), ["a", "b"], views, index, 0.0)
+        assert isinstance(got, asks.Planned)
         want.learn({v.allocator.exact for v in views.values() if v.allocator is not None})
         assert objective.learned == want.learned
         assert all(objective.efficiency(g, 1000) == want.efficiency(g, 1000) for g in (2, 4, 8))

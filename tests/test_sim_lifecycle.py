@@ -12,16 +12,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo import kubesched
-from gputopo.allocator import AllocatorPool
-from gputopo.network import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
-from gputopo.placement import node_scores
-from gputopo.sim.engine import RunConfig, simulate
-from gputopo.sim.policies import build_policy
-from gputopo.sim.sidecar import Lifecycle, SidecarPolicy
+from gputopo.network.levels import DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
+from gputopo.node.allocator import AllocatorPool
+from gputopo.node.topofile import load_preset
+from gputopo.pod import kubesched
+from gputopo.pod.placement import node_scores
+from gputopo.sim.engine import RunConfig
+from gputopo.sim.policies.catalog import build_policy
+from gputopo.sim.policies.sidecar import Lifecycle, SidecarPolicy
+from gputopo.sim.run import simulate
 from gputopo.sim.state import ClusterState, SimCluster, SimNode
 from gputopo.sim.workload import Job
-from gputopo.topofile import load_preset
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,15 +9,17 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gputopo.allocator import AllocatorPool
-from gputopo.network import DEFAULT_LEVELS, LEAF, SPINE
-from gputopo.sim.engine import RunConfig, compare, simulate
-from gputopo.sim.peers import best_fit_domains, fragmentation_table, pod_size_counts
-from gputopo.sim.policies import POLICIES, Failure, build_policy
+from gputopo.network.levels import DEFAULT_LEVELS, LEAF, SPINE
+from gputopo.node.allocator import AllocatorPool
+from gputopo.node.topofile import load_preset
+from gputopo.node.topology import Topology, make_topology
+from gputopo.sim.engine import RunConfig
+from gputopo.sim.policies.base import Failure
+from gputopo.sim.policies.catalog import POLICIES, build_policy
+from gputopo.sim.policies.peers import best_fit_domains, fragmentation_table, pod_size_counts
+from gputopo.sim.run import compare, simulate
 from gputopo.sim.state import ClusterState, SimCluster, SimNode
 from gputopo.sim.workload import Job
-from gputopo.topofile import load_preset
-from gputopo.topology import Topology, make_topology
 
 #: Pod sizes of the openb multigpu50 list (traces/alibaba-gpu-v2023), CPU-only pods left out.
 OPENB_SIZES = {1: 6989, 2: 222, 4: 206, 8: 556}

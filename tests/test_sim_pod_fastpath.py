@@ -19,16 +19,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo import kubesched
-from gputopo.allocator import AllocatorPool, Choice
-from gputopo.clusterobjective import ClusterObjective, DemandMix
-from gputopo.gang import ChoiceMemo, NodeView
-from gputopo.placement import MAX_SCORE, node_scores, rank_scores, scores_in_order, single_key
-from gputopo.policy import GpuPolicy
-from gputopo.sim import podclasses
+from gputopo.network.nodeview import ChoiceMemo, NodeView
+from gputopo.node.allocator import AllocatorPool, Choice
+from gputopo.node.policy import GpuPolicy
+from gputopo.pod import kubesched
+from gputopo.pod.objective import ClusterObjective, DemandMix, single_key
+from gputopo.pod.placement import MAX_SCORE, node_scores, rank_scores, scores_in_order
 from gputopo.sim.clusters import default_cluster, preset_cluster
-from gputopo.sim.policies import Failure, Slot
-from gputopo.sim.sidecar import SidecarPolicy
+from gputopo.sim.policies import podclasses
+from gputopo.sim.policies.base import Failure, Slot
+from gputopo.sim.policies.sidecar import SidecarPolicy
 from gputopo.sim.state import ClusterState, SimCluster
 
 _keys = st.lists(

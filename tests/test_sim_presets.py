@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gputopo.cluster import parse_cluster
-from gputopo.gang import GangPlan, GangSpec, Member, plan_gang
-from gputopo.network import ACCELERATOR, LEAF, SPINE
+from gputopo.gang.planner import GangPlan, GangSpec, Member, plan_gang
+from gputopo.network.cluster import parse_cluster
+from gputopo.network.levels import ACCELERATOR, LEAF, SPINE
 from gputopo.sim.clusters import (
     CLUSTER_PRESETS,
     MIXED_KINDS,
@@ -22,7 +22,8 @@ from gputopo.sim.clusters import (
     preset_cluster,
     preset_snapshot,
 )
-from gputopo.sim.engine import RunConfig, simulate
+from gputopo.sim.engine import RunConfig
+from gputopo.sim.run import simulate
 from gputopo.sim.state import SimCluster
 from gputopo.sim.workload import Job
 

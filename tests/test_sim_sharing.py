@@ -17,17 +17,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo.allocator import AllocatorPool
-from gputopo.network import DEFAULT_LEVELS, LEAF
+from gputopo.network.levels import DEFAULT_LEVELS, LEAF
+from gputopo.node.allocator import AllocatorPool
+from gputopo.node.topology import Topology, make_topology
 from gputopo.sim.cli import _Parser, add_arguments, prepare
-from gputopo.sim.engine import RunConfig, compare
+from gputopo.sim.engine import RunConfig
 from gputopo.sim.plot import figure
-from gputopo.sim.policies import POLICIES
-from gputopo.sim.sharepolicies import build_shared_policy, fragmentation, task_counts
+from gputopo.sim.policies.catalog import POLICIES
+from gputopo.sim.policies.shared import build_shared_policy, fragmentation, task_counts
+from gputopo.sim.run import compare
 from gputopo.sim.sharing import SHARING_POLICIES, WHOLE_GPU_POLICIES, ShareBook
 from gputopo.sim.state import ClusterState, SimCluster, SimNode
 from gputopo.sim.workload import Job
-from gputopo.topology import Topology, make_topology
 
 ROOT = Path(__file__).resolve().parent.parent
 OPENB = ROOT.parent / "shared" / "traces" / "alibaba-gpu-v2023"  # the real lists; CI has ../shared
@@ -424,8 +425,8 @@ def test_a_waiting_gang_spills_on_the_simulation_clock_with_or_without_sharing(s
     """The sharing loops run the sidecar's gang lifecycle on the simulation's clock, as the
     whole-GPU engine does: a gang that waits for its own leaf spills once it has waited
     spill_after_s, at the next departure, instead of waiting for ever (clock stuck at 0)."""
-    from gputopo.network import SPINE
-    from gputopo.sim.sidecar import Lifecycle
+    from gputopo.network.levels import SPINE
+    from gputopo.sim.policies.sidecar import Lifecycle
 
     kinds = (pcie(8), pcie(1))
 

@@ -1,4 +1,4 @@
-"""Parsing topology files, `nvidia-smi topo -m` text and presets (gputopo.topofile)."""
+"""Parsing topology files, `nvidia-smi topo -m` text and presets (gputopo.node.topofile)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo.topofile import (
+from gputopo.node.topofile import (
     format_topo_text,
     list_presets,
     load_preset,
@@ -20,7 +20,7 @@ from gputopo.topofile import (
     parse_topology,
     parse_topology_json,
 )
-from gputopo.topology import Topology, TopologyError
+from gputopo.node.topology import Topology, TopologyError
 from tests.strategies import topologies
 
 DATA = Path(__file__).parent / "data" / "topo_text"

@@ -10,9 +10,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gputopo.annotation import NodeTopology
-from gputopo.policy import POLICY_NAMES
-from gputopo.topofile import load_preset
+from gputopo.network.annotation import NodeTopology
+from gputopo.node.policy import POLICY_NAMES
+from gputopo.node.topofile import load_preset
 from scheduler.model import NodeInfo, Snapshot
 from scheduler.views import ViewBuilder, node_view, offered
 

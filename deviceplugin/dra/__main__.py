@@ -67,7 +67,7 @@ def _max_sets(text: str) -> int:
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    from gputopo import draslices
+    from gputopo.node import draslices
 
     p = _Parser(prog=PROG, add_help=False, allow_abbrev=False)
     p.add_argument(
@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     from deviceplugin.dra.daemon import DraDaemon, DraSettings
     from deviceplugin.dra.kubeapi import for_cluster
     from deviceplugin.dra.registrar import RegistrarError
-    from gputopo.topology import TopologyError
+    from gputopo.node.topology import TopologyError
 
     stop = threading.Event()
 

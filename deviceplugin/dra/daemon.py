@@ -25,8 +25,9 @@ from deviceplugin.health import HealthTracker
 from deviceplugin.healthloop import HealthLoop
 from deviceplugin.metrics import Metrics
 from deviceplugin.state import SnapshotStore, make_snapshot
-from gputopo import draslices, jsonlog
-from gputopo.topology import TopologyError
+from gputopo import jsonlog
+from gputopo.node import draslices
+from gputopo.node.topology import TopologyError
 
 log = logging.getLogger("deviceplugin.dra.daemon")
 

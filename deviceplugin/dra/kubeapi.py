@@ -1,7 +1,7 @@
 """ResourceSlices and ResourceClaims through the API server, as plain dicts.
 
 The official client's generic object calls (CustomObjectsApi) serve `resource.k8s.io/v1` like
-any group: the daemon builds its slices as dicts (gputopo.draslices) and reads claims as dicts,
+any group: the daemon builds its slices as dicts (gputopo.node.draslices) and reads claims as dicts,
 so no typed model can drop a field the client release does not know yet (sharedCounters and
 consumesCounters are newer than many client releases). Everything read here is untrusted: the
 callers validate every field they use.

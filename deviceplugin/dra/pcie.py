@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 
 from deviceplugin.state import Snapshot
-from gputopo.draslices import pci_bus_id
+from gputopo.node.draslices import pci_bus_id
 
 _ROOT = re.compile(r"pci[0-9a-f]{4,8}:[0-9a-f]{2}")
 

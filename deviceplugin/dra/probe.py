@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import grpc
 
-from gputopo import draslices
+from gputopo.node import draslices
 from gputopo_proto.dra.v1 import api_pb2 as dra_pb2
 from gputopo_proto.dra.v1 import api_pb2_grpc as dra_grpc
 from gputopo_proto.pluginregistration.v1 import api_pb2 as reg_pb2

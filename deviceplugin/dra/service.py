@@ -3,7 +3,7 @@
 NodePrepareResources gets claim references only (namespace, name, UID); the allocation lives in
 the ResourceClaim's status, so each claim is read from the API server, its UID checked, and the
 results of our driver for our node's pool mapped to GPUs: a set device expands to its member
-GPUs (`gputopo.draslices.expand`), each GPU to its CDI name `nvidia.com/gpu=<uuid>` as in
+GPUs (`gputopo.node.draslices.expand`), each GPU to its CDI name `nvidia.com/gpu=<uuid>` as in
 device-plugin mode. Prepared claims are remembered (and checkpointed in the plugin folder, so a
 restart keeps them): a second prepare of the same claim answers the same devices, and the GPUs
 they hold are the node's in-use set the slice publisher orders the set devices by.
@@ -28,7 +28,8 @@ import grpc
 from deviceplugin import defaults
 from deviceplugin.dra.kubeapi import DraApi
 from deviceplugin.state import SnapshotStore
-from gputopo import draslices, jsonlog
+from gputopo import jsonlog
+from gputopo.node import draslices
 from gputopo_proto.dra.v1 import api_pb2, api_pb2_grpc
 
 log = logging.getLogger("deviceplugin.dra.service")

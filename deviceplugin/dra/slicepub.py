@@ -1,6 +1,6 @@
 """Keeps this node's ResourceSlices in step with the GPUs' health and use.
 
-The content comes from `gputopo.draslices.build_slices` (pure); this module only decides when
+The content comes from `gputopo.node.draslices.build_slices` (pure); this module only decides when
 to write and how: a new snapshot (health changed) or a new in-use set (a claim was prepared or
 unprepared) can change which devices exist and the order of the set devices, and the order is
 what kube-scheduler's first fit follows, so the slices are rebuilt on every such change and
@@ -23,8 +23,9 @@ from typing import Any
 
 from deviceplugin.dra.kubeapi import DraApi
 from deviceplugin.state import Snapshot
-from gputopo import draslices, jsonlog
-from gputopo.allocator import Allocator
+from gputopo import jsonlog
+from gputopo.node import draslices
+from gputopo.node.allocator import Allocator
 
 log = logging.getLogger("deviceplugin.dra.slices")
 

@@ -3,9 +3,3 @@
 Pure apart from reading trace and cluster files (traces.py, clusters.py); time, randomness and
 progress reporting are injected by the caller (cli.py).
 """
-
-from gputopo.sim.engine import RunConfig, compare, simulate
-from gputopo.sim.metrics import Summary
-from gputopo.sim.policies import POLICIES
-
-__all__ = ["POLICIES", "RunConfig", "Summary", "compare", "simulate"]

@@ -16,11 +16,12 @@ import numpy as np
 
 from gputopo.output import add_output_arguments, dump, is_machine
 from gputopo.sim.comm import CommModel
-from gputopo.sim.engine import QUEUE_ORDERS, Progress, RunConfig, compare
+from gputopo.sim.engine import QUEUE_ORDERS, Progress, RunConfig
 from gputopo.sim.plot import PlotUnavailable, check_available, write_plot
-from gputopo.sim.policies import POLICIES
+from gputopo.sim.policies.catalog import POLICIES
+from gputopo.sim.policies.sidecar import Lifecycle
 from gputopo.sim.report import document, render_table
-from gputopo.sim.sidecar import Lifecycle
+from gputopo.sim.run import compare
 from gputopo.sim.state import SimCluster
 from gputopo.sim.traces import TraceError, read_trace
 from gputopo.sim.workload import GANG_POD_GPUS, Job, generate, timed_arrivals

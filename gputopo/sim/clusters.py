@@ -1,6 +1,6 @@
 """Clusters for the simulator: named shapes (presets) and design.md §4 snapshot files.
 
-Parsing a snapshot is gputopo.cluster's job (one parser for the scheduler and the simulator);
+Parsing a snapshot is gputopo.network.cluster's job (one parser for the scheduler and the simulator);
 this module only turns its result into the simulator's compact SimCluster, sharing one
 Topology object per distinct server model.
 
@@ -8,7 +8,7 @@ The presets are the cluster shapes issue 10's targets are measured on: the defau
 fat tree of three server kinds drawn at random, a 96-node one with seven kinds in every leaf
 (which kind of server a job gets becomes a choice inside each leaf, not only between leaves),
 and GB200 trays in NVL72-style NVLink domains beside HGX H100 leaves (a gang then has a level
-faster than its leaf). Each builds a ClusterSnapshot through gputopo.cluster.parse_cluster, so
+faster than its leaf). Each builds a ClusterSnapshot through gputopo.network.cluster.parse_cluster, so
 `preset_snapshot(name).to_dict()` is a snapshot file the scheduler's file mode reads as well.
 """
 
@@ -19,10 +19,10 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from gputopo.cluster import ClusterSnapshot, generate_cluster, load_cluster, parse_cluster
-from gputopo.network import ACCELERATOR, DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
+from gputopo.network.cluster import ClusterSnapshot, generate_cluster, load_cluster, parse_cluster
+from gputopo.network.levels import ACCELERATOR, DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE
+from gputopo.node.topology import Topology
 from gputopo.sim.state import SimCluster, SimNode
-from gputopo.topology import Topology
 
 #: Server models of the default cluster, drawn node by node.
 DEFAULT_PRESETS: tuple[str, ...] = ("dgx1-v100", "hgx-h100", "pcie8-plx")
@@ -32,7 +32,7 @@ def default_cluster(
     spines: int = 2, leaves_per_spine: int = 4, nodes_per_leaf: int = 8, seed: int = 0
 ) -> SimCluster:
     """spines x leaves x nodes, each node drawn from DGX-1 V100, HGX H100 and PCIe-only servers
-    (gputopo.cluster.generate_cluster, equal weights, fixed seed)."""
+    (gputopo.network.cluster.generate_cluster, equal weights, fixed seed)."""
     return from_snapshot(generate_cluster(spines, leaves_per_spine, nodes_per_leaf, DEFAULT_PRESETS, seed))
 
 
@@ -129,7 +129,7 @@ def preset_cluster(name: str) -> SimCluster:
 
 
 def load_cluster_file(path: str) -> SimCluster:
-    """A design.md §4 snapshot file, parsed by gputopo.cluster."""
+    """A design.md §4 snapshot file, parsed by gputopo.network.cluster."""
     return from_snapshot(load_cluster(path))
 
 

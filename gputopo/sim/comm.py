@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gputopo.network import ACCELERATOR, CORE, HOSTNAME, LEAF, SPINE, ZONE
+from gputopo.network.levels import ACCELERATOR, CORE, HOSTNAME, LEAF, SPINE, ZONE
 
 #: One-direction GB/s per GPU of an inter-node ring hop whose endpoints share a domain of the level.
 DEFAULT_LEVEL_GBPS: Mapping[str, float] = MappingProxyType(

@@ -11,7 +11,7 @@ shape fit or fail alike, so the queue is kept per shape and a pass tries only th
 each shape, merging heads in queue order; once a shape fails, the rest of it is skipped,
 and it stays skipped until a departure frees GPUs (arrivals only ever take capacity away).
 kube-scheduler likewise retries unschedulable pods on cluster events, not in a loop.
-A policy's failure may carry a queueing hint (`policies.Hinted`, after kube-scheduler's
+A policy's failure may carry a queueing hint (`base.Hinted`, after kube-scheduler's
 QueueingHint): the head's next pass hands it to the ledger, which returns it without asking the
 policy while it holds (a gang waiting for its own level: the sidecar's answer is known without
 planning).
@@ -21,19 +21,16 @@ from __future__ import annotations
 
 import heapq
 import math
-import random
-import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from gputopo.allocator import AllocatorPool
 from gputopo.sim.comm import CommModel
-from gputopo.sim.metrics import Recorder, Summary
-from gputopo.sim.policies import BASELINE, Failure, Hinted, Slot, build_policy
-from gputopo.sim.sidecar import Lifecycle
-from gputopo.sim.state import ClusterState, SimCluster
+from gputopo.sim.metrics import Recorder
+from gputopo.sim.policies.base import Failure, Hinted, Slot
+from gputopo.sim.policies.sidecar import Lifecycle
+from gputopo.sim.state import ClusterState
 from gputopo.sim.workload import Job
 
 #: Called with the number of pods handled so far (for a progress bar); injected by the CLI.
@@ -99,56 +96,13 @@ def runner(config: RunConfig) -> Run:
     return replay
 
 
-def simulate(
-    cluster: SimCluster,
-    jobs: Sequence[Job],
-    policy_name: str,
-    config: RunConfig,
-    *,
-    pool: AllocatorPool | None = None,
-    progress: Progress | None = None,
-    clock: Callable[[], float] = time.perf_counter,
-) -> Summary:
-    """Run one policy; `jobs` must be in submission order (fill mode: in arrival order)."""
-    if config.mode not in ("replay", "fill"):
-        raise ValueError(f"unknown mode {config.mode!r}")
-    pool = pool or AllocatorPool()
-    lifecycle = config.lifecycle
-    if config.mode == "fill":  # nothing ever leaves: a gang waiting for its level would wait forever
-        lifecycle = replace(lifecycle, spill_after_s=0.0)
-    if config.gpu_sharing:  # its own bookkeeping (a share ledger), off the default run's path
-        from gputopo.sim.sharing import simulate_shared
-
-        shared = replace(config, lifecycle=lifecycle)
-        return simulate_shared(cluster, jobs, policy_name, shared, pool=pool, progress=progress, clock=clock)
-    rng = random.Random(config.seed)
-    policy = build_policy(policy_name, cluster, pool, rng, lifecycle, jobs)
-    state = ClusterState(cluster)
-    rec = Recorder(cluster, [pool.get(t) for t in cluster.topologies], config.comm)
-    started = clock()
-    ledger = _WholeGpus(state, policy.place)
-    never = runner(config)(ledger, jobs, rec, progress)
-    if progress is not None:
-        progress(sum(len(j.pods) for j in jobs))  # the end, whatever never started
-    summary = rec.summary(
-        policy_name,
-        jobs,
-        never,
-        clock() - started,
-        timed=config.mode == "replay",
-        free_at_end=state.free_total if config.mode == "fill" else None,
-    )
-    figures = getattr(policy, "figures", None)  # the sidecar path's lifecycle figures
-    return replace(summary, extra=figures()) if figures is not None else summary
-
-
 #: A placed job as the event loop holds it until it leaves: its slots, and what each pod takes
 #: beyond its GPUs (milli-GPUs under --gpu-sharing; nothing for whole GPUs).
 Held = tuple[list[Slot], int]
 
 
 class Ledger(Protocol):
-    """What the event loop needs of the cluster's bookkeeping: whole GPUs (`_WholeGpus` over a
+    """What the event loop needs of the cluster's bookkeeping: whole GPUs (`WholeGpus` over a
     ClusterState) or shares (`gputopo.sim.sharing`), so both run the one loop below."""
 
     def shape(self, job: Job) -> Hashable:
@@ -174,7 +128,7 @@ class Ledger(Protocol):
         ...
 
 
-class _WholeGpus:
+class WholeGpus:
     """The default run's ledger: whole GPUs in a ClusterState, placed by one policy."""
 
     def __init__(self, state: ClusterState, place: Place) -> None:
@@ -284,29 +238,3 @@ def run_replay(
             if progress is not None and handled % 512 < len(job.pods):
                 progress(handled)
     return sum(len(q) for q in queues.values())
-
-
-def compare(
-    cluster: SimCluster,
-    jobs: Sequence[Job],
-    policies: Sequence[str],
-    config: RunConfig,
-    *,
-    progress: Callable[[str], Progress] | None = None,
-) -> list[Summary]:
-    """Every policy on the same jobs and seed; adds throughput relative to kubelet-default."""
-    pool = AllocatorPool()
-    results = [
-        simulate(
-            cluster, jobs, name, config, pool=pool, progress=None if progress is None else progress(name)
-        )
-        for name in policies
-    ]
-    base = next((r for r in results if r.policy == BASELINE), None)
-    if base is None or not base.efficiency:
-        return results
-    out = []
-    for r in results:
-        ratio = None if r.efficiency is None else r.efficiency / base.efficiency
-        out.append(Summary(**{**r.__dict__, "throughput_vs_baseline": ratio}))
-    return out

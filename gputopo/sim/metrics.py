@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from gputopo.allocator import Allocator
-from gputopo.network import HOSTNAME, LEAF, SPINE
+from gputopo.network.levels import HOSTNAME, LEAF, SPINE
+from gputopo.node.allocator import Allocator
 from gputopo.sim.comm import CommModel
 from gputopo.sim.state import SimCluster
 from gputopo.sim.workload import Job

@@ -7,7 +7,7 @@ classes, the free histogram) stays as it is: a GPU that holds a share is simply 
 and `ShareBook` keeps, beside it, how much of each such GPU the shares use. Only a run with the
 flag builds a book, so the default run's hot path never sees it.
 
-Which policies share, and how, is each one's own rule (gputopo/sim/sharepolicies.py);
+Which policies share, and how, is each one's own rule (gputopo/sim/policies/shared.py);
 the policies standing for systems that hand out whole GPUs only (`WHOLE_GPU_POLICIES`: this
 project's device plugin, NVIDIA's without time-slicing) keep counting a fractional pod as a
 whole GPU. Figures that count GPUs (free at the first failure, allocated, demand placed) count
@@ -17,16 +17,13 @@ the FGD paper counts it.
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 
-from gputopo.allocator import Allocator, AllocatorPool
+from gputopo.node.allocator import Allocator
 from gputopo.sim.comm import CommModel
-from gputopo.sim.engine import RunConfig, runner
 from gputopo.sim.metrics import Recorder, Summary
-from gputopo.sim.policies import Failure, Hinted, Slot, build_policy
+from gputopo.sim.policies.base import Failure, Hinted, Slot
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
 
@@ -173,64 +170,7 @@ class ShareRecorder(Recorder):
 Place = Callable[[Job, "Hinted | None"], "tuple[list[Slot], int] | Failure"]
 
 
-def simulate_shared(
-    cluster: SimCluster,
-    jobs: Sequence[Job],
-    policy_name: str,
-    config: RunConfig,
-    *,
-    pool: AllocatorPool,
-    progress: Callable[[int], None] | None = None,
-    clock: Callable[[], float] = time.perf_counter,
-) -> Summary:
-    """One policy under --gpu-sharing (engine.simulate hands over when the RunConfig asks for
-    it): a sharing policy places fractional pods by its share rule, the others as whole GPUs;
-    every take and give goes through the ShareBook."""
-    from gputopo.sim.sharepolicies import build_shared_policy
-
-    mode = config.mode
-    rng = random.Random(config.seed)
-    state = ClusterState(cluster)
-    book = ShareBook(state)
-    if shares(policy_name):
-        policy = build_shared_policy(policy_name, cluster, pool, rng, book, jobs)
-
-        def place(job: Job, hint: Hinted | None) -> tuple[list[Slot], int] | Failure:
-            if hint is not None and hint.holds():
-                return hint
-            got = policy.place(state, job)
-            return got if isinstance(got, Failure) else (got, min(job.milli, WHOLE))
-
-        figures = None
-    else:
-        whole = build_policy(policy_name, cluster, pool, rng, config.lifecycle, jobs)
-
-        def place(job: Job, hint: Hinted | None) -> tuple[list[Slot], int] | Failure:
-            if not state.could_fit(job.pods):
-                return Failure("not enough free GPUs")
-            if hint is not None and hint.holds():
-                return hint
-            got = whole.place(state, job)
-            return got if isinstance(got, Failure) else (got, WHOLE)
-
-        figures = getattr(whole, "figures", None)
-    rec = ShareRecorder(cluster, [pool.get(t) for t in cluster.topologies], config.comm)
-    started = clock()
-    never = runner(config)(_Shares(book, place), jobs, rec, progress)
-    if progress is not None:
-        progress(sum(len(j.pods) for j in jobs))
-    summary = rec.shared_summary(
-        policy_name,
-        jobs,
-        never,
-        clock() - started,
-        timed=mode == "replay",
-        free_end=book.free_milli if mode == "fill" else None,
-    )
-    return replace(summary, extra=figures()) if figures is not None else summary
-
-
-class _Shares:
+class ShareLedger:
     """The event loop's ledger under sharing (`engine.Ledger`): jobs of one shape are alike only
     with the same share, every take and give goes through the book with the milli-GPUs each pod
     takes, and free capacity counts milli-GPUs."""

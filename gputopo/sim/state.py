@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gputopo.network import HOSTNAME
-from gputopo.topology import Topology
+from gputopo.network.levels import HOSTNAME
+from gputopo.node.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class SimCluster:
 
     def domain(self, node: int, level: str) -> str:
         """The node's domain at `level`; a node without the label (or with an empty value, as
-        gputopo.network reads it for the planner) is its own domain."""
+        gputopo.network.levels reads it for the planner) is its own domain."""
         spec = self.nodes[node]
         if level == HOSTNAME:
             return spec.name

@@ -1,0 +1,326 @@
+"""The Node annotation the device plugin publishes and the scheduler sidecar reads.
+
+It is the only channel between the two daemons, so it is versioned, validated strictly on the
+way in, and small: the link matrix travels as one space-separated string of `topo -m` codes per
+row (a 16-GPU node stays near 3 KiB, far below the 256 KiB annotation limit). Freshness is judged
+against a time the caller passes in, never a clock read here, so the core stays pure and tests
+decide what "now" is. Schema: docs/annotation.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gputopo.node.links import MAX_GBPS, PCIE_LEVELS
+from gputopo.node.policy import DEFAULT_POLICY, POLICY_NAMES
+from gputopo.node.topology import Topology, TopologyError
+
+#: Schema version written by encode(); decode() accepts exactly this one. Optional keys (`pods`)
+#: are added within a version: readers ignore keys they do not know (docs/annotation.md).
+VERSION = 1
+#: The Kubernetes limit on the total size of a Node's annotations.
+ANNOTATION_LIMIT_BYTES = 256 * 1024
+#: A generated-at time this far in the future is treated as corrupt (clock skew allowance).
+MAX_FUTURE_SKEW_S = 300.0
+#: Bounds of the schema: every number and length an annotation carries is checked against one,
+#: because the annotation comes from another machine and the sidecar reads it for the cluster.
+MAX_GPUS = 64  # GPUs one annotation may describe (the sidecar's allocator handles 16)
+MAX_TIME_S = 1e11  # generatedAt: seconds since the epoch, year ~5100 at most
+MAX_NAME_CHARS = 253  # a DNS subdomain: node and topology names
+MAX_TEXT_CHARS = 256  # uuid, model, pci_bus_id, pluginVersion
+MAX_NUMA = 1023
+MAX_PODS = 4 * MAX_GPUS  # entries of the pod -> GPUs map
+MAX_POD_KEY_CHARS = 63 + 1 + 253  # "namespace/name"
+
+_REQUIRED = ("version", "node", "generatedAt", "pluginVersion", "gpus", "links", "allocated")
+
+
+class AnnotationError(ValueError):
+    """The annotation is missing, stale, of another version or corrupt; the message says which."""
+
+
+@dataclass(frozen=True)
+class NodeTopology:
+    """What a node's plugin last said: its GPUs, their links and health, and which are in use."""
+
+    node: str
+    topology: Topology
+    unhealthy: frozenset[int]
+    allocated: frozenset[int]
+    generated_at: float
+    plugin_version: str
+    policy: str = DEFAULT_POLICY  # the in-node GPU policy the plugin runs (gputopo.node.policy)
+    #: pod "namespace/name" -> GPU indices kubelet assigned it (None: the plugin sent no map)
+    pods: Mapping[str, frozenset[int]] | None = None
+
+    @property
+    def healthy(self) -> frozenset[int]:
+        return frozenset(range(self.topology.n)) - self.unhealthy
+
+    @property
+    def free(self) -> frozenset[int]:
+        """Healthy GPUs not in use, as the plugin saw them at `generated_at`."""
+        return self.healthy - self.allocated
+
+
+def encode(value: NodeTopology) -> str:
+    """The compact JSON text to store under the annotation key."""
+    topo = value.topology
+    n = topo.n
+    for idx in value.unhealthy | value.allocated:
+        if not 0 <= idx < n:
+            raise AnnotationError(f"GPU index {idx} out of range for {n} GPUs")
+    doc = {
+        "version": VERSION,
+        "node": value.node,
+        "generatedAt": value.generated_at,
+        "pluginVersion": value.plugin_version,
+        "name": topo.name,
+        "gpus": [
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "model": g.model,
+                "numa": g.numa,
+                "healthy": g.index not in value.unhealthy,
+            }
+            for g in topo.gpus
+        ],
+        "links": [" ".join(topo.code(i, j) for j in range(n)) for i in range(n)],
+        "nvswitch": topo.nvswitch,
+        "nvlinkGbpsPerLink": topo.settings.nvlink_gbps_per_link,
+        "pcieGbps": dict(topo.settings.pcie_gbps),
+        "allocated": sorted(value.allocated),
+    }
+    if value.policy != DEFAULT_POLICY:  # optional: absent means gputopo (docs/annotation.md)
+        doc["policy"] = value.policy
+    if value.pods is not None:
+        doc["pods"] = {k: sorted(v) for k, v in sorted(value.pods.items())}
+    return json.dumps(doc, separators=(",", ":"), sort_keys=False)
+
+
+def decode(text: str | bytes | None, *, now: float, max_age_s: float) -> NodeTopology:
+    """Parse and validate an annotation read at time `now`; older than `max_age_s` is stale.
+
+    Total: any input gives a NodeTopology whose every number is in range, or AnnotationError
+    with the reason (property-tested with random mutations in tests/test_annotation_fuzz.py)."""
+    if text is None or len(text) == 0:
+        raise AnnotationError("annotation missing")
+    if len(text) > ANNOTATION_LIMIT_BYTES:
+        raise AnnotationError(f"annotation too large ({len(text)} bytes)")
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise AnnotationError(f"annotation is not UTF-8: {e.reason} at byte {e.start}") from None
+    if not isinstance(text, str):
+        raise AnnotationError("annotation must be text")
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as e:  # ValueError covers ints of > 4,300 digits
+        raise AnnotationError(f"annotation is not JSON: {str(e)[:200]}") from None
+    if not isinstance(doc, dict):
+        raise AnnotationError("annotation must be a JSON object")
+    missing = [k for k in _REQUIRED if k not in doc]
+    if missing:
+        raise AnnotationError(f"annotation lacks {', '.join(missing)}")
+    version = doc["version"]
+    if version != VERSION or isinstance(version, bool):
+        raise AnnotationError(f"annotation version {_short(version)} not supported (want {VERSION})")
+    node = _str(doc, "node", limit=MAX_NAME_CHARS)
+    plugin_version = _str(doc, "pluginVersion", allow_empty=True)
+    generated = _number(doc["generatedAt"], "generatedAt", 0.0, MAX_TIME_S)
+    if generated > now + MAX_FUTURE_SKEW_S:
+        raise AnnotationError(f"generatedAt is {generated - now:.0f}s in the future")
+    age = now - generated
+    if age > max_age_s:
+        raise AnnotationError(f"annotation stale: {age:.0f}s old (limit {max_age_s:.0f}s)")
+    gpus_raw = doc["gpus"]
+    if not isinstance(gpus_raw, list) or not gpus_raw:
+        raise AnnotationError("gpus must be a non-empty list")
+    if len(gpus_raw) > MAX_GPUS:
+        raise AnnotationError(f"gpus lists {len(gpus_raw)} GPUs, more than {MAX_GPUS}")
+    n = len(gpus_raw)
+    links_raw = doc["links"]
+    if not isinstance(links_raw, list) or not all(isinstance(r, str) for r in links_raw):
+        raise AnnotationError("links must be a list of strings")
+    if len(links_raw) != n:
+        raise AnnotationError(f"links has {len(links_raw)} rows for {n} GPUs")
+    for i, row in enumerate(links_raw):
+        if len(row) > 17 * n:  # n codes of at most 16 characters and their separators
+            raise AnnotationError(f"links[{i}] is {len(row)} characters long for {n} GPUs")
+    unhealthy: set[int] = set()
+    for k, g in enumerate(gpus_raw):
+        _check_gpu(g, k)
+        if not g.get("healthy", True):
+            unhealthy.add(g.get("index", k))
+    name = doc.get("name") or node
+    if not isinstance(name, str) or len(name) > MAX_NAME_CHARS:
+        raise AnnotationError(f"name must be a string of at most {MAX_NAME_CHARS} characters")
+    nvlink = _number(doc.get("nvlinkGbpsPerLink", 25.0), "nvlinkGbpsPerLink", 0.0, MAX_GBPS)
+    pcie = doc.get("pcieGbps") or {}
+    if not isinstance(pcie, dict) or len(pcie) > 2 * len(PCIE_LEVELS) or any(len(k) > 8 for k in pcie):
+        raise AnnotationError("pcieGbps must be an object of PCIe level -> GB/s")
+    pcie_gbps = {k: _number(v, f"pcieGbps[{_short(k)}]", 0.0, MAX_GBPS) for k, v in pcie.items()}
+    try:
+        topology = Topology.from_dict(
+            {
+                "name": name,
+                "gpus": gpus_raw,
+                "links": [row.split() for row in links_raw],
+                "nvswitch": doc.get("nvswitch", False),
+                "nvlink_gbps_per_link": nvlink,
+                "pcie_gbps": pcie_gbps,
+            }
+        )
+    except (TopologyError, ValueError, TypeError, OverflowError) as e:
+        raise AnnotationError(f"topology: {str(e)[:300]}") from None
+    allocated = _indices(doc["allocated"], topology, "allocated")
+    policy = doc.get("policy", DEFAULT_POLICY)
+    if not isinstance(policy, str) or policy not in POLICY_NAMES:
+        raise AnnotationError(f"policy {str(policy)[:64]!r} unknown (known: {', '.join(POLICY_NAMES)})")
+    pods = _pods(doc.get("pods"), topology, allocated)
+    return NodeTopology(
+        node=node,
+        topology=topology,
+        unhealthy=frozenset(unhealthy),
+        allocated=allocated,
+        generated_at=generated,
+        plugin_version=plugin_version,
+        policy=policy,
+        pods=pods,
+    )
+
+
+def _short(value: Any) -> str:
+    """A value for an error message, cut short (the value may be 256 KiB of garbage)."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**18 else "<a huge integer>"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _number(value: Any, where: str, low: float, high: float) -> float:
+    """A finite JSON number in (low, high] (low itself allowed when it is 0 and `where` is a time)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise AnnotationError(f"{where} must be a number, got {_short(value)}")
+    # compare before converting: float(10**400) raises OverflowError, and NaN compares false
+    if isinstance(value, float) and not math.isfinite(value):
+        raise AnnotationError(f"{where} must be finite, got {value!r}")
+    in_range = (low <= value <= high) if where == "generatedAt" else (low < value <= high)
+    if not in_range:
+        bracket = "[" if where == "generatedAt" else "("
+        raise AnnotationError(f"{where} must be in {bracket}{low:g}, {high:g}], got {_short(value)}")
+    return float(value)
+
+
+def _check_gpu(g: Any, k: int) -> None:
+    """Types and sizes of one `gpus` entry (Topology checks indices and uniqueness)."""
+    if not isinstance(g, dict):
+        raise AnnotationError(f"gpus[{k}] must be an object")
+    index = g.get("index", k)
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_GPUS:
+        raise AnnotationError(f"gpus[{k}].index must be an integer 0..{MAX_GPUS - 1}")
+    for key in ("uuid", "model", "pci_bus_id"):
+        value = g.get(key)
+        if value is not None and (not isinstance(value, str) or len(value) > MAX_TEXT_CHARS):
+            raise AnnotationError(f"gpus[{k}].{key} must be a string of at most {MAX_TEXT_CHARS} characters")
+    numa = g.get("numa")
+    if numa is not None and (
+        isinstance(numa, bool) or not isinstance(numa, int) or not -1 <= numa <= MAX_NUMA
+    ):
+        raise AnnotationError(f"gpus[{k}].numa must be null or an integer -1..{MAX_NUMA}")
+    if not isinstance(g.get("healthy", True), bool):
+        raise AnnotationError(f"gpus[{k}].healthy must be true or false")
+
+
+def _pods(raw: Any, topology: Topology, allocated: frozenset[int]) -> Mapping[str, frozenset[int]] | None:
+    """The optional pod -> GPUs map; every GPU named must be one `allocated` lists."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or len(raw) > MAX_PODS:
+        raise AnnotationError(f"pods must be an object of at most {MAX_PODS} pods")
+    out: dict[str, frozenset[int]] = {}
+    for key, ids in raw.items():
+        if not 0 < len(key) <= MAX_POD_KEY_CHARS or key.count("/") != 1:
+            raise AnnotationError(f"pods: key {_short(key)} is not namespace/name")
+        if not isinstance(ids, list) or len(ids) > topology.n:
+            raise AnnotationError(f"pods[{_short(key)}] must be a list of at most {topology.n} GPUs")
+        gpus = _indices(ids, topology, f"pods[{_short(key)}]")
+        if not gpus <= allocated:
+            raise AnnotationError(
+                f"pods[{_short(key)}] names GPUs {sorted(gpus - allocated)} not in allocated"
+            )
+        out[key] = gpus
+    return out
+
+
+def indices_of(topology: Topology, ids: Iterable[str | int]) -> frozenset[int]:
+    """GPU indices of a mix of indices and UUIDs (what kubelet reports are UUIDs)."""
+    return _indices(list(ids), topology, "ids")
+
+
+def _indices(raw: Any, topology: Topology, where: str) -> frozenset[int]:
+    if not isinstance(raw, list):
+        raise AnnotationError(f"{where} must be a list")
+    if len(raw) > 4 * MAX_GPUS:
+        raise AnnotationError(f"{where} lists {len(raw)} GPUs, more than {4 * MAX_GPUS}")
+    out: set[int] = set()
+    by_uuid: Mapping[str, int] = topology.index_by_uuid
+    for item in raw:
+        if isinstance(item, int) and not isinstance(item, bool):
+            if not 0 <= item < topology.n:
+                raise AnnotationError(f"{where}: GPU index {item} out of range for {topology.n} GPUs")
+            out.add(item)
+        elif isinstance(item, str) and item in by_uuid:
+            out.add(by_uuid[item])
+        else:
+            raise AnnotationError(f"{where}: unknown GPU {_short(item)}")
+    return frozenset(out)
+
+
+def _str(doc: Mapping[str, Any], key: str, *, allow_empty: bool = False, limit: int = MAX_TEXT_CHARS) -> str:
+    value = doc[key]
+    if not isinstance(value, str) or (not value and not allow_empty) or len(value) > limit:
+        raise AnnotationError(
+            f"{key} must be a {'' if allow_empty else 'non-empty '}string of at most {limit} characters"
+        )
+    return value
+
+
+def make(
+    node: str,
+    topology: Topology,
+    *,
+    generated_at: float,
+    plugin_version: str,
+    unhealthy: Iterable[int] = (),
+    allocated: Iterable[int] = (),
+    policy: str = DEFAULT_POLICY,
+    pods: Mapping[str, Iterable[int]] | None = None,
+) -> NodeTopology:
+    """Convenience constructor with plain iterables (the publisher's and tests' entry point)."""
+    return NodeTopology(
+        node=node,
+        topology=topology,
+        unhealthy=frozenset(unhealthy),
+        allocated=frozenset(allocated),
+        generated_at=generated_at,
+        plugin_version=plugin_version,
+        policy=policy,
+        pods=None if pods is None else {k: frozenset(v) for k, v in pods.items()},
+    )
+
+
+__all__ = [
+    "ANNOTATION_LIMIT_BYTES",
+    "VERSION",
+    "AnnotationError",
+    "NodeTopology",
+    "decode",
+    "encode",
+    "indices_of",
+    "make",
+]
