@@ -7,7 +7,8 @@ seeded sample on 16), what kube-scheduler's first fit gets from the slices of ea
   fit in one slice (64 devices with counters), the next one cut to fill the slice, spread out;
 * `levels`: the whole levels only (a best level larger than a slice cut the same way);
 * `best`: only the best ring level (cut the same way);
-* `top64`: the first 64 sets in the allocator's ranking, no level rule, no spread;
+* `top64`: the first 64 sets in the allocator's ranking for each state, no level rule, no spread
+  (which sets exist then changes with use: unsafe in a cluster, docs/dra.md; shown as a bound);
 * `all`: every k-subset (exact by construction; the cost is devices and slices).
 
 Each is scored published fresh (for the state itself: the daemon republishes after every

@@ -40,3 +40,21 @@ def test_the_picture_shows_every_package_layer_and_import() -> None:
     assert ["scheduler", "-->", "deviceplugin"] not in arrows
     stale = arch.replace_in(f"intro\n{arch.BEGIN}\nold picture\n{arch.END}\nrest", picture)
     assert stale == f"intro\n{picture}\nrest"
+
+
+def test_the_picture_shows_the_cores_subpackages_with_their_layers() -> None:
+    arch = tool()
+    picture = arch.render()
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    core = next(c for c in cfg["contracts"] if c["type"] == "layers" and c.get("containers") == ["gputopo"])
+    rank: dict[str, int] = {}
+    for k, layer in enumerate(core["layers"]):
+        for name in (m.strip() for m in layer.split("|")):
+            rank[name] = k
+            assert f'    core_{name}["<b>gputopo.{name}</b><br/>' in picture
+    assert {"node", "network", "pod", "gang", "sim"} <= set(rank)
+    assert picture.count("  subgraph core") == len(core["layers"])
+    arrows = [line.split() for line in picture.splitlines() if line.startswith("  core_") and " --> " in line]
+    assert ["core_gang", "-->", "core_pod"] in arrows and ["core_network", "-->", "core_node"] in arrows
+    for importer, _, imported in arrows:  # every drawn import runs down the layers
+        assert rank[importer.removeprefix("core_")] < rank[imported.removeprefix("core_")]

@@ -171,20 +171,24 @@ def lint_imports(cwd: Path, env: dict[str, str] | None = None) -> subprocess.Com
 
 
 def test_import_contracts_hold() -> None:
-    """Layers, daemon independence and the core's forbidden externals (pyproject.toml)."""
+    """Layers, the core's own layers, daemon independence and the core's forbidden externals
+    (pyproject.toml)."""
     out = lint_imports(ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "Contracts: 3 kept, 0 broken." in out.stdout, out.stdout
+    assert "Contracts: 4 kept, 0 broken." in out.stdout, out.stdout
 
 
 def test_import_contracts_catch_what_they_should(tmp_path: Path) -> None:
     """Guards the test above: a copy of the tree with a lazy gRPC import in the core and a
-    daemon importing the other breaks all three contracts, each naming the offending line."""
+    daemon importing the other, and the node importing the gang planner, break all four
+    contracts, each naming the offending line."""
     for name in ("gputopo", "deviceplugin", "scheduler", "gputopo_kube", "kubectl_gputopo", "proto"):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "presets"))
     shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     with (tmp_path / "gputopo" / "numerals.py").open("a") as f:
         f.write("\n\ndef _status():\n    import deviceplugin.status_client\n")
+    with (tmp_path / "gputopo" / "node" / "links.py").open("a") as f:
+        f.write("\n\ndef _plan():\n    from gputopo.gang import planner\n")
     with (tmp_path / "deviceplugin" / "defaults.py").open("a") as f:
         f.write("\n\ndef _levels():\n    from scheduler import defaults\n")
     with (tmp_path / "kubectl_gputopo" / "views.py").open("a") as f:
@@ -192,7 +196,8 @@ def test_import_contracts_catch_what_they_should(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(tmp_path / "proto")]))
     out = lint_imports(tmp_path, env)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "Contracts: 0 kept, 3 broken." in out.stdout, out.stdout
+    assert "Contracts: 0 kept, 4 broken." in out.stdout, out.stdout
+    assert "gputopo.node.links -> gputopo.gang.planner" in out.stdout
     assert "gputopo.numerals -> deviceplugin.status_client" in out.stdout
     assert "deviceplugin.defaults -> scheduler" in out.stdout
     assert "kubectl_gputopo.views -> deviceplugin.status_client" in out.stdout

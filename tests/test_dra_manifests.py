@@ -17,7 +17,7 @@ import yaml
 
 from gputopo.node import draslices
 from gputopo.node.allocator import Allocator
-from gputopo.node.topofile import load_preset
+from gputopo.node.topofile import list_presets, load_preset
 from tests.manifests import DEPLOY, NAMESPACE, kustomize, one, render_chart
 
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed")
@@ -68,9 +68,12 @@ def test_everything_is_valid_kubernetes(source: str, version: str) -> None:
             pytest.fail(f"{where}: {doc['kind']}/{doc['metadata']['name']} not valid {version}: {e.message}")
 
 
-def test_published_slices_are_valid_kubernetes() -> None:
-    topo = load_preset("dgx2-v100")
-    slices = draslices.build_slices(topo, Allocator(topo), "node-a", healthy=range(16), free=range(16))
+@pytest.mark.parametrize("preset", list_presets())
+def test_published_slices_are_valid_kubernetes(preset: str) -> None:
+    topo = load_preset(preset)
+    slices = draslices.build_slices(
+        topo, Allocator(topo), "node-a", healthy=range(1, topo.n), free=range(2, topo.n)
+    )
     for version in SCHEMAS:
         for s in slices:
             kv.validate(s, version, strict=True)

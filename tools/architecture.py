@@ -1,9 +1,10 @@
 """Generates the architecture picture in the README from what the build enforces.
 
 The layers and independence rules come from pyproject.toml's [tool.importlinter] contracts,
-the packages from its [tool.importlinter] root_packages, each box's text from the first
-sentence of the package's docstring, and every arrow from an import that exists in the code
-today between those packages (grimp, the graph import-linter itself checks). So the picture cannot drift from the code: `make diagram` rewrites it between
+the packages from its [tool.importlinter] root_packages, the core's subpackages from its layers
+contract inside `gputopo`, each box's text from the first sentence of the package's (or
+module's) docstring, and every arrow from an import that exists in the code today between those
+packages (grimp, the graph import-linter itself checks). So the picture cannot drift from the code: `make diagram` rewrites it between
 the README's markers, and tests/test_architecture.py fails when the committed one differs.
 
     python tools/architecture.py           # print the Mermaid block
@@ -38,29 +39,51 @@ def _summary(package: str) -> str:
     return text.replace('"', "'").replace("`", "")
 
 
+def _layers(cfg: dict, container: str | None) -> list[list[str]]:
+    """The layers contract over the root packages (`container` None) or inside one package."""
+    contract = next(
+        c
+        for c in cfg["contracts"]
+        if c["type"] == "layers" and (c.get("containers") or [None]) == [container]
+    )
+    return [[m.strip() for m in layer.split("|")] for layer in contract["layers"]]
+
+
+def _flowchart(
+    boxes: list[list[str]], graph: grimp.ImportGraph, prefix: str, tag: str, ids: str = ""
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """A Mermaid flowchart of layered boxes and the imports between them (as packages).
+    `prefix` is the boxes' package ("gputopo." inside the core); `tag` keeps subgraph ids apart;
+    `ids` prefixes box ids (so a box named like a Mermaid keyword, `node`, stays a box)."""
+    lines = ["```mermaid", "flowchart TB"]
+    for k, layer in enumerate(boxes):
+        lines.append(f'  subgraph {tag}{k}["layer {k + 1} of {len(boxes)}"]')
+        lines.append("    direction LR")
+        for m in layer:
+            lines.append(f'    {ids}{m}["<b>{prefix}{m}</b><br/>{_summary(prefix + m)}"]')
+        lines.append("  end")
+    names = [m for layer in boxes for m in layer]
+    arrows = [
+        (a, b)
+        for a in names
+        for b in names
+        if a != b and graph.direct_import_exists(importer=prefix + a, imported=prefix + b, as_packages=True)
+    ]
+    lines += [f"  {ids}{a} --> {ids}{b}" for a, b in arrows]
+    lines.append("```")
+    return lines, arrows
+
+
 def render() -> str:
     cfg = _config()
     packages: list[str] = list(cfg["root_packages"])
-    layers = next(c for c in cfg["contracts"] if c["type"] == "layers")["layers"]
     independent = [c["modules"] for c in cfg["contracts"] if c["type"] == "independence"]
     graph = grimp.build_graph(*packages)
-    lines = [BEGIN, "", "```mermaid", "flowchart TB"]
-    for k, layer in enumerate(layers):
-        members = [m.strip() for m in layer.split("|")]
-        lines.append(f'  subgraph layer{k}["layer {k + 1} of {len(layers)}"]')
-        lines.append("    direction LR")
-        for m in members:
-            lines.append(f'    {m}["<b>{m}</b><br/>{_summary(m)}"]')
-        lines.append("  end")
-    for importer in packages:
-        for imported in packages:
-            if importer != imported and graph.direct_import_exists(
-                importer=importer, imported=imported, as_packages=True
-            ):
-                lines.append(f"  {importer} --> {imported}")
-    lines.append("```")
+    outer = _layers(cfg, None)
+    lines = [BEGIN, ""]
+    lines += _flowchart(outer, graph, "", "layer")[0]
     lines.append("")
-    rules = [f"layer {k + 1} imports only from the layers below it" for k in range(len(layers) - 1)]
+    rules = [f"layer {k + 1} imports only from the layers below it" for k in range(len(outer) - 1)]
     lines.append(
         "Arrows are imports that exist in the code; "
         + "; ".join(rules[:1])
@@ -70,7 +93,17 @@ def render() -> str:
         + "; the core imports no gRPC, NVML, Kubernetes client or network library "
         "(pyproject.toml `[tool.importlinter]`, checked by `make test`)."
     )
-    lines += ["", END]
+    core = _layers(cfg, "gputopo")
+    lines += ["", "Inside the core, `gputopo/` (docs/architecture.md walks two requests through it):", ""]
+    lines += _flowchart(core, graph, "gputopo.", "core", "core_")[0]
+    lines += [
+        "",
+        "Each subpackage imports only from the layers below it (the same import-linter check), and "
+        "no module of the project imports itself back through others "
+        "(tests/test_import_cycles.py: imports inside functions and type-only ones count).",
+        "",
+        END,
+    ]
     return "\n".join(lines)
 
 

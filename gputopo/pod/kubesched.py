@@ -3,7 +3,7 @@
 The sidecar does not pick a single pod's node; kube-scheduler does, by adding the extender's
 prioritize score to its own score plugins and taking the best total (ties at random). The
 simulator uses this model so that its `gputopo` column is what a cluster running deploy/
-gets, not what `gang.place_pod` alone would choose. The model (docs/simulator.md):
+gets, not what `placement.place_pod` alone would choose. The model (docs/simulator.md):
 
   total(node) = extender score (0..10) x EXTENDER_WEIGHT x MAX_NODE_SCORE / MAX_EXTENDER_PRIORITY
               + NodeResourcesFit LeastAllocated (0..100) x LEAST_ALLOCATED_WEIGHT
