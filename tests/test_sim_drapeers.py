@@ -63,17 +63,20 @@ def test_first_fit_is_the_stock_allocator_over_per_gpu_slices(free: set[int], si
 def test_set_devices_give_the_published_first_free_set_which_is_a_best_ring(
     free: set[int], size: int
 ) -> None:
+    """The peer answers what first fit over the published slices answers; an answer is a
+    best-ring set of the free GPUs (only the last published level is ever cut, so no better
+    free set is missing). A refusal is first fit's too: the free sets were all cut (DGX-1's
+    70 4-sets do not fit the 64 places; docs/dra.md measures how often)."""
     alloc = Allocator(DGX1)
     peer = DraGputopoSets(alloc)
-    if size > len(free):
+    slices = build_slices(DGX1, alloc, "n", healthy=range(8), free=sorted(free))
+    hit = first_fit(slices, size, sorted(set(range(8)) - free)) if size <= len(free) else None
+    if hit is None:
         with pytest.raises(AllocationError):
             peer.choose(sorted(free), size)
         return
     got = peer.choose(sorted(free), size)
-    slices = build_slices(DGX1, alloc, "n", healthy=range(8), free=sorted(free))
-    used = sorted(set(range(8)) - free)
-    hit = first_fit(slices, size, used)
-    assert hit is not None and got.indices == hit[1]
+    assert got.indices == hit[1]
     assert got.ring_mbps == best_ring(alloc, sorted(free), size)
 
 
