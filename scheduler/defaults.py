@@ -46,3 +46,7 @@ GANG_SPILL_AFTER_S = gangs.SPILL_AFTER_S  # a gang's wait for a domain of its ow
 #: election calls only its own pod's sidecar, so a replica's first call after a pause may be
 #: its first as the leader. Well below kube-scheduler's leaseDuration (15 s by default).
 TAKEOVER_GAP_S = 2.0
+#: Extended resources of gputopo's DeviceClasses on a DRA cluster (deploy/components/dra): a
+#: container asking `gputopo.io/nvlink-4: 1` asks for 4 GPUs.
+DRA_GPU_RESOURCE = "gputopo.io/gpu"
+DRA_SET_RESOURCE_PREFIX = "gputopo.io/nvlink-"

@@ -239,7 +239,7 @@ class Extender:
             now = self.clock()
             self.state.observe(pod)
             snap, views = self._current(now)
-            pod = _with_resolved_gang(pod, snap)
+            pod = _with_resolved_gang(_with_claim_size(pod, snap), snap)
             self._observe_demand(pod)
             if pod.gang is not None and pod.gpus > 0:
                 return self._filter_gang(pod, names, snap, views, now)
@@ -305,7 +305,8 @@ class Extender:
         with self._lock:
             now = self.clock()
             self.state.observe(pod)
-            _snap, views = self._current(now)
+            snap, views = self._current(now)
+            pod = _with_claim_size(pod, snap)
             in_plan = pod.gang is not None and pod.gang.key in self.gangs.plans
             planned = self.gangs.planned_node(pod.key, pod.gang.key) if pod.gang is not None else None
         if in_plan:
@@ -447,6 +448,15 @@ def _planned_message(plan: GangPlan | None, gang: str, node: str) -> str:
         f"gang {gang} planned at level {plan.level}, domain {plan.domain}: this pod on {node} "
         f"({len(plan.placements)} pending members on {nodes} nodes)"
     )
+
+
+def _with_claim_size(pod: PodInfo, snap: Snapshot) -> PodInfo:
+    """A pod that asks for GPUs through ResourceClaims, sized as the cluster state sized it from
+    those claims (scheduler/dra.py); kube-scheduler's copy of the pod does not say."""
+    if not pod.claims or pod.gpus:
+        return pod
+    known = snap.pods.get(pod.key)
+    return replace(pod, gpus=known.gpus) if known is not None and known.gpus else pod
 
 
 def _with_resolved_gang(pod: PodInfo, snap: Snapshot) -> PodInfo:

@@ -1,4 +1,5 @@
-"""Live cluster state from the API server: list+watch of Nodes, Pods and PodGroups.
+"""Live cluster state from the API server: list+watch of Nodes, Pods, PodGroups and, on DRA
+clusters, ResourceSlices and ResourceClaims (scheduler/dra.py).
 
 Each kind has a reflector thread (`scheduler.reflector`): list (remember resourceVersion), then
 watch from there; a broken watch resumes from the last resourceVersion seen, a 410 Gone relists.
@@ -23,6 +24,9 @@ from scheduler import defaults
 from scheduler.accounting import PodAccounting, record_prediction
 from scheduler.apikinds import Discovery, ExtraKinds, Kind
 from scheduler.binding import create_binding
+from scheduler.dra import GROUP as DRA_GROUP
+from scheduler.dra import VERSION as DRA_VERSION
+from scheduler.dra import DraStore, with_claim_gpus
 from scheduler.kubeobjects import group_min, node_info, parsed_pod, relevant_pod, same_topology
 from scheduler.metrics import Metrics
 from scheduler.model import NodeInfo, PodInfo, Snapshot
@@ -85,8 +89,13 @@ class KubeState:
         self._stale: set[str] = set()
         self._pod_gpus: dict[str, int] = {}
         self._snap_parts: tuple[dict[str, NodeInfo], dict[str, PodInfo], dict[str, int]] | None = None
+        self._base_nodes: dict[str, NodeInfo] = {}  # the watched nodes before DRA views
         self._raw_pods: dict[str, PodInfo] = {}  # pods before group objects are resolved in
-        self._nodes_dirty = self._pods_dirty = self._groups_dirty = True
+        self._nodes_dirty = self._pods_dirty = self._groups_dirty = self._dra_dirty = True
+        # DRA clusters: ResourceSlices and ResourceClaims stand in for absent annotations
+        self.dra = DraStore()
+        self._dra_in: tuple[object, int, object] | None = None  # (base nodes, dra version, overlaid)
+        self._dra_pods: tuple[object, int, object] | None = None  # (pods, dra version, sized)
         self._ended: tuple[int, dict[str, frozenset[str]]] | None = None  # (accounting version, map)
         self._snap_ended: dict[str, frozenset[str]] | None = None
         self._stop = threading.Event()
@@ -133,7 +142,42 @@ class KubeState:
                 **common,
             ),
             *(self._extra_reflector(k, common) for k in self.extra.kinds),
+            self._dra_reflector("resourceslices", self.dra.replace_slices, self.dra.apply_slice, common),
+            self._dra_reflector("resourceclaims", self.dra.replace_claims, self.dra.apply_claim, common),
         ]
+
+    def _dra_reflector(
+        self,
+        plural: str,
+        replace_all: Callable[[list[dict[str, Any]]], None],
+        apply: Callable[[str, dict[str, Any]], None],
+        common: dict[str, Any],
+    ) -> Reflector:
+        """A `resource.k8s.io/v1` kind (absent on clusters without DRA: served empty, then)."""
+
+        def list_fn(**kw: Any) -> Any:
+            return self.custom.list_cluster_custom_object(DRA_GROUP, DRA_VERSION, plural, **kw)
+
+        def replace_locked(items: list[dict[str, Any]]) -> None:
+            with self._lock:
+                replace_all(items)
+                self._changed("dra")
+
+        def apply_locked(event: str, obj: dict[str, Any]) -> None:
+            with self._lock:
+                apply(event, obj)
+                self._changed("dra")
+
+        return Reflector(
+            plural,
+            list_fn,
+            replace_locked,
+            apply_locked,
+            self._stop,
+            on_listed=lambda: self._mark(plural),
+            absent_ok=True,
+            **common,
+        )
 
     def _extra_reflector(self, kind: Kind, common: dict[str, Any]) -> Reflector:
         def replace_all(items: list[dict[str, Any]]) -> None:
@@ -187,7 +231,13 @@ class KubeState:
 
     def ready(self) -> bool:
         with self._lock:
-            return {"nodes", "pods", "podgroups"} | self.extra.names <= self._listed
+            return {
+                "nodes",
+                "pods",
+                "podgroups",
+                "resourceslices",
+                "resourceclaims",
+            } | self.extra.names <= self._listed
 
     def _mark(self, kind: str) -> None:
         with self._lock:
@@ -347,7 +397,13 @@ class KubeState:
                         topology_problem=f"annotation stale: {age:.0f}s old (limit {self.max_age_s:.0f}s)",
                     )
             else:
-                nodes = prev[0]
+                nodes = self._base_nodes
+            self._base_nodes = nodes
+            dra_in = self._dra_in
+            if dra_in is None or dra_in[0] is not nodes or dra_in[1] != self.dra.version:
+                overlaid = self.dra.overlay(nodes, now)  # DRA nodes without an annotation
+                self._dra_in = dra_in = (nodes, self.dra.version, overlaid)
+            nodes = dra_in[2]  # type: ignore[assignment]
             if self._pods_dirty or purged or prev is None:
                 pods = {k: p for k, (p, _) in self._observed.items()}
                 pods.update(self._pods)
@@ -356,14 +412,19 @@ class KubeState:
             else:
                 pods, pod_gpus = self._raw_pods, prev[2]
             pods = self.extra.resolve(pods)  # what group objects say: minimums, topology keys
+            sized = self._dra_pods
+            if sized is None or sized[0] is not pods or sized[1] != self.dra.version:
+                self._dra_pods = sized = (pods, self.dra.version, with_claim_gpus(pods, self.dra))
+            pods = sized[2]  # type: ignore[assignment]
             self.accounting.prune(self._nodes, now)
             if self._ended is None or self._ended[0] != self.accounting.version:
                 self._ended = (self.accounting.version, self.accounting.ended_by_node())
             changed = prev is None or nodes is not prev[0] or pods is not prev[1] or self._groups_dirty
             changed = changed or self._ended[1] is not self._snap_ended
+            changed = changed or self._dra_dirty
             if changed:
                 self._version += 1
-            self._nodes_dirty = self._pods_dirty = self._groups_dirty = False
+            self._nodes_dirty = self._pods_dirty = self._groups_dirty = self._dra_dirty = False
             self._stale = stale
             self._snap_parts = (nodes, pods, pod_gpus)
             self._snap_ended = self._ended[1]

@@ -103,10 +103,11 @@ def _node_info_unguarded(
 
 
 def relevant_pod(pod: PodInfo | None) -> PodInfo | None:
-    """The pods the planner needs: active ones with GPUs or in a gang."""
+    """The pods the planner needs: active ones with GPUs, in a gang, or with ResourceClaims
+    (their GPUs are known once the claims are: scheduler/dra.py)."""
     if pod is None:
         return None
-    return pod if (pod.gpus > 0 or pod.gang is not None) and pod.active else None
+    return pod if (pod.gpus > 0 or pod.gang is not None or pod.claims) and pod.active else None
 
 
 def parsed_pod(obj: dict[str, Any], resource: str) -> PodInfo | None:

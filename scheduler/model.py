@@ -48,6 +48,9 @@ class PodInfo:
     #: metadata.creationTimestamp as Unix seconds (None when absent or unreadable): where a
     #: sidecar taking over re-derives a waiting gang's wait clock (docs/operator.md "Failover")
     created: float | None = None
+    #: ResourceClaims (names in the pod's namespace) the pod uses: its GPUs on a DRA cluster
+    #: when it asks through claims (sized by scheduler/dra.py from the claims' requests)
+    claims: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -131,8 +134,44 @@ def _container_gpus(containers: Any, where: str, resource: str) -> list[int]:
         limits = _obj(res.get("limits") or {}, f"{where}[{k}].resources.limits")
         requests = _obj(res.get("requests") or {}, f"{where}[{k}].resources.requests")
         raw = limits.get(resource, requests.get(resource, 0))
-        out.append(parse_quantity(raw, f"{where}[{k}] {resource}"))
+        gpus = parse_quantity(raw, f"{where}[{k}] {resource}")
+        for name in {*limits, *requests}:  # DRA through a DeviceClass's extendedResourceName
+            size = _dra_extended_size(name) if isinstance(name, str) else None
+            if size is not None and name != resource:
+                gpus += size * parse_quantity(limits.get(name, requests.get(name, 0)), f"{where}[{k}] {name}")
+        out.append(gpus)
     return out
+
+
+def _dra_extended_size(name: str) -> int | None:
+    """GPUs one unit of a gputopo DeviceClass's extended resource is (`gputopo.io/gpu`: 1,
+    `gputopo.io/nvlink-<k>`: k; deploy/components/dra), else None."""
+    if name == defaults.DRA_GPU_RESOURCE:
+        return 1
+    prefix = defaults.DRA_SET_RESOURCE_PREFIX
+    if name.startswith(prefix) and _digits(name[len(prefix) :]):
+        size = int(name[len(prefix) :])
+        return size if 2 <= size <= defaults.MAX_GPUS_PER_POD else None
+    return None
+
+
+def _claim_names(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ResourceClaims a pod uses: named directly (`spec.resourceClaims[].resourceClaimName`)
+    or generated from a template (`status.resourceClaimStatuses[].resourceClaimName`)."""
+    out: list[str] = []
+    for entries, where in (
+        (spec.get("resourceClaims"), "spec"),
+        (status.get("resourceClaimStatuses"), "status"),
+    ):
+        if entries is None:
+            continue
+        if not isinstance(entries, list):
+            raise BadInput(f"Pod.{where} resource claims must be a list")
+        for e in entries:
+            name = e.get("resourceClaimName") if isinstance(e, Mapping) else None
+            if isinstance(name, str) and name and name not in out:
+                out.append(name)
+    return tuple(out[:64])
 
 
 def parse_pod(raw: Any, resource: str = defaults.RESOURCE_NAME) -> PodInfo:
@@ -183,6 +222,7 @@ def parse_pod(raw: Any, resource: str = defaults.RESOURCE_NAME) -> PodInfo:
         gang=_gang(namespace, labels, annotations, spec),
         topology_wait_s=wait,
         created=_timestamp(meta.get("creationTimestamp")),
+        claims=_claim_names(spec, status),
     )
 
 

@@ -38,6 +38,9 @@ EXTRA_KINDS: dict[str, tuple[str, str, str]] = {
     "kai-podgroups": ("scheduling.run.ai", "v2alpha2", "podgroups"),
     "kueue-topologies": ("kueue.x-k8s.io", "v1beta1", "topologies"),
     "kai-topologies": ("kai.scheduler", "v1alpha1", "topologies"),
+    # DRA (built in from Kubernetes 1.34; absent on older clusters)
+    "resourceslices": ("resource.k8s.io", "v1", "resourceslices"),
+    "resourceclaims": ("resource.k8s.io", "v1", "resourceclaims"),
 }
 
 

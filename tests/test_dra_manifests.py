@@ -94,7 +94,10 @@ def test_the_daemonset_runs_dra_mode_with_kubelets_plugin_folders(source: str) -
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         assert "exec" not in c[probe]
-        assert c[probe]["httpGet"]["path"] == path and c[probe]["httpGet"]["port"] in ("metrics", ports["metrics"])
+        assert c[probe]["httpGet"]["path"] == path and c[probe]["httpGet"]["port"] in (
+            "metrics",
+            ports["metrics"],
+        )
 
 
 def test_chart_and_kustomize_render_the_same_objects() -> None:

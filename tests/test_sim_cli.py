@@ -93,6 +93,8 @@ def test_json_on_a_trace_slice_with_a_cluster_file(tmp_path: Path) -> None:
         "gang-only",
         "fgd",
         "kueue-tas",
+        "dra-first-fit",
+        "dra-gputopo-sets",
     ]
     assert doc["run"]["mode"] == "replay"
     model = doc["job_time_model"]

@@ -41,7 +41,7 @@ def by_policy(results: list) -> dict:
 
 def test_the_new_peers_run_after_the_existing_ones() -> None:
     assert POLICIES[:5] == ("gputopo", "kubelet-default", "best-effort-pairs", "best-combo", "gang-only")
-    assert POLICIES[5:] == ("fgd", "kueue-tas")
+    assert POLICIES[5:] == ("fgd", "kueue-tas", "dra-first-fit", "dra-gputopo-sets")
 
 
 # ---------------------------------------------------------------------------------------- FGD

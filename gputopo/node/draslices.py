@@ -21,7 +21,10 @@ The slice format (`resource.k8s.io/v1`), one pool per node (pool name = node nam
   (`pci<domain>:<bus>`, when the daemon could read it from sysfs),
   `resource.kubernetes.io/numaNode` (when known), and per published size k the scalar group
   attribute `group<k>`: which set of a best-first partition of the node into k-sets this GPU is
-  in (for hand-written `matchAttribute` claims).
+  in (for hand-written `matchAttribute` claims); and its links (`link<j>`: the `topo -m` code
+  to GPU j, `nvlinkMBps`: one NVLink's MB/s), from which the scheduler sidecar rebuilds the
+  node's Topology where no annotation exists (`link_attributes`; left out when they would pass
+  the 32-attribute limit).
 * slice `set<k>` for each published size k: devices `set-<i>-<j>-…` (sorted indices), each
   consuming its members' counters, attributes `type="set"`, `healthy` (all members healthy),
   `size`, `ringMBps` (the set's ring bandwidth in MB/s), `gpus` (comma-joined indices) and
@@ -334,7 +337,26 @@ def _gpu_device(
     for k, part in groups.items():
         if i in part:
             attrs[f"group{k}"] = {"int": part[i]}
+    attrs.update(link_attributes(topology, i, room=MAX_ATTRIBUTES_PER_DEVICE - len(attrs)))
     return {"name": gpu_device_name(i), "attributes": attrs, "consumesCounters": _consumes((i,))}
+
+
+def link_attributes(topology: Topology, i: int, *, room: int) -> dict[str, dict[str, Any]]:
+    """GPU i's links, for readers of the slices that must rebuild the node's Topology (the
+    scheduler sidecar on a DRA cluster, where no annotation exists): `link<j>` = the `nvidia-smi
+    topo -m` code of the pair (i, j) for every other GPU j, and `nvlinkMBps` = one NVLink's MB/s
+    on this node (its BandwidthSettings). Empty when they do not fit in `room` attributes (a
+    node of more than ~21 GPUs): that node is then read as of unknown topology, never guessed."""
+    n = topology.n
+    if n - 1 + 1 > room:
+        return {}
+    out: dict[str, dict[str, Any]] = {
+        "nvlinkMBps": {"int": round(topology.settings.nvlink_gbps_per_link * 1000)}
+    }
+    for j in range(n):
+        if j != i:
+            out[f"link{j}"] = {"string": topology.code(i, j)}
+    return out
 
 
 def _set_device(topology: Topology, s: SetDevice, healthy: set[int]) -> dict[str, Any]:

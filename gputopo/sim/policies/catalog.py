@@ -125,12 +125,33 @@ def _in_node_row(policy: InNodePolicy) -> SimPolicy:
     )
 
 
-#: The rows that stand for a whole scheduler rather than an in-node choice.
+def _dra(row: SimPolicy, b: Build) -> Policy | SidecarPolicy:
+    """kube-scheduler's own DRA allocator (gputopo/sim/policies/drapeers.py): LeastAllocated
+    nodes, and on each the first devices in slice order that satisfy the claim: per-GPU devices
+    (`dra-first-fit`, NVIDIA-style attributes) or gputopo's published set devices."""
+    from gputopo.sim.policies.drapeers import DraFirstFit, DraGputopoSets
+
+    chooser = DraFirstFit if row.gpus == "dra-first-fit" else DraGputopoSets
+    allocators = b.allocators()
+    return Policy(
+        row.name,
+        b.cluster,
+        allocators,
+        rank=row.rank,
+        gpus=[chooser(a) for a in allocators],
+        cache_gpus=row.cache,
+    )
+
+
+#: The rows that stand for a whole scheduler rather than an in-node choice (`gpus` of a DRA row
+#: names its DRA allocator, not a core policy).
 PEERS: tuple[SimPolicy, ...] = (
     SimPolicy("gang-only", _sidecar_without_planner, "gputopo"),
     # FGD's in-node choice is kubelet's order as the daemons run it (no modelled crash)
     SimPolicy("fgd", _fgd, "kubelet-default", faithful=False, share_rule="fgd"),
     SimPolicy("kueue-tas", _kueue_tas, "best-effort-pairs"),
+    SimPolicy("dra-first-fit", _dra, "dra-first-fit", rank="least", cache=True),
+    SimPolicy("dra-gputopo-sets", _dra, "dra-gputopo-sets", rank="least", cache=True),
 )
 #: Every row, in the order the simulator runs and reports them.
 SIM_POLICIES: tuple[SimPolicy, ...] = (*map(_in_node_row, REGISTRY), *PEERS)
