@@ -54,7 +54,9 @@ def oracle_good(name: str, free: frozenset[int], gpus: int) -> bool:
 
     shares = PROFILE_MIXES["default"]
     total = sum(shares.values())
-    eff = sum(v / total * step(PROFILES[k], busbw(best)) / step(PROFILES[k], busbw(here)) for k, v in shares.items())
+    eff = sum(
+        v / total * step(PROFILES[k], busbw(best)) / step(PROFILES[k], busbw(here)) for k, v in shares.items()
+    )
     return min(eff, 1.0) >= 1 - BAND
 
 

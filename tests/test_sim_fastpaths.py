@@ -438,7 +438,9 @@ def test_the_tracker_learns_every_new_server_once() -> None:
         for a in {v.allocator.exact for v in views.values() if v.allocator is not None}:
             for g in (2, 4, 8):
                 assert objective.efficiency(a, g, 1000) == want.efficiency(a, g, 1000)
-                assert objective.efficiency(a, g, a.best_ring_mbps(g)) == want.efficiency(a, g, a.best_ring_mbps(g))
+                assert objective.efficiency(a, g, a.best_ring_mbps(g)) == want.efficiency(
+                    a, g, a.best_ring_mbps(g)
+                )
     assert objective.learned == 2
 
 

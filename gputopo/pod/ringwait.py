@@ -31,8 +31,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Protocol
 
-from gputopo.network.nodeview import ChoiceMemo
 from gputopo.jobtime.model import ring_busbw_gbps
+from gputopo.network.nodeview import ChoiceMemo
 from gputopo.node.allocator import AllocationError, Allocator
 from gputopo.node.policy import GpuPolicy
 from gputopo.pod.objective import CommProfile
