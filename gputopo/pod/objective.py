@@ -26,7 +26,8 @@ candidate nodes of one pod, larger first, by
 
 Demand shares come from a `DemandMix` the caller feeds with the pods it sees (the sidecar: every
 pod it filters; the simulator: every job as it arrives), with a prior until it has seen some.
-docs/objective.md has the candidates that were measured side by side and why this one won.
+docs/objective.md has why this one won (on the first job-time model) and how it measures on the
+measured one.
 
 Pure: no I/O, no clock, no globals; the caller owns the mix and the objective.
 """
