@@ -17,6 +17,7 @@ added there are compared without touching this file.
 Run: .venv/bin/python bench/bench_targets.py [--workloads generator,helios,philly,openb-fill]
      [--clusters default,mixed-leaf,gb200-nvl] [--policies ...] [--pods 20000] [--json out.json]
      [--profile-mix default|cnn|encoder|llm]  (the job-time model's profiles, docs/jobtime.md)
+     [--load 0.5] [--gang-spill-after SECONDS]  (the generator's load; the opt-in wait)
 """
 
 from __future__ import annotations
@@ -71,11 +72,13 @@ def _sim_args(workload: str, cluster: str, policies: Sequence[str], args: argpar
     """The `gputopo simulate` command line of one cell of the matrix."""
     argv = ["--cluster-preset", cluster, "--policies", ",".join(policies), "--seed", str(args.seed)]
     argv += ["--profile-mix", args.profile_mix]
+    if args.gang_spill_after is not None:  # the opt-in wait, for gangs and multi-GPU pods alike
+        argv += ["--gang-spill-after", str(args.gang_spill_after)]
     if args.queue_order != "arrival" and workload != "openb-fill":  # a fill has no queue
         argv += ["--queue-order", args.queue_order]
     trace = TRACES[workload]
     if trace is None:
-        return [*argv, "--pods", str(args.pods)]
+        return [*argv, "--pods", str(args.pods), "--load", str(args.load)]
     path = Path(args.traces) / trace
     if not path.is_file():
         raise UsageError(f"--traces {args.traces}: {workload} trace {trace} not found")
@@ -182,7 +185,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma list (default: every policy)")
     parser.add_argument("--pods", type=int, default=20000, help="pods of the generator (default 20000)")
+    parser.add_argument(
+        "--load",
+        type=float,
+        default=0.5,
+        help="offered load of the generator at ideal placement (gputopo simulate --load; default 0.5)",
+    )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--gang-spill-after",
+        type=float,
+        metavar="SECONDS",
+        help="the opt-in wait of gangs and multi-GPU pods for a better domain (gputopo simulate "
+        "--gang-spill-after; default: the shipped 0, no wait)",
+    )
     parser.add_argument(
         "--queue-order",
         choices=QUEUE_ORDERS,

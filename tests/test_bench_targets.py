@@ -154,3 +154,18 @@ def test_the_profile_mix_reaches_every_cell(tmp_path: Path) -> None:
         assert set(result["job_time_ratio_by_profile"]) == {"llm"}
     bad = run("--profile-mix", "resnet")
     assert bad.returncode == 2 and "--profile-mix" in bad.stderr
+
+
+def test_the_load_and_the_opt_in_wait_reach_the_cells(tmp_path: Path) -> None:
+    """--load sets the generator's offered load, --gang-spill-after the gang lifecycle's wait."""
+    out = tmp_path / "targets.json"
+    r = run(
+        "--workloads", "generator", "--clusters", "default", "--policies", "gputopo,kubelet-default",
+        "--pods", "300", "--load", "0.2", "--gang-spill-after", "3600", "--json", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    (cell,) = json.loads(out.read_text())["runs"]
+    assert "load 0.2" in cell["run"]["workload"]
+    assert "3600" in cell["run"]["gang lifecycle"]
+    bad = run("--load", "zero")
+    assert bad.returncode == 2 and "--load" in bad.stderr

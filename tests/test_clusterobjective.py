@@ -93,7 +93,7 @@ def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError):
         DemandMix(prior={1: 0.0})
     with pytest.raises(ValueError):
-        CommProfile(compute_s=0)
+        CommProfile(mix="no-such-mix")
 
 
 @settings(max_examples=60, deadline=None)
@@ -115,7 +115,11 @@ def test_scores_rank_every_fitting_node_and_refuse_the_rest(gpus: int, frees: li
         objective = ClusterObjective()
         objective.learn(KINDS.values())
         effs = {
-            v.name: objective.efficiency(gpus, v.allocator.choose(sorted(v.free), gpus).ring_mbps)  # type: ignore[union-attr]
+            v.name: objective.efficiency(
+                v.allocator.exact,  # type: ignore[union-attr]
+                gpus,
+                v.allocator.choose(sorted(v.free), gpus).ring_mbps,  # type: ignore[union-attr]
+            )
             for v in fitting
         }
         top = max(scores.values())

@@ -6,6 +6,7 @@ computes the model's answer from the same setup and asserts the relative error."
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -30,6 +31,7 @@ from gputopo.jobtime.model import (
     intra_busbw_gbps,
     nics_for,
     placement_step_time,
+    ring_busbw_gbps,
     step_s,
     step_time,
 )
@@ -360,3 +362,26 @@ def test_placement_step_time_is_what_the_sidecar_can_ask() -> None:
             placement_step_time(topo, bad, LEAF, nics, 1e9, 0.2, 0.0)
     with pytest.raises(JobTimeError):
         placement_step_time(topo, [8, 8], HOSTNAME, nics, 1e9, 0.2, 0.0)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["dgx1-v100", "hgx-h100", "pcie8-plx", "l40s-nv4-pairs-4numa", "a100-pcie-nvlink-pairs", "rtx8000-4"],
+)
+def test_the_busbw_of_a_ring_is_the_best_set_of_that_ring(name: str) -> None:
+    """`ring_busbw_gbps` (what the single-pod objective reads for a set it knows by its ring)
+    against every set of every size: the best busbw `intra_busbw_gbps` gives a set of that
+    size and ring, the NVSwitch and PCIe shortcuts included; on DGX-1 one ring figure carries
+    several busbws (NCCL's channels), and the best is read."""
+    alloc = Allocator(load_preset(name))
+    spread = 0
+    for size in range(2, alloc.n + 1):
+        by_ring: dict[int, list[float]] = {}
+        for s in itertools.combinations(range(alloc.n), size):
+            ring = alloc.ring_mbps(s)
+            by_ring.setdefault(ring, []).append(intra_busbw_gbps(alloc.topology, s, ring))
+        for ring, values in by_ring.items():
+            assert ring_busbw_gbps(alloc, size, ring) == max(values)
+            spread += max(values) > min(values)
+    assert ring_busbw_gbps(alloc, 1, 0) == math.inf
+    assert (spread > 0) == (name == "dgx1-v100")

@@ -435,7 +435,12 @@ def test_the_tracker_learns_every_new_server_once() -> None:
         assert isinstance(got, asks.Planned)
         want.learn({v.allocator.exact for v in views.values() if v.allocator is not None})
         assert objective.learned == want.learned
-        assert all(objective.efficiency(g, 1000) == want.efficiency(g, 1000) for g in (2, 4, 8))
+        for a in {v.allocator.exact for v in views.values() if v.allocator is not None}:
+            for g in (2, 4, 8):
+                assert objective.efficiency(a, g, 1000) == want.efficiency(a, g, 1000)
+                assert objective.efficiency(a, g, a.best_ring_mbps(g)) == want.efficiency(
+                    a, g, a.best_ring_mbps(g)
+                )
     assert objective.learned == 2
 
 
@@ -510,7 +515,7 @@ def _plain_cost(
 
     def value(mask: int) -> float:
         groups = a.groups([i for i in range(a.n) if mask >> i & 1])
-        terms = [(m, obj.efficiency(m, best), count) for m, best, count in groups]
+        terms = [(m, obj.efficiency(a, m, best), count) for m, best, count in groups]
         return sum(mix.single(m) * m * eff * count for m, eff, count in terms)
 
     f_mask = sum(1 << i for i in free)
@@ -519,7 +524,7 @@ def _plain_cost(
     cost = value(f_mask) - value(r_mask)
     growth = 0.0
     for m in (2, 4, 8):
-        worth = obj.efficiency(m, a.best_ring_mbps(m)) if a.n >= m else 0.0
+        worth = obj.efficiency(a, m, a.best_ring_mbps(m)) if a.n >= m else 0.0
         growth += mix.whole(m) * worth * ((after % m) - (before % m))
     cost += obj.frag_weight * growth
     return -cost if exact else -round(cost, 6)
@@ -567,7 +572,7 @@ def _costs_across_versions(preset: str, frag_weight: float, exact: bool) -> None
         for a, free, choice, gpus in rng.sample(asked, min(len(asked), 8)):
             want = _plain_cost(obj, a, free, choice, exact)
             assert obj.cost(a, free, choice) == want
-            eff = obj.efficiency(gpus, choice.ring_mbps)
+            eff = obj.efficiency(a.exact, gpus, choice.ring_mbps)
             assert obj.key(gpus, a, free, choice, eff, True)[1] == want
             taken = obj.take_cost(a, free, choice.indices)  # the same cost, unrounded, the other sign
             assert (-taken if exact else -round(taken, 6)) == want

@@ -63,7 +63,7 @@ def _old_keys(
     obj: ClusterObjective, gpus: int, candidates: dict[tuple[GpuPolicy, frozenset[int]], Choice]
 ) -> dict[tuple[GpuPolicy, frozenset[int]], tuple[object, ...]]:
     """`ClusterObjective.keys` as it was written before `floor` and `key` were split out."""
-    eff = {kind: obj.efficiency(gpus, c.ring_mbps) for kind, c in candidates.items()}
+    eff = {kind: obj.efficiency(kind[0].exact, gpus, c.ring_mbps) for kind, c in candidates.items()}
     top = max(eff.values(), default=1.0)
     out: dict[tuple[GpuPolicy, frozenset[int]], tuple[object, ...]] = {}
     for (policy, free), choice in candidates.items():
@@ -192,7 +192,7 @@ def test_place_pod_decides_as_node_scores_per_class(preset: str, seed: int) -> N
     assert ties > 0  # classes at one best total: the choice among them is kube-scheduler's
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, 3])
 def test_the_same_classes_follow_the_demand_mix(seed: int) -> None:
     """States drawn at random, the demand mix swung between small pods and whole-node gangs on
     each: the answers follow it as the plain path's do (an answer is kept across mix versions

@@ -15,7 +15,8 @@ The wait is opt-in (issue 18): the tracker's `spill_after_s` is 0 unless the ope
 now in the smallest level that holds it, as Kueue's, KAI's and Volcano's "preferred" levels are.
 The numbers above came from an unmeasured job-time model (`gputopo/sim/comm.py`), which
 published NCCL measurements show to be far too pessimistic about larger levels, so they no
-longer set a default.
+longer set a default. Re-measured on the measured model (docs/objective.md, "The opt-in wait,
+re-measured"), the wait still wins on communication-heavy mixes and not on a CNN-only one.
 
 The rule, applied by the lifecycle (`gang.tracker.GangTracker`) to a gang none of whose members is
 bound yet, when a wait is asked for: its *own level* is the smallest level of the plan's label

@@ -32,6 +32,7 @@ the sidecar read the same numbers.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -197,14 +198,54 @@ def intra_busbw_gbps(topology: Topology, gpus: Sequence[int], ring_mbps: int) ->
             if lk is not None and lk.nvlinks > 0:
                 total += lk.nvlinks
         nv_out.append(total)
-    # The best ring runs over NVLink alone when its weakest hop is faster than every PCIe
-    # figure of the node (a PCIe hop would cap it at that figure). A ring that ties a PCIe
-    # figure (only with unusual --pcie-gbps settings) is read as PCIe, the slower reading.
     ring_gbps = ring_mbps / 1000.0
-    nvlink_only = ring_gbps >= per_link and ring_gbps > max(topology.settings.pcie_gbps.values())
-    if nvlink_only and min(nv_out) > 0:
+    if _nvlink_only(topology, ring_mbps) and min(nv_out) > 0:
         return max(ring_gbps, min(nv_out) * per_link) * NVLINK_EFFICIENCY
+    return _pcie_busbw(topology, ring_mbps)
+
+
+def _nvlink_only(topology: Topology, ring_mbps: int) -> bool:
+    """Whether a ring of this weakest hop runs over NVLink alone: faster than every PCIe figure
+    of the node (a PCIe hop would cap it at that figure). A ring that ties a PCIe figure (only
+    with unusual --pcie-gbps settings) is read as PCIe, the slower reading."""
+    ring_gbps = ring_mbps / 1000.0
+    per_link = topology.settings.nvlink_gbps_per_link
+    return ring_gbps >= per_link and ring_gbps > max(topology.settings.pcie_gbps.values())
+
+
+def _pcie_busbw(topology: Topology, ring_mbps: int) -> float:
     return PCIE_BUSBW_GBPS[_pcie_level(topology, ring_mbps)] if ring_mbps > 0 else PCIE_BUSBW_GBPS["SYS"]
+
+
+#: Largest node on which `ring_busbw_gbps` reads a mesh's sets one by one (C(12, 6) = 924).
+RING_BUSBW_ENUMERATE_MAX = 12
+
+
+def ring_busbw_gbps(allocator: Allocator, size: int, ring_mbps: int) -> float:
+    """All-reduce busbw of `size` GPUs of the allocator's server whose ring's weakest hop is
+    `ring_mbps`, for a caller that knows a set only by that figure (the single-pod objective
+    ranks nodes by their allocator's ring and prices the groups a free set keeps by their best
+    ring, gputopo.node.allocator.Allocator.groups).
+
+    On NVSwitch and on any ring that crosses PCIe the figure decides the busbw. On a
+    direct-NVLink mesh NCCL's channels make it depend on the set (DGX-1 V100: 4 GPUs whose
+    weakest hop is one 25 GB/s link reach 40, 60 or 80 GB/s): this reads the best set of that
+    size and ring, what the server offers at that ring. Beyond `RING_BUSBW_ENUMERATE_MAX` GPUs
+    a mesh is read as one ring (the lower bound). Uncached: callers keep the answers."""
+    if size < 2:
+        return math.inf
+    topology = allocator.topology
+    if topology.nvswitch:
+        return ring_mbps / 1000.0 * NVLINK_EFFICIENCY
+    if not _nvlink_only(topology, ring_mbps):
+        return _pcie_busbw(topology, ring_mbps)
+    if topology.n > RING_BUSBW_ENUMERATE_MAX:
+        return ring_mbps / 1000.0 * NVLINK_EFFICIENCY
+    best = 0.0
+    for gpus in itertools.combinations(range(topology.n), size):
+        if allocator.ring_mbps(gpus) == ring_mbps:
+            best = max(best, intra_busbw_gbps(topology, gpus, ring_mbps))
+    return best if best > 0 else ring_mbps / 1000.0 * NVLINK_EFFICIENCY
 
 
 # ----------------------------------------------------------------------- across nodes

@@ -9,8 +9,9 @@ jobs after them then ran on PCIe boxes at 2.4x their ideal time (Philly replay: 
 throughput of kubelet's spreading, 366 h mean queueing against 183 h). This module ranks the
 candidate nodes of one pod, larger first, by
 
-  1. **good enough**: the job's efficiency on the node (the step time its ring gives, relative
-     to the best ring any server of the cluster offers for that size, through `CommProfile`)
+  1. **good enough**: the job's efficiency on the node (the step time the measured job-time
+     model, gputopo.jobtime, gives its set, relative to the best set of that size any server of
+     the cluster offers, expected over the default mix of workload profiles: `CommProfile`)
      within `band` of the best efficiency any candidate offers now. A 1-GPU pod is efficient
      everywhere; an 8-GPU ring-bound job only on the best kind of server that has room.
   2. **least cost** among those: what the placement takes from the future, in the same unit
@@ -25,7 +26,8 @@ candidate nodes of one pod, larger first, by
 
 Demand shares come from a `DemandMix` the caller feeds with the pods it sees (the sidecar: every
 pod it filters; the simulator: every job as it arrives), with a prior until it has seen some.
-docs/objective.md has the candidates that were measured side by side and why this one won.
+docs/objective.md has why this one won (on the first job-time model) and how it measures on the
+measured one.
 
 Pure: no I/O, no clock, no globals; the caller owns the mix and the objective.
 """
@@ -35,6 +37,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from gputopo.jobtime.model import comm_s, ring_busbw_gbps, step_s
+from gputopo.jobtime.profiles import PROFILE_MIXES, PROFILES, Profile
 from gputopo.node.allocator import DISRUPTION_SIZES, Allocator, Choice
 from gputopo.node.policy import GpuPolicy
 
@@ -66,27 +70,37 @@ def size_class(gpus: int) -> int:
 
 @dataclass(frozen=True)
 class CommProfile:
-    """How much a job's speed depends on its ring: one data-parallel step is `compute_s` of
-    compute plus a ring all-reduce of `allreduce_gb`, which sends 2(k-1)/k of it through the
-    slowest hop (the first job-time model's step; the measured one is gputopo.jobtime.model)."""
+    """How much a job's speed depends on the GPUs it gets, read from the measured job-time model
+    (gputopo.jobtime.model: the all-reduce busbw of the set, its step time with overlap), the
+    model the simulator runs jobs by. A pod does not say which model it trains, so a set's
+    efficiency is the expected one over a mix of workload profiles (gputopo.jobtime.profiles):
+    by default the simulator's default mix, so the sidecar weighs placements by the jobs the
+    default run measures them on."""
 
-    compute_s: float = 0.2
-    allreduce_gb: float = 1.0
+    mix: str = "default"
 
     def __post_init__(self) -> None:
-        if not (self.compute_s > 0 and self.allreduce_gb >= 0):
-            raise ValueError("compute_s must be > 0 and allreduce_gb >= 0")
+        if self.mix not in PROFILE_MIXES:
+            raise ValueError(f"unknown profile mix {self.mix!r} (known: {', '.join(PROFILE_MIXES)})")
 
-    def step_s(self, gpus: int, ring_mbps: int) -> float:
-        if gpus < 2 or ring_mbps <= 0:
-            return self.compute_s
-        return self.compute_s + 2 * (gpus - 1) / gpus * self.allreduce_gb / (ring_mbps / 1000)
+    def shares(self) -> list[tuple[Profile, float]]:
+        """(profile, share of jobs) of the mix, shares summing to 1."""
+        items = [(PROFILES[name], share) for name, share in PROFILE_MIXES[self.mix].items() if share > 0]
+        total = sum(share for _, share in items)
+        return [(p, share / total) for p, share in items]
 
-    def efficiency(self, gpus: int, ring_mbps: int, best_mbps: int) -> float:
-        """Ideal step time over actual: 1.0 at the best ring, less on a slower one."""
-        if gpus < 2 or best_mbps <= 0:
+    def efficiency(self, gpus: int, busbw_gbps: float, best_gbps: float) -> float:
+        """Expected ideal step time over actual of a `gpus`-GPU job whose all-reduce runs at
+        `busbw_gbps` against `best_gbps` (the best set of that size anywhere): 1.0 at the best,
+        less on a slower set; never above 1."""
+        if gpus < 2 or busbw_gbps >= best_gbps:
             return 1.0
-        return self.step_s(gpus, best_mbps) / self.step_s(gpus, max(ring_mbps, 1))
+        eff = 0.0
+        for p, share in self.shares():
+            ideal = step_s(p.compute_s, p.overlap, comm_s(p.grad_bytes, gpus, best_gbps))
+            actual = step_s(p.compute_s, p.overlap, comm_s(p.grad_bytes, gpus, max(busbw_gbps, 1e-3)))
+            eff += share * ideal / actual
+        return eff
 
 
 class DemandMix:
@@ -178,7 +192,8 @@ class ClusterObjective:
         self.comm = comm or CommProfile()
         self.band = band
         self.frag_weight = frag_weight
-        self._best: dict[int, int] = {}  # size -> best ring MB/s over every allocator seen
+        self._best: dict[int, float] = {}  # size -> best busbw (GB/s) over every allocator seen
+        self._busbws: dict[tuple[Allocator, int, int], float] = {}  # see `busbw`
         self._seen: set[int] = set()  # id() of allocators folded into _best
         self._keep: list[Allocator] = []  # ...kept alive so their ids stay theirs
         self._values: dict[tuple[int, int, int], float] = {}  # (allocator id, mask, mix version)
@@ -186,7 +201,7 @@ class ClusterObjective:
         self._recipes: dict[tuple[object, ...], _Recipe] = {}  # see `_cost`
         self._weighed: tuple[DemandMix, int, dict[int, float], dict[int, float]] | None = None
         self._terms: dict[tuple[int, int], list[tuple[int, float, int]]] = {}  # see `_value`
-        self._effs: dict[tuple[int, int], float] = {}  # (gpus, ring MB/s) -> efficiency
+        self._effs: dict[tuple[Allocator, int, int], float] = {}  # (allocator, gpus, ring MB/s)
         self._worths: dict[int, list[tuple[int, float]]] = {}  # allocator id -> see `_frag_growth`
         self._takes: dict[tuple[object, ...], float] = {}  # see `take_cost`
 
@@ -214,7 +229,7 @@ class ClusterObjective:
             self._seen.add(id(a))
             self._keep.append(a)
             for m in range(2, a.n + 1):
-                self._best[m] = max(self._best.get(m, 0), a.best_ring_mbps(m))
+                self._best[m] = max(self._best.get(m, 0.0), self.busbw(a, m, a.best_ring_mbps(m)))
             self._values.clear()
             self._costs.clear()
             self._recipes.clear()
@@ -223,14 +238,32 @@ class ClusterObjective:
             self._worths.clear()
             self._takes.clear()
 
-    def efficiency(self, gpus: int, ring_mbps: int) -> float:
-        hit = self._effs.get((gpus, ring_mbps))
+    def busbw(self, alloc: Allocator, gpus: int, ring_mbps: int) -> float:
+        """The model's all-reduce busbw of `gpus` GPUs of this server at a ring of `ring_mbps`
+        (gputopo.jobtime.model.ring_busbw_gbps), kept per (server, size, ring)."""
+        key = (alloc, gpus, ring_mbps)
+        hit = self._busbws.get(key)
         if hit is None:
+            if len(self._busbws) > 200_000:
+                self._busbws.clear()
+            hit = self._busbws[key] = ring_busbw_gbps(alloc, gpus, ring_mbps)
+        return hit
+
+    def efficiency(self, alloc: Allocator, gpus: int, ring_mbps: int) -> float:
+        """The job's expected efficiency (`CommProfile.efficiency`) on `gpus` GPUs of this
+        server at a ring of `ring_mbps`, against the best set of that size on any server the
+        objective has learned; kept per (server, size, ring) until it learns another server."""
+        key = (alloc, gpus, ring_mbps)
+        hit = self._effs.get(key)
+        if hit is None:
+            if gpus < 2:
+                return 1.0
+            if id(alloc) not in self._seen:
+                self.learn((alloc,))
             if len(self._effs) > 200_000:
                 self._effs.clear()
-            hit = self._effs[(gpus, ring_mbps)] = self.comm.efficiency(
-                gpus, ring_mbps, self._best.get(gpus, ring_mbps)
-            )
+            bw = self.busbw(alloc, gpus, ring_mbps)
+            hit = self._effs[key] = self.comm.efficiency(gpus, bw, self._best.get(gpus, bw))
         return hit
 
     def keys(
@@ -239,7 +272,7 @@ class ClusterObjective:
         """A comparable key (larger is better) per (allocator, free set) that fits `gpus`,
         given the allocator's choice on it."""
         self.learn(p.exact for p, _ in candidates)
-        eff = {kind: self.efficiency(gpus, c.ring_mbps) for kind, c in candidates.items()}
+        eff = {(p, free): self.efficiency(p.exact, gpus, c.ring_mbps) for (p, free), c in candidates.items()}
         floor = self.floor(eff.values())
         out: dict[tuple[GpuPolicy, frozenset[int]], tuple[object, ...]] = {}
         for (policy, free), choice in candidates.items():
@@ -366,7 +399,7 @@ class ClusterObjective:
         if terms is None:
             free = [i for i in range(alloc.n) if mask >> i & 1]
             terms = self._terms[(id(alloc), mask)] = [
-                (m, self.efficiency(m, best), count) for m, best, count in alloc.groups(free)
+                (m, self.efficiency(alloc, m, best), count) for m, best, count in alloc.groups(free)
             ]
         return terms
 
@@ -375,7 +408,7 @@ class ClusterObjective:
         worths = self._worths.get(id(alloc))
         if worths is None:
             worths = self._worths[id(alloc)] = [
-                (m, self.efficiency(m, alloc.best_ring_mbps(m)) if alloc.n >= m else 0.0)
+                (m, self.efficiency(alloc, m, alloc.best_ring_mbps(m)) if alloc.n >= m else 0.0)
                 for m in SIZE_CLASSES[1:]
             ]
         return worths

@@ -5,7 +5,8 @@ cluster that is usually one node (Philly replay on the default preset: 96-98 % o
 placements had exactly one node with room), and what it offers is whatever the last departure
 left: two GPUs behind different PLX switches, four across the sockets of a PCIe box. Such a set
 runs the job at a fraction of the speed the same node gives it at its best (a 4-GPU
-data-parallel step across the sockets of a PCIe box takes 1.6x as long as inside one), and holds
+data-parallel step across the sockets of a PCIe box takes 1.17x as long as inside one, expected over
+the default mix of workload profiles by the measured job-time model), and holds
 the GPUs that much longer. Measured (docs/objective.md, "pods at best ring"): every such
 placement on that run came when no node with room offered better, so no ranking could avoid it;
 only waiting for the next departure could. Like a gang's wait for its level, it is opt-in
@@ -13,8 +14,9 @@ only waiting for the next departure could. Like a gang's wait for its level, it 
 an operator (--gang-spill-after) or the pod (gputopo.io/topology-wait) asks for the wait.
 
 The rule, as `gang.levelwait`'s for gangs: a pod of 2 GPUs or more is *held* to the nodes whose set is
-good enough for it on that node's own scale — the data-parallel step its set gives
-(`CommProfile`) within the objective's `band` of the step the node gives at its best ring — for
+good enough for it on that node's own scale — the job's efficiency on its set against the
+node's best set of that size, by the measured job-time model (gputopo.jobtime, through the
+objective's `CommProfile`), within the objective's `band` — for
 up to `spill_after_s` from the first time a node with room was not good enough. While held, the
 other nodes are filtered out (it waits if none is left); past that it takes what there is, so no
 pod waits forever for capacity that other work keeps busy. A node of unknown topology is never
@@ -29,8 +31,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Protocol
 
+from gputopo.jobtime.model import ring_busbw_gbps
 from gputopo.network.nodeview import ChoiceMemo
-from gputopo.node.allocator import AllocationError
+from gputopo.node.allocator import AllocationError, Allocator
 from gputopo.node.policy import GpuPolicy
 from gputopo.pod.objective import CommProfile
 
@@ -65,6 +68,7 @@ class RingWait:
         self._max_held = max(1, max_held)
         self._first: dict[Hashable, float] = {}  # pod -> when a node with room was first declined
         self._good: dict[tuple[GpuPolicy, frozenset[int], int], bool] = {}
+        self._busbws: dict[tuple[Allocator, int, int], float] = {}  # see `_busbw`
 
     def good(
         self, policy: GpuPolicy | None, free: frozenset[int], gpus: int, memo: ChoiceMemo | None = None
@@ -88,8 +92,21 @@ class RingWait:
             except AllocationError:  # the node's own policy refuses: nothing to judge it by
                 hit = self._good[key] = True
                 return hit
-            step = self.comm.step_s
-            hit = self._good[key] = step(gpus, best) >= (1 - self.band) * step(gpus, ring)
+            topology = policy.exact
+            here = self._busbw(topology, gpus, ring)
+            hit = self._good[key] = self.comm.efficiency(
+                gpus, here, max(here, self._busbw(topology, gpus, best))
+            ) >= (1 - self.band)
+        return hit
+
+    def _busbw(self, alloc: Allocator, gpus: int, ring_mbps: int) -> float:
+        """gputopo.jobtime.model.ring_busbw_gbps, kept per (server, size, ring)."""
+        key = (alloc, gpus, ring_mbps)
+        hit = self._busbws.get(key)
+        if hit is None:
+            if len(self._busbws) > 100_000:
+                self._busbws.clear()
+            hit = self._busbws[key] = ring_busbw_gbps(alloc, gpus, ring_mbps)
         return hit
 
     def held(self, pod: Hashable, declined: bool, now: float, spill_after_s: float | None = None) -> bool:

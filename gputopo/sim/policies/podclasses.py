@@ -266,7 +266,7 @@ class PodClasses:
         n = self.cluster.topologies[topology].n
         free = frozenset(i for i in range(n) if mask >> i & 1)
         choice = self._memo.choose(allocator, free, size)
-        eff = self.objective.efficiency(size, choice.ring_mbps)
+        eff = self.objective.efficiency(allocator.exact, size, choice.ring_mbps)
         low = self.objective.key(size, allocator, free, choice, eff, False)
         totals = self._totals.get((len(free) - size, n))  # pure in the GPUs left and the node's
         if totals is None:
