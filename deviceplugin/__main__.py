@@ -11,16 +11,14 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import signal
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from types import FrameType
 from typing import Any
 
 from deviceplugin.settings import ConfigError, PluginConfig, load_config
-from deviceplugin.startup import InitError, file_backend, nvml_backend
+from deviceplugin.startup import InitError, backend_or_exit, stop_on_signals
 from gputopo import jsonlog
 
 log = logging.getLogger("deviceplugin")
@@ -97,25 +95,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     from gputopo.node.allocator import AllocationError
     from gputopo.node.topology import TopologyError
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        jsonlog.event(log, "signal", signal=signal.Signals(signum).name, reason="shutting down")
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
-    try:
-        backend = file_backend(config) if config.topology else nvml_backend(config, stop)
-    except (TopologyError, ValueError) as e:
-        print(f"{PROG}: error: topology: {e}", file=sys.stderr)
-        return 2
-    except InitError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 1
-    if backend is None:
-        return 0
+    stop = stop_on_signals()
+    backend = backend_or_exit(config, stop, PROG)
+    if isinstance(backend, int):
+        return backend
 
     try:
         publication = _publication(config)  # built (not started) first: a failure starts nothing

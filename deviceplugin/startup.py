@@ -6,11 +6,15 @@ plugin's `python -m deviceplugin` and its DRA mode) start their backend here.
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 import threading
+from types import FrameType
 
 from deviceplugin.backend import Backend
 from deviceplugin.settings import NVML_RETRY_SECONDS, PluginConfig
 from gputopo import jsonlog
+from gputopo.node.topology import TopologyError
 
 log = logging.getLogger("deviceplugin")
 
@@ -51,3 +55,30 @@ def nvml_backend(config: PluginConfig, stop: threading.Event) -> Backend | None:
             )
             if stop.wait(NVML_RETRY_SECONDS):
                 return None
+
+
+def stop_on_signals() -> threading.Event:
+    """An event SIGTERM and SIGINT set (logged): the daemon's main loop waits on it."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        jsonlog.event(log, "signal", signal=signal.Signals(signum).name, reason="shutting down")
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop
+
+
+def backend_or_exit(config: PluginConfig, stop: threading.Event, prog: str) -> Backend | int:
+    """The backend the config names, or the process's exit code after one line on stderr: 2 for
+    a bad topology, 1 when NVML will not start (fail-on-init-error), 0 when stopped first."""
+    try:
+        backend = file_backend(config) if config.topology else nvml_backend(config, stop)
+    except (TopologyError, ValueError) as e:
+        print(f"{prog}: error: topology: {e}", file=sys.stderr)
+        return 2
+    except InitError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    return 0 if backend is None else backend

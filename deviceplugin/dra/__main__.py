@@ -13,11 +13,8 @@ import argparse
 import logging
 import os
 import re
-import signal
 import sys
-import threading
 from collections.abc import Mapping, Sequence
-from types import FrameType
 from typing import NoReturn
 
 from gputopo import jsonlog
@@ -133,32 +130,18 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     from deviceplugin.dra.daemon import DraDaemon, DraSettings
     from deviceplugin.dra.kubeapi import for_cluster
     from deviceplugin.dra.registrar import RegistrarError
-    from deviceplugin.startup import InitError, file_backend, nvml_backend
+    from deviceplugin.startup import backend_or_exit, stop_on_signals
     from gputopo.node.topology import TopologyError
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        jsonlog.event(log, "signal", signal=signal.Signals(signum).name, reason="shutting down")
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals()
     try:
         api = for_cluster(config.kubeconfig)
     except Exception as e:
         print(f"{PROG}: error: no API server configuration: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    try:
-        backend = file_backend(config) if config.topology else nvml_backend(config, stop)
-    except (TopologyError, ValueError) as e:
-        print(f"{PROG}: error: topology: {e}", file=sys.stderr)
-        return 2
-    except InitError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 1
-    if backend is None:
-        return 0
+    backend = backend_or_exit(config, stop, PROG)
+    if isinstance(backend, int):
+        return backend
     settings = DraSettings(
         node_name=config.node_name,
         driver=ours.driver_name,
