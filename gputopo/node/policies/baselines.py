@@ -32,7 +32,7 @@ from gputopo.node.topology import Topology
 _CACHE_LIMIT = 1 << 16
 
 
-def _indices(mask: int, n: int) -> list[int]:
+def mask_indices(mask: int, n: int) -> list[int]:
     return [i for i in range(n) if mask >> i & 1]
 
 
@@ -69,7 +69,7 @@ class KubeletOrder:
         free_mask, must_mask = self._exact.validate(free, size, must)
         rest = self._rest.get(free_mask & ~must_mask)
         if rest is None:
-            rest = self._rest[free_mask & ~must_mask] = _indices(free_mask & ~must_mask, self._n)
+            rest = self._rest[free_mask & ~must_mask] = mask_indices(free_mask & ~must_mask, self._n)
         picked = must_mask | _mask(self._rng.sample(rest, size - must_mask.bit_count()))
         key = (picked, free_mask)
         hit = self._scores.get(key)
@@ -80,8 +80,9 @@ class KubeletOrder:
         return hit
 
 
-class _Cached:
-    """A deterministic baseline: answers (or refusals) kept per (free, must, size)."""
+class CachedPolicy:
+    """A deterministic in-node choice: answers (or refusals) kept per (free, must, size), so a
+    subclass states only `_answer` (the baselines here, the simulator's DRA first fit)."""
 
     name = ""
 
@@ -112,7 +113,7 @@ class _Cached:
         raise NotImplementedError
 
 
-class BestEffortPairs(_Cached):
+class BestEffortPairs(CachedPolicy):
     """NVIDIA k8s-device-plugin's GetPreferredAllocation: go-gpuallocator's best-effort policy over
     pair points from NVML's direct links, so NVSwitch nodes look PCIe-only to it.
 
@@ -133,9 +134,9 @@ class BestEffortPairs(_Cached):
     def _answer(self, free_mask: int, must_mask: int, size: int) -> Choice | str:
         group = best_effort(
             self._points,
-            _indices(free_mask, self._n),
+            mask_indices(free_mask, self._n),
             size,
-            _indices(must_mask, self._n),
+            mask_indices(must_mask, self._n),
             exclude_padding=not self._faithful,
         )
         if None in group:
@@ -145,7 +146,7 @@ class BestEffortPairs(_Cached):
         return self._exact.score_masks(_mask(group), free_mask)
 
 
-class BestCombo(_Cached):
+class BestCombo(CachedPolicy):
     """HAMi's topology-aware GPU fit (v2.10): one card = the one least connected to the other
     free cards; several = the combination with the largest pair-point sum, no look-ahead, over
     pair points that count NVSwitch links."""
@@ -157,7 +158,9 @@ class BestCombo(_Cached):
         self._points: np.ndarray = pair_points(topology, nvswitch_visible=True)
 
     def _answer(self, free_mask: int, must_mask: int, size: int) -> Choice | str:
-        group = best_combo(self._points, _indices(free_mask, self._n), size, _indices(must_mask, self._n))
+        group = best_combo(
+            self._points, mask_indices(free_mask, self._n), size, mask_indices(must_mask, self._n)
+        )
         if not group:
             return "HAMi's best-combination fit gave no answer"
         return self._exact.score_masks(_mask(group), free_mask)

@@ -33,42 +33,26 @@ from collections.abc import Iterable
 
 from gputopo.node.allocator import AllocationError, Allocator, Choice
 from gputopo.node.draslices import DEFAULT_SIZES, MAX_DEVICES_WITH_COUNTERS_PER_SLICE, choose_sets, gpu_order
+from gputopo.node.policies.baselines import CachedPolicy, mask_indices
 
 #: Cached answers per policy object before the cache is cleared (bounded memory).
 _CACHE_LIMIT = 200_000
 
 
-def _indices(mask: int, n: int) -> list[int]:
-    return [i for i in range(n) if mask >> i & 1]
-
-
-class DraFirstFit:
+class DraFirstFit(CachedPolicy):
     """kube-scheduler's allocator over per-GPU devices listed by index: the must-include GPUs,
     then the lowest free indices (a `GpuPolicy`, scored by the exact allocator)."""
 
     name = "dra-first-fit"
 
     def __init__(self, allocator: Allocator) -> None:
-        self._exact = allocator
-        self._n = allocator.n
-        self._cache: dict[tuple[int, int, int], Choice] = {}
+        super().__init__(allocator.topology, allocator)
 
-    @property
-    def exact(self) -> Allocator:
-        return self._exact
-
-    def choose(self, free: Iterable[int], size: int, must: Iterable[int] = ()) -> Choice:
-        free_mask, must_mask = self._exact.validate(free, size, must)
-        key = (free_mask, must_mask, size)
-        hit = self._cache.get(key)
-        if hit is None:
-            picked = must_mask
-            for i in _indices(free_mask & ~must_mask, self._n)[: size - must_mask.bit_count()]:
-                picked |= 1 << i
-            if len(self._cache) >= _CACHE_LIMIT:
-                self._cache.clear()
-            hit = self._cache[key] = self._exact.score_masks(picked, free_mask)
-        return hit
+    def _answer(self, free_mask: int, must_mask: int, size: int) -> Choice:
+        picked = must_mask
+        for i in mask_indices(free_mask & ~must_mask, self._n)[: size - must_mask.bit_count()]:
+            picked |= 1 << i
+        return self._exact.score_masks(picked, free_mask)
 
 
 class DraGputopoSets:
@@ -99,7 +83,9 @@ class DraGputopoSets:
     def choose(self, free: Iterable[int], size: int, must: Iterable[int] = ()) -> Choice:
         free_mask, must_mask = self._exact.validate(free, size, must)
         if must_mask:
-            return self._first_fit.choose(_indices(free_mask, self._n), size, _indices(must_mask, self._n))
+            return self._first_fit.choose(
+                mask_indices(free_mask, self._n), size, mask_indices(must_mask, self._n)
+            )
         if size not in self._sizes or size > self._n:
             return self._gpu_devices(free_mask, size)
         key = (free_mask, size)
@@ -120,7 +106,7 @@ class DraGputopoSets:
         key = (free_mask, -size)
         hit = self._cache.get(key)
         if hit is None:
-            order = gpu_order(self._exact, range(self._n), _indices(free_mask, self._n))
+            order = gpu_order(self._exact, range(self._n), mask_indices(free_mask, self._n))
             picked = sum(1 << i for i in [i for i in order if free_mask >> i & 1][:size])
             hit = self._exact.score_masks(picked, free_mask)
             if len(self._cache) >= _CACHE_LIMIT:
@@ -129,7 +115,7 @@ class DraGputopoSets:
         return hit
 
     def _published_first(self, free_mask: int, size: int) -> Choice | None:
-        free = _indices(free_mask, self._n)
+        free = mask_indices(free_mask, self._n)
         published = choose_sets(self._exact, range(self._n), free, size, self._max_sets)
         for s in published:
             mask = sum(1 << i for i in s.gpus)
