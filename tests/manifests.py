@@ -152,3 +152,21 @@ def node_selected(pod_spec: Obj, labels: dict[str, str]) -> bool:
         all(_expression_holds(e, labels) for e in term.get("matchExpressions", []))
         for term in required["nodeSelectorTerms"]
     )
+
+
+#: Nodes as the GPU Operator, GPU/node feature discovery and an operator label them, and whether
+#: the plugin must run there (Helm and kustomize alike; evidence for docs/operator.md's table).
+NODES = {
+    "operator node, its plugin running": (
+        {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.device-plugin": "true"},
+        False,
+    ),
+    "operator node moved over to gputopo": (
+        {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.device-plugin": "false"},
+        True,
+    ),
+    "GPU feature discovery, no operator": ({"nvidia.com/gpu.present": "true"}, True),
+    "node feature discovery only": ({"feature.node.kubernetes.io/pci-10de.present": "true"}, True),
+    "opted out": ({"nvidia.com/gpu.present": "true", "gputopo.io/device-plugin": "false"}, False),
+    "CPU node": ({"kubernetes.io/os": "linux"}, False),
+}

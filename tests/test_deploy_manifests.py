@@ -30,7 +30,7 @@ from gputopo.network.levels import validate_levels
 from scheduler import defaults as sched_defaults
 from scheduler.__main__ import parser as sidecar_parser
 from scheduler.model import parse_pod
-from tests.manifests import kustomize_with, node_selected
+from tests.manifests import NODES, kustomize_with, node_selected
 
 kv = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is not installed (pip install .[dev])"
@@ -687,23 +687,6 @@ def test_lease_timings_are_set_and_ordered_as_kube_scheduler_requires() -> None:
 
     lease, renew, retry = (seconds(le[k]) for k in ("leaseDuration", "renewDeadline", "retryPeriod"))
     assert lease > renew > retry > 0
-
-
-# Nodes as the GPU Operator, GPU/node feature discovery and an operator label them.
-NODES = {
-    "operator node, its plugin running": (
-        {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.device-plugin": "true"},
-        False,
-    ),
-    "operator node moved over to gputopo": (
-        {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.device-plugin": "false"},
-        True,
-    ),
-    "GPU feature discovery, no operator": ({"nvidia.com/gpu.present": "true"}, True),
-    "node feature discovery only": ({"feature.node.kubernetes.io/pci-10de.present": "true"}, True),
-    "opted out": ({"nvidia.com/gpu.present": "true", "gputopo.io/device-plugin": "false"}, False),
-    "CPU node": ({"kubernetes.io/os": "linux"}, False),
-}
 
 
 @pytest.mark.parametrize("path", ["", "overlays/gpu-operator"])

@@ -25,7 +25,7 @@ from deviceplugin import settings as plugin_config
 from deviceplugin.metrics import Metrics as PluginMetrics
 from scheduler.__main__ import parser as sidecar_parser
 from scheduler.metrics import Metrics as SidecarMetrics
-from tests.manifests import CHART, NAMESPACE, ROOT, container, kustomize, one, render_chart
+from tests.manifests import CHART, NAMESPACE, NODES, ROOT, container, kustomize, one, render_chart
 
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed")
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
@@ -712,24 +712,6 @@ def test_schedulers_stand_by_on_other_nodes_with_a_budget_and_operator_set_lease
         d["kind"]
         for d in render_chart({"scheduler": {"podDisruptionBudget": {"enabled": False, "maxUnavailable": 1}}})
     }
-
-
-# Nodes as the GPU Operator, GPU/node feature discovery and an operator label them, and whether
-# the plugin must run there (evidence for docs/operator.md's table).
-NODES = {
-    "operator node, its plugin running": (
-        {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.device-plugin": "true"},
-        False,
-    ),
-    "operator node moved over to gputopo": (
-        {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.device-plugin": "false"},
-        True,
-    ),
-    "GPU feature discovery, no operator": ({"nvidia.com/gpu.present": "true"}, True),
-    "node feature discovery only": ({"feature.node.kubernetes.io/pci-10de.present": "true"}, True),
-    "opted out": ({"nvidia.com/gpu.present": "true", "gputopo.io/device-plugin": "false"}, False),
-    "CPU node": ({"kubernetes.io/os": "linux"}, False),
-}
 
 
 @pytest.mark.parametrize("operator", ["installed", "absent"])
