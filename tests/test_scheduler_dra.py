@@ -19,12 +19,10 @@ from gputopo.network.draview import DraViewError, read_pool
 from gputopo.node.allocator import Allocator
 from gputopo.node.draslices import build_slices
 from gputopo.node.topofile import load_preset
-from scheduler.extender import Extender
 from scheduler.kube import KubeState
-from scheduler.server import Server
 from tests import fake_apiserver as fk
 from tests.test_scheduler_http import Client
-from tests.test_scheduler_live import KEY, LEAF, NOW, args, bind_body, wait_until
+from tests.test_scheduler_live import KEY, LEAF, NOW, args, bind_body, live_sidecar, wait_until
 
 DGX1 = load_preset("dgx1-v100")
 A100 = load_preset("dgx-a100")
@@ -33,23 +31,8 @@ DRA = ("resourceslices", "resourceclaims")
 
 @pytest.fixture
 def live():
-    with fk.running(fk.FakeAPI(serve=DRA)) as (api, _, api_client):
-        clock = [NOW]
-        state = KubeState(api_client, clock=lambda: clock[0], watch_timeout_s=5, backoff_s=(0.05, 0.2))
-        ext = Extender(state, clock=lambda: clock[0])
-        server = Server(ext, "127.0.0.1", 0)
-
-        def start() -> Client:
-            state.start()
-            wait_until(state.ready)
-            server.start()
-            return Client(server)
-
-        try:
-            yield api, state, ext, start
-        finally:
-            server.stop()
-            state.stop()
+    with live_sidecar(fk.FakeAPI(serve=DRA)) as (api, state, ext, start, _clock):
+        yield api, state, ext, start
 
 
 def publish(api: fk.FakeAPI, node: str, topo=DGX1, free: tuple[int, ...] | None = None) -> list[dict]:

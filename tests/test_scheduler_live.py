@@ -6,7 +6,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -39,9 +41,11 @@ def annotation(name: str, allocated: tuple[int, ...] = (), at: float = NOW) -> s
     )
 
 
-@pytest.fixture
-def live():
-    with fk.running() as (api, _, api_client):
+@contextmanager
+def live_sidecar(fake: fk.FakeAPI | None = None) -> Iterator[tuple[Any, ...]]:
+    """A sidecar watching the fake API server (`fake`, or a default one) over HTTP:
+    (api, state, ext, start, clock); `start()` starts the watches and the server."""
+    with fk.running(fake) as (api, _, api_client):
         clock = [NOW]
         state = KubeState(api_client, clock=lambda: clock[0], watch_timeout_s=5, backoff_s=(0.05, 0.2))
         ext = Extender(state, clock=lambda: clock[0])
@@ -58,6 +62,12 @@ def live():
         finally:
             server.stop()
             state.stop()
+
+
+@pytest.fixture
+def live():
+    with live_sidecar() as parts:
+        yield parts
 
 
 def args(pod: dict, names: list[str]) -> dict:
