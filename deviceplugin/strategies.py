@@ -100,6 +100,12 @@ def probe_device_specs(driver_root: str) -> DeviceSpecs:
     return DeviceSpecs(root, present)
 
 
+def cdi_names(kind: str, uuids: Sequence[str]) -> list[str]:
+    """The fully qualified CDI device names of GPUs (`nvidia.com/gpu=<uuid>`): what the device
+    plugin's Allocate and the DRA mode's NodePrepareResources both hand the runtime."""
+    return [f"{kind}={u}" for u in uuids]
+
+
 @dataclass(frozen=True, slots=True)
 class Handover:
     """The chosen strategies, ready to fill container responses."""
@@ -122,7 +128,7 @@ class Handover:
                     host_path=VOLUME_MOUNTS_HOST_PATH,
                     read_only=True,
                 )
-        names = [f"{self.cdi_kind}={u}" for u in uuids]
+        names = cdi_names(self.cdi_kind, uuids)
         if CDI_ANNOTATIONS in self.strategies:
             resp.annotations[self.annotation_key()] = ",".join(names)
         if CDI_CRI in self.strategies:

@@ -28,6 +28,7 @@ import grpc
 from deviceplugin import settings
 from deviceplugin.dra.kubeapi import DraApi
 from deviceplugin.state import SnapshotStore
+from deviceplugin.strategies import cdi_names
 from gputopo import jsonlog
 from gputopo.node import draslices
 from gputopo_proto.dra.v1 import api_pb2, api_pb2_grpc
@@ -178,7 +179,9 @@ class DraService(api_pb2_grpc.DRAPluginServicer):
                             request_names=[req] if req else [],
                             pool_name=pool,
                             device_name=device,
-                            cdi_device_ids=[f"{self._cdi_kind}={snap.topology.gpus[i].uuid}" for i in gpus],
+                            cdi_device_ids=cdi_names(
+                                self._cdi_kind, [snap.topology.gpus[i].uuid for i in gpus]
+                            ),
                         )
                     )
                 jsonlog.event(
