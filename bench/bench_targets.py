@@ -17,7 +17,9 @@ added there are compared without touching this file.
 Run: .venv/bin/python bench/bench_targets.py [--workloads generator,helios,philly,openb-fill]
      [--clusters default,mixed-leaf,gb200-nvl] [--policies ...] [--pods 20000] [--json out.json]
      [--profile-mix default|cnn|encoder|llm]  (the job-time model's profiles, docs/jobtime.md)
-     [--load 0.5] [--gang-spill-after SECONDS]  (the generator's load; the opt-in wait)
+     [--load 0.5] [--load-basis cluster|ideal]  (the generator's load, at the cluster's speed)
+     [--replay-load F]  (pace the Helios/Philly replays to load F; default: their own times)
+     [--gang-spill-after SECONDS]  (the opt-in wait)
 """
 
 from __future__ import annotations
@@ -78,10 +80,12 @@ def _sim_args(workload: str, cluster: str, policies: Sequence[str], args: argpar
         argv += ["--queue-order", args.queue_order]
     trace = TRACES[workload]
     if trace is None:
-        return [*argv, "--pods", str(args.pods), "--load", str(args.load)]
+        return [*argv, "--pods", str(args.pods), "--load", str(args.load), "--load-basis", args.load_basis]
     path = Path(args.traces) / trace
     if not path.is_file():
         raise UsageError(f"--traces {args.traces}: {workload} trace {trace} not found")
+    if args.replay_load is not None and workload != "openb-fill":
+        argv += ["--replay-load", str(args.replay_load)]
     return [*argv, "--trace", str(path)]
 
 
@@ -189,7 +193,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--load",
         type=float,
         default=0.5,
-        help="offered load of the generator at ideal placement (gputopo simulate --load; default 0.5)",
+        help="offered load of the generator at the cluster's speed (gputopo simulate --load; default 0.5)",
+    )
+    parser.add_argument(
+        "--load-basis",
+        choices=("cluster", "ideal"),
+        default="cluster",
+        help="what --load counts work at (gputopo simulate --load-basis; ideal: the rounds before)",
+    )
+    parser.add_argument(
+        "--replay-load",
+        type=float,
+        metavar="F",
+        help="pace the Helios and Philly replays to offer load F at each cluster's speed (gputopo "
+        "simulate --replay-load; default: the traces' own times, overloading every preset)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

@@ -249,7 +249,7 @@ def test_queue_order_is_named_in_the_run_and_reaches_the_engine() -> None:
     what the order decides; tests/test_sim_engine.py checks which way by hand)."""
     runs = {}
     for order in ("arrival", "smallest"):
-        args = ["--pods", "1500", "--load", "2", "--json", "--policies", "kubelet-default"]
+        args = ["--pods", "1500", "--load", "5", "--json", "--policies", "kubelet-default"]
         r = sim(*args, "--queue-order", order)
         assert r.returncode == 0, r.stderr
         runs[order] = json.loads(r.stdout)
@@ -266,7 +266,7 @@ def test_gangs_start_now_by_default_and_wait_only_when_asked() -> None:
     gangs go (more of them inside one leaf) on an overloaded run."""
     runs = {}
     for wait in ("0", "86400"):
-        args = ["--pods", "1500", "--load", "2", "--json", "--policies", "gputopo"]
+        args = ["--pods", "1500", "--load", "5", "--json", "--policies", "gputopo"]
         r = sim(*args, *(["--gang-spill-after", wait] if wait != "0" else []))
         assert r.returncode == 0, r.stderr
         runs[wait] = json.loads(r.stdout)

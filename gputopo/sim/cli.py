@@ -17,9 +17,10 @@ import numpy as np
 from gputopo.jobtime.model import DEFAULT_OVERSUBSCRIPTION
 from gputopo.jobtime.profiles import PROFILE_MIXES, Profile
 from gputopo.network.levels import ACCELERATOR, CORE, LEAF, SPINE, ZONE, short_name
+from gputopo.node.allocator import AllocatorPool
 from gputopo.output import add_output_arguments, dump, is_machine
 from gputopo.sim.engine import QUEUE_ORDERS, Progress, RunConfig
-from gputopo.sim.jobmodel import JobModel
+from gputopo.sim.jobmodel import JobModel, JobTimer
 from gputopo.sim.plot import PlotUnavailable, check_available, write_plot
 from gputopo.sim.policies.catalog import POLICIES
 from gputopo.sim.policies.sidecar import Lifecycle
@@ -27,7 +28,14 @@ from gputopo.sim.report import document, render_table
 from gputopo.sim.run import compare
 from gputopo.sim.state import SimCluster
 from gputopo.sim.traces import TraceError, read_trace
-from gputopo.sim.workload import GANG_POD_GPUS, Job, generate, timed_arrivals
+from gputopo.sim.workload import (
+    GANG_POD_GPUS,
+    Job,
+    at_cluster_speed,
+    generate,
+    offered_load,
+    timed_arrivals,
+)
 
 #: Largest generated workload; a mistyped --pods should not eat the machine's memory.
 MAX_PODS = 5_000_000
@@ -49,7 +57,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--load",
         type=float,
         default=0.5,
-        help="offered load of the generator and of --mode arrivals, share of cluster GPUs at ideal placement (default 0.5)",
+        help="offered load of the generator and of --mode arrivals: share of the cluster's GPUs its "
+        "jobs keep busy at the cluster's own speed (see --load-basis; default 0.5)",
+    )
+    g.add_argument(
+        "--load-basis",
+        choices=("cluster", "ideal"),
+        default="cluster",
+        help="what --load counts a job's work at: cluster (default): its time on an average GPU of "
+        "this cluster, best set, fewest nodes; ideal: its time on the cluster's best servers (the "
+        "rounds before issue 18; overloads clusters of mostly PCIe servers)",
+    )
+    g.add_argument(
+        "--replay-load",
+        type=float,
+        default=None,
+        metavar="F",
+        help="scale a replayed trace's submit times so it offers load F at the cluster's speed "
+        "(its burstiness kept; default: the trace's own times, whatever load that is)",
     )
     g.add_argument(
         "--limit", type=int, default=None, metavar="N", help="use only the first N jobs of --trace"
@@ -210,7 +235,7 @@ def prepare(args: argparse.Namespace) -> tuple[SimCluster, list[Job], dict[str, 
     cluster = _cluster(args.cluster, preset)
     if not _usable(cluster):
         raise UsageError(f"--cluster {args.cluster}: every GPU of the cluster is allocated; nothing can run")
-    jobs, header, mode = _workload(args, cluster)
+    jobs, header, mode = _workload(args, cluster, comm)
     if preset is not None:
         header["cluster"] = f"preset {preset}: {header['cluster']}"
     desc = comm.describe()
@@ -387,7 +412,9 @@ def _cluster(path: str | None, preset: str | None = None) -> SimCluster:
         raise UsageError(f"--cluster {path}: {e}") from None
 
 
-def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job], dict[str, Any], str]:
+def _workload(
+    args: argparse.Namespace, cluster: SimCluster, comm: JobModel
+) -> tuple[list[Job], dict[str, Any], str]:
     rng = np.random.default_rng(args.seed)
     header: dict[str, Any] = {
         "cluster": _describe(cluster),
@@ -404,9 +431,9 @@ def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job],
                 "--gpu-sharing applies to Alibaba openb pod lists (--trace with gpu_milli); "
                 "the generator makes whole-GPU jobs"
             )
-        if scale != 1.0:
+        if scale != 1.0 or getattr(args, "replay_load", None) is not None:
             raise UsageError(
-                "--time-scale applies to replaying a timed --trace, not to the generator (use --load)"
+                f"{_replay_flag(args)} applies to replaying a timed --trace, not to the generator (use --load)"
             )
         if args.pods <= 0:
             raise UsageError(f"--pods must be positive, got {args.pods}")
@@ -417,7 +444,8 @@ def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job],
         jobs = generate(
             args.pods, capacity_gpus=_usable(cluster), load=load, rng=rng, max_gpus=_largest_job(cluster)
         )
-        header["workload"] = f"generator (Helios sizes/durations), {args.pods:,} pods, load {load:g}"
+        jobs, pace = _paced(jobs, args, cluster, comm)
+        header["workload"] = f"generator (Helios sizes/durations), {args.pods:,} pods, load {load:g}{pace}"
         mode = "replay"
         header["mode"] = mode
     else:
@@ -437,9 +465,9 @@ def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job],
         if mode == "replay" and not trace.timed:
             raise UsageError(f"--trace {args.trace}: has no times; use --mode fill or --mode arrivals")
         label = mode
-        if scale != 1.0 and mode != "replay":
+        if (scale != 1.0 or getattr(args, "replay_load", None) is not None) and mode != "replay":
             raise UsageError(
-                f"--time-scale applies to --mode replay, not {mode} (arrival times are not the trace's)"
+                f"{_replay_flag(args)} applies to --mode replay, not {mode} (arrival times are not the trace's)"
             )
         if mode in ("fill", "arrivals"):
             order = rng.permutation(len(jobs))
@@ -449,11 +477,13 @@ def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job],
             ]
         if mode == "arrivals":
             jobs = timed_arrivals(jobs, capacity_gpus=_usable(cluster), load=load, rng=rng)
+            jobs, pace = _paced(jobs, args, cluster, comm)
             mode = "replay"
-            label = f"arrivals (shuffled, Poisson at load {load:g}, Alibaba default-list run times)"
-        elif mode == "replay" and scale != 1.0:
-            jobs = [replace(j, submit=j.submit * scale) for j in jobs]
-            label = f"replay, time scale {scale:g}"
+            label = f"arrivals (shuffled, Poisson at load {load:g}{pace}, Alibaba default-list run times)"
+        else:
+            if mode == "replay":
+                jobs, label, offered = _replayed(jobs, args, cluster, comm, label)
+                header["offered load"] = f"{offered:.2f} at this cluster's speed"
         header["workload"] = (
             f"{Path(args.trace).name} ({trace.format}, {len(jobs):,} GPU jobs; "
             f"{trace.skipped_cpu_only:,} CPU-only skipped, {trace.fractional_as_whole:,} fractional "
@@ -462,6 +492,52 @@ def _workload(args: argparse.Namespace, cluster: SimCluster) -> tuple[list[Job],
         header["mode"] = label
     header["pods"] = f"{sum(len(j.pods) for j in jobs):,}"
     return jobs, header, mode
+
+
+def _replay_flag(args: argparse.Namespace) -> str:
+    """The replay-only flag the user gave, for the error that it does not apply."""
+    return "--replay-load" if getattr(args, "replay_load", None) is not None else "--time-scale"
+
+
+def _speed(cluster: SimCluster, comm: JobModel) -> Callable[[Job], float]:
+    """Each job's time on an average GPU of the cluster over its ideal (JobTimer.typical_stretch)."""
+    pool = AllocatorPool()
+    timer = JobTimer(comm, cluster, [pool.get(t) for t in cluster.topologies])
+    return lambda j: timer.typical_stretch(j.id, j.pods)
+
+
+def _paced(
+    jobs: list[Job], args: argparse.Namespace, cluster: SimCluster, comm: JobModel
+) -> tuple[list[Job], str]:
+    """Generated arrivals paced for --load-basis, and the header's words for it."""
+    if getattr(args, "load_basis", "cluster") == "ideal":
+        return jobs, " at ideal placement"
+    paced, factor = at_cluster_speed(jobs, _speed(cluster, comm))
+    return paced, f" at this cluster's speed (work {factor:.2f}x its ideal)"
+
+
+def _replayed(
+    jobs: list[Job], args: argparse.Namespace, cluster: SimCluster, comm: JobModel, label: str
+) -> tuple[list[Job], str, float]:
+    """A trace replay at its own times (times --time-scale), or paced by --replay-load, its mode
+    label, and the load it offers this cluster (the header's "offered load": an overloaded
+    replay should read as one)."""
+    scale = float(args.time_scale)
+    target = getattr(args, "replay_load", None)
+    speed = _speed(cluster, comm)
+    capacity = _usable(cluster)
+    if target is not None:
+        target = _positive(target, "--replay-load")
+        if scale != 1.0:
+            raise UsageError("--replay-load and --time-scale: give one of them, not both")
+        own = offered_load(jobs, capacity, speed)
+        if not (math.isfinite(own) and own > 0):
+            raise UsageError("--replay-load needs a trace whose jobs arrive over a span of time")
+        scale = own / target
+    if scale != 1.0:
+        jobs = [replace(j, submit=j.submit * scale) for j in jobs]
+        label = f"replay, time scale {scale:.3g}"
+    return jobs, label, offered_load(jobs, capacity, speed)
 
 
 def _free(cluster: SimCluster) -> list[int]:

@@ -82,6 +82,8 @@ class JobTimer:
         self._ideal_inter: dict[tuple[int, int, str | None], float] = {}
         self._stretch: dict[tuple[str, int, float, float], float] = {}
         self._accel: dict[int, float] = {}
+        self.ideal_level = ideal_levels(cluster)
+        self._typical: dict[tuple[str, tuple[int, ...]], float] = {}
 
     def profile_of(self, job_id: int) -> str:
         return CUSTOM if self._mix is None else self._mix.profile_of(job_id)
@@ -165,6 +167,49 @@ class JobTimer:
             bw = min(bw, hit)
         return bw
 
+    def typical_stretch(self, job_id: int, pods: Sequence[int]) -> float:
+        """The job's stretch on an average GPU of this cluster: the mean, over the nodes that can
+        hold its largest pod and weighted by their GPUs, of its stretch on nodes of that kind,
+        each at its best set, on the fewest such nodes, with their NICs, at the smallest level
+        with that many nodes. No policy is asked: it is the cluster's hardware, not a placement,
+        that makes a comm-heavy job on PCIe servers with one NIC run 5x its ideal time; the
+        generator's offered load (`gputopo.sim.workload.at_cluster_speed`) counts work at this
+        speed, so `--load 0.5` keeps about half the cluster busy whatever servers it has."""
+        gpus = sum(pods)
+        if gpus < 2:
+            return 1.0
+        profile = self.profile_of(job_id)
+        key = (profile, tuple(sorted(pods)))
+        hit = self._typical.get(key)
+        if hit is not None:
+            return hit
+        largest = max(pods)
+        fewest = min(len(pods), -(-gpus // max(self._node_gpus)))
+        ideal = self.ideal_busbw(pods, fewest, self.ideal_level(fewest, largest))
+        total = weighted = 0.0
+        for i, node in enumerate(self.cluster.nodes):
+            n = self._node_gpus[i]
+            if n < largest:
+                continue
+            tid = node.topology
+            alloc = self.allocators[tid]
+            bw = math.inf
+            for size in set(pods):
+                if size > 1:
+                    bw = min(bw, self.intra(tid, tuple(alloc.choose(range(n), size).indices)))
+            nodes = min(len(pods), -(-gpus // n))
+            if nodes > 1:
+                level = self.ideal_level(nodes, largest)
+                if level == ACCELERATOR:  # one NVLink domain: its pair figure, as busbw() reads it
+                    bw = min(bw, self.accelerator(tid))
+                else:
+                    members = [(-(-gpus // nodes), n, self.nics[i])] * nodes
+                    bw = min(bw, inter_busbw_gbps(members, level, table=self._table))
+            weighted += n * self.stretch(profile, gpus, bw, ideal)
+            total += n
+        hit = self._typical[key] = weighted / total if total else 1.0
+        return hit
+
     def stretch(self, profile: str, gpus: int, busbw: float, ideal: float) -> float:
         """step(actual) / step(ideal) of `profile` on `gpus` GPUs; never below 1 (an ideal that
         the placement beats, e.g. a tie broken by the cache, counts as ideal)."""
@@ -181,4 +226,33 @@ class JobTimer:
         return hit
 
 
-IdealLevel = Callable[[int, int], str | None]
+def ideal_levels(cluster: SimCluster) -> Callable[[int, int], str | None]:
+    """For m nodes of pods up to `pod_gpus` GPUs: the smallest level (above one node) with a
+    domain of at least m nodes that can hold such a pod. Counting every node would promise a
+    gang of 8-GPU pods the NVLink domain of 4-GPU GB200 trays, an ideal no policy can reach."""
+    per_size: dict[int, list[tuple[str, int]]] = {}
+
+    def sizes(pod_gpus: int) -> list[tuple[str, int]]:
+        hit = per_size.get(pod_gpus)
+        if hit is None:
+            fits = [i for i, n in enumerate(cluster.nodes) if cluster.topologies[n.topology].n >= pod_gpus]
+            hit = per_size[pod_gpus] = []
+            for level in cluster.levels:
+                if level == HOSTNAME:
+                    continue
+                counts: dict[str, int] = {}
+                for i in fits:
+                    d = cluster.domain(i, level)
+                    counts[d] = counts.get(d, 0) + 1
+                hit.append((level, max(counts.values(), default=0)))
+        return hit
+
+    def ideal(m: int, pod_gpus: int = 1) -> str | None:
+        if m <= 1:
+            return HOSTNAME
+        for level, biggest in sizes(pod_gpus):
+            if biggest >= m:
+                return level
+        return None
+
+    return ideal

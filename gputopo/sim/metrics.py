@@ -11,7 +11,7 @@ gputopo.jobtime.model), per job profile.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -90,7 +90,6 @@ class Recorder:
         self.job_gpus: list[int] = []  # per entry of `delays`: the job's GPUs (1-GPU split, weights)
         self.ideal_gpu_s = self.actual_gpu_s = 0.0
         self.placed = self.rejected = self.admission_failures = self.pods = 0
-        self._ideal_level = _ideal_levels(cluster)
         # Fewest nodes a gang could use: pods share a node when it is big enough (a DGX-2
         # holds two 8-GPU pods), so the ideal must not assume one node per pod.
         self._largest_node = max(t.n for t in cluster.topologies)
@@ -160,7 +159,7 @@ class Recorder:
             self.gang_spine += self._same(nodes, SPINE)
             level = self.cluster.common_level(nodes) if len(set(nodes)) > 1 else HOSTNAME
             fewest_nodes = min(len(slots), -(-job.gpus // self._largest_node))
-            ideal_level = self._ideal_level(fewest_nodes, max(job.pods))
+            ideal_level = self.timer.ideal_level(fewest_nodes, max(job.pods))
         if job.gpus < 2:
             return 1.0
         timer = self.timer
@@ -247,35 +246,3 @@ class Recorder:
                 p: actual / ideal for p, (ideal, actual) in sorted(self.profile_gpu_s.items()) if ideal
             },
         )
-
-
-def _ideal_levels(cluster: SimCluster) -> Callable[[int, int], str | None]:
-    """For m nodes of pods up to `pod_gpus` GPUs: the smallest level (above one node) with a
-    domain of at least m nodes that can hold such a pod. Counting every node would promise a
-    gang of 8-GPU pods the NVLink domain of 4-GPU GB200 trays, an ideal no policy can reach."""
-    per_size: dict[int, list[tuple[str, int]]] = {}
-
-    def sizes(pod_gpus: int) -> list[tuple[str, int]]:
-        hit = per_size.get(pod_gpus)
-        if hit is None:
-            fits = [i for i, n in enumerate(cluster.nodes) if cluster.topologies[n.topology].n >= pod_gpus]
-            hit = per_size[pod_gpus] = []
-            for level in cluster.levels:
-                if level == HOSTNAME:
-                    continue
-                counts: dict[str, int] = {}
-                for i in fits:
-                    d = cluster.domain(i, level)
-                    counts[d] = counts.get(d, 0) + 1
-                hit.append((level, max(counts.values(), default=0)))
-        return hit
-
-    def ideal(m: int, pod_gpus: int = 1) -> str | None:
-        if m <= 1:
-            return HOSTNAME
-        for level, biggest in sizes(pod_gpus):
-            if biggest >= m:
-                return level
-        return None
-
-    return ideal

@@ -10,8 +10,8 @@ nodes (Philly's scheduler did that; the request itself fits one 8-GPU server).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import numpy as np
@@ -182,6 +182,39 @@ def _poisson(
     return [
         Job(id=i, submit=float(submit[i]), duration=durations[i], pods=shapes[i]) for i in range(len(shapes))
     ]
+
+
+def at_cluster_speed(jobs: list[Job], stretch: Callable[[Job], float]) -> tuple[list[Job], float]:
+    """The same arrivals, spread out so that their offered load counts each job's work at the
+    speed it has on this cluster (`stretch`: its time there over its ideal time; the
+    simulator's `JobTimer.typical_stretch`) instead of at its ideal. Returns the jobs and the
+    factor k = the jobs' work at that speed / their ideal work, by which every gap grew.
+
+    Why: `generate` and `timed_arrivals` size the gaps from ideal GPU-seconds, and a job's
+    ideal is the best server of the cluster. On a cluster where most servers are PCIe boxes
+    with one NIC, encoder and LLM jobs run about 5x that ideal under every policy, so "load
+    0.5" offered some 2.5 clusters' worth of work and no queue ever drained. Scaling every
+    gap by k is the same Poisson process with a mean gap k times longer (the draws are
+    unchanged), so sizes and durations stay those of the seed."""
+    ideal = sum(j.gpus * j.duration for j in jobs)
+    if not jobs or not ideal > 0:
+        return jobs, 1.0
+    factor = sum(j.gpus * j.duration * stretch(j) for j in jobs) / ideal
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"cluster speed factor must be positive and finite, got {factor}")
+    return [replace(j, submit=j.submit * factor) for j in jobs], factor
+
+
+def offered_load(jobs: list[Job], capacity_gpus: int, stretch: Callable[[Job], float]) -> float:
+    """The load a timed job list offers: its work at the speed `stretch` gives each job, in
+    GPU-seconds, per second of its arrival span, over `capacity_gpus`. Above 1 no policy can
+    keep up and queues grow for the whole replay (inf: every job arrives at once)."""
+    timed = [j for j in jobs if math.isfinite(j.duration)]
+    if not timed or capacity_gpus <= 0:
+        return 0.0
+    span = max(j.submit for j in timed) - min(j.submit for j in timed)
+    work = sum(j.gpus * j.duration * stretch(j) for j in timed)
+    return work / (span * capacity_gpus) if span > 0 else math.inf
 
 
 def timed_arrivals(
