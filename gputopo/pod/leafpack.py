@@ -5,11 +5,12 @@ The single-pod objective (`gputopo.pod.objective`) ranks nodes by what the job g
 the placement costs the GPUs it leaves on that node; it does not see the network. Where many
 nodes rank equal (every empty node of a kind, for a 1-GPU pod), kube-scheduler then chooses at
 random among them, so single pods scatter over every leaf and a multi-node gang seldom finds a
-leaf with room when it starts (docs/objective.md, "Gangs in one leaf"). Kueue's Topology Aware
-Scheduling places pods without a topology request at the domains of least free capacity first
-(its LeastFreeCapacity algorithm, the default for unconstrained pods), and KAI Scheduler's
-topology-aware placement bin-packs domains the same way: a leaf that already runs pods takes
-the next one. This module is that step for the extender's scores:
+leaf with room when it starts (docs/objective.md, "Network-level packing"). Kueue's Topology
+Aware Scheduling starts an unconstrained pod set at the fitting domain with the least free
+capacity (LeastFreeCapacity, under its default profile TASProfileMixed; KEP-2724), and KAI
+Scheduler selects the domain with less available resources relative to the request
+(bin-packing, its docs/topology/README.md): a leaf that already runs pods takes the next one.
+This module is that step for the extender's scores:
 
   among the nodes at the top score (`placement.MAX_SCORE`: the best key of the objective and
   any the 0..10 scale cannot tell from it), those under the leaf with the FEWEST free GPUs keep
