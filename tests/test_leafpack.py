@@ -1,10 +1,12 @@
 """Leaf packing of single pods (gputopo.pod.leafpack): among the nodes the objective ranks best,
 the ones under the fullest leaf with room keep the top score, so empty leaves stay whole for
-gangs. In the core (the ranking of equal nodes), against a brute-force oracle, and over real
-HTTP through the sidecar and the kube-scheduler stand-in."""
+gangs. In the core (the ranking of equal nodes), against a brute-force oracle, in the
+simulator's deployed policy, and over real HTTP through the sidecar and the kube-scheduler
+stand-in."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +21,10 @@ from gputopo.node.topofile import load_preset
 from gputopo.pod.leafpack import Leaves
 from gputopo.pod.objective import ClusterObjective, DemandMix
 from gputopo.pod.placement import MAX_SCORE, node_scores
+from gputopo.sim.clusters import from_snapshot
+from gputopo.sim.policies.base import Failure
+from gputopo.sim.policies.sidecar import SidecarPolicy
+from gputopo.sim.state import ClusterState
 from scheduler.state import from_cluster
 from tests import fake_apiserver as fk
 
@@ -120,7 +126,11 @@ def test_pack_scores_equal_a_brute_force_oracle(nodes: list[tuple[str, int, int]
 def _two_leaves() -> Any:
     """Leaf a: two whole DGX A100 nodes; leaf b: one whole and one full. Every node a 1-GPU pod
     can take is empty and of one kind: the objective ranks them equal."""
-    nodes = [
+    return from_cluster(parse_cluster({"levels": list(LEVELS), "nodes": _two_leaves_nodes()}))
+
+
+def _two_leaves_nodes() -> list[dict[str, Any]]:
+    return [
         {
             "name": name,
             "labels": {HOSTNAME: name, LEAF: leaf, SPINE: "s1"},
@@ -134,7 +144,33 @@ def _two_leaves() -> Any:
             ("b-n1", "b", list(range(8))),
         )
     ]
-    return from_cluster(parse_cluster({"levels": list(LEVELS), "nodes": nodes}))
+
+
+def test_the_simulated_sidecar_puts_a_single_pod_in_the_fuller_leaf() -> None:
+    """The simulator's deployed policy decides as the sidecar: on every seed (kube-scheduler's
+    draw among equal totals) the 1-GPU pod goes to b-n0, and a 2-GPU one next to it; with leaf
+    b's full node freed the leaves are equal and both are drawn."""
+    cluster = from_snapshot(parse_cluster({"levels": list(LEVELS), "nodes": _two_leaves_nodes()}))
+    names = [n.name for n in cluster.nodes]
+    pool = AllocatorPool()
+    drawn = set()
+    for seed in range(20):
+        pol = SidecarPolicy(
+            "gputopo", cluster, [pool.get(t) for t in cluster.topologies], random.Random(seed), planner=True
+        )
+        state = ClusterState(cluster)
+        got = pol.place_pod(state, 1)
+        assert not isinstance(got, Failure) and names[got[0]] == "b-n0"
+        state.take(*got)
+        again = pol.place_pod(state, 2)
+        assert not isinstance(again, Failure) and names[again[0]] == "b-n0"
+        state.give(*got)
+        full = names.index("b-n1")
+        state.give(full, range(8))  # 16 GPUs free under each leaf: no leaf is fuller
+        equal = pol.place_pod(state, 1)
+        assert not isinstance(equal, Failure)
+        drawn.add(names[equal[0]][0])
+    assert drawn == {"a", "b"}
 
 
 def test_the_sidecar_puts_a_single_pod_in_the_fuller_leaf_over_http(running) -> None:
