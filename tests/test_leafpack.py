@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gputopo.network.cluster import parse_cluster
-from gputopo.network.levels import FABRIC_TIER_PREFIX, HOSTNAME, LEAF, SPINE, NetworkIndex
+from gputopo.network.levels import ACCELERATOR, FABRIC_TIER_PREFIX, HOSTNAME, LEAF, SPINE, NetworkIndex
 from gputopo.network.nodeview import NodeView
 from gputopo.node.allocator import AllocatorPool
 from gputopo.node.topofile import load_preset
-from gputopo.pod.leafpack import Leaves
+from gputopo.pod.leafpack import Leaves, leaf_levels
 from gputopo.pod.objective import ClusterObjective, DemandMix
 from gputopo.pod.placement import MAX_SCORE, node_scores
 from gputopo.sim.clusters import from_snapshot
@@ -90,8 +90,26 @@ def test_a_fabric_tier_0_label_names_the_leaf_where_a_node_carries_it() -> None:
     leaves = Leaves.of(net)
     assert leaves.leaf[net.position["n0"]] == leaves.leaf[net.position["n1"]]
     assert leaves.leaf[net.position["n2"]] not in (-1, leaves.leaf[net.position["n0"]])
-    none = Leaves.of(NetworkIndex.build(nodes, (HOSTNAME, SPINE)))  # no leaf level configured
+    none = Leaves.of(NetworkIndex.build(nodes, (HOSTNAME, ACCELERATOR)))  # no switch level at all
     assert not none.active and set(none.leaf) == {-1}
+
+
+def test_a_cluster_with_its_own_levels_packs_its_smallest_switch_level() -> None:
+    """Levels of the cluster's own (a Kueue Topology of rack and block, smallest first): the
+    rack is the leaf; the node and its NVLink domain never are."""
+    rack, block = "example.com/rack", "example.com/block"
+    assert leaf_levels((HOSTNAME, ACCELERATOR, rack, block)) == [rack]
+    assert leaf_levels((HOSTNAME, rack, LEAF, block)) == [LEAF]  # a leaf label names it
+    assert leaf_levels((HOSTNAME, ACCELERATOR)) == []
+    nodes = [
+        ("n0", {rack: "r1", block: "b"}),
+        ("n1", {rack: "r1", block: "b"}),
+        ("n2", {rack: "r2", block: "b"}),
+    ]
+    leaves = Leaves.of(NetworkIndex.build(nodes, (HOSTNAME, rack, block)))
+    assert leaves.leaf[0] == leaves.leaf[1] != leaves.leaf[2] and leaves.active
+    free = [0, 2, 8]  # rack r1 has 2 GPUs free, r2 8: r1's node is kept
+    assert leaves.fullest([1, 2], free.__getitem__) == [1]
 
 
 _cluster = st.lists(

@@ -20,14 +20,15 @@ This module is that step for the extender's scores:
 
 It sits below the objective's ranking, not inside its key: only the top score decides where
 kube-scheduler puts the pod (a point of the extender's score, x200 after its weight, outweighs
-LeastAllocated's 0..100), so a leaf term further down the key would only reorder nodes nobody
-chooses, and would cost the ranks of the nodes below (the scale has 10 steps). Nodes of
-unknown topology score neutral and are never at the top; nodes without a leaf label keep
-their score (no leaf to keep whole: a one-node domain holds no gang).
+LeastAllocated's 0..100), so a leaf term in the key would split the top the same way but also
+reorder nodes nobody chooses, crowding the ranks of the nodes below (the scale has 10 steps).
+Nodes of unknown topology score neutral and are never at the top; nodes without a leaf label
+keep their score (no leaf to keep whole: a one-node domain holds no gang).
 
 The leaf is the first of the cluster's network levels that names a leaf switch: Topograph's
 fabric tier 0 (the switch nearest the node) or `network.topology.nvidia.com/leaf`, the one a
-node carries. With neither configured there is no packing.
+node carries. A cluster whose levels name neither (its own Kueue or KAI Topology, say: rack,
+block) packs its smallest level above the node and its NVLink domain.
 
 Pure: no I/O, no clock, no globals. The sidecar's prioritize (`scheduler.extender`) and the
 simulator's deployed policy (`gputopo.sim.policies.podclasses`) call `Leaves.fullest`.
@@ -38,12 +39,34 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from gputopo.network.levels import FABRIC_TIER_PREFIX, LEAF, NetworkIndex
+from gputopo.network.levels import (
+    ACCELERATOR,
+    FABRIC_TIER_PREFIX,
+    GPU_CLIQUE,
+    HOSTNAME,
+    LEAF,
+    XCLR_DOMAIN,
+    XCLR_SUB_DOMAIN,
+    NetworkIndex,
+)
 from gputopo.pod.placement import MAX_SCORE
 
 #: The levels that name a node's leaf switch, as the cluster may label them (a node carries one
 #: family: Topograph's fabric tiers, tier 0 nearest the node, or the older leaf label).
 LEAF_LEVELS: tuple[str, ...] = (f"{FABRIC_TIER_PREFIX}0", LEAF)
+#: Levels below any switch: the node itself and its NVLink domain (gputopo.network.levels).
+_BELOW_SWITCH = frozenset({HOSTNAME, XCLR_SUB_DOMAIN, XCLR_DOMAIN, ACCELERATOR, GPU_CLIQUE})
+
+
+def leaf_levels(levels: Iterable[str]) -> list[str]:
+    """The levels, of a cluster's smallest-first list, that name a node's leaf: those of
+    `LEAF_LEVELS` configured (a node takes the first it carries), else the smallest level above
+    the node and its NVLink domain, else none."""
+    levels = list(levels)
+    named = [lv for lv in levels if lv in LEAF_LEVELS]
+    if named:
+        return named
+    return [lv for lv in levels if lv not in _BELOW_SWITCH][:1]
 
 
 @dataclass(frozen=True)
@@ -56,10 +79,10 @@ class Leaves:
 
     @classmethod
     def of(cls, net: NetworkIndex) -> Leaves:
-        """The leaves of an index: per node, its domain at the first leaf level of the index's
-        levels that the node is labelled with (an unlabelled node is a one-node domain there,
+        """The leaves of an index: per node, its domain at the first of `leaf_levels` that the
+        node is labelled with (an unlabelled node is a one-node domain there,
         spelled `node/<name>`: no leaf)."""
-        levels = [net.level(lv) for lv in net.levels if lv in LEAF_LEVELS]
+        levels = [net.level(lv) for lv in leaf_levels(net.levels)]
         ids: dict[tuple[str, str], int] = {}
         leaf = []
         for pos in range(len(net.nodes)):
