@@ -21,8 +21,10 @@ from gputopo.gang.asks import Decision, Event, GangAsk, GangMember, Planned, Ref
 from gputopo.gang.planner import GangPlan
 from gputopo.gang.reservations import Assumed, Reservations
 from gputopo.gang.tracker import GangTracker
+from gputopo.network.levels import NetworkIndex
 from gputopo.network.nodeview import NodeView
 from gputopo.node.allocator import AllocationError
+from gputopo.pod.leafpack import Leaves
 from gputopo.pod.objective import ClusterObjective, DemandMix
 from gputopo.pod.placement import node_scores
 from gputopo.pod.ringwait import RingWait
@@ -90,6 +92,8 @@ class Extender:
         self.takeovers = 0  # passes of `_take_over` that adopted a gang (tests, operators)
         # node scores per views object: (views, {(gpus, names): scores}); swapped whole
         self._scores: tuple[NodeViews, dict[tuple[int, tuple[str, ...], int], dict[str, int]]] | None = None
+        # the leaves of the last network index (`gputopo.pod.leafpack`: single pods pack leaves)
+        self._leaves: tuple[NetworkIndex, Leaves] | None = None
 
     @property
     def reservations(self) -> Reservations:
@@ -309,6 +313,10 @@ class Extender:
             pod = _with_claim_size(pod, snap)
             in_plan = pod.gang is not None and pod.gang.key in self.gangs.plans
             planned = self.gangs.planned_node(pod.key, pod.gang.key) if pod.gang is not None else None
+            net = self.cache.network(snap)
+            if self._leaves is None or self._leaves[0] is not net:
+                self._leaves = (net, Leaves.of(net))
+            leaves = self._leaves[1]
         if in_plan:
             return [(n, 10 if n == planned else 0) for n in names]
         if pod.gpus == 0:
@@ -319,7 +327,10 @@ class Extender:
             cached = self._scores = (views, {})
         scores = cached[1].get(key)
         if scores is None:
-            scores = cached[1][key] = self._scores_of(pod.gpus, names, views)
+            scores = self._scores_of(pod.gpus, names, views)
+            # among the nodes at the top score, the fullest leaf keeps it (gputopo.pod.leafpack)
+            count, at = views.count, net.nodes
+            scores = cached[1][key] = leaves.pack_scores(scores, net.position, lambda p: count(at[p]) or 0)
         jsonlog.event(
             log,
             "prioritize",

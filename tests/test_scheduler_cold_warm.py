@@ -1,7 +1,7 @@
 """A long-lived extender (its views rebuilt incrementally, node by node and class by class, as
 annotations change under it) answers filter and prioritize exactly as a fresh Extender built on
 the same cluster state, over real HTTP; and prioritize, which scores one node per class, gives
-what `node_scores` gives over every candidate.
+what `node_scores` gives over every candidate, with the leaf packing (`gputopo.pod.leafpack`).
 
 Property-tested on small random clusters: several server models under the deterministic
 policies (kubelet-default breaks ties at random, so two extenders may legitimately draw
@@ -23,8 +23,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gputopo.network.annotation import NodeTopology
+from gputopo.network.levels import NetworkIndex
 from gputopo.network.nodeview import ChoiceMemo
 from gputopo.node.topofile import load_preset
+from gputopo.pod.leafpack import Leaves
 from gputopo.pod.objective import ClusterObjective
 from gputopo.pod.placement import node_scores
 from scheduler import defaults
@@ -162,6 +164,13 @@ def check(state: FileState, warm: Extender, warm_server: Server, plan: list) -> 
             objective = ClusterObjective(copy.deepcopy(warm.objective.mix))
             objective.learn(p.exact for p in builder.used_policies.values())
             want = node_scores(gpus, [views[n] for n in NAMES], memo=ChoiceMemo(), objective=objective)
+            # ...and the leaf packing over every node's score (gputopo.pod.leafpack)
+            snap = state.snapshot()
+            net = NetworkIndex.build(
+                ((i.name, i.labels) for i in snap.nodes.values()), defaults.DEFAULT_LEVELS
+            )
+            free = {net.position[n]: views.count(n) or 0 for n in net.nodes}
+            want = Leaves.of(net).pack_scores(want, net.position, free.__getitem__)
             assert {s["Host"]: s["Score"] for s in got_scores} == want
 
             fits = got_filter["NodeNames"]

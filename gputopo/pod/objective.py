@@ -24,6 +24,9 @@ candidate nodes of one pod, larger first, by
          demand share of m (gang members count as 8) and by the server's efficiency for m.
   3. the first cut's key: ring bandwidth, best fit, least disruption, pair sum.
 
+Below the key, among the nodes at the extender's top score, the fullest leaf decides
+(`gputopo.pod.leafpack`: the objective does not see the network).
+
 Demand shares come from a `DemandMix` the caller feeds with the pods it sees (the sidecar: every
 pod it filters; the simulator: every job as it arrives), with a prior until it has seen some.
 docs/objective.md has why this one won (on the first job-time model) and how it measures on the

@@ -17,9 +17,11 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from gputopo.network.levels import NetworkIndex
 from gputopo.network.nodeview import ChoiceMemo, NodeView
 from gputopo.node.allocator import Allocator, Choice
 from gputopo.pod import kubesched
+from gputopo.pod.leafpack import Leaves
 from gputopo.pod.objective import ClusterObjective
 from gputopo.pod.placement import MAX_SCORE, scores_in_order
 from gputopo.pod.ringwait import RingWait
@@ -31,6 +33,10 @@ from gputopo.sim.state import ClusterState, SimCluster
 _ALONE_AT_TOP = next(
     k - 1 for k in range(2, 66) if sorted(scores_in_order([(i,) for i in range(k)]))[-2] >= MAX_SCORE
 )
+#: The least total of a node at the extender's top score (LeastAllocated 0): a point less of
+#: the score (x200 after the extender's weight) is more than LeastAllocated's 0..100 can make up.
+_TOP_TOTAL = kubesched.total_score(MAX_SCORE, 0, 1)
+assert kubesched.total_score(MAX_SCORE - 1, 1, 1) < _TOP_TOTAL
 #: A class's parts of its single-pod score (`PodClasses._part`).
 _Part = tuple[float, Choice, tuple[object, ...], tuple[int, ...], tuple[int, ...], Allocator, frozenset[int]]
 #: What `_best_classes` reads of a set of classes with room that no mix changes (`PodClasses._frame`).
@@ -46,6 +52,19 @@ class PodClasses:
     objective: ClusterObjective
     ring_wait: RingWait
     _memo: ChoiceMemo
+    #: the cluster's leaves (`gputopo.pod.leafpack`) by the network index's node positions, and
+    #: node index -> position and back (`_init_leaves`)
+    _leaves: Leaves
+    _position: list[int]
+    _at_position: list[int]
+
+    def _init_leaves(self, net: NetworkIndex) -> None:
+        """The leaves of the cluster's network index (the policy's `__init__` calls it)."""
+        self._leaves = Leaves.of(net)
+        self._position = [net.position[node.name] for node in self.cluster.nodes]
+        self._at_position = [0] * len(self._position)
+        for i, p in enumerate(self._position):
+            self._at_position[p] = i
 
     def _init_pods(self) -> None:
         """The caches of this half, empty (the policy's `__init__` calls it)."""
@@ -122,6 +141,13 @@ class PodClasses:
             self._tops[key] = top
         if not top:
             return Failure(f"no node has {size} free GPUs")
+        parts = self._parts
+        if self._leaves.active and (len(top) > 1 or len(classes[top[0]]) > 1):
+            return self._packed(state, top, size)
+        if len(top) > 1:  # LeastAllocated decides among the classes at the top score
+            totals = [(parts.get((c, size)) or self._part(c, size))[4][MAX_SCORE] for c in top]
+            best = max(totals)
+            top = tuple(c for c, t in zip(top, totals, strict=True) if t == best)
         if len(top) == 1:
             chosen = top[0]
         else:  # kubesched.select_host over the tied classes, in the state's order
@@ -133,7 +159,32 @@ class PodClasses:
                 pick -= len(classes[chosen])
         members = classes[chosen]
         node = sorted(members)[self.rng.randrange(len(members))] if len(members) > 1 else min(members)
-        return node, (self._parts.get((chosen, size)) or self._part(chosen, size))[3]  # may be bounded away
+        return node, (parts.get((chosen, size)) or self._part(chosen, size))[3]  # may be bounded away
+
+    def _packed(self, state: ClusterState, top: tuple[tuple[int, int], ...], size: int) -> Slot:
+        """kube-scheduler's choice among the classes at the top score `top` once the extender
+        has kept that score for the nodes under the fullest leaf (`Leaves.fullest`, the
+        sidecar's `Leaves.pack_scores`): the best total over the kept nodes (LeastAllocated,
+        per class), then `kubesched.select_host` over the classes in the state's order, each
+        counted by its kept nodes, and one of those at random."""
+        classes, parts, pos, at = state.classes, self._parts, self._position, self._at_position
+        masks = state.mask
+        kept = {
+            at[p]
+            for p in self._leaves.fullest(
+                [pos[n] for c in top for n in classes[c]], lambda p: masks[at[p]].bit_count()
+            )
+        }
+        entries: list[tuple[tuple[int, int], list[int], int]] = []
+        for c in classes:
+            if c in top:
+                sub = sorted(n for n in classes[c] if n in kept)
+                if sub:
+                    entries.append((c, sub, (parts.get((c, size)) or self._part(c, size))[4][MAX_SCORE]))
+        k = kubesched.select_host([(t, len(sub)) for _, sub, t in entries], self.rng)
+        chosen, sub, _ = entries[k]
+        node = sub[self.rng.randrange(len(sub))] if len(sub) > 1 else sub[0]
+        return node, (parts.get((chosen, size)) or self._part(chosen, size))[3]
 
     def _top_of_room(self, room: list[tuple[int, int]], size: int) -> tuple[tuple[int, int], ...]:
         """`_best_classes` of the classes with room, kept per (size, set with room): fewer sets
@@ -195,31 +246,25 @@ class PodClasses:
     def _best_classes(
         self, room: list[tuple[int, int]], size: int
     ) -> tuple[tuple[tuple[int, int], ...], bool]:
-        """The classes of `room` at kube-scheduler's best total (`kubesched.select_host`), in
-        `room`'s order, and whether that holds for every mix version: when at most one class is
-        good enough, no cost (the only part of a key that depends on the mix) decides a rank."""
+        """The classes of `room` at the extender's top score (MAX_SCORE: among them
+        LeastAllocated and the leaf packing decide, `place_pod`), in `room`'s order, and whether
+        that holds for every mix version: when at most one class is good enough, no cost (the
+        only part of a key that depends on the mix) decides a rank."""
         if not room:
             return (), True
         if len(room) <= _ALONE_AT_TOP:
             # Only the best distinct key scores MAX_SCORE, and it is a good-enough class's (their
-            # keys lead with True): the best total is among the classes with that key unless a
-            # class below could reach it with a lower score (totals grow with the score). The
-            # keys are the ones `_class_totals` would ask for, which decides otherwise.
+            # keys lead with True). The keys are the ones `_class_totals` would ask for, which
+            # decides otherwise.
             order, got, ok = self._frames.get((size, frozenset(room))) or self._frame(room, size)
             good = self._good
             keys = [good.get((order[i], size)) or self._good_key(order[i], size, got[i]) for i in ok]
             best_key = max(keys)
             tied = [i for i, k in zip(ok, keys, strict=True) if k == best_key]
-            top = max(got[i][4][MAX_SCORE] for i in tied)
-            below = max((p[4][MAX_SCORE - 1] for i, p in enumerate(got) if i not in tied), default=-1)
-            if top > below:
-                chosen = [order[i] for i in tied if got[i][4][MAX_SCORE] == top]  # in `room`'s order:
-                return (chosen[0],) if len(chosen) == 1 else tuple(c for c in room if c in chosen), len(
-                    ok
-                ) <= 1
+            chosen = [order[i] for i in tied]  # in `room`'s order:
+            return (chosen[0],) if len(chosen) == 1 else tuple(c for c in room if c in chosen), len(ok) <= 1
         totals, good_enough = self._class_totals(room, size)
-        best = max(totals)
-        return tuple(c for c, t in zip(room, totals, strict=True) if t == best), good_enough <= 1
+        return tuple(c for c, t in zip(room, totals, strict=True) if t >= _TOP_TOTAL), good_enough <= 1
 
     def _frame(self, room: list[tuple[int, int]], size: int) -> _Frame:
         """What `_best_classes` reads of `room` that depends on no mix version: the classes (in

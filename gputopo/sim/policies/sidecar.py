@@ -111,6 +111,7 @@ class SidecarPolicy(PodClasses):
         self._names = [node.name for node in cluster.nodes]
         self._offer = frozenset(self._names)  # every node, as kube-scheduler offers them
         self._net = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
+        self._init_leaves(self._net)  # single pods pack the fullest leaf (gputopo.pod.leafpack)
         self.tracker = GangTracker(
             cluster.levels,
             ttl_s=self.life.reservation_ttl_s,
