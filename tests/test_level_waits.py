@@ -312,7 +312,8 @@ def _run(
     [
         # the default run's generator and cluster, shorter, opted into a week's wait (the wait
         # these short cuts answer is opt-in)
-        ["--pods", "4000", "--gang-spill-after", "604800"],
+        # (paced at ideal placement: the overloaded run where gangs wait and re-ask)
+        ["--pods", "4000", "--gang-spill-after", "604800", "--load-basis", "ideal"],
         # gangs spill while parked (15 of them here)
         [
             "--pods",
@@ -323,6 +324,8 @@ def _run(
             "1",
             "--load",
             "0.8",
+            "--load-basis",  # the overloaded run this case was written on: gangs wait and re-ask
+            "ideal",
             "--gang-spill-after",
             "3600",
         ],
