@@ -10,6 +10,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -139,6 +140,58 @@ def test_pack_scores_equal_a_brute_force_oracle(nodes: list[tuple[str, int, int]
         demoted = s == MAX_SCORE and leaf != "" and len(top_leaves) > 1 and room[leaf] != least
         assert got[n] == (s - 1 if demoted else s)
     assert (MAX_SCORE in scores.values()) == (MAX_SCORE in got.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(_cluster, st.data())
+def test_fullest_by_room_is_fullest_with_the_leaves_sums(
+    nodes: list[tuple[str, int, int]], data: Any
+) -> None:
+    """The simulator's form (each leaf's free GPUs given whole) keeps exactly the candidates,
+    in their order, that `fullest` keeps adding up the leaf's nodes."""
+    names = [f"n{i:02d}" for i in range(len(nodes))]
+    net = NetworkIndex.build(
+        ((n, {LEAF: leaf} if leaf else {}) for n, (leaf, _, _) in zip(names, nodes, strict=True)), LEVELS
+    )
+    leaves = Leaves.of(net)
+    free = [0] * len(nodes)
+    for n, (_, f, _) in zip(names, nodes, strict=True):
+        free[net.position[n]] = f
+    rooms = [sum(free[p] for p in members) for members in leaves.members]
+    cands = data.draw(st.lists(st.integers(0, len(nodes) - 1), unique=True))
+    assert leaves.fullest_by_room(cands, rooms.__getitem__) == leaves.fullest(cands, free.__getitem__)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 8), st.booleans()), max_size=60))
+def test_the_states_leaf_sums_follow_every_take_and_give(steps: list[tuple[int, int, bool]]) -> None:
+    """`ClusterState.group_free` kept by `take` and `give` equals a count from scratch after
+    random takes and gives (a grouping with a node in no group, -1)."""
+    cluster = from_snapshot(parse_cluster({"levels": list(LEVELS), "nodes": _two_leaves_nodes()}))
+    state = ClusterState(cluster)
+    groups = (0, 0, -1, 1)  # a-n0, a-n1 in group 0; b-n0 in none; b-n1 in group 1
+    kept = state.group_free(groups, 2)
+    assert state.group_free(groups, 2) is kept  # the same list, kept current
+    for node, gpus, take in steps:
+        free = state.free(node)
+        used = [g for g in range(8) if g not in free]
+        if take and len(free) >= gpus:
+            state.take(node, free[:gpus])
+        elif not take and used:
+            state.give(node, used[:gpus])
+        scratch = [0, 0]
+        for n, g in enumerate(groups):
+            if g >= 0:
+                scratch[g] += len(state.free(n))
+        assert kept == scratch
+
+
+def test_a_grouping_that_does_not_fit_the_state_is_refused() -> None:
+    cluster = from_snapshot(parse_cluster({"levels": list(LEVELS), "nodes": _two_leaves_nodes()}))
+    state = ClusterState(cluster)
+    for groups, count in (((0, 0, 0), 1), ((0, 0, 0, 2), 2), ((0, -2, 0, 0), 1)):
+        with pytest.raises(ValueError, match="groups must give each of 4 nodes"):
+            state.group_free(groups, count)
 
 
 def _two_leaves() -> Any:

@@ -31,7 +31,8 @@ node carries. A cluster whose levels name neither (its own Kueue or KAI Topology
 block) packs its smallest level above the node and its NVLink domain.
 
 Pure: no I/O, no clock, no globals. The sidecar's prioritize (`scheduler.extender`) and the
-simulator's deployed policy (`gputopo.sim.policies.podclasses`) call `Leaves.fullest`.
+simulator's deployed policy (`gputopo.sim.policies.podclasses`) call `Leaves.fullest` (the
+simulator by `fullest_by_room`, with the leaves' free GPUs it keeps).
 """
 
 from __future__ import annotations
@@ -109,15 +110,22 @@ class Leaves:
         leaf with the fewest free GPUs among the candidates' leaves (`free(pos)`: a node's free
         GPUs, summed over every node of the leaf), ties between leaves all kept, and every
         candidate without a leaf."""
-        leaf, members = self.leaf, self.members
+        members = self.members
+        return self.fullest_by_room(candidates, lambda d: sum(map(free, members[d])))
+
+    def fullest_by_room(self, candidates: Iterable[int], room: Callable[[int], int]) -> list[int]:
+        """`fullest` with each leaf's free GPUs given whole (`room(leaf id)`, the sum `fullest`
+        counts): for a caller that keeps those sums as GPUs are taken and freed (the simulator,
+        which asks after every placement), instead of adding up the leaf's nodes each time."""
+        leaf = self.leaf
         cands = list(candidates)
         touched = {leaf[pos] for pos in cands}
         touched.discard(-1)
         if len(touched) < 2:  # one leaf (or none): nothing to choose
             return cands
-        room = {d: sum(map(free, members[d])) for d in touched}
-        least = min(room.values())
-        return [pos for pos in cands if leaf[pos] < 0 or room[leaf[pos]] == least]
+        rooms = {d: room(d) for d in touched}
+        least = min(rooms.values())
+        return [pos for pos in cands if leaf[pos] < 0 or rooms[leaf[pos]] == least]
 
     def pack_scores(
         self, scores: Mapping[str, int], position: Mapping[str, int], free: Callable[[int], int]

@@ -82,6 +82,8 @@ class ClusterState:
         self.hist = [0] * (max(self.size) + 1)  # hist[f] = nodes with f free GPUs
         self.free_total = 0
         self.now = 0.0  # the simulation's clock, set by the engine before each placement pass
+        #: groupings whose free GPUs `take` and `give` keep current (`group_free`)
+        self._tracked: dict[int, tuple[Sequence[int], list[int]]] = {}
         for i, m in enumerate(self.mask):
             self._enter(i, m)
 
@@ -109,6 +111,8 @@ class ClusterState:
         self._leave(node, old)
         self.mask[node] = old & ~bits
         self._enter(node, self.mask[node])
+        if self._tracked:
+            self._regroup(node, -len(gpus))
 
     def give(self, node: int, gpus: Sequence[int]) -> None:
         bits = _mask_of(gpus)
@@ -118,6 +122,32 @@ class ClusterState:
         self._leave(node, old)
         self.mask[node] = old | bits
         self._enter(node, self.mask[node])
+        if self._tracked:
+            self._regroup(node, bits.bit_count())
+
+    def group_free(self, groups: Sequence[int], count: int) -> list[int]:
+        """Free GPUs per group of nodes (`groups[node]`: its group, 0..count-1, or -1 for none),
+        counted now and then kept current by `take` and `give`: a policy that asks after every
+        placement (the leaves' free GPUs, `gputopo.pod.leafpack`) reads a sum instead of adding
+        up the group's nodes each time. The same `groups` object gets the same list back; the
+        caller must not change either."""
+        hit = self._tracked.get(id(groups))
+        if hit is not None and hit[0] is groups:
+            return hit[1]
+        if len(groups) != len(self.mask) or any(not -1 <= g < count for g in groups):
+            raise ValueError(f"groups must give each of {len(self.mask)} nodes a group in -1..{count - 1}")
+        totals = [0] * count
+        for node, g in enumerate(groups):
+            if g >= 0:
+                totals[g] += self.mask[node].bit_count()
+        self._tracked[id(groups)] = (groups, totals)
+        return totals
+
+    def _regroup(self, node: int, delta: int) -> None:
+        for groups, totals in self._tracked.values():
+            g = groups[node]
+            if g >= 0:
+                totals[g] += delta
 
     def free(self, node: int) -> tuple[int, ...]:
         m = self.mask[node]

@@ -52,19 +52,19 @@ class PodClasses:
     objective: ClusterObjective
     ring_wait: RingWait
     _memo: ChoiceMemo
-    #: the cluster's leaves (`gputopo.pod.leafpack`) by the network index's node positions, and
-    #: node index -> position and back (`_init_leaves`)
+    #: the cluster's leaves (`gputopo.pod.leafpack`), by node index (`_init_leaves`)
     _leaves: Leaves
-    _position: list[int]
-    _at_position: list[int]
 
     def _init_leaves(self, net: NetworkIndex) -> None:
-        """The leaves of the cluster's network index (the policy's `__init__` calls it)."""
-        self._leaves = Leaves.of(net)
-        self._position = [net.position[node.name] for node in self.cluster.nodes]
-        self._at_position = [0] * len(self._position)
-        for i, p in enumerate(self._position):
-            self._at_position[p] = i
+        """The leaves of the cluster's network index, renumbered from the index's node positions
+        to the simulator's node indices (the policy's `__init__` calls it)."""
+        by_position = Leaves.of(net)
+        position = [net.position[node.name] for node in self.cluster.nodes]
+        at = {p: i for i, p in enumerate(position)}
+        self._leaves = Leaves(
+            tuple(by_position.leaf[p] for p in position),
+            tuple(tuple(sorted(at[p] for p in m)) for m in by_position.members),
+        )
 
     def _init_pods(self) -> None:
         """The caches of this half, empty (the policy's `__init__` calls it)."""
@@ -167,18 +167,13 @@ class PodClasses:
         sidecar's `Leaves.pack_scores`): the best total over the kept nodes (LeastAllocated,
         per class), then `kubesched.select_host` over the classes in the state's order, each
         counted by its kept nodes, and one of those at random."""
-        classes, parts, pos, at = state.classes, self._parts, self._position, self._at_position
-        masks = state.mask
-        kept = {
-            at[p]
-            for p in self._leaves.fullest(
-                [pos[n] for c in top for n in classes[c]], lambda p: masks[at[p]].bit_count()
-            )
-        }
+        classes, parts, leaves = state.classes, self._parts, self._leaves
+        rooms = state.group_free(leaves.leaf, len(leaves.members))
+        kept = set(leaves.fullest_by_room([n for c in top for n in classes[c]], rooms.__getitem__))
         entries: list[tuple[tuple[int, int], list[int], int]] = []
         for c in classes:
             if c in top:
-                sub = sorted(n for n in classes[c] if n in kept)
+                sub = sorted([n for n in classes[c] if n in kept])
                 if sub:
                     entries.append((c, sub, (parts.get((c, size)) or self._part(c, size))[4][MAX_SCORE]))
         k = kubesched.select_host([(t, len(sub)) for _, sub, t in entries], self.rng)
