@@ -192,6 +192,10 @@ def test_a_grouping_that_does_not_fit_the_state_is_refused() -> None:
     for groups, count in (((0, 0, 0), 1), ((0, 0, 0, 2), 2), ((0, -2, 0, 0), 1)):
         with pytest.raises(ValueError, match="groups must give each of 4 nodes"):
             state.group_free(groups, count)
+    kept = (0, 0, -1, 1)
+    state.group_free(kept, 2)
+    with pytest.raises(ValueError, match="already kept with 2 groups, not 3"):
+        state.group_free(kept, 3)
 
 
 def _two_leaves() -> Any:

@@ -112,7 +112,7 @@ class ClusterState:
         self.mask[node] = old & ~bits
         self._enter(node, self.mask[node])
         if self._tracked:
-            self._regroup(node, -len(gpus))
+            self._regroup(node, -bits.bit_count())
 
     def give(self, node: int, gpus: Sequence[int]) -> None:
         bits = _mask_of(gpus)
@@ -133,6 +133,8 @@ class ClusterState:
         caller must not change either."""
         hit = self._tracked.get(id(groups))
         if hit is not None and hit[0] is groups:
+            if len(hit[1]) != count:  # one grouping, one count: its kept list cannot change size
+                raise ValueError(f"groups already kept with {len(hit[1])} groups, not {count}")
             return hit[1]
         if len(groups) != len(self.mask) or any(not -1 <= g < count for g in groups):
             raise ValueError(f"groups must give each of {len(self.mask)} nodes a group in -1..{count - 1}")
