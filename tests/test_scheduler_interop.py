@@ -106,11 +106,13 @@ def plan_of(live: Live, pod: dict, gang: str) -> tuple[str, str]:
     return plan.level, plan.domain
 
 
-def test_kubernetes_podgroup_v1alpha2_with_its_topology_constraint(live_with) -> None:
-    """1.36 Workload API: pods name their PodGroup in spec.schedulingGroup; the PodGroup's
-    gang.minCount is the quorum and its topology key is a required level."""
+@pytest.mark.parametrize("version", ["v1beta1", "v1alpha2"])
+def test_kubernetes_podgroup_with_its_topology_constraint(live_with, version: str) -> None:
+    """Workload API (1.37 serves v1beta1, 1.36 v1alpha2): pods name their PodGroup in
+    spec.schedulingGroup; the PodGroup's gang.minCount is the quorum and its topology key is a
+    required level. The sidecar finds whichever version the API server serves."""
     pg = {
-        "apiVersion": "scheduling.k8s.io/v1alpha2",
+        "apiVersion": f"scheduling.k8s.io/{version}",
         "kind": "PodGroup",
         "metadata": {"namespace": "ml", "name": "train", "uid": "pg-uid"},
         "spec": {
@@ -121,7 +123,8 @@ def test_kubernetes_podgroup_v1alpha2_with_its_topology_constraint(live_with) ->
     pods = gang_pods(2, spec={"schedulingGroup": {"podGroupName": "train"}})
     # n0,n1 also share an NVLink domain: unconstrained, the gang would be planned there
     nodes = [(n, {**labels, XCLR: f"x{labels[TIER0]}"}) for n, labels in two_domains(TIER0, {TIER1: "s"})]
-    live = live_with(nodes=nodes, objects=[("k8s-podgroups", pg)], pods=pods[:1])
+    serve = {k: fk.EXTRA_KINDS[k][1] for k in ALL_KINDS} | {"k8s-podgroups": version}
+    live = live_with(serve=serve, nodes=nodes, objects=[("k8s-podgroups", pg)], pods=pods[:1])
     _, out = live.client.post("/filter", args(pods[0], ["n0", "n1", "n2", "n3"]))
     assert "waiting for members 1/2" in out["FailedAndUnresolvableNodes"]["n0"]
     live.api.put("pods", pods[1])

@@ -13,9 +13,11 @@ and a parser) and its test.
 Everything is a pure function of API JSON: every field checked, garbage -> None (or
 `SourceError` when a pod names a source but its fields are unusable: the message names the
 field). Upstream facts used here (checked against upstream source, see docs/scheduler.md):
-- `scheduling.k8s.io/v1alpha2` PodGroup: `spec.schedulingPolicy.gang.minCount`,
+- `scheduling.k8s.io/v1beta1` PodGroup (1.37, beta behind the GenericWorkload gate) and
+  `v1alpha2` (1.36): `spec.schedulingPolicy.gang.minCount`,
   `spec.schedulingConstraints.topology[].key`; pods join with
-  `spec.schedulingGroup.podGroupName` (kubernetes staging/src/k8s.io/api/scheduling/v1alpha2).
+  `spec.schedulingGroup.podGroupName` (kubernetes staging/src/k8s.io/api/scheduling/v1beta1 and
+  v1alpha2 types.go, and core/v1 `PodSchedulingGroup`: the same fields in both versions).
 - `scheduling.k8s.io/v1alpha1` Workload (1.35): `spec.podGroups[] {name, policy.gang.minCount}`;
   pods join with `spec.workloadRef {name, podGroup, podGroupReplicaKey}`; the policy applies
   to each replica key separately.
@@ -379,10 +381,11 @@ SCHEDULER_PLUGINS_API = Api(
 SOURCES: tuple[GangSource, ...] = (
     GangSource(
         "k8s-podgroup",
-        "scheduling.k8s.io/v1alpha2 PodGroup",
+        "scheduling.k8s.io PodGroup",
         _read_k8s_podgroup,
         "PodGroup spec.schedulingPolicy.gang.minCount",
-        Api("k8s-podgroups", "scheduling.k8s.io", ("v1alpha2",), "podgroups", "PodGroup"),
+        # 1.37 serves v1beta1 (and no longer v1alpha2); 1.36 serves v1alpha2.
+        Api("k8s-podgroups", "scheduling.k8s.io", ("v1beta1", "v1alpha2"), "podgroups", "PodGroup"),
         groups_k8s_podgroup,
     ),
     GangSource(
