@@ -1,14 +1,20 @@
-"""Harness for running the project under the real Kubernetes components in `../shared/realk8s/`.
+"""Harness for running the project under real Kubernetes components (`make test-real`).
 
-The real kube-scheduler (v1.35) and kubelet's real device manager (v1.32) are the clients our two
-daemons serve in a user's cluster; here they run as subprocesses against the API server stand-in
-of that folder, and the tests drive them as a user would: create Nodes, PodGroups and Pods over
-HTTP, then watch where the pods end up. Everything skips cleanly when the folder is absent (a
-newcomer's clone) or its binaries do not unpack; CI has it.
+`realk8s/build.sh` builds them from the Go modules `realk8s/go.mod` requires (k8s.io/kubernetes
+v1.37.2, its staging modules, the etcd Kubernetes pins) into the ignored folder
+`realk8s/.build/<version>/bin`: etcd, kube-apiserver, kube-scheduler, and `kubelet-devicemanager`
+(kubelet's own device and topology managers, wired as kubelet wires them). Here they run as
+subprocesses and the tests drive them as a user would: create Nodes, PodGroups and Pods over
+HTTPS with a bearer token, then watch where the pods end up.
+
+Without the binaries every test here skips with one line naming why (a newcomer's `make test`);
+`make test-real` builds them first and sets GPUTOPO_REAL_REQUIRED=1, under which a missing
+binary fails instead, so CI can never pass by skipping.
 
 Every process started here is owned by a `Procs` and killed (process group, SIGKILL after a
 short grace) when its fixture ends, also when a test fails. Ports are taken with port 0 and read
-back from what the process prints, never guessed.
+back from what the process prints, or (etcd, kube-apiserver, which take a port number) bound and
+released just before.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import json
 import os
 import re
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -36,13 +44,19 @@ from gputopo.network.levels import LEAF, SPINE
 from gputopo.node.topofile import load_preset
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The API server stand-in of ../shared/realk8s (tests/test_dra_realk8s.py runs against it).
 REALK8S = Path(os.environ.get("GPUTOPO_REALK8S", ROOT.parent / "shared" / "realk8s"))
+#: The Kubernetes release under test: a folder of realk8s/.build/ (realk8s/build.sh's output).
+K8S_VERSION = os.environ.get("GPUTOPO_K8S_VERSION", "v1.37.2")
+BUILT = Path(os.environ.get("GPUTOPO_REALK8S_BIN", ROOT / "realk8s" / ".build" / K8S_VERSION / "bin"))
+REQUIRED = os.environ.get("GPUTOPO_REAL_REQUIRED") == "1"
 DEPLOY = ROOT / "deploy" / "base" / "scheduler"
 GPU = "nvidia.com/gpu"
 TOPOLOGY_KEY = "gputopo.io/topology"
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 SCHEDULER_NAME = "gputopo-scheduler"
 HOLD_GATE = "example.com/created-together"
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubelet-devicemanager")
 
 T = TypeVar("T")
 
@@ -50,35 +64,26 @@ T = TypeVar("T")
 # ------------------------------------------------------------------------------ binaries
 
 
-_BIN: list[Path | str] = []
-
-
 def binaries() -> Path:
-    """The folder holding `kube-scheduler` and `kubelet-devicemanager`; skips the test when
-    `../shared/realk8s` is absent or its `unpack` fails (once per session, the answer cached)."""
-    if not _BIN:
-        _BIN.append(_unpack())
-    found = _BIN[0]
-    if isinstance(found, str):
-        pytest.skip(found)
-    return found
+    """The folder holding the built components; skips the test (fails it under
+    GPUTOPO_REAL_REQUIRED=1) when one is missing, naming why in one line."""
+    missing = [name for name in BINARIES if not os.access(BUILT / name, os.X_OK)]
+    if missing:
+        why = (
+            f"real Kubernetes {K8S_VERSION} not built ({', '.join(missing)} missing in {BUILT}): "
+            "`make test-real` builds them with Go"
+        )
+        if REQUIRED:
+            pytest.fail(why)
+        pytest.skip(why)
+    return BUILT
 
 
-def _unpack() -> Path | str:
-    unpack = REALK8S / "unpack"
-    if not unpack.is_file():
-        return f"real Kubernetes components not present ({REALK8S})"
-    try:
-        out = subprocess.run(
-            ["sh", str(unpack)], capture_output=True, text=True, timeout=120, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"{unpack} failed: {e}"
-    folder = Path(out.splitlines()[-1]) if out else Path()
-    for name in ("kube-scheduler", "kubelet-devicemanager"):
-        if not os.access(folder / name, os.X_OK):
-            return f"{unpack} did not produce {name} in {folder!s}"
-    return folder
+def free_port() -> int:
+    """A loopback port free now, for the components that take a number rather than 0."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 # ----------------------------------------------------------------------------- processes
@@ -185,25 +190,48 @@ class ApiError(Exception):
 
 
 class Api:
-    """Plain HTTP/JSON to the stand-in (the one content type it speaks)."""
+    """Plain HTTP(S)/JSON to an API server: the stand-in (HTTP, no authentication) or the real
+    kube-apiserver (HTTPS with its self-signed serving certificate, a bearer token)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, token: str | None = None) -> None:
         self.url = url
+        self.token = token
+        self.ctx: ssl.SSLContext | None = None
+        if url.startswith("https:"):
+            self.ctx = ssl.create_default_context()
+            self.ctx.check_hostname = False
+            self.ctx.verify_mode = ssl.CERT_NONE
 
     def call(self, method: str, path: str, body: Any = None, ctype: str = "application/json") -> Any:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method=method)
         req.add_header("Accept", "application/json")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
         if data is not None:
             req.add_header("Content-Type", ctype)
         try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
+            with urllib.request.urlopen(req, timeout=10, context=self.ctx) as resp:
                 return json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as e:
             raise ApiError(e.code, e.read().decode(errors="replace")) from None
 
     def get(self, path: str) -> Any:
         return self.call("GET", path)
+
+    def status(self, path: str) -> int:
+        """The HTTP status of a GET (0 when nothing answered), for health endpoints that
+        answer text."""
+        req = urllib.request.Request(self.url + path)
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=5, context=self.ctx) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+        except OSError:
+            return 0
 
     def create(self, path: str, obj: dict[str, Any]) -> Any:
         return self.call("POST", path, obj)
@@ -212,8 +240,9 @@ class Api:
         return self.call("PATCH", path, patch, "application/merge-patch+json")
 
     def delete(self, path: str) -> None:
+        """Deleted at once (grace 0): no kubelet runs to finish a bound pod's graceful deletion."""
         with contextlib.suppress(ApiError):
-            self.call("DELETE", path)
+            self.call("DELETE", path, {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0})
 
     # ---- the kinds the tests use
 
@@ -224,6 +253,119 @@ class Api:
     def placement(self, ns: str) -> dict[str, str]:
         """pod name -> node name ('' while unbound)."""
         return {n: (p.get("spec") or {}).get("nodeName") or "" for n, p in self.pods(ns).items()}
+
+
+# ------------------------------------------------------------------------ the control plane
+
+TOKEN = "gputopo-test-admin-token"
+PODGROUP_CRD = ROOT / "deploy" / "components" / "podgroup-crd" / "podgroup-crd.yaml"
+
+
+@dataclass
+class ControlPlane:
+    """etcd and the real kube-apiserver, as a cluster's control plane runs them: HTTPS (its own
+    self-signed serving certificate), RBAC with the Node authorizer, the default admission
+    plugins, ServiceAccount tokens signed with a key of this run. The tests are `system:masters`
+    through a static token; `gates` and `runtime_config` turn on what a test needs (1.37's
+    Workload API is beta and off by default)."""
+
+    procs: Procs
+    folder: Path
+    bindir: Path
+    gates: Sequence[str] = ()
+    runtime_config: Sequence[str] = ()
+    api: Api = field(init=False)
+    kubeconfig: Path = field(init=False)
+    url: str = ""
+
+    def start(self) -> None:
+        etcd_port, peer_port, port = free_port(), free_port(), free_port()
+        etcd_url, peer_url = f"http://127.0.0.1:{etcd_port}", f"http://127.0.0.1:{peer_port}"
+        self.procs.start(
+            "etcd",
+            [
+                str(self.bindir / "etcd"),
+                f"--data-dir={self.folder / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=default={peer_url}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+        wait_for(lambda: _http_ok(f"{etcd_url}/health"), 30, "etcd's /health")
+        key = self.folder / "sa.key"
+        subprocess.run(
+            ["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True, timeout=60
+        )
+        tokens = self.folder / "tokens.csv"
+        tokens.write_text(f'{TOKEN},gputopo-test-admin,gputopo-test-admin,"system:masters"\n')
+        argv = [
+            str(self.bindir / "kube-apiserver"),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={self.folder / 'certs'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={key}",
+            f"--service-account-signing-key-file={key}",
+            f"--token-auth-file={tokens}",
+            "--authorization-mode=Node,RBAC",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--endpoint-reconciler-type=none",
+        ]
+        if self.gates:
+            argv.append(f"--feature-gates={','.join(self.gates)}")
+        if self.runtime_config:
+            argv.append(f"--runtime-config={','.join(self.runtime_config)}")
+        proc = self.procs.start("kube-apiserver", argv)
+        self.url = f"https://127.0.0.1:{port}"
+        self.api = Api(self.url, TOKEN)
+
+        def ready() -> bool:
+            if not proc.alive():
+                raise AssertionError(f"kube-apiserver exited with {proc.popen.returncode}:\n{proc.tail()}")
+            return self.api.status("/readyz") == 200
+
+        wait_for(ready, 90, "kube-apiserver's /readyz", interval=0.2)
+        self.kubeconfig = self.folder / "kubeconfig.yaml"
+        self.kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "real", "cluster": {"server": self.url, "insecure-skip-tls-verify": True}}],
+                    "users": [{"name": "admin", "user": {"token": TOKEN}}],
+                    "contexts": [{"name": "real", "context": {"cluster": "real", "user": "admin"}}],
+                    "current-context": "real",
+                }
+            )
+        )
+
+    def install_crd(self, path: Path = PODGROUP_CRD) -> None:
+        """Create a CRD and wait until it is Established (served)."""
+        crd = yaml.safe_load(path.read_text())
+        with contextlib.suppress(ApiError):
+            self.api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+        name = crd["metadata"]["name"]
+
+        def established() -> bool:
+            got = self.api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            conds = (got.get("status") or {}).get("conditions") or []
+            return any(c.get("type") == "Established" and c.get("status") == "True" for c in conds)
+
+        wait_for(established, 30, f"CRD {name} established", interval=0.2)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
 
 
 # ------------------------------------------------------------------------------- objects
@@ -329,11 +471,11 @@ def deploy_containers() -> dict[str, dict[str, Any]]:
 
 
 def scheduler_config(kubeconfig: Path, extender_url: str) -> dict[str, Any]:
-    """The deploy config with only what must change to run here (../shared/realk8s/README.md):
-    the API connection (the stand-in's kubeconfig, JSON, which it speaks instead of protobuf), no
-    leader election, and the extender's URL (our sidecar's port)."""
+    """The deploy config with only what must change to run here: the API connection (a
+    kubeconfig instead of the in-cluster ServiceAccount), no leader election, and the
+    extender's URL (our sidecar's port)."""
     cfg = deploy_scheduler_config()
-    cfg["clientConnection"] = {"kubeconfig": str(kubeconfig), "contentType": "application/json"}
+    cfg["clientConnection"] = {"kubeconfig": str(kubeconfig)}
     cfg["leaderElection"] = {"leaderElect": False}
     (ext,) = cfg["extenders"]
     ext["urlPrefix"] = extender_url
@@ -367,34 +509,36 @@ _KV = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 @dataclass
 class Cluster:
-    """The stand-in API server, our sidecar and the real kube-scheduler, wired as deploy/ wires
-    them. Tests put nodes and pods in a namespace of their own and clean up with `reset()`."""
+    """The real control plane (etcd, kube-apiserver), our sidecar and the real kube-scheduler,
+    wired as deploy/ wires them. Tests put nodes and pods in a namespace of their own and clean
+    up with `reset()`. `gang_api` turns on Kubernetes' own Workload/PodGroup API
+    (`scheduling.k8s.io/v1beta1`, feature gate GenericWorkload) in the API server and, with it,
+    kube-scheduler's GangScheduling plugin."""
 
     procs: Procs
     folder: Path
+    bindir: Path
+    gang_api: bool = False
     api: Api = field(init=False)
     kubeconfig: Path = field(init=False)
+    control: ControlPlane = field(init=False)
     sidecar: Proc | None = None
     sidecar_port: int = 0
     scheduler: Proc | None = None
     _nodes: set[str] = field(default_factory=set)
     _namespaces: set[str] = field(default_factory=set)
 
+    @property
+    def gates(self) -> list[str]:
+        return ["GenericWorkload=true"] if self.gang_api else []
+
     def start_api(self) -> None:
-        self.kubeconfig = self.folder / "kubeconfig.json"
-        proc = self.procs.start(
-            "apiserver",
-            [
-                sys.executable,
-                str(REALK8S / "apiserver_standin.py"),
-                "--port",
-                "0",
-                "--kubeconfig",
-                str(self.kubeconfig),
-            ],
-        )
-        port = int(_wait_line(proc, r"fake apiserver on 127\.0\.0\.1:(\d+)", 20).group(1))
-        self.api = Api(f"http://127.0.0.1:{port}")
+        runtime = ["scheduling.k8s.io/v1beta1=true"] if self.gang_api else []
+        self.control = ControlPlane(self.procs, self.folder, self.bindir, self.gates, runtime)
+        self.control.start()
+        self.control.install_crd()
+        self.api = self.control.api
+        self.kubeconfig = self.control.kubeconfig
 
     def start_sidecar(self) -> None:
         """`python -m scheduler` in live mode; the first start takes a free port (0) and every
@@ -432,8 +576,9 @@ class Cluster:
         cfg = scheduler_config(self.kubeconfig, f"http://127.0.0.1:{self.sidecar_port}")
         path = self.folder / "kube-scheduler-config.yaml"
         path.write_text(yaml.safe_dump(cfg))
+        gates = [f"--feature-gates={','.join(self.gates)}"] if self.gates else []
         self.scheduler = self.procs.start(
-            "kube-scheduler", [str(bindir / "kube-scheduler"), f"--config={path}", *scheduler_flags()]
+            "kube-scheduler", [str(bindir / "kube-scheduler"), f"--config={path}", *scheduler_flags(), *gates]
         )
         # the scheduling loop runs once the informers of the two kinds it schedules with synced
         for kind in ("Node", "Pod"):
@@ -442,8 +587,12 @@ class Cluster:
     # ---- objects
 
     def namespace(self, ns: str) -> str:
+        """A namespace with its `default` ServiceAccount, which the ServiceAccount admission
+        plugin requires of every pod and which no controller-manager runs here to create."""
         with contextlib.suppress(ApiError):
-            self.api.create("/api/v1/namespaces", {"metadata": {"name": ns}, "status": {"phase": "Active"}})
+            self.api.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+        with contextlib.suppress(ApiError):
+            self.api.create(f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": "default"}})
         self._namespaces.add(ns)
         return ns
 
@@ -550,21 +699,22 @@ class Cluster:
         for ns in sorted(self._namespaces):
             for name in self.api.pods(ns):
                 self.api.delete(f"/api/v1/namespaces/{ns}/pods/{name}")
-            for g in self.api.get(f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups")["items"]:
-                self.api.delete(
-                    f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups/{g['metadata']['name']}"
-                )
+            groups = ["scheduling.x-k8s.io/v1alpha1"] + (["scheduling.k8s.io/v1beta1"] if self.gang_api else [])
+            for gv in groups:
+                for g in self.api.get(f"/apis/{gv}/namespaces/{ns}/podgroups")["items"]:
+                    self.api.delete(f"/apis/{gv}/namespaces/{ns}/podgroups/{g['metadata']['name']}")
         for name in sorted(self._nodes):
             self.api.delete(f"/api/v1/nodes/{name}")
         self._nodes.clear()
 
 
 @contextlib.contextmanager
-def cluster(folder: Path) -> Iterator[Cluster]:
-    """A running cluster (stand-in, sidecar, kube-scheduler) torn down whatever happens."""
+def cluster(folder: Path, *, gang_api: bool = False) -> Iterator[Cluster]:
+    """A running cluster (etcd, kube-apiserver, sidecar, kube-scheduler) torn down whatever
+    happens."""
     bindir = binaries()
     procs = Procs(folder)
-    c = Cluster(procs, folder)
+    c = Cluster(procs, folder, bindir, gang_api=gang_api)
     try:
         c.start_api()
         c.start_sidecar()

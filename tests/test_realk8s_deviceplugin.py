@@ -1,7 +1,8 @@
-"""The plugin under kubelet's real device manager (k8s.io/kubernetes v1.32, `kubelet-devicemanager`
-in ../shared/realk8s): `python -m deviceplugin` as a DaemonSet runs it, registering with that
+"""The plugin under kubelet's real device manager (k8s.io/kubernetes v1.37, `kubelet-devicemanager`
+built by realk8s/build.sh): `python -m deviceplugin` as a DaemonSet runs it, registering with that
 kubelet over its real socket, which dials back, keeps ListAndWatch open and admits pods through
-the real topology manager (GetPreferredAllocation, then Allocate). Skips without ../shared.
+the real topology manager (GetPreferredAllocation, then Allocate). `make test-real` runs it;
+without the built binaries it skips with one line.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import pytest
 from gputopo.node.allocator import Allocator
 from gputopo.node.topofile import load_preset
 from tests import realk8s as rk
+
+pytestmark = pytest.mark.real
 
 PRESET = "dgx1-v100"  # 8 GPUs, 4 per NUMA node, hybrid cube-mesh NVLink
 
@@ -37,8 +40,8 @@ class Node:
         self.kubelet = rk.DeviceManager(self.procs, self.bindir, self.dir, **kw)  # type: ignore[arg-type]
         return self.kubelet
 
-    def start_plugin(self, *extra: str) -> rk.Proc:
-        argv = [sys.executable, "-m", "deviceplugin", "--kubelet-dir", str(self.dir), "--topology", PRESET]
+    def start_plugin(self, *extra: str, preset: str = PRESET) -> rk.Proc:
+        argv = [sys.executable, "-m", "deviceplugin", "--kubelet-dir", str(self.dir), "--topology", preset]
         self.plugin = self.procs.start("plugin", [*argv, "--metrics-port", "0", *extra])
         return self.plugin
 
@@ -60,8 +63,42 @@ def node(tmp_path: Path) -> Iterator[Node]:
         procs.close()
 
 
-def uuids() -> list[str]:
-    return [g.uuid for g in load_preset(PRESET).gpus]
+def uuids(preset: str = PRESET) -> list[str]:
+    return [g.uuid for g in load_preset(preset).gpus]
+
+
+@pytest.mark.parametrize("preset", ["dgx1-v100", "hgx-h100", "dgx2-v100", "pcie8-plx"])
+def test_every_admitted_pod_gets_the_allocators_best_set(node: Node, preset: str) -> None:
+    """On four kinds of server (hybrid cube-mesh, NVSwitch of 8 and of 16, PCIe switches), a
+    sequence of admissions and ends: each pod kubelet admits gets exactly the set our allocator
+    prefers among the GPUs free at that moment (kubelet asks GetPreferredAllocation, then
+    Allocate with what it got), never a GPU another running pod holds."""
+    topo = load_preset(preset)
+    ids = uuids(preset)
+    numa = max(1, len({g.numa for g in topo.gpus}))
+    node.start_kubelet(numa=numa)
+    node.start_plugin(preset=preset)
+    total = len(ids)
+    assert node.wait_healthy(total, timeout=30)["ok"]
+    alloc = Allocator(topo)
+    free = set(range(total))
+    held: dict[str, set[int]] = {}
+    steps = [("a", 2), ("b", 1), ("c", 4), ("-b", 0), ("d", 2), ("e", 1), ("-a", 0), ("f", 4), ("-c", 0), ("g", 8)]
+    for pod, n in steps:
+        if pod.startswith("-"):
+            assert node.ask({"op": "free", "pod": pod[1:]})["ok"]
+            free |= held.pop(pod[1:])
+            continue
+        if n > len(free):
+            continue
+        want = set(alloc.choose(sorted(free), n).indices)
+        out = node.ask({"op": "alloc", "pod": pod, "n": n})
+        assert out["ok"] and out["admit"], out
+        got = {ids.index(u) for u in out["devices"]}
+        assert got == want, f"{preset} {pod}: kubelet gave {sorted(got)}, the allocator prefers {sorted(want)}"
+        assert not got - free, "a GPU another pod holds"
+        held[pod] = got
+        free -= got
 
 
 def test_the_plugin_registers_and_kubelet_allocates_its_preferred_gpus(node: Node) -> None:
