@@ -17,11 +17,11 @@ if ! command -v go >/dev/null 2>&1; then
   echo "realk8s/build.sh: Go is not installed (the real components are built from Go modules)" >&2
   exit 3
 fi
-version=$(sed -n 's/^require k8s.io\/kubernetes \(v[0-9.]*\)$/\1/p' "$mod/go.mod")
+cd "$mod"
+version=$(go list -m -f '{{.Version}}' k8s.io/kubernetes)
 [ -n "$version" ] || { echo "realk8s/build.sh: $mod/go.mod requires no k8s.io/kubernetes" >&2; exit 2; }
 out="$here/.build/$version/bin"
 mkdir -p "$out"
-cd "$mod"
 echo "==> $(go version); Kubernetes $version from $mod/go.mod into $out" >&2
 echo "==> module download (cached in $(go env GOMODCACHE))" >&2
 go mod download

@@ -337,7 +337,9 @@ class ControlPlane:
                 {
                     "apiVersion": "v1",
                     "kind": "Config",
-                    "clusters": [{"name": "real", "cluster": {"server": self.url, "insecure-skip-tls-verify": True}}],
+                    "clusters": [
+                        {"name": "real", "cluster": {"server": self.url, "insecure-skip-tls-verify": True}}
+                    ],
                     "users": [{"name": "admin", "user": {"token": TOKEN}}],
                     "contexts": [{"name": "real", "context": {"cluster": "real", "user": "admin"}}],
                     "current-context": "real",
@@ -597,9 +599,15 @@ class Cluster:
         return ns
 
     def add_nodes(self, *nodes: dict[str, Any]) -> None:
+        """Create Ready nodes. The API server's TaintNodesByCondition admission taints every new
+        Node `node.kubernetes.io/not-ready` until the node lifecycle controller sees it Ready;
+        no controller-manager runs here, so the test lifts it as that controller would."""
         for n in nodes:
-            self.api.create("/api/v1/nodes", n)
+            made = self.api.create("/api/v1/nodes", n)
             self._nodes.add(n["metadata"]["name"])
+            want = (n.get("spec") or {}).get("taints") or []
+            if ((made.get("spec") or {}).get("taints") or []) != want:
+                self.api.patch(f"/api/v1/nodes/{n['metadata']['name']}", {"spec": {"taints": want or None}})
 
     def patch_node(self, name: str, patch: dict[str, Any]) -> None:
         self.api.patch(f"/api/v1/nodes/{name}", patch)
@@ -699,7 +707,9 @@ class Cluster:
         for ns in sorted(self._namespaces):
             for name in self.api.pods(ns):
                 self.api.delete(f"/api/v1/namespaces/{ns}/pods/{name}")
-            groups = ["scheduling.x-k8s.io/v1alpha1"] + (["scheduling.k8s.io/v1beta1"] if self.gang_api else [])
+            groups = ["scheduling.x-k8s.io/v1alpha1"] + (
+                ["scheduling.k8s.io/v1beta1"] if self.gang_api else []
+            )
             for gv in groups:
                 for g in self.api.get(f"/apis/{gv}/namespaces/{ns}/podgroups")["items"]:
                     self.api.delete(f"/apis/{gv}/namespaces/{ns}/podgroups/{g['metadata']['name']}")

@@ -83,7 +83,18 @@ def test_every_admitted_pod_gets_the_allocators_best_set(node: Node, preset: str
     alloc = Allocator(topo)
     free = set(range(total))
     held: dict[str, set[int]] = {}
-    steps = [("a", 2), ("b", 1), ("c", 4), ("-b", 0), ("d", 2), ("e", 1), ("-a", 0), ("f", 4), ("-c", 0), ("g", 8)]
+    steps = [
+        ("a", 2),
+        ("b", 1),
+        ("c", 4),
+        ("-b", 0),
+        ("d", 2),
+        ("e", 1),
+        ("-a", 0),
+        ("f", 4),
+        ("-c", 0),
+        ("g", 8),
+    ]
     for pod, n in steps:
         if pod.startswith("-"):
             assert node.ask({"op": "free", "pod": pod[1:]})["ok"]
@@ -95,7 +106,9 @@ def test_every_admitted_pod_gets_the_allocators_best_set(node: Node, preset: str
         out = node.ask({"op": "alloc", "pod": pod, "n": n})
         assert out["ok"] and out["admit"], out
         got = {ids.index(u) for u in out["devices"]}
-        assert got == want, f"{preset} {pod}: kubelet gave {sorted(got)}, the allocator prefers {sorted(want)}"
+        assert got == want, (
+            f"{preset} {pod}: kubelet gave {sorted(got)}, the allocator prefers {sorted(want)}"
+        )
         assert not got - free, "a GPU another pod holds"
         held[pod] = got
         free -= got

@@ -1,9 +1,13 @@
-"""End to end through the real kube-scheduler (v1.35): the API stand-in, our sidecar in live mode
-and kube-scheduler configured as deploy/ configures them (tests/realk8s.py). kube-scheduler does
-the filtering, queueing and binding calls; the assertions are on where pods end up in the API.
+"""End to end through the real kube-scheduler and kube-apiserver (v1.37, with etcd; built by
+realk8s/build.sh): our sidecar in live mode and kube-scheduler configured as deploy/ configures
+them (tests/realk8s.py). kube-scheduler does the filtering, queueing and binding calls; the
+assertions are on where pods end up in the API.
 
-One cluster serves the whole module; each test uses its own namespace and node names and deletes
-them after. Skips when ../shared/realk8s is absent.
+The whole module runs twice: with Kubernetes' own gang scheduling off (the default of 1.37) and
+on (feature gate GenericWorkload: the Workload/PodGroup API `scheduling.k8s.io/v1beta1` served
+and kube-scheduler's GangScheduling plugin in its profile). One cluster serves each round; each
+test uses its own namespace and node names and deletes them after. `make test-real` runs it;
+without the built binaries it skips with one line.
 
 kube-scheduler parks a pod the extender refused in its unschedulable queue until a cluster event
 (or the 5-minute flush, which no test waits for). Pod and node adds, binds and the node label
@@ -21,13 +25,15 @@ import pytest
 from gputopo.network.levels import LEAF
 from tests import realk8s as rk
 
+pytestmark = pytest.mark.real
+
 _ids = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def k8s(tmp_path_factory: pytest.TempPathFactory) -> Iterator[rk.Cluster]:
+@pytest.fixture(scope="module", params=[False, True], ids=["gang-api-off", "gang-api-on"])
+def k8s(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[rk.Cluster]:
     rk.binaries()
-    with rk.cluster(Path(tmp_path_factory.mktemp("realk8s"))) as c:
+    with rk.cluster(Path(tmp_path_factory.mktemp("realk8s")), gang_api=request.param) as c:
         yield c
 
 
@@ -189,3 +195,60 @@ def test_issue9_item8_a_gang_selecting_a_leaf_is_placed_there(k8s: rk.Cluster, n
     k8s.add_gang(ns, "g", *(rk.pod(m, 8, gang="g", node_selector={LEAF: "leaf-b"}) for m in members))
     placed = k8s.wait_bound(ns, members, forbidden=set(a), timeout=10)
     assert sorted(placed.values()) == b
+
+
+def k8s_podgroup(name: str, min_count: int, topology_key: str | None = None) -> dict:
+    """A standalone `scheduling.k8s.io/v1beta1` PodGroup (staging/src/k8s.io/api/scheduling/
+    v1beta1/types.go: spec.schedulingPolicy.gang.minCount, spec.schedulingConstraints.topology[].key)."""
+    spec: dict = {"schedulingPolicy": {"gang": {"minCount": min_count}}}
+    if topology_key:
+        spec["schedulingConstraints"] = {"topology": [{"key": topology_key}]}
+    return {
+        "apiVersion": "scheduling.k8s.io/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def test_a_kubernetes_v1beta1_podgroup_gang_lands_whole_in_one_leaf(k8s: rk.Cluster, ns: str) -> None:
+    """Kubernetes 1.37's own gang API: the pods name a v1beta1 PodGroup in
+    spec.schedulingGroup.podGroupName. kube-scheduler's GangScheduling plugin holds each member
+    at Permit until minCount are assumed; the sidecar reads the same PodGroup and plans the gang
+    into the one leaf that holds it (leaf-c), so what the two schedulers agree on binds whole."""
+    if not k8s.gang_api:
+        pytest.skip("Kubernetes' Workload API is off in this round (feature gate GenericWorkload)")
+    k8s.add_nodes(
+        rk.node(f"{ns}-a0", "leaf-a", allocated=range(4)),
+        rk.node(f"{ns}-a1", "leaf-a"),
+        rk.node(f"{ns}-b0", "leaf-b"),
+        rk.node(f"{ns}-c0", "leaf-c"),
+        rk.node(f"{ns}-c1", "leaf-c"),
+    )
+    k8s.api.create(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", k8s_podgroup("pg", 2))
+    members = names("w", 2)
+    pods = [rk.pod(m, 8) for m in members]
+    for p in pods:
+        p["spec"]["schedulingGroup"] = {"podGroupName": "pg"}
+    k8s.add_pods(ns, *pods)
+    got = k8s.api.get(f"/api/v1/namespaces/{ns}/pods/{members[0]}")
+    assert got["spec"].get("schedulingGroup") == {"podGroupName": "pg"}, "the API server dropped the field"
+    placed = k8s.wait_bound(ns, members, timeout=30)
+    assert sorted(placed.values()) == [f"{ns}-c0", f"{ns}-c1"]
+
+
+def test_a_kubernetes_v1beta1_podgroup_that_fits_nowhere_binds_nothing(k8s: rk.Cluster, ns: str) -> None:
+    """3 x 8 GPUs under a v1beta1 PodGroup with two free nodes: no member is ever bound."""
+    if not k8s.gang_api:
+        pytest.skip("Kubernetes' Workload API is off in this round (feature gate GenericWorkload)")
+    k8s.add_nodes(rk.node(f"{ns}-a0", "leaf-a"), rk.node(f"{ns}-b0", "leaf-b"))
+    k8s.api.create(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", k8s_podgroup("pg", 3))
+    members = names("w", 3)
+    pods = [rk.pod(m, 8) for m in members]
+    for p in pods:
+        p["spec"]["schedulingGroup"] = {"podGroupName": "pg"}
+    k8s.add_pods(ns, *pods)
+    # every member goes through a scheduling cycle and none binds
+    k8s.wait_refused(ns, members[:1], match=".", timeout=30)
+    rk.time.sleep(3)
+    assert k8s.api.placement(ns) == dict.fromkeys(members, "")
