@@ -5,22 +5,55 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Exact versions of everything `make install` puts in $(VENV) (pip, the runtime dependencies and
+# the [dev] tools): the set the suite was last green with. pyproject.toml keeps lower bounds
+# only, for whoever installs gputopo into their own environment. `make lock` rewrites it.
+LOCK   := requirements.lock
 
-.PHONY: install run demo test test-real real-build lint imports types proto bench images diagram clean
+.PHONY: install lock run demo test test-real real-build lint imports types proto bench images diagram clean
 
 # pip's own progress (each package as it is collected, downloaded and installed) is shown: a
-# fresh install takes about a minute and should not look hung.
-$(STAMP): pyproject.toml
+# fresh install takes a few minutes on the 2-core machine and should not look hung.
+$(STAMP): pyproject.toml $(LOCK)
 	@echo "==> creating $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
-	@echo "==> upgrading pip"
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	@echo "==> installing gputopo and its dev tools into $(VENV) (about a minute on a fresh machine)"
-	$(BIN)/python -m pip install --progress-bar on -e ".[dev]"
+	@echo "==> installing pip as $(LOCK) pins it"
+	$(BIN)/python -m pip install --quiet -c $(LOCK) --upgrade pip
+	@echo "==> installing gputopo and its dev tools into $(VENV) at the versions in $(LOCK)"
+	$(BIN)/python -m pip install --progress-bar on -c $(LOCK) -e ".[dev]"
 	touch $(STAMP)
 	@echo "==> installed: . $(VENV)/bin/activate, then gputopo --help (or: make run, make test)"
 
 install: $(STAMP)
+
+# The committed proto/ code names the generator that made it; `make lock` keeps the generator
+# (grpcio-tools, with grpcio beside it) and the protobuf runtime at those versions, so that a
+# refreshed lock never makes tests/test_proto_drift.py fail on a clean checkout. To move gRPC on
+# purpose: make lock GRPC_PIN=X PROTOBUF_PIN=Y, then make install, make proto, and commit all.
+GEN_GRPC     := proto/gputopo_proto/status/v1/status_pb2_grpc.py
+GEN_PB2      := proto/gputopo_proto/status/v1/status_pb2.py
+GRPC_PIN     ?= $(shell sed -n "s/^GRPC_GENERATED_VERSION = '\(.*\)'/\1/p" $(GEN_GRPC))
+PROTOBUF_PIN ?= $(shell sed -n 's/^\# Protobuf Python Version: //p' $(GEN_PB2))
+
+# Refreshes $(LOCK) on purpose (nothing runs it for you): a fresh temporary venv, the newest
+# versions that satisfy pyproject.toml (the generator pins above aside), frozen. Then
+# `make test` (the stamp depends on the lock, so it reinstalls) and commit the lock if green.
+lock:
+	@test -n "$(GRPC_PIN)" -a -n "$(PROTOBUF_PIN)" || { echo "cannot read the generator versions from proto/"; exit 1; }
+	set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PYTHON) -m venv "$$tmp/venv"; \
+	"$$tmp/venv/bin/python" -m pip install --quiet --upgrade pip; \
+	"$$tmp/venv/bin/python" -m pip install --progress-bar on -e ".[dev]" \
+	  "grpcio==$(GRPC_PIN)" "grpcio-tools==$(GRPC_PIN)" "protobuf==$(PROTOBUF_PIN)"; \
+	"$$tmp/venv/bin/python" -m pip check; \
+	{ echo "# Exact versions for make install (pip install -c $(LOCK) -e \".[dev]\")."; \
+	  echo "# Made by make lock: a fresh venv ($$("$$tmp/venv/bin/python" --version)), pip install -e \".[dev]\""; \
+	  echo "# unconstrained but for grpcio, grpcio-tools ($(GRPC_PIN)) and protobuf ($(PROTOBUF_PIN)), which"; \
+	  echo "# follow the committed proto/ code; then pip freeze --all --exclude-editable. Do not edit"; \
+	  echo "# by hand: rerun make lock, then make test, and commit it if green."; \
+	  "$$tmp/venv/bin/python" -m pip freeze --all --exclude-editable; } > $(LOCK).tmp; \
+	mv $(LOCK).tmp $(LOCK)
+	@echo "==> wrote $(LOCK); now make test (it reinstalls from the new lock)"
 
 run: $(STAMP)
 	$(BIN)/gputopo simulate

@@ -205,9 +205,23 @@ def _webhook(args: argparse.Namespace, metrics: Metrics) -> webhook.WebhookServe
         sys.exit(1)
 
 
+def _stop_on_signals() -> threading.Event:
+    """An event SIGTERM and SIGINT set: main waits on it, then stops everything it started."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     jsonlog.setup(args.log_level)
+    # Handlers before anything that can be seen from outside (the watch, the metrics port, the
+    # extender, the webhook): whoever sees one of them answer may send SIGTERM at once, and a
+    # signal that comes before the handler kills the process by its default action (exit -15,
+    # not 0). Installed here, a signal during start-up only sets `stop`, and the start-up that
+    # follows ends at `stop.wait()` straight away.
+    stop = _stop_on_signals()
     metrics = Metrics()  # one registry: the watch's per-node counters beside the extender's
     hook = _webhook(args, metrics)
     levels: tuple[str, ...] | None = None
@@ -265,9 +279,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 1
         jsonlog.event(logging.getLogger("gputopo.scheduler"), "metrics_listening", address=f"{mhost}:{mport}")
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     server.start()
     if hook is not None:
         hook.start()

@@ -187,3 +187,41 @@ def test_live_mode_exports_annotation_ages_from_the_watched_nodes(tmp_path: Path
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_signal_handlers_are_installed_before_anything_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whoever sees the metrics port or the extender answer may send SIGTERM at once (the live
+    test above does): the handler must already be there, or the process dies by the signal
+    (exit -15) instead of stopping with 0. The sidecar once installed its handlers after the
+    metrics port served, and the test above lost that race on a loaded machine. Here, in
+    process and without timing: each listener's start checks for the handler and then plays
+    the signal arriving at that moment."""
+    import scheduler.__main__ as sidecar
+
+    seen: list[str] = []
+
+    def sigterm_now(what: str) -> None:
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler), f"{what} started before the SIGTERM handler was installed"
+        seen.append(what)
+        handler(signal.SIGTERM, None)
+
+    serve = sidecar.Server.start
+
+    def start(self: object) -> None:
+        sigterm_now("the extender")
+        serve(self)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sidecar, "start_http_server", lambda *_, **__: sigterm_now("the metrics port"))
+    monkeypatch.setattr(sidecar.Server, "start", start)
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = sidecar.main(
+            ["--cluster", str(ROOT / "data/clusters/two-leaves.yaml"), "--listen", "127.0.0.1:0",
+             "--metrics-listen", "127.0.0.1:0"]
+        )  # fmt: skip
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert code == 0
+    assert seen == ["the metrics port", "the extender"]
