@@ -572,6 +572,7 @@ CLUSTER_SCOPED = {
     "MutatingAdmissionPolicyBinding",
     "MutatingWebhookConfiguration",
     "CustomResourceDefinition",
+    "DeviceClass",
 }
 
 
@@ -639,6 +640,87 @@ def test_two_releases_share_no_object_lease_label_or_scheduler_name(namespace: s
         ):
             continue
         assert binding["roleRef"]["name"] in names_b
+
+
+#: Everything on that makes cluster-scoped objects: DRA (ClusterRole, binding, admission policy,
+#: DeviceClasses), opt-in (a MutatingAdmissionPolicy on 1.36, the webhook on 1.33) and monitoring.
+EVERYTHING_ON = {
+    "dra": {"enabled": True, "driverName": "gputopo.io", "setSizes": [2, 4, 8, 16]},
+    "optIn": {"enabled": True},
+    **MONITORING,
+}
+#: Roles every cluster has, which each release binds (its own binding, the shared role).
+BUILT_IN_ROLES = {
+    "system:kube-scheduler",
+    "system:volume-scheduler",
+    "extension-apiserver-authentication-reader",
+}
+
+
+@pytest.mark.parametrize("cluster", ["v1.36.2", "v1.33.5"])
+@pytest.mark.parametrize("namespace", [NAMESPACE, "gputopo-b"])
+def test_two_releases_with_everything_on_share_no_cluster_scoped_object(cluster: str, namespace: str) -> None:
+    """A cluster-scoped name two releases share is a failed `helm install` of the second
+    ("exists and cannot be imported into the current release"), or with `kubectl apply` a
+    silent takeover: the second binding replaces the first, whose plugin then loses its
+    ResourceSlice rights. So no (kind, name) of a cluster-scoped object may be in both, and
+    every binding and policy binding must point at its own release's role, policy and
+    ServiceAccount, never the other's."""
+    a = render_chart(EVERYTHING_ON, kube_version=cluster, release="gputopo")
+    b = render_chart(EVERYTHING_ON, kube_version=cluster, namespace=namespace, release="other")
+    for docs in (a, b):
+        unplaced = [
+            (d["kind"], d["metadata"]["name"])
+            for d in docs
+            if d["kind"] not in CLUSTER_SCOPED and not d["metadata"].get("namespace")
+        ]
+        assert not unplaced, (
+            f"namespaced objects without a namespace, or a cluster-scoped kind to list: {unplaced}"
+        )
+
+    def cluster_scoped(docs: tuple[Obj, ...]) -> set[tuple[str, str]]:
+        return {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in CLUSTER_SCOPED}
+
+    assert {"DeviceClass", "ClusterRoleBinding", "ValidatingAdmissionPolicy"} <= {
+        k for k, _ in cluster_scoped(b)
+    }
+    shared = cluster_scoped(a) & cluster_scoped(b)
+    assert not shared, sorted(shared)
+
+    def extended(docs: tuple[Obj, ...]) -> set[str]:
+        return {d["spec"]["extendedResourceName"] for d in docs if d["kind"] == "DeviceClass"}
+
+    # "should be unique among all the device classes in a cluster" (DeviceClassSpec)
+    assert len(extended(a)) == len(extended(b)) == 5 and not extended(a) & extended(b)
+
+    for mine, ns, theirs in ((a, NAMESPACE, b), (b, namespace, a)):
+        roles = {(d["kind"], d["metadata"]["name"]) for d in mine if d["kind"] in ("Role", "ClusterRole")}
+        accounts = {(ns, d["metadata"]["name"]) for d in mine if d["kind"] == "ServiceAccount"}
+        other_accounts = {
+            (d["metadata"]["namespace"], d["metadata"]["name"])
+            for d in theirs
+            if d["kind"] == "ServiceAccount"
+        }
+        for binding in (d for d in mine if d["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+            label = f"{binding['kind']}/{binding['metadata']['name']}"
+            ref = binding["roleRef"]
+            assert (ref["kind"], ref["name"]) in roles or ref["name"] in BUILT_IN_ROLES, label
+            for subject in binding["subjects"]:
+                assert (subject["namespace"], subject["name"]) in accounts, label
+                assert (subject["namespace"], subject["name"]) not in other_accounts, label
+        policies = {
+            (d["kind"], d["metadata"]["name"])
+            for d in mine
+            if d["kind"] in ("ValidatingAdmissionPolicy", "MutatingAdmissionPolicy")
+        }
+        for binding in (d for d in mine if d["kind"].endswith("AdmissionPolicyBinding")):
+            policy_kind = binding["kind"].removesuffix("Binding")
+            assert (policy_kind, binding["spec"]["policyName"]) in policies, binding["metadata"]["name"]
+        for vap in (d for d in mine if d["kind"] == "ValidatingAdmissionPolicy"):
+            users = re.findall(
+                r"system:serviceaccount:([^:']+):([^']+)'", json.dumps(vap["spec"]["matchConditions"])
+            )
+            assert users and all(tuple(u) in accounts for u in users), vap["metadata"]["name"]
 
 
 def test_name_overrides_and_scheduler_name_are_values() -> None:

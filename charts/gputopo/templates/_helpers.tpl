@@ -134,3 +134,30 @@ webhook
 {{- define "gputopo.webhookTLSSecret" -}}
 {{- .Values.scheduler.webhook.tlsSecretName | default (printf "%s-webhook-tls" (include "gputopo.schedulerFullname" .)) -}}
 {{- end -}}
+
+
+{{/*
+Cluster-scoped DRA objects (ClusterRole, its binding, the admission policy) carry the release's
+stem: <stem>-dra-plugin..., gputopo-dra-plugin... for release "gputopo" (deploy/'s names). A
+fixed name would make a second release's install fail, or with kubectl apply take the first
+release's binding over.
+*/}}
+{{- define "gputopo.draPluginName" -}}
+{{- include "gputopo.fullname" . }}-dra-plugin
+{{- end -}}
+
+{{/*
+The DeviceClasses' domain, which users type: claims name <class>.<domain> (gpu, nvlink-<k>) and
+containers limit <domain>/<class>. The driver name for the release whose stem is "gputopo" (the
+names deploy/ uses), else <stem>.<driver>: DeviceClasses are cluster-scoped and each
+extendedResourceName should be unique in the cluster, so a second release must not reuse the
+first's. The extender sizes the classes of any such domain under gputopo.io.
+*/}}
+{{- define "gputopo.draClassDomain" -}}
+{{- $stem := include "gputopo.fullname" . -}}
+{{- if eq $stem "gputopo" -}}
+{{- .Values.dra.driverName -}}
+{{- else -}}
+{{- printf "%s.%s" $stem .Values.dra.driverName -}}
+{{- end -}}
+{{- end -}}
