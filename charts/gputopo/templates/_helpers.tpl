@@ -161,3 +161,35 @@ first's. The extender sizes the classes of any such domain under gputopo.io.
 {{- printf "%s.%s" $stem .Values.dra.driverName -}}
 {{- end -}}
 {{- end -}}
+
+
+{{/*
+The value of the default opt-in label gputopo.io/opt-in: "true" for the release whose stem is
+"gputopo" (deploy/'s label), else the stem. Two releases' default selectors are then disjoint:
+a label has one value, so a namespace or pod opts in to one release, never to whichever
+release's mutation happens to run first.
+*/}}
+{{- define "gputopo.optInLabelValue" -}}
+{{- $stem := include "gputopo.fullname" . -}}
+{{- if eq $stem "gputopo" }}true{{ else }}{{ $stem }}{{ end -}}
+{{- end -}}
+
+{{/*
+The selector of each way to opt in, as YAML {namespace: ..., pod: ...}: optIn.namespaceSelector
+and optIn.podSelector as set; empty (values.yaml's default) gives the release's default label
+(gputopo.optInLabelValue); set to null (Helm then drops the key) leaves that way out. The
+default lives here, not in values.yaml's maps, because Helm merges a user's map into the chart's:
+a user's `matchLabels: {team: a}` would keep the default label beside it.
+*/}}
+{{- define "gputopo.optInSelectors" -}}
+{{- $o := .Values.optIn -}}
+{{- $default := dict "matchLabels" (dict "gputopo.io/opt-in" (include "gputopo.optInLabelValue" .)) -}}
+{{- $out := dict -}}
+{{- range $by := list "namespace" "pod" -}}
+{{- $key := printf "%sSelector" $by -}}
+{{- if hasKey $o $key -}}
+{{- $_ := set $out $by (get $o $key | default $default) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
