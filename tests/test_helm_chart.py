@@ -891,3 +891,42 @@ def test_install_notes_warn_when_no_node_matches(tmp_path: Path) -> None:
         {"plugin": {"nodeSelector": {"pool": "a"}}},
     )
     assert "0 of the cluster's 1 Nodes are selected" in narrowed
+
+
+# ------------------------------------------------------------------ what docs/operator.md says
+
+
+def operator_doc() -> str:
+    return (ROOT / "docs" / "operator.md").read_text()
+
+
+def test_the_docs_name_the_scheduler_configmap_each_install_method_makes() -> None:
+    """The chart's ConfigMap has no hash (its pods roll by a checksum annotation); kustomize's
+    configMapGenerator appends one. An operator looking for `…-config-<hash>` after
+    `helm install` finds nothing, so the docs name each."""
+    chart_name = one(render_chart({}), "ConfigMap", "gputopo-scheduler-config")["metadata"]["name"]
+    kust = [d["metadata"]["name"] for d in kustomize("") if d["kind"] == "ConfigMap"]
+    assert len(kust) == 1 and re.fullmatch(r"gputopo-scheduler-config-[a-z0-9]{10}", kust[0]), kust
+    (row,) = [line for line in operator_doc().splitlines() if line.startswith("| ConfigMap ")]
+    assert f"`{chart_name}` (Helm" in row
+    assert "`gputopo-scheduler-config-<hash>` (kustomize" in row
+    deploy = one(render_chart({}), "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert any(f"`{k}`" in row for k in deploy if k.startswith("checksum/")), row
+
+
+def test_troubleshooting_names_the_mutating_admission_policy_gate_and_the_webhook_value() -> None:
+    """On 1.36 the v1 API is served with `--feature-gates=MutatingAdmissionPolicy=false`, so the
+    chart installs a policy nothing runs and pods are silently not mutated: the troubleshooting
+    table must name that cause, how to see it, and a fix that is a real value of the chart."""
+    rows = [line for line in operator_doc().splitlines() if "MutatingAdmissionPolicy=false" in line]
+    assert any(
+        r.startswith("| pods in opted-in namespaces keep `schedulerName: default-scheduler`") for r in rows
+    )
+    (row,) = [r for r in rows if r.startswith("| pods in opted-in")]
+    assert "kubernetes_feature_enabled" in row and "mutatingadmissionpolicies" in row
+    fix = re.search(r"Turn the gate back on, or install with `optIn\.mode=(\w+)`", row)
+    assert fix is not None, row
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert fix.group(1) in schema["properties"]["optIn"]["properties"]["mode"]["enum"]
+    docs = render_chart({"optIn": {"enabled": True, "mode": fix.group(1)}}, kube_version="v1.36.2")
+    assert "MutatingWebhookConfiguration" in {d["kind"] for d in docs}
