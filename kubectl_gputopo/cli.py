@@ -136,6 +136,7 @@ def _nodes(reader: Reader, args: argparse.Namespace, now: float) -> int:
             wide=args.output == "wide",
             resource=args.resource,
             unserved=views.unserved_gpu_nodes(nodes, {r["name"] for r in rows}),
+            skipped=views.skipped_gpu_nodes(nodes, {r["name"] for r in rows}),
         )
     )
     return 0

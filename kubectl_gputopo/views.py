@@ -94,6 +94,23 @@ def node_problems(events: Sequence[Mapping[str, Any]]) -> dict[str, str | None]:
     return {component: latest.get(component, (0.0, None))[1] for component in NODE_PROBLEM_REASONS}
 
 
+#: Node labels by which the plugin's DaemonSet leaves a GPU node out on purpose (the chart's
+#: plugin.nodeSelectorTerms and deploy/base: NotIn ["true"], NotIn ["false"]), and why. Such a
+#: node has no gputopo annotation by design, which is no plugin problem to chase.
+SKIP_LABELS = (
+    ("nvidia.com/gpu.deploy.device-plugin", "true", "the GPU Operator's own device plugin runs here"),
+    ("gputopo.io/device-plugin", "false", "opted out of gputopo's device plugin"),
+)
+
+
+def skipped_on_purpose(node: Mapping[str, Any]) -> str | None:
+    """Why gputopo's plugin does not run on this node by design (each label that says so), or
+    None where it should run."""
+    labels = _map(_meta(node).get("labels"))
+    reasons = [f"{why} ({key}={value})" for key, value, why in SKIP_LABELS if labels.get(key) == value]
+    return "; ".join(reasons) or None
+
+
 def node_row(
     node: Mapping[str, Any],
     *,
@@ -112,6 +129,7 @@ def node_row(
     capacity = _capacity(node, resource)
     problems = node_problems(events)
     plugin, sidecar = problems[PLUGIN_COMPONENT], problems[SCHEDULER_COMPONENT]
+    skipped = skipped_on_purpose(node)
     row: dict[str, Any] = {
         "name": name,
         "gpus": capacity,
@@ -128,12 +146,15 @@ def node_row(
         "nvlink_gbps_per_link": None,
         "plugin_problem": plugin,
         "scheduler_problem": sidecar,
+        "skipped": skipped,
     }
     if not isinstance(text, str) or not text:
         if not _has_resource(node, resource):
             return None
         row["status"] = (
-            f"no annotation: plugin says: {plugin}"
+            f"skipped on purpose: {skipped}"
+            if skipped
+            else f"no annotation: plugin says: {plugin}"
             if plugin
             else "no annotation (no gputopo plugin has published here: is it running? see its log)"
         )
@@ -198,17 +219,37 @@ def _num(value: Any) -> str:
 GPU_NODE_LABELS = ("nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present")
 
 
-def unserved_gpu_nodes(nodes: Sequence[Mapping[str, Any]], listed: Set[str]) -> list[str]:
-    """Nodes labelled as GPU nodes that no row lists: no device plugin advertises their GPUs
-    (the DaemonSet does not select them, or its pod there is not running)."""
-    names = []
+def _unlisted_gpu_nodes(nodes: Sequence[Mapping[str, Any]], listed: Set[str]) -> list[Mapping[str, Any]]:
+    out = []
     for node in nodes:
         meta = _meta(node)
         labels = _map(meta.get("labels"))
         name = _str(meta.get("name"))
         if name and name not in listed and any(labels.get(k) == "true" for k in GPU_NODE_LABELS):
-            names.append(name)
-    return sorted(names)
+            out.append(node)
+    return out
+
+
+def unserved_gpu_nodes(nodes: Sequence[Mapping[str, Any]], listed: Set[str]) -> list[str]:
+    """Nodes labelled as GPU nodes that no row lists and that the plugin should serve: no
+    device plugin advertises their GPUs (the DaemonSet does not select them, or its pod there
+    is not running). Nodes skipped on purpose are skipped_gpu_nodes'."""
+    return sorted(
+        _str(_meta(n).get("name"))
+        for n in _unlisted_gpu_nodes(nodes, listed)
+        if skipped_on_purpose(n) is None
+    )
+
+
+def skipped_gpu_nodes(nodes: Sequence[Mapping[str, Any]], listed: Set[str]) -> list[tuple[str, str]]:
+    """Nodes labelled as GPU nodes that no row lists and that the DaemonSet leaves out on
+    purpose, each with why (skipped_on_purpose): shown as such, not as a plugin to look for."""
+    out = []
+    for node in _unlisted_gpu_nodes(nodes, listed):
+        why = skipped_on_purpose(node)
+        if why is not None:
+            out.append((_str(_meta(node).get("name")), why))
+    return sorted(out)
 
 
 def render_nodes(
@@ -217,16 +258,24 @@ def render_nodes(
     wide: bool = False,
     resource: str = "nvidia.com/gpu",
     unserved: Sequence[str] = (),
+    skipped: Sequence[tuple[str, str]] = (),
 ) -> str:
-    hint = ""
+    hints = []
     if unserved:
         shown = ", ".join(unserved[:10]) + (f" and {len(unserved) - 10} more" if len(unserved) > 10 else "")
-        hint = (
+        hints.append(
             f"{len(unserved)} node(s) labelled as GPU nodes ({' or '.join(f'{k}=true' for k in GPU_NODE_LABELS)})"
             f" list no {resource}: {shown}. Is the device plugin running there? "
-            "(kubectl get ds -A -l app.kubernetes.io/component=device-plugin; a node labelled "
-            "nvidia.com/gpu.deploy.device-plugin=true or gputopo.io/device-plugin=false is left out)"
+            "(kubectl get ds -A -l app.kubernetes.io/component=device-plugin)"
         )
+    if skipped:
+        shown = ", ".join(f"{name} ({why})" for name, why in skipped[:10])
+        more = f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
+        hints.append(
+            f"{len(skipped)} GPU node(s) skipped on purpose (gputopo's device plugin does not run "
+            f"there by design): {shown}{more}."
+        )
+    hint = "\n".join(hints)
     if not rows:
         none = f"No GPU nodes found (no node lists {resource} in its allocatable or capacity, nor has a {TOPOLOGY_ANNOTATION} annotation)."
         return none + ("\n" + hint if hint else "")
@@ -260,11 +309,24 @@ def render_nodes(
     lines.append(
         "RINGn: GB/s of the best ring an n-GPU request gets from the node's free GPUs now (- = fewer free)."
     )
-    unusable = sum(1 for r in rows if r["status"] != "ok" and not r["status"].startswith("rings unavailable"))
+    on_purpose = sum(1 for r in rows if r["status"].startswith("skipped on purpose"))
+    unusable = sum(
+        1
+        for r in rows
+        if r["status"] != "ok"
+        and not r["status"].startswith("rings unavailable")
+        and not r["status"].startswith("skipped on purpose")
+    )
     if unusable:
         lines.append(
             f"{unusable} of {len(rows)} GPU nodes without a usable annotation: the scheduler counts their "
             "GPUs from allocatable, with no topology (STATUS says why)."
+        )
+    if on_purpose:
+        lines.append(
+            f"{on_purpose} of {len(rows)} GPU nodes skipped on purpose by gputopo's device plugin (STATUS "
+            "says which label): another plugin serves their GPUs, the scheduler counts them from "
+            "allocatable, with no topology."
         )
     if hint:
         lines.append(hint)

@@ -47,6 +47,11 @@ GANG_SPILL_AFTER_S = gangs.SPILL_AFTER_S  # a gang's wait for a domain of its ow
 #: its first as the leader. Well below kube-scheduler's leaseDuration (15 s by default).
 TAKEOVER_GAP_S = 2.0
 #: Extended resources of gputopo's DeviceClasses on a DRA cluster (deploy/components/dra): a
-#: container asking `gputopo.io/nvlink-4: 1` asks for 4 GPUs.
-DRA_GPU_RESOURCE = "gputopo.io/gpu"
-DRA_SET_RESOURCE_PREFIX = "gputopo.io/nvlink-"
+#: container asking `gputopo.io/nvlink-4: 1` asks for 4 GPUs. A Helm release other than
+#: "gputopo" puts its classes in a domain of its own under gputopo.io
+#: (`research-gputopo.gputopo.io/nvlink-4`, `nvlink-4.research-gputopo.gputopo.io`; the chart's
+#: gputopo.draClassDomain): DeviceClasses are cluster-scoped, so two releases must not share
+#: one, and each release's classes still count as GPUs.
+DRA_CLASS_DOMAIN = "gputopo.io"
+DRA_GPU_RESOURCE = f"{DRA_CLASS_DOMAIN}/gpu"
+DRA_SET_RESOURCE_PREFIX = f"{DRA_CLASS_DOMAIN}/nvlink-"

@@ -145,14 +145,24 @@ def _container_gpus(containers: Any, where: str, resource: str) -> list[int]:
 
 def _dra_extended_size(name: str) -> int | None:
     """GPUs one unit of a gputopo DeviceClass's extended resource is (`gputopo.io/gpu`: 1,
-    `gputopo.io/nvlink-<k>`: k; deploy/components/dra), else None."""
-    if name == defaults.DRA_GPU_RESOURCE:
+    `gputopo.io/nvlink-<k>`: k; deploy/components/dra), else None. Another Helm release's
+    classes are the same under a subdomain (`<stem>.gputopo.io/nvlink-<k>`: defaults.py)."""
+    domain, slash, resource = name.partition("/")
+    if not slash or not _in_class_domain(domain):
+        return None
+    if resource == "gpu":
         return 1
-    prefix = defaults.DRA_SET_RESOURCE_PREFIX
-    if name.startswith(prefix) and _digits(name[len(prefix) :]):
-        size = int(name[len(prefix) :])
+    digits = resource.removeprefix("nvlink-")
+    if digits != resource and _digits(digits):
+        size = int(digits)
         return size if 2 <= size <= defaults.MAX_GPUS_PER_POD else None
     return None
+
+
+def _in_class_domain(domain: str) -> bool:
+    """gputopo.io itself or a subdomain of it (a release's own DeviceClass domain)."""
+    base = defaults.DRA_CLASS_DOMAIN
+    return domain == base or (domain.endswith("." + base) and len(domain) > len(base) + 1)
 
 
 def _claim_names(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[str, ...]:

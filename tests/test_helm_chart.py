@@ -572,6 +572,7 @@ CLUSTER_SCOPED = {
     "MutatingAdmissionPolicyBinding",
     "MutatingWebhookConfiguration",
     "CustomResourceDefinition",
+    "DeviceClass",
 }
 
 
@@ -639,6 +640,87 @@ def test_two_releases_share_no_object_lease_label_or_scheduler_name(namespace: s
         ):
             continue
         assert binding["roleRef"]["name"] in names_b
+
+
+#: Everything on that makes cluster-scoped objects: DRA (ClusterRole, binding, admission policy,
+#: DeviceClasses), opt-in (a MutatingAdmissionPolicy on 1.36, the webhook on 1.33) and monitoring.
+EVERYTHING_ON = {
+    "dra": {"enabled": True, "driverName": "gputopo.io", "setSizes": [2, 4, 8, 16]},
+    "optIn": {"enabled": True},
+    **MONITORING,
+}
+#: Roles every cluster has, which each release binds (its own binding, the shared role).
+BUILT_IN_ROLES = {
+    "system:kube-scheduler",
+    "system:volume-scheduler",
+    "extension-apiserver-authentication-reader",
+}
+
+
+@pytest.mark.parametrize("cluster", ["v1.36.2", "v1.33.5"])
+@pytest.mark.parametrize("namespace", [NAMESPACE, "gputopo-b"])
+def test_two_releases_with_everything_on_share_no_cluster_scoped_object(cluster: str, namespace: str) -> None:
+    """A cluster-scoped name two releases share is a failed `helm install` of the second
+    ("exists and cannot be imported into the current release"), or with `kubectl apply` a
+    silent takeover: the second binding replaces the first, whose plugin then loses its
+    ResourceSlice rights. So no (kind, name) of a cluster-scoped object may be in both, and
+    every binding and policy binding must point at its own release's role, policy and
+    ServiceAccount, never the other's."""
+    a = render_chart(EVERYTHING_ON, kube_version=cluster, release="gputopo")
+    b = render_chart(EVERYTHING_ON, kube_version=cluster, namespace=namespace, release="other")
+    for docs in (a, b):
+        unplaced = [
+            (d["kind"], d["metadata"]["name"])
+            for d in docs
+            if d["kind"] not in CLUSTER_SCOPED and not d["metadata"].get("namespace")
+        ]
+        assert not unplaced, (
+            f"namespaced objects without a namespace, or a cluster-scoped kind to list: {unplaced}"
+        )
+
+    def cluster_scoped(docs: tuple[Obj, ...]) -> set[tuple[str, str]]:
+        return {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in CLUSTER_SCOPED}
+
+    assert {"DeviceClass", "ClusterRoleBinding", "ValidatingAdmissionPolicy"} <= {
+        k for k, _ in cluster_scoped(b)
+    }
+    shared = cluster_scoped(a) & cluster_scoped(b)
+    assert not shared, sorted(shared)
+
+    def extended(docs: tuple[Obj, ...]) -> set[str]:
+        return {d["spec"]["extendedResourceName"] for d in docs if d["kind"] == "DeviceClass"}
+
+    # "should be unique among all the device classes in a cluster" (DeviceClassSpec)
+    assert len(extended(a)) == len(extended(b)) == 5 and not extended(a) & extended(b)
+
+    for mine, ns, theirs in ((a, NAMESPACE, b), (b, namespace, a)):
+        roles = {(d["kind"], d["metadata"]["name"]) for d in mine if d["kind"] in ("Role", "ClusterRole")}
+        accounts = {(ns, d["metadata"]["name"]) for d in mine if d["kind"] == "ServiceAccount"}
+        other_accounts = {
+            (d["metadata"]["namespace"], d["metadata"]["name"])
+            for d in theirs
+            if d["kind"] == "ServiceAccount"
+        }
+        for binding in (d for d in mine if d["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+            label = f"{binding['kind']}/{binding['metadata']['name']}"
+            ref = binding["roleRef"]
+            assert (ref["kind"], ref["name"]) in roles or ref["name"] in BUILT_IN_ROLES, label
+            for subject in binding["subjects"]:
+                assert (subject["namespace"], subject["name"]) in accounts, label
+                assert (subject["namespace"], subject["name"]) not in other_accounts, label
+        policies = {
+            (d["kind"], d["metadata"]["name"])
+            for d in mine
+            if d["kind"] in ("ValidatingAdmissionPolicy", "MutatingAdmissionPolicy")
+        }
+        for binding in (d for d in mine if d["kind"].endswith("AdmissionPolicyBinding")):
+            policy_kind = binding["kind"].removesuffix("Binding")
+            assert (policy_kind, binding["spec"]["policyName"]) in policies, binding["metadata"]["name"]
+        for vap in (d for d in mine if d["kind"] == "ValidatingAdmissionPolicy"):
+            users = re.findall(
+                r"system:serviceaccount:([^:']+):([^']+)'", json.dumps(vap["spec"]["matchConditions"])
+            )
+            assert users and all(tuple(u) in accounts for u in users), vap["metadata"]["name"]
 
 
 def test_name_overrides_and_scheduler_name_are_values() -> None:
@@ -809,3 +891,42 @@ def test_install_notes_warn_when_no_node_matches(tmp_path: Path) -> None:
         {"plugin": {"nodeSelector": {"pool": "a"}}},
     )
     assert "0 of the cluster's 1 Nodes are selected" in narrowed
+
+
+# ------------------------------------------------------------------ what docs/operator.md says
+
+
+def operator_doc() -> str:
+    return (ROOT / "docs" / "operator.md").read_text()
+
+
+def test_the_docs_name_the_scheduler_configmap_each_install_method_makes() -> None:
+    """The chart's ConfigMap has no hash (its pods roll by a checksum annotation); kustomize's
+    configMapGenerator appends one. An operator looking for `…-config-<hash>` after
+    `helm install` finds nothing, so the docs name each."""
+    chart_name = one(render_chart({}), "ConfigMap", "gputopo-scheduler-config")["metadata"]["name"]
+    kust = [d["metadata"]["name"] for d in kustomize("") if d["kind"] == "ConfigMap"]
+    assert len(kust) == 1 and re.fullmatch(r"gputopo-scheduler-config-[a-z0-9]{10}", kust[0]), kust
+    (row,) = [line for line in operator_doc().splitlines() if line.startswith("| ConfigMap ")]
+    assert f"`{chart_name}` (Helm" in row
+    assert "`gputopo-scheduler-config-<hash>` (kustomize" in row
+    deploy = one(render_chart({}), "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert any(f"`{k}`" in row for k in deploy if k.startswith("checksum/")), row
+
+
+def test_troubleshooting_names_the_mutating_admission_policy_gate_and_the_webhook_value() -> None:
+    """On 1.36 the v1 API is served with `--feature-gates=MutatingAdmissionPolicy=false`, so the
+    chart installs a policy nothing runs and pods are silently not mutated: the troubleshooting
+    table must name that cause, how to see it, and a fix that is a real value of the chart."""
+    rows = [line for line in operator_doc().splitlines() if "MutatingAdmissionPolicy=false" in line]
+    assert any(
+        r.startswith("| pods in opted-in namespaces keep `schedulerName: default-scheduler`") for r in rows
+    )
+    (row,) = [r for r in rows if r.startswith("| pods in opted-in")]
+    assert "kubernetes_feature_enabled" in row and "mutatingadmissionpolicies" in row
+    fix = re.search(r"Turn the gate back on, or install with `optIn\.mode=(\w+)`", row)
+    assert fix is not None, row
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert fix.group(1) in schema["properties"]["optIn"]["properties"]["mode"]["enum"]
+    docs = render_chart({"optIn": {"enabled": True, "mode": fix.group(1)}}, kube_version="v1.36.2")
+    assert "MutatingWebhookConfiguration" in {d["kind"] for d in docs}

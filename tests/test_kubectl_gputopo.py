@@ -921,6 +921,71 @@ def test_gpu_labelled_nodes_that_list_no_gpus_are_named(cluster, capsys) -> None
     assert code == 0 and json.loads(out) == []
 
 
+def test_nodes_the_plugin_skips_on_purpose_are_shown_as_such(cluster, capsys) -> None:
+    """A GPU Operator node (its own plugin runs: nvidia.com/gpu.deploy.device-plugin=true) and
+    a node labelled gputopo.io/device-plugin=false are left out by the DaemonSet's node
+    affinity on purpose: they are shown as skipped, with the label that says why, never asked
+    "is it running?". A node moved over to gputopo (the operator's label false) that has not
+    published, and a GPU node that lists no GPUs, still are."""
+    api, kubeconfig = cluster
+    operator = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.device-plugin": "true"}
+    opted_out = {"nvidia.com/gpu.present": "true", "gputopo.io/device-plugin": "false"}
+    api.put("nodes", fk.node("op-1", operator))  # the operator's plugin advertises its GPUs
+    api.put("nodes", fk.node("moved-1", {**operator, "nvidia.com/gpu.deploy.device-plugin": "false"}))
+    for name, labels in (
+        ("out-1", opted_out),
+        ("op-2", operator),
+        ("gpu-a", {"nvidia.com/gpu.present": "true"}),
+    ):
+        node = fk.node(name, labels)
+        node["status"] = {"allocatable": {"cpu": "96"}}
+        api.put("nodes", node)
+    out_with_gpus = fk.node("out-2", opted_out, gpus=4)
+    api.put("nodes", out_with_gpus)
+    code, out, err = run(capsys, kubeconfig, "nodes")
+    assert code == 0 and err == ""
+    table_text, _, notes = out.partition("\n\n")
+    status = {
+        line.split()[0]: line[table_text.splitlines()[0].index("STATUS") :]
+        for line in table_text.splitlines()[1:]
+    }
+    operator_why = "skipped on purpose: the GPU Operator's own device plugin runs here (nvidia.com/gpu.deploy.device-plugin=true)"
+    opted_out_why = (
+        "skipped on purpose: opted out of gputopo's device plugin (gputopo.io/device-plugin=false)"
+    )
+    assert status == {
+        "moved-1": "no annotation (no gputopo plugin has published here: is it running? see its log)",
+        "op-1": operator_why,
+        "out-2": opted_out_why,
+    }
+    (running,) = [line for line in notes.splitlines() if "Is the device plugin running there?" in line]
+    assert (
+        running.startswith("1 node(s) labelled as GPU nodes") and "list no nvidia.com/gpu: gpu-a." in running
+    )
+    (skipped,) = [line for line in notes.splitlines() if line.startswith("2 GPU node(s) skipped on purpose")]
+    assert "op-2 (the GPU Operator's own device plugin runs here" in skipped
+    assert "out-1 (opted out of gputopo's device plugin (gputopo.io/device-plugin=false))" in skipped
+    assert "1 of 3 GPU nodes without a usable annotation" in notes, (
+        "skipped nodes are not counted as unusable"
+    )
+    doc = {r["name"]: r for r in json.loads(run(capsys, kubeconfig, "nodes", "-o", "json")[1])}
+    assert doc["op-1"]["skipped"] == operator_why.removeprefix("skipped on purpose: ")
+    assert doc["moved-1"]["skipped"] is None
+
+
+def test_kubectl_skips_exactly_the_nodes_the_charts_daemonset_leaves_out() -> None:
+    """The labels `kubectl gputopo nodes` reads as "skipped on purpose" are the ones the
+    chart's DaemonSet node affinity excludes GPU nodes by (tests/manifests.NODES)."""
+    from tests.manifests import NODES, node_selected, one, render_chart
+
+    spec = one(render_chart({}), "DaemonSet")["spec"]["template"]["spec"]
+    for what, (labels, runs) in NODES.items():
+        if not any(labels.get(k) == "true" for k in views.GPU_NODE_LABELS):
+            continue  # not a GPU node: nothing to explain
+        assert node_selected(spec, labels) is runs
+        assert (views.skipped_on_purpose({"metadata": {"labels": labels}}) is None) is runs, what
+
+
 def test_why_orders_events_by_their_finest_time(cluster, capsys, monkeypatch) -> None:
     """kube-scheduler writes FailedScheduling through events.k8s.io/v1 (eventTime in
     microseconds); the sidecar's Events carry microseconds too now, so one written 0.3 s after

@@ -78,6 +78,16 @@ FORMS = (
     "chart, another release",
     "kustomize component",
 )
+#: The label each form's default selectors match: gputopo.io/opt-in=true for release gputopo
+#: (and deploy/), the release's stem for any other, so two releases' defaults are disjoint.
+LABELS = {form: OPT_IN for form in FORMS} | {
+    "chart, another release": {"gputopo.io/opt-in": "research-gputopo"}
+}
+
+
+def relabelled(labels: dict[str, str], form: str) -> dict[str, str]:
+    """The default opt-in labels as this form spells them; any other labels unchanged."""
+    return LABELS[form] if labels == OPT_IN else labels
 
 
 def pod(
@@ -131,7 +141,8 @@ def test_gpu_pods_opted_in_get_the_scheduler_name_and_no_other_pod_changes(
 ) -> None:
     policy, bindings, name = forms[form]
     p, ns_labels, handed = CASES[case]
-    out = admit(policy, bindings, p, "team-a", ns_labels)
+    p = dict(p, metadata=dict(p["metadata"], labels=relabelled(p["metadata"]["labels"], form)))
+    out = admit(policy, bindings, p, "team-a", relabelled(ns_labels, form))
     assert not out.refused, out.refused
     expected = dict(p, spec=dict(p["spec"], schedulerName=name)) if handed else p
     assert out.pod == expected, f"{case}: {out.pod['spec'].get('schedulerName')}"
@@ -143,7 +154,7 @@ def test_a_pod_already_naming_the_scheduler_is_left_alone(
 ) -> None:
     policy, bindings, name = forms[form]
     p = pod(scheduler=name)
-    out = admit(policy, bindings, p, "team-a", OPT_IN)
+    out = admit(policy, bindings, p, "team-a", LABELS[form])
     assert out.pod == p and not out.applied and not out.refused
 
 
@@ -415,6 +426,80 @@ def test_one_way_to_opt_in_can_be_switched_off(cluster: str) -> None:
     assert "or by label" in notes and "kubectl label namespace <namespace>" not in notes
     on = render_chart_files(json.dumps({"optIn": {"enabled": True}}), cluster, NAMESPACE, ())
     assert "kubectl label namespace <namespace> gputopo.io/opt-in=true" in on["gputopo/templates/NOTES.txt"]
+
+
+def selectors_of(docs: tuple[Obj, ...]) -> dict[str, Obj]:
+    """The selector of each way to opt in ("namespace", "pod"), policy bindings or webhooks."""
+    out: dict[str, Obj] = {}
+    for d in docs:
+        if d["kind"] == "MutatingAdmissionPolicyBinding":
+            match = d["spec"]["matchResources"]
+            by = d["metadata"]["name"].rsplit("-", 1)[1]
+            out[by] = match["namespaceSelector" if by == "namespace" else "objectSelector"]
+        elif d["kind"] == "MutatingWebhookConfiguration":
+            for w in d["webhooks"]:
+                by = w["name"].split(".")[0]
+                out[by] = w["namespaceSelector" if by == "namespace" else "objectSelector"]
+    return out
+
+
+@pytest.mark.parametrize("cluster", ["v1.36.1", "v1.33.5"])
+def test_a_selector_of_ones_own_replaces_the_default_label(cluster: str) -> None:
+    """Helm merges a user's map into the chart's default map, so a default label in
+    values.yaml's selector would stay beside `team: a` and still opt every namespace labelled
+    gputopo.io/opt-in=true in. A selector set is the selector used, for the policy and the
+    webhook alike; the one not set keeps the default."""
+    team = {"matchLabels": {"team": "a"}}
+    expressions = {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["gpu"]}]}
+    values = {"optIn": {"enabled": True, "namespaceSelector": team, "podSelector": expressions}}
+    docs = render_chart(values, kube_version=cluster)
+    assert selectors_of(docs) == {"namespace": team, "pod": expressions}
+    assert selectors_of(render_chart({"optIn": {"enabled": True}}, kube_version=cluster)) == {
+        "namespace": {"matchLabels": OPT_IN},
+        "pod": {"matchLabels": OPT_IN},
+    }
+    from tests.manifests import render_chart_files
+
+    notes = render_chart_files(json.dumps(values), cluster, NAMESPACE, ())["gputopo/templates/NOTES.txt"]
+    assert "kubectl label namespace <namespace> team=a\n" in notes
+    if cluster == "v1.36.1":
+        policy, bindings = policy_of(docs)
+        assert admit(policy, bindings, pod(), "team-a", {"team": "a"}).applied
+        assert not admit(policy, bindings, pod(), "team-a", OPT_IN).applied
+
+
+@pytest.mark.parametrize("cluster", ["v1.36.1", "v1.33.5"])
+def test_two_releases_default_opt_in_labels_are_disjoint(cluster: str) -> None:
+    """Two releases with opt-in on and default selectors: were both gputopo.io/opt-in=true, a
+    labelled namespace would be mutated by whichever ran first, always the same one. Release
+    gputopo keeps "true" (deploy/'s label); any other release matches its own stem, and a
+    namespace or pod carrying one release's label is handed to that release's scheduler only."""
+    on = {"optIn": {"enabled": True}}
+    first = render_chart(on, kube_version=cluster)
+    second = render_chart(on, kube_version=cluster, namespace="gputopo-b", release="research")
+    mine = {"gputopo.io/opt-in": "research-gputopo"}
+    for by in ("namespace", "pod"):
+        assert selectors_of(first)[by] == {"matchLabels": OPT_IN}
+        assert selectors_of(second)[by] == {"matchLabels": mine}
+    from tests.manifests import render_chart_files
+
+    notes = render_chart_files(json.dumps(on), cluster, "gputopo-b", (), "research")[
+        "gputopo/templates/NOTES.txt"
+    ]
+    assert "kubectl label namespace <namespace> gputopo.io/opt-in=research-gputopo" in notes
+    if cluster != "v1.36.1":
+        return
+    releases = {"gputopo-scheduler": policy_of(first), "research-gputopo-scheduler": policy_of(second)}
+    for labels, owner in ((OPT_IN, "gputopo-scheduler"), (mine, "research-gputopo-scheduler")):
+        for by_namespace in (True, False):
+            p = pod(labels=None if by_namespace else labels)
+            ns = labels if by_namespace else {}
+            handed = {
+                name
+                for name, (policy, bindings) in releases.items()
+                if admit(policy, bindings, p, "team-a", ns).applied
+            }
+            assert handed == {owner}, (labels, by_namespace, handed)
 
 
 def test_the_chart_webhook_args_run_the_sidecar_webhook_with_the_generated_certificate(

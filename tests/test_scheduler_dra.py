@@ -325,3 +325,29 @@ def test_a_malformed_gpu_request_is_a_400_with_a_reason(live) -> None:
     pod["spec"]["resourceClaims"] = {"name": "not-a-list"}
     code, out = client.post("/filter", args(pod, ["d1"]))
     assert code == 400 and "resource claims" in out["Error"]
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus"),
+    [
+        ("gputopo.io", 1),
+        ("research-gputopo.gputopo.io", 1),
+        ("a.b-c.gputopo.io", 1),
+        ("gputopo.io.example.com", 0),
+        ("xgputopo.io", 0),
+        (".gputopo.io", 0),
+    ],
+)
+def test_another_releases_device_classes_count_as_gputopos(name: str, gpus: int) -> None:
+    """A second Helm release names its DeviceClasses in a domain of its own under gputopo.io
+    (the chart's gputopo.draClassDomain: cluster-scoped names must not collide); its claims and
+    extended resources are sized like the first release's, and a look-alike domain is not."""
+    from scheduler.dra import requested_gpus
+    from scheduler.model import parse_pod
+
+    assert requested_gpus(claim("c", f"gpu.{name}", count=2)) == 2 * gpus
+    assert requested_gpus(claim("c", f"nvlink-4.{name}")) == 4 * gpus
+    pod = fk.pod("ml", "ext", 0)
+    pod["spec"]["containers"][0]["resources"]["limits"][f"{name}/nvlink-8"] = "1"
+    pod["spec"]["containers"][0]["resources"]["limits"][f"{name}/gpu"] = "2"
+    assert parse_pod(pod).gpus == 10 * gpus

@@ -134,3 +134,62 @@ webhook
 {{- define "gputopo.webhookTLSSecret" -}}
 {{- .Values.scheduler.webhook.tlsSecretName | default (printf "%s-webhook-tls" (include "gputopo.schedulerFullname" .)) -}}
 {{- end -}}
+
+
+{{/*
+Cluster-scoped DRA objects (ClusterRole, its binding, the admission policy) carry the release's
+stem: <stem>-dra-plugin..., gputopo-dra-plugin... for release "gputopo" (deploy/'s names). A
+fixed name would make a second release's install fail, or with kubectl apply take the first
+release's binding over.
+*/}}
+{{- define "gputopo.draPluginName" -}}
+{{- include "gputopo.fullname" . }}-dra-plugin
+{{- end -}}
+
+{{/*
+The DeviceClasses' domain, which users type: claims name <class>.<domain> (gpu, nvlink-<k>) and
+containers limit <domain>/<class>. The driver name for the release whose stem is "gputopo" (the
+names deploy/ uses), else <stem>.<driver>: DeviceClasses are cluster-scoped and each
+extendedResourceName should be unique in the cluster, so a second release must not reuse the
+first's. The extender sizes the classes of any such domain under gputopo.io.
+*/}}
+{{- define "gputopo.draClassDomain" -}}
+{{- $stem := include "gputopo.fullname" . -}}
+{{- if eq $stem "gputopo" -}}
+{{- .Values.dra.driverName -}}
+{{- else -}}
+{{- printf "%s.%s" $stem .Values.dra.driverName -}}
+{{- end -}}
+{{- end -}}
+
+
+{{/*
+The value of the default opt-in label gputopo.io/opt-in: "true" for the release whose stem is
+"gputopo" (deploy/'s label), else the stem. Two releases' default selectors are then disjoint:
+a label has one value, so a namespace or pod opts in to one release, never to whichever
+release's mutation happens to run first.
+*/}}
+{{- define "gputopo.optInLabelValue" -}}
+{{- $stem := include "gputopo.fullname" . -}}
+{{- if eq $stem "gputopo" }}true{{ else }}{{ $stem }}{{ end -}}
+{{- end -}}
+
+{{/*
+The selector of each way to opt in, as YAML {namespace: ..., pod: ...}: optIn.namespaceSelector
+and optIn.podSelector as set; empty (values.yaml's default) gives the release's default label
+(gputopo.optInLabelValue); set to null (Helm then drops the key) leaves that way out. The
+default lives here, not in values.yaml's maps, because Helm merges a user's map into the chart's:
+a user's `matchLabels: {team: a}` would keep the default label beside it.
+*/}}
+{{- define "gputopo.optInSelectors" -}}
+{{- $o := .Values.optIn -}}
+{{- $default := dict "matchLabels" (dict "gputopo.io/opt-in" (include "gputopo.optInLabelValue" .)) -}}
+{{- $out := dict -}}
+{{- range $by := list "namespace" "pod" -}}
+{{- $key := printf "%sSelector" $by -}}
+{{- if hasKey $o $key -}}
+{{- $_ := set $out $by (get $o $key | default $default) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
