@@ -22,6 +22,7 @@ import logging
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -77,6 +78,17 @@ def event_namespace(regarding: Mapping[str, str]) -> str:
     return regarding.get("namespace") or CLUSTER_SCOPED_NAMESPACE
 
 
+def event_name(regarding: Mapping[str, str], reason: str, note: str, at: float) -> str:
+    """The Event's own name, `<object>.<unix ns in hex>.<crc of reason and note>`, as client-go's
+    recorder names events (`%v.%x` of the object's name and UnixNano). Not `generateName`: the
+    real kube-apiserver 1.37 validates a generateName prefix itself, and `<node>.` (ending in a
+    dot) was refused ("a lowercase RFC 1123 subdomain ... must end with an alphanumeric
+    character"), so every Event about an object was lost. The checksum keeps two Events about
+    one object at one instant apart."""
+    crc = zlib.crc32(f"{reason}\n{note}".encode())
+    return f"{regarding['name'][:200]}.{int(at * 1e9):x}.{crc:08x}"
+
+
 def v1_event(
     regarding: Mapping[str, str],
     *,
@@ -93,7 +105,10 @@ def v1_event(
     return {
         "apiVersion": "events.k8s.io/v1",
         "kind": "Event",
-        "metadata": {"generateName": f"{regarding['name'][:200]}.", "namespace": event_namespace(regarding)},
+        "metadata": {
+            "name": event_name(regarding, reason, note, at),
+            "namespace": event_namespace(regarding),
+        },
         "eventTime": micro_time(at),
         "reportingController": controller,
         "reportingInstance": instance[:MAX_FIELD],
@@ -120,7 +135,10 @@ def core_event(
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"generateName": f"{regarding['name'][:200]}.", "namespace": event_namespace(regarding)},
+        "metadata": {
+            "name": event_name(regarding, reason, note, at),
+            "namespace": event_namespace(regarding),
+        },
         "involvedObject": {k: v for k, v in regarding.items() if v},
         "reason": reason[:MAX_FIELD],
         "message": note[:MAX_NOTE],

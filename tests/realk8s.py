@@ -50,13 +50,18 @@ REALK8S = Path(os.environ.get("GPUTOPO_REALK8S", ROOT.parent / "shared" / "realk
 K8S_VERSION = os.environ.get("GPUTOPO_K8S_VERSION", "v1.37.2")
 BUILT = Path(os.environ.get("GPUTOPO_REALK8S_BIN", ROOT / "realk8s" / ".build" / K8S_VERSION / "bin"))
 REQUIRED = os.environ.get("GPUTOPO_REAL_REQUIRED") == "1"
+#: Kubernetes' own PodGroup API in that release: beta in 1.37, alpha (v1alpha2) in 1.36; both
+#: behind the feature gate GenericWorkload.
+GANG_API = "scheduling.k8s.io/v1alpha2" if K8S_VERSION.startswith("v1.36.") else "scheduling.k8s.io/v1beta1"
 DEPLOY = ROOT / "deploy" / "base" / "scheduler"
 GPU = "nvidia.com/gpu"
 TOPOLOGY_KEY = "gputopo.io/topology"
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 SCHEDULER_NAME = "gputopo-scheduler"
 HOLD_GATE = "example.com/created-together"
-BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kubelet-devicemanager")
+#: What the control-plane suites run; the device-plugin suite needs only the device manager.
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-scheduler")
+DEVICE_MANAGER = ("kubelet-devicemanager",)
 
 T = TypeVar("T")
 
@@ -64,10 +69,10 @@ T = TypeVar("T")
 # ------------------------------------------------------------------------------ binaries
 
 
-def binaries() -> Path:
+def binaries(need: Sequence[str] = CONTROL_PLANE) -> Path:
     """The folder holding the built components; skips the test (fails it under
-    GPUTOPO_REAL_REQUIRED=1) when one is missing, naming why in one line."""
-    missing = [name for name in BINARIES if not os.access(BUILT / name, os.X_OK)]
+    GPUTOPO_REAL_REQUIRED=1) when one it needs is missing, naming why in one line."""
+    missing = [name for name in need if not os.access(BUILT / name, os.X_OK)]
     if missing:
         why = (
             f"real Kubernetes {K8S_VERSION} not built ({', '.join(missing)} missing in {BUILT}): "
@@ -535,7 +540,7 @@ class Cluster:
         return ["GenericWorkload=true"] if self.gang_api else []
 
     def start_api(self) -> None:
-        runtime = ["scheduling.k8s.io/v1beta1=true"] if self.gang_api else []
+        runtime = [f"{GANG_API}=true"] if self.gang_api else []
         self.control = ControlPlane(self.procs, self.folder, self.bindir, self.gates, runtime)
         self.control.start()
         self.control.install_crd()

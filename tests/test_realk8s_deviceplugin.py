@@ -55,7 +55,7 @@ class Node:
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Node]:
-    bindir = rk.binaries()
+    bindir = rk.binaries(rk.DEVICE_MANAGER)
     procs = rk.Procs(tmp_path)
     try:
         yield Node(procs, bindir, tmp_path)

@@ -198,21 +198,22 @@ def test_issue9_item8_a_gang_selecting_a_leaf_is_placed_there(k8s: rk.Cluster, n
 
 
 def k8s_podgroup(name: str, min_count: int, topology_key: str | None = None) -> dict:
-    """A standalone `scheduling.k8s.io/v1beta1` PodGroup (staging/src/k8s.io/api/scheduling/
-    v1beta1/types.go: spec.schedulingPolicy.gang.minCount, spec.schedulingConstraints.topology[].key)."""
+    """A standalone Kubernetes PodGroup (`scheduling.k8s.io/v1beta1` in 1.37, `v1alpha2` in 1.36:
+    staging/src/k8s.io/api/scheduling/v1beta1/types.go, the same fields in both:
+    spec.schedulingPolicy.gang.minCount, spec.schedulingConstraints.topology[].key)."""
     spec: dict = {"schedulingPolicy": {"gang": {"minCount": min_count}}}
     if topology_key:
         spec["schedulingConstraints"] = {"topology": [{"key": topology_key}]}
     return {
-        "apiVersion": "scheduling.k8s.io/v1beta1",
+        "apiVersion": rk.GANG_API,
         "kind": "PodGroup",
         "metadata": {"name": name},
         "spec": spec,
     }
 
 
-def test_a_kubernetes_v1beta1_podgroup_gang_lands_whole_in_one_leaf(k8s: rk.Cluster, ns: str) -> None:
-    """Kubernetes 1.37's own gang API: the pods name a v1beta1 PodGroup in
+def test_a_kubernetes_podgroup_gang_lands_whole_in_one_leaf(k8s: rk.Cluster, ns: str) -> None:
+    """Kubernetes' own gang API (1.37: v1beta1; 1.36: v1alpha2): the pods name a PodGroup in
     spec.schedulingGroup.podGroupName. kube-scheduler's GangScheduling plugin holds each member
     at Permit until minCount are assumed; the sidecar reads the same PodGroup and plans the gang
     into the one leaf that holds it (leaf-c), so what the two schedulers agree on binds whole."""
@@ -225,7 +226,7 @@ def test_a_kubernetes_v1beta1_podgroup_gang_lands_whole_in_one_leaf(k8s: rk.Clus
         rk.node(f"{ns}-c0", "leaf-c"),
         rk.node(f"{ns}-c1", "leaf-c"),
     )
-    k8s.api.create(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", k8s_podgroup("pg", 2))
+    k8s.api.create(f"/apis/{rk.GANG_API}/namespaces/{ns}/podgroups", k8s_podgroup("pg", 2))
     members = names("w", 2)
     pods = [rk.pod(m, 8) for m in members]
     for p in pods:
@@ -237,12 +238,12 @@ def test_a_kubernetes_v1beta1_podgroup_gang_lands_whole_in_one_leaf(k8s: rk.Clus
     assert sorted(placed.values()) == [f"{ns}-c0", f"{ns}-c1"]
 
 
-def test_a_kubernetes_v1beta1_podgroup_that_fits_nowhere_binds_nothing(k8s: rk.Cluster, ns: str) -> None:
-    """3 x 8 GPUs under a v1beta1 PodGroup with two free nodes: no member is ever bound."""
+def test_a_kubernetes_podgroup_that_fits_nowhere_binds_nothing(k8s: rk.Cluster, ns: str) -> None:
+    """3 x 8 GPUs under a Kubernetes PodGroup with two free nodes: no member is ever bound."""
     if not k8s.gang_api:
         pytest.skip("Kubernetes' Workload API is off in this round (feature gate GenericWorkload)")
     k8s.add_nodes(rk.node(f"{ns}-a0", "leaf-a"), rk.node(f"{ns}-b0", "leaf-b"))
-    k8s.api.create(f"/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups", k8s_podgroup("pg", 3))
+    k8s.api.create(f"/apis/{rk.GANG_API}/namespaces/{ns}/podgroups", k8s_podgroup("pg", 3))
     members = names("w", 3)
     pods = [rk.pod(m, 8) for m in members]
     for p in pods:

@@ -8,6 +8,7 @@ import re
 import threading
 import time
 
+from gputopo_kube.events import core_event, v1_event
 from scheduler.events import EventEmitter
 from scheduler.extender import Extender
 from scheduler.kube import KubeState
@@ -275,3 +276,22 @@ def test_a_refused_annotation_is_an_event_on_its_node_once_per_change() -> None:
         (warning,) = [e for e in s.api.events if e["reason"] == "TopologyRejected"]
         assert warning["type"] == "Warning" and warning["metadata"]["namespace"] == "default"
         assert warning["regarding"] == {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "n1"}
+
+
+def test_events_carry_a_valid_name_of_their_own_not_a_generate_name() -> None:
+    """The real kube-apiserver 1.37 refused `generateName: "<node>."` (it validates the prefix
+    as a subdomain, which may not end in a dot), so every Event was lost there. Events are named
+    as client-go names them: the object's name, the time in hex, and a checksum that keeps two
+    Events about one object at one instant apart; the name is a valid RFC 1123 subdomain."""
+    subdomain = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    ref = {"apiVersion": "v1", "kind": "Node", "namespace": "", "name": "dgx1-a", "uid": "u"}
+    kw = {"type_": "Normal", "controller": "gputopo.io/scheduler", "instance": "i", "at": 1765000000.25}
+    a = v1_event(ref, reason="Planned", note="gang g", action="Plan", **kw)
+    b = v1_event(ref, reason="Replanned", note="gang g", action="Plan", **kw)
+    c = core_event(ref, reason="Planned", note="gang g", **kw)
+    for ev in (a, b, c):
+        assert "generateName" not in ev["metadata"]
+        name = ev["metadata"]["name"]
+        assert subdomain.match(name) and len(name) <= 253, name
+        assert name.startswith("dgx1-a.")
+    assert a["metadata"]["name"] != b["metadata"]["name"]

@@ -1,0 +1,170 @@
+"""DRA mode through the real allocator: our DRA daemon (`python -m deviceplugin --mode dra`, one a
+node) publishes its ResourceSlices to the real kube-apiserver (v1.37, with etcd), the chart's
+DeviceClasses are installed, and the real kube-scheduler's DynamicResources plugin allocates
+each pod's ResourceClaim from what was published. The assertion is the one the DRA mode exists
+for: every allocated set is a best free ring of its size (the ring bandwidth of the best set
+the allocator finds among the GPUs still free), over a sequence of claims and releases.
+
+Known gap (issue 30): when the only free set of a size is one the daemon did not publish (the
+64-device slice cap), the claim waits; the sequences here stay inside the published sets.
+`make test-real` runs it; without the built binaries it skips with one line.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gputopo.node import draslices
+from gputopo.node.allocator import Allocator
+from gputopo.node.topofile import load_preset
+from tests import manifests as mf
+from tests import realk8s as rk
+
+pytestmark = pytest.mark.real
+
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+_ids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def k8s(tmp_path_factory: pytest.TempPathFactory) -> Iterator[rk.Cluster]:
+    rk.binaries()
+    with rk.cluster(Path(tmp_path_factory.mktemp("dra"))) as c:
+        docs = mf.render_chart({"dra": {"enabled": True}}, kube_version=f"v{rk.K8S_VERSION.lstrip('v')}")
+        for d in docs:
+            if d["kind"] == "DeviceClass":
+                c.api.create("/apis/resource.k8s.io/v1/deviceclasses", d)
+        yield c
+
+
+def _daemon(c: rk.Cluster, node: str, preset: str, folder: Path) -> rk.Proc:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": f"{rk.ROOT}:{rk.ROOT / 'proto'}",
+        "NODE_NAME": node,
+    }
+    return c.procs.start(
+        f"dra-{node}",
+        [
+            sys.executable,
+            "-m",
+            "deviceplugin",
+            "--mode",
+            "dra",
+            "--topology",
+            preset,
+            "--kubeconfig",
+            str(c.kubeconfig),
+            "--registry-dir",
+            str(folder / "registry"),
+            "--plugins-dir",
+            str(folder / "plugins"),
+            "--metrics-port",
+            "0",
+        ],
+        env=env,
+    )
+
+
+def _class(size: int) -> str:
+    """The chart's DeviceClass for `size` GPUs: one GPU, or a set of `size` (docs/dra.md)."""
+    return "gpu.gputopo.io" if size == 1 else f"nvlink-{size}.gputopo.io"
+
+
+def _claim(name: str, size: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpus", "exactly": {"deviceClassName": _class(size), "count": 1}}]
+            }
+        },
+    }
+
+
+def _pod(name: str, claim: str, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": rk.SCHEDULER_NAME,
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"requests": {"cpu": "1"}, "claims": [{"name": "gpus"}]},
+                }
+            ],
+            "restartPolicy": "Never",
+        },
+    }
+
+
+def release(api: rk.Api, ns: str, claim: str) -> None:
+    """The pod ends and its claim goes, as kube-controller-manager's resourceclaim controller
+    finishes it (no controller-manager runs here): the pod deleted, the claim's reservation and
+    allocation cleared in its status, its delete-protection finalizer dropped, the claim deleted."""
+    merge = "application/merge-patch+json"
+    api.delete(f"/api/v1/namespaces/{ns}/pods/p-{claim}")
+    path = CLAIMS.format(ns=ns) + f"/{claim}"
+    api.call("PATCH", f"{path}/status", {"status": {"reservedFor": None, "allocation": None}}, merge)
+    api.call("PATCH", path, {"metadata": {"finalizers": None}}, merge)
+    api.delete(path)
+
+
+@pytest.mark.parametrize("preset", ["dgx1-v100", "hgx-h100"])
+def test_every_claim_gets_a_best_free_ring(k8s: rk.Cluster, preset: str, tmp_path: Path) -> None:
+    """Claims of 4, 2 and 1 GPUs, the 4 released, 4 again, the 1 released, then 2, each a pod through the real
+    kube-scheduler: each claim's allocated device is a set (or GPU) of this node, disjoint from
+    the GPUs still held, and its ring bandwidth is the best any free set of that size reaches."""
+    ns = k8s.namespace(f"d{next(_ids)}")
+    node = f"{ns}-{preset}"
+    k8s.add_nodes(rk.node(node, "leaf-a", preset=preset, gpus=0))
+    _daemon(k8s, node, preset, tmp_path)
+    slices = f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{node}"
+    rk.wait_for(lambda: k8s.api.get(slices)["items"], 60, f"{node}'s ResourceSlices")
+    topo = load_preset(preset)
+    alloc = Allocator(topo)
+    n = len(topo.gpus)
+    held: dict[str, tuple[int, ...]] = {}
+    steps: list[tuple[str, int]] = [
+        ("c1", 4),
+        ("c2", 2),
+        ("c3", 1),
+        ("-c1", 0),
+        ("c4", 4),
+        ("-c3", 0),
+        ("c5", 2),
+    ]
+    for name, size in steps:
+        if name.startswith("-"):
+            release(k8s.api, ns, name[1:])
+            del held[name[1:]]
+            continue
+        free = sorted(set(range(n)) - {g for s in held.values() for g in s})
+        best = alloc.ring_mbps(alloc.choose(free, size).indices) if size > 1 else 0
+        k8s.api.create(CLAIMS.format(ns=ns), _claim(name, size))
+        k8s.add_pods(ns, _pod(f"p-{name}", name, node))
+        k8s.wait_bound(ns, [f"p-{name}"], timeout=30)
+        got = k8s.api.get(CLAIMS.format(ns=ns) + f"/{name}")
+        (result,) = got["status"]["allocation"]["devices"]["results"]
+        assert result["pool"] == node, result
+        gpus = draslices.expand(result["device"], n)
+        assert len(gpus) == size, result
+        assert not set(gpus) & {g for s in held.values() for g in s}, f"{gpus} overlaps {held}"
+        ring = alloc.ring_mbps(gpus) if size > 1 else 0
+        assert ring == best, f"{preset} {name}: {gpus} rings at {ring} Mb/s, a free set reaches {best}"
+        held[name] = gpus
+    k8s.reset()
