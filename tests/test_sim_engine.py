@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -16,7 +17,7 @@ from gputopo.node.allocator import AllocatorPool
 from gputopo.node.topofile import load_preset
 from gputopo.sim.engine import RunConfig, queue_priority, run_replay
 from gputopo.sim.jobmodel import JobModel
-from gputopo.sim.metrics import Recorder
+from gputopo.sim.metrics import Recorder, Summary
 from gputopo.sim.policies.base import Failure, Hinted
 from gputopo.sim.policies.catalog import build_policy
 from gputopo.sim.run import compare, simulate
@@ -321,14 +322,76 @@ def test_table_says_which_way_is_better() -> None:
     lines = render_table([r], {}).splitlines()
     header = next(line for line in lines if line.startswith("metric"))
     assert "better" in header
+    start = next(k for k, line in enumerate(lines) if line.startswith("no figure in this run"))
+    missing = " ".join(line.strip() for line in lines[start : start + 3])  # wrapped
     for label, better, _ in ROWS:
-        row = next(line for line in lines if line.startswith(label))
         assert better in (HIGHER, LOWER, "")
-        if better:
+        row = next((line for line in lines if line.startswith(label)), None)
+        if row is None:  # a row with no figure is named below the table instead
+            assert label in missing, label
+        elif better:
             assert better in row, label
     directions = {label: better for label, better, _ in ROWS}
     assert directions["free GPUs at first failure (FGD)"] == LOWER
     assert directions["throughput vs kubelet-default (multi-GPU jobs)"] == HIGHER
+
+
+def _summary(policy: str, **figures: object) -> Summary:
+    """A Summary with made-up figures: the table's layout depends on them, not on a run."""
+    base = simulate(
+        cluster("hgx-h100", [("n1", "a", frozenset())]), [job(0, (8,), 0, 100)], "gputopo", RunConfig()
+    )
+    return dataclasses.replace(base, policy=policy, **figures)  # type: ignore[arg-type]
+
+
+def test_default_table_is_gputopo_the_best_peer_and_kubelet_default_within_120_columns() -> None:
+    from gputopo.sim.report import MAX_WIDTH, render_table
+
+    names = ["gputopo", "kubelet-default", "best-effort-pairs", "best-combo", "fgd", "dra-gputopo-sets"]
+    throughput = [2.1, 1.0, 1.01, 1.3, 1.2, 1.01]
+    results = [
+        _summary(
+            n,
+            throughput_vs_baseline=t,
+            job_time_ratio_by_profile={"cnn": 1.0, "encoder": 2.3, "llm": 1.04},
+            pods=1000,
+            seconds=0.5,
+        )
+        for n, t in zip(names, throughput, strict=True)
+    ]
+    header = {"workload": "generator " + "x" * 300}  # a long header line wraps, not the table
+    lines = render_table(results, header).splitlines()
+    assert max(len(line) for line in lines) <= MAX_WIDTH
+    columns = next(line for line in lines if line.startswith("metric")).split()
+    assert columns == ["metric", "better", "gputopo", "best-combo", "kubelet-default"]
+    assert any(line.startswith("best peer: best-combo") for line in lines)
+    # per-profile figures and the simulator's speed are not rows of the default table
+    assert not any(line.startswith("job time / ideal:") or "pods/s" in line for line in lines)
+    speed = next(line for line in lines if line.startswith("simulator speed"))
+    assert "gputopo 2,000" in speed and "fgd" not in speed
+    # no row shows n/a in every column: fill-only rows are left out of this replay, and named
+    assert not any(line.startswith("GPUs allocated at end (fill)") for line in lines)
+    assert "GPUs allocated at end (fill)" in " ".join(line.strip() for line in lines)
+
+
+def test_wide_table_shows_every_policy_and_profile_in_blocks_that_fit() -> None:
+    from gputopo.sim.report import render_table
+
+    names = ["gputopo", "kubelet-default", "best-effort-pairs", "best-combo", "gang-only", "fgd", "kueue-tas"]
+    results = [_summary(n, job_time_ratio_by_profile={"cnn": 1.0, "llm": 1.5}) for n in names]
+    for width in (120, 90):
+        lines = render_table(results, {}, wide=True, width=width).splitlines()
+        assert max(len(line) for line in lines) <= width
+        headers = [line.split()[2:] for line in lines if line.startswith("metric")]
+        assert len(headers) >= 2 and [n for h in headers for n in h] == names
+        assert sum(line.startswith("job time / ideal: llm") for line in lines) == len(headers)
+    # a terminal wide enough holds the whole table in one block
+    assert (
+        sum(
+            line.startswith("metric") for line in render_table(results, {}, wide=True, width=400).splitlines()
+        )
+        == 1
+    )
 
 
 class _HintedLedger:
