@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -556,3 +557,48 @@ def test_a_hint_answers_only_for_the_head_it_was_given_for() -> None:
     assert [t for i, t in ledger.asked if i == 0] == [0.0, 200.0]  # skipped at 100 and 150
     # job 4 is asked as soon as it heads the shape (no room at 200) and when job 0 leaves
     assert [t for i, t in ledger.asked if i == 4] == [200.0, 210.0]
+
+
+def test_plot_draws_the_headline_figures_and_replaces_a_panel_with_nothing_to_show() -> None:
+    from gputopo.sim.plot import FALLBACKS, HEADLINE, choose
+
+    loaded = [
+        _summary(
+            n,
+            throughput_vs_baseline=t,
+            gangs=4,
+            gangs_one_leaf=0.5,
+            queue_delay_mean_per_gpu=q,
+            job_time_ratio_by_profile={"cnn": 1.0, "llm": 2.0},
+        )
+        for n, t, q in (("gputopo", 1.6, 30.0), ("kubelet-default", 1.0, 3600.0))
+    ]
+    panels, notes = choose(loaded)
+    assert panels == list(HEADLINE) and notes == []
+    assert [p.title for p in panels] == [
+        "throughput of multi-GPU jobs vs kubelet-default",
+        "job time / ideal, multi-GPU jobs, by workload profile",
+        "gangs inside one leaf",
+        "queueing delay, mean per GPU asked",
+    ]
+    # nobody queued and no gangs: those two panels give way to figures that differ
+    idle = [
+        dataclasses.replace(r, queue_delay_mean_per_gpu=0.0, gangs=0, gangs_one_leaf=None) for r in loaded
+    ]
+    panels, notes = choose(idle)
+    assert len(panels) == 4 and panels[:2] == list(HEADLINE[:2]) and all(p in FALLBACKS for p in panels[2:])
+    assert notes == [
+        "gangs inside one leaf: no multi-node job in this workload",
+        "queueing delay, mean per GPU asked: 0 under every policy (no job waited)",
+    ]
+
+
+def test_plot_png_is_written(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from gputopo.sim.plot import write_plot
+
+    results = [_summary(n, job_time_ratio_by_profile={"cnn": 1.0}) for n in ("gputopo", "kubelet-default")]
+    write_plot(results, tmp_path / "p.png", "a title " * 60)  # a long title wraps
+    head = (tmp_path / "p.png").read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")) == (1600, 900)
