@@ -177,6 +177,13 @@ def _ring_text(choice: Choice) -> str:
     return f"{choice.ring_mbps / 1000:g} GB/s (weakest hop of the best NCCL ring)"
 
 
+def _gpus(topo: Topology, indices: Sequence[int], *, wide: bool) -> str:
+    """A GPU set as its indices ("0,4"); under `-o wide` also the UUIDs, which are 40
+    characters each and made the default line 360 characters long on a DGX-2."""
+    text = ",".join(map(str, indices))
+    return f"{text}  ({' '.join(topo.gpus[i].uuid for i in indices)})" if wide else text
+
+
 def render_prefer(
     topo: Topology,
     ranked: list[Choice],
@@ -187,18 +194,40 @@ def render_prefer(
     policy: str = DEFAULT_POLICY,
     *,
     wide: bool = False,
+    others: Sequence[tuple[str, Choice]] = (),
 ) -> str:
-    """`ranked` is gputopo's order; `chosen` what `policy` picks (gputopo's first by default)."""
+    """`ranked` is gputopo's order; `chosen` what `policy` picks (gputopo's first by default);
+    `others` what further policies pick, shown side by side with `policy` (--policy all)."""
     chosen = chosen if chosen is not None else ranked[0]
-    uuids = [topo.gpus[i].uuid for i in chosen.indices]
-    by = "" if policy == DEFAULT_POLICY else f" by {policy} (the rank below is gputopo's)"
+    by = "" if policy == DEFAULT_POLICY or others else f" by {policy} (the rank below is gputopo's)"
     lines = [
         f"request: {size} GPU(s) from {len(free)} available"
         + (f", must include {','.join(map(str, must))}" if must else ""),
-        f"chosen:  GPUs {','.join(map(str, chosen.indices))}  ({' '.join(uuids)}){by}",
-        f"why:     ring {_ring_text(chosen)}; "
-        f"leaves {_leftover(chosen)} (group size: best ring GB/s x disjoint groups); "
-        f"pair sum {chosen.pair_sum_mbps / 1000:g} GB/s",
+    ]
+    if others:
+        picks = [(policy, chosen), *others]
+        name_w = max(len(n) for n, _ in picks) + 2
+        lines += [
+            "",
+            "policy".ljust(name_w)
+            + "gpus".ljust(20)
+            + "ring GB/s  leftover (size:best x groups)   pair-sum GB/s",
+        ]
+        for name, c in picks:
+            lines.append(
+                (
+                    name.ljust(name_w) + f"{','.join(map(str, c.indices)):<20}{c.ring_mbps / 1000:<11g}"
+                    f"{_leftover(c):<32}{c.pair_sum_mbps / 1000:g}"
+                    + (f"  {' '.join(topo.gpus[i].uuid for i in c.indices)}" if wide else "")
+                ).rstrip()
+            )
+        lines.append("")
+        lines.append(f"{policy}'s choice:")
+    lines += [
+        f"chosen:  GPUs {_gpus(topo, chosen.indices, wide=wide)}{by}",
+        f"why:     ring {_ring_text(chosen)};",
+        f"         leaves {_leftover(chosen)} (group size: best ring GB/s x disjoint groups);",
+        f"         pair sum {chosen.pair_sum_mbps / 1000:g} GB/s",
         "",
         "rank  gpus                ring GB/s  leftover (size:best x groups)   pair-sum GB/s"
         + ("  uuids" if wide else ""),
@@ -215,6 +244,26 @@ def render_prefer(
         "Keys compare left to right: ring, then leftover groups (8, 4, 2), then pair sum, then lowest indices."
     )
     return "\n".join(lines)
+
+
+def _policy_names(given: Sequence[str] | None) -> list[str]:
+    """--policy as given (repeated, comma lists, or `all`) -> policy names, first one first;
+    one line and exit 2 for a name the registry does not know."""
+    names: list[str] = []
+    for text in given or [DEFAULT_POLICY]:
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            for name in POLICY_NAMES if part == "all" else (part,):
+                try:
+                    check_name(name)
+                except UnknownPolicyError as e:
+                    raise UsageError(f"--policy: {e}") from None
+                if name not in names:
+                    names.append(name)
+    if not names:
+        raise UsageError("--policy: name a policy, or all")
+    return names
 
 
 # ---------------------------------------------------------------------------- main
@@ -241,8 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=5, help="alternatives to show (default 5)")
     p.add_argument(
         "--policy",
-        default=DEFAULT_POLICY,
-        help=f"in-node policy to ask, as the plugin's --policy ({', '.join(POLICY_NAMES)}; default gputopo)",
+        action="append",
+        metavar="NAME[,NAME...]|all",
+        help=f"in-node policy to ask, as the plugin's --policy ({', '.join(POLICY_NAMES)}; default "
+        "gputopo); several (repeated, a comma list, or all) are shown side by side",
     )
     add_output_arguments(p)
 
@@ -283,31 +334,41 @@ def _run(args: argparse.Namespace) -> int:
         must = _ids(args.must, topo, "must") or []
         if args.top < 1:
             raise UsageError("--top must be at least 1")
-        try:
-            check_name(args.policy)
-        except UnknownPolicyError as e:
-            raise UsageError(f"--policy: {e}") from None
+        names = _policy_names(args.policy)
         try:
             pool = AllocatorPool()
             ranked = pool.get(topo).rank(free, args.size, must, top=args.top)
-            chosen = policy_by_name(args.policy, topo, pool=pool).choose(free, args.size, must)
+            picks = [(n, policy_by_name(n, topo, pool=pool).choose(free, args.size, must)) for n in names]
         except AllocationError as e:
             raise UsageError(str(e)) from None
+        policy, chosen = picks[0]
         if is_machine(args.output):
             doc = {
                 "topology": topo.name,
                 "size": args.size,
                 "available": sorted(free),
                 "must": sorted(must),
-                "policy": args.policy,
+                "policy": policy,
                 "chosen": chosen.explain() | {"uuids": [topo.gpus[i].uuid for i in chosen.indices]},
                 "alternatives": [c.explain() for c in ranked],
             }
+            if len(picks) > 1:
+                doc["by_policy"] = {
+                    n: c.explain() | {"uuids": [topo.gpus[i].uuid for i in c.indices]} for n, c in picks
+                }
             print(dump(doc, args.output))
         else:
             print(
                 render_prefer(
-                    topo, ranked, free, args.size, must, chosen, args.policy, wide=args.output == "wide"
+                    topo,
+                    ranked,
+                    free,
+                    args.size,
+                    must,
+                    chosen,
+                    policy,
+                    wide=args.output == "wide",
+                    others=picks[1:],
                 )
             )
         return 0

@@ -251,3 +251,41 @@ def test_status_table_stays_aligned_with_an_unhealthy_gpu() -> None:
     assert rows[2].split()[:2] == ["1", "Unhealthy"]
     assert reason in render_status(doc, now=1000.0, wide=True)
     assert "registered: no" in render_status({"registration": {"registered": False}}, now=0.0)
+
+
+def test_prefer_names_gpus_by_index_and_uuids_only_wide() -> None:
+    args = ("prefer", "--topology", "dgx2-v100", "--size", "8")
+    out = gputopo(*args)
+    assert out.returncode == 0, out.stderr
+    chosen = next(line for line in out.stdout.splitlines() if line.startswith("chosen:"))
+    assert chosen.split()[1:] == ["GPUs", "0,1,2,3,4,5,6,7"]  # was 360 characters of UUIDs
+    assert "GPU-" not in out.stdout and max(len(line) for line in out.stdout.splitlines()) <= 120
+    wide = gputopo(*args, "-o", "wide").stdout
+    chosen = next(line for line in wide.splitlines() if line.startswith("chosen:"))
+    assert chosen.count("GPU-") == 8
+
+
+def test_prefer_shows_several_policies_side_by_side() -> None:
+    base = ("prefer", "--topology", "dgx1-v100", "--size", "2", "--available", "0,1,2,4,5")
+    out = gputopo(*base, "--policy", "all")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    start = next(k for k, line in enumerate(lines) if line.startswith("policy "))
+    rows = {line.split()[0]: line.split()[1] for line in lines[start + 1 : start + 5]}
+    assert rows == {
+        "gputopo": "0,4",
+        "kubelet-default": "4,5",
+        "best-effort-pairs": "1,2",
+        "best-combo": "1,2",
+    }
+    # repeated or comma-separated, in the order given; the JSON keeps the first as "chosen"
+    doc = json.loads(
+        gputopo(*base, "--policy", "best-combo", "--policy", "gputopo,best-combo", "--json").stdout
+    )
+    assert doc["policy"] == "best-combo" and doc["chosen"]["gpus"] == [1, 2]
+    assert list(doc["by_policy"]) == ["best-combo", "gputopo"] and doc["by_policy"]["gputopo"]["gpus"] == [
+        0,
+        4,
+    ]
+    bad = gputopo(*base, "--policy", "gputopo,spread")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "spread" in bad.stderr
