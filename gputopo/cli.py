@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -105,9 +106,18 @@ def topo_document(topo: Topology, host: HostColumns | None = None) -> dict[str, 
     return doc
 
 
+#: The widest line the default output of every `gputopo` command prints: wider lines wrap in
+#: most terminals and in every code review, and a wrapped matrix cannot be read along its rows.
+MAX_WIDTH = 120
+
+
 def render_topo(topo: Topology, host: HostColumns | None = None, *, wide: bool = False) -> str:
     """`nvidia-smi topo -m` layout with each cell's GB/s, plus NUMA, model and best rings; from
-    `topo -m` text also its NIC columns (link code to each NIC) and its affinity columns."""
+    `topo -m` text also its NIC columns (link code to each NIC) and its affinity columns.
+
+    When a row would pass MAX_WIDTH (16 GPUs, or NIC and affinity columns beside the matrix)
+    the default output puts the matrix in blocks of GPU columns and the per-GPU columns in a
+    table of their own below it; `-o wide` keeps one row per GPU, however long."""
     alloc = Allocator(topo)
     n = topo.n
     cells = [
@@ -122,37 +132,57 @@ def render_topo(topo: Topology, host: HostColumns | None = None, *, wide: bool =
         if host
         else []
     )
-    lines = [
-        f"{topo.name}: {n} GPUs, NVLink {topo.settings.nvlink_gbps_per_link:g} GB/s per link, "
-        f"NVSwitch: {'yes' if topo.nvswitch else 'no'}   (cell = link code / GB/s one direction)",
-        "",
-        " " * 7
-        + "".join(f"GPU{j}".ljust(width) for j in range(n))
-        + "".join(label.ljust(max(nic_w, len(label) + 1)) for label in nics)
+    side_header = (
+        "".join(label.ljust(max(nic_w, len(label) + 1)) for label in nics)
         + "NUMA  "
         + "".join(c.ljust(w) for c, w in zip(aff_cols, aff_w, strict=True))
         + "Model"
-        + ("  (then UUID, PCI bus id)" if wide else ""),
-    ]
-    for i in range(n):
+        + ("  (then UUID, PCI bus id)" if wide else "")
+    )
+
+    def side(i: int) -> str:
         numa = "-" if topo.gpus[i].numa is None else str(topo.gpus[i].numa)
         nic_cells = host.gpu_nic[i] if host else ()
         aff_cells = host.affinity[i] if host else ()
-        row = (
-            f"GPU{i}".ljust(7)
-            + "".join(c.ljust(width) for c in cells[i])
-            + "".join(c.ljust(max(nic_w, len(label) + 1)) for c, label in zip(nic_cells, nics, strict=True))
+        return (
+            "".join(c.ljust(max(nic_w, len(label) + 1)) for c, label in zip(nic_cells, nics, strict=True))
             + numa.ljust(6)
             + "".join((c or "-").ljust(w) for c, w in zip(aff_cells, aff_w, strict=True))
             + topo.gpus[i].model
             + (f"  {topo.gpus[i].uuid}  {topo.gpus[i].pci_bus_id or '-'}" if wide else "")
         )
-        lines.append(row.rstrip())
+
+    lines = [
+        f"{topo.name}: {n} GPUs, NVLink {topo.settings.nvlink_gbps_per_link:g} GB/s per link, "
+        f"NVSwitch: {'yes' if topo.nvswitch else 'no'}   (cell = link code / GB/s one direction)",
+    ]
+    one_row = 7 + n * width + max(len(side_header), *(len(side(i)) for i in range(n)))
+    if wide or one_row <= MAX_WIDTH:
+        lines += ["", " " * 7 + "".join(f"GPU{j}".ljust(width) for j in range(n)) + side_header]
+        lines += [
+            (f"GPU{i}".ljust(7) + "".join(c.ljust(width) for c in cells[i]) + side(i)).rstrip()
+            for i in range(n)
+        ]
+    else:
+        per_block = max(1, (MAX_WIDTH - 7) // width)
+        blocks = -(-n // per_block)
+        size = -(-n // blocks)  # blocks of even size: 8 + 8 rather than 14 + 2
+        for start in range(0, n, size):
+            cols = range(start, min(n, start + size))
+            lines += ["", " " * 7 + "".join(f"GPU{j}".ljust(width) for j in cols).rstrip()]
+            lines += [
+                (f"GPU{i}".ljust(7) + "".join(cells[i][j].ljust(width) for j in cols)).rstrip()
+                for i in range(n)
+            ]
+        lines += ["", (" " * 7 + side_header).rstrip()]
+        lines += [(f"GPU{i}".ljust(7) + side(i)).rstrip() for i in range(n)]
     if host and host.nics:
         lines.append("NICs: " + ", ".join(f"{label}={dev}" if dev else label for label, dev in host.nics))
     lines += ["", "Best ring bandwidth an empty node offers, by request size:"]
     rings = "  ".join(f"{k}: {alloc.best_ring_mbps(k) / 1000:g} GB/s" for k in range(2, n + 1))
-    lines.append("  " + (rings or "none: a single GPU has no ring"))
+    lines += textwrap.wrap(
+        rings or "none: a single GPU has no ring", MAX_WIDTH, initial_indent="  ", subsequent_indent="  "
+    )
     legend = ", ".join(f"{lvl} {gb:g}" for lvl, gb in topo.settings.pcie_gbps.items())
     lines += ["", f"Legend (GB/s): NV# = # x {topo.settings.nvlink_gbps_per_link:g}; {legend}"]
     return "\n".join(lines)
@@ -385,9 +415,12 @@ def _run(args: argparse.Namespace) -> int:
                 nvlink = f"{t.settings.nvlink_gbps_per_link:g} GB/s/link"
                 switch = "NVSwitch" if t.nvswitch else "-"
                 print(f"{t.name:<26}{t.n:>3} GPUs  {nvlink:<16}{switch:<10}{t.description}")
-        else:
+        else:  # the description wrapped under itself, so the table keeps to MAX_WIDTH
             for t in rows:
-                print(f"{t.name:<26}{t.n:>3} GPUs  {t.description}")
+                text = textwrap.wrap(t.description, MAX_WIDTH - 36) or [""]
+                print(f"{t.name:<26}{t.n:>3} GPUs  {text[0]}")
+                for more in text[1:]:
+                    print(" " * 36 + more)
         return 0
     if args.command == "step-time":
         from gputopo import steptime as steptime_cli
