@@ -22,7 +22,7 @@ from gputopo.node.allocator import AllocatorPool
 from gputopo.node.topology import Topology, make_topology
 from gputopo.sim.cli import _Parser, add_arguments, prepare
 from gputopo.sim.engine import RunConfig
-from gputopo.sim.plot import figure
+from gputopo.sim.plot import FALLBACKS
 from gputopo.sim.policies.catalog import POLICIES
 from gputopo.sim.policies.shared import build_shared_policy, fragmentation, task_counts
 from gputopo.sim.run import compare
@@ -408,10 +408,11 @@ def test_a_cpu_only_row_keeps_its_zero_milli(tmp_path: Path) -> None:
 
 
 def test_the_plot_draws_milli_gpus_as_gpus() -> None:
+    free = next(p for p in FALLBACKS if p.title == "free GPUs at the first failure (FGD)")
     res = run(cluster(2), [pod(0, 500), pod(1, 200), pod(2, 500), pod(3, 600)], ("best-combo",))
-    assert figure(res["best-combo"], "free_at_first_failure") == 0.8
+    assert free.value(res["best-combo"]) == 0.8
     whole = compare(cluster(2), [pod(0, 1000)], ("best-combo",), RunConfig(mode="fill"))[0]
-    assert figure(whole, "free_at_first_failure") is None and figure(whole, "placed") == 1.0
+    assert free.value(whole) is None
 
 
 def test_a_job_shares_only_as_a_single_one_gpu_pod() -> None:
