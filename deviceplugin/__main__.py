@@ -1,7 +1,8 @@
 """`python -m deviceplugin`: run the gputopo device plugin until SIGTERM/SIGINT.
 
 Exit codes: 0 after a signal (socket removed), 2 for any bad flag, environment value, config
-file, per-node config name or topology (one line on stderr, nothing started), 1 when the node
+file, per-node config name, topology or a kubelet folder that does not exist (one line on
+stderr, nothing started), 1 when the node
 cannot be served (NVML will not start with --fail-on-init-error, the kubelet folder is not
 writable, the Node's config label cannot be read).
 """
@@ -84,6 +85,16 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except NodeConfigUnavailable as e:
         print(f"{PROG}: error: per-node config: {e}", file=sys.stderr)
         return 1
+    if not os.path.isdir(config.kubelet_dir):
+        # kubelet creates its device-plugin folder (and the DaemonSet mounts it with type
+        # Directory); a folder that is not there is a mistyped path, and creating it would
+        # serve a socket kubelet never looks at while the plugin seems to start fine.
+        print(
+            f"{PROG}: error: --kubelet-dir {config.kubelet_dir}: no such directory "
+            "(kubelet creates it; is this kubelet's device-plugin folder?)",
+            file=sys.stderr,
+        )
+        return 2
     jsonlog.setup(config.log_level)
     if config.config_dir:
         jsonlog.event(

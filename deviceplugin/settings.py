@@ -548,6 +548,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", help=f"versioned YAML config file (version: {CONFIG_VERSION}); env {CONFIG_ENV}"
     )
     add_version_argument(parser)
+    # Read by deviceplugin/__main__.py before this parser sees the arguments; here for --help.
+    parser.add_argument(
+        "--mode",
+        choices=("device-plugin", "dra"),
+        help="device-plugin (default): serve kubelet's device-plugin API; dra: run the DRA node "
+        "driver instead, publishing ResourceSlices (its flags: python -m deviceplugin --mode dra "
+        "--help; docs/dra.md)",
+    )
     for opt in OPTIONS:
         text = f"{opt.help} (env {opt.env}, file key {opt.key})"
         if opt.boolean:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -105,9 +106,18 @@ def topo_document(topo: Topology, host: HostColumns | None = None) -> dict[str, 
     return doc
 
 
+#: The widest line the default output of every `gputopo` command prints: wider lines wrap in
+#: most terminals and in every code review, and a wrapped matrix cannot be read along its rows.
+MAX_WIDTH = 120
+
+
 def render_topo(topo: Topology, host: HostColumns | None = None, *, wide: bool = False) -> str:
     """`nvidia-smi topo -m` layout with each cell's GB/s, plus NUMA, model and best rings; from
-    `topo -m` text also its NIC columns (link code to each NIC) and its affinity columns."""
+    `topo -m` text also its NIC columns (link code to each NIC) and its affinity columns.
+
+    When a row would pass MAX_WIDTH (16 GPUs, or NIC and affinity columns beside the matrix)
+    the default output puts the matrix in blocks of GPU columns and the per-GPU columns in a
+    table of their own below it; `-o wide` keeps one row per GPU, however long."""
     alloc = Allocator(topo)
     n = topo.n
     cells = [
@@ -122,37 +132,57 @@ def render_topo(topo: Topology, host: HostColumns | None = None, *, wide: bool =
         if host
         else []
     )
-    lines = [
-        f"{topo.name}: {n} GPUs, NVLink {topo.settings.nvlink_gbps_per_link:g} GB/s per link, "
-        f"NVSwitch: {'yes' if topo.nvswitch else 'no'}   (cell = link code / GB/s one direction)",
-        "",
-        " " * 7
-        + "".join(f"GPU{j}".ljust(width) for j in range(n))
-        + "".join(label.ljust(max(nic_w, len(label) + 1)) for label in nics)
+    side_header = (
+        "".join(label.ljust(max(nic_w, len(label) + 1)) for label in nics)
         + "NUMA  "
         + "".join(c.ljust(w) for c, w in zip(aff_cols, aff_w, strict=True))
         + "Model"
-        + ("  (then UUID, PCI bus id)" if wide else ""),
-    ]
-    for i in range(n):
+        + ("  (then UUID, PCI bus id)" if wide else "")
+    )
+
+    def side(i: int) -> str:
         numa = "-" if topo.gpus[i].numa is None else str(topo.gpus[i].numa)
         nic_cells = host.gpu_nic[i] if host else ()
         aff_cells = host.affinity[i] if host else ()
-        row = (
-            f"GPU{i}".ljust(7)
-            + "".join(c.ljust(width) for c in cells[i])
-            + "".join(c.ljust(max(nic_w, len(label) + 1)) for c, label in zip(nic_cells, nics, strict=True))
+        return (
+            "".join(c.ljust(max(nic_w, len(label) + 1)) for c, label in zip(nic_cells, nics, strict=True))
             + numa.ljust(6)
             + "".join((c or "-").ljust(w) for c, w in zip(aff_cells, aff_w, strict=True))
             + topo.gpus[i].model
             + (f"  {topo.gpus[i].uuid}  {topo.gpus[i].pci_bus_id or '-'}" if wide else "")
         )
-        lines.append(row.rstrip())
+
+    lines = [
+        f"{topo.name}: {n} GPUs, NVLink {topo.settings.nvlink_gbps_per_link:g} GB/s per link, "
+        f"NVSwitch: {'yes' if topo.nvswitch else 'no'}   (cell = link code / GB/s one direction)",
+    ]
+    one_row = 7 + n * width + max(len(side_header), *(len(side(i)) for i in range(n)))
+    if wide or one_row <= MAX_WIDTH:
+        lines += ["", " " * 7 + "".join(f"GPU{j}".ljust(width) for j in range(n)) + side_header]
+        lines += [
+            (f"GPU{i}".ljust(7) + "".join(c.ljust(width) for c in cells[i]) + side(i)).rstrip()
+            for i in range(n)
+        ]
+    else:
+        per_block = max(1, (MAX_WIDTH - 7) // width)
+        blocks = -(-n // per_block)
+        size = -(-n // blocks)  # blocks of even size: 8 + 8 rather than 14 + 2
+        for start in range(0, n, size):
+            cols = range(start, min(n, start + size))
+            lines += ["", " " * 7 + "".join(f"GPU{j}".ljust(width) for j in cols).rstrip()]
+            lines += [
+                (f"GPU{i}".ljust(7) + "".join(cells[i][j].ljust(width) for j in cols)).rstrip()
+                for i in range(n)
+            ]
+        lines += ["", (" " * 7 + side_header).rstrip()]
+        lines += [(f"GPU{i}".ljust(7) + side(i)).rstrip() for i in range(n)]
     if host and host.nics:
         lines.append("NICs: " + ", ".join(f"{label}={dev}" if dev else label for label, dev in host.nics))
     lines += ["", "Best ring bandwidth an empty node offers, by request size:"]
     rings = "  ".join(f"{k}: {alloc.best_ring_mbps(k) / 1000:g} GB/s" for k in range(2, n + 1))
-    lines.append("  " + (rings or "none: a single GPU has no ring"))
+    lines += textwrap.wrap(
+        rings or "none: a single GPU has no ring", MAX_WIDTH, initial_indent="  ", subsequent_indent="  "
+    )
     legend = ", ".join(f"{lvl} {gb:g}" for lvl, gb in topo.settings.pcie_gbps.items())
     lines += ["", f"Legend (GB/s): NV# = # x {topo.settings.nvlink_gbps_per_link:g}; {legend}"]
     return "\n".join(lines)
@@ -177,6 +207,13 @@ def _ring_text(choice: Choice) -> str:
     return f"{choice.ring_mbps / 1000:g} GB/s (weakest hop of the best NCCL ring)"
 
 
+def _gpus(topo: Topology, indices: Sequence[int], *, wide: bool) -> str:
+    """A GPU set as its indices ("0,4"); under `-o wide` also the UUIDs, which are 40
+    characters each and made the default line 360 characters long on a DGX-2."""
+    text = ",".join(map(str, indices))
+    return f"{text}  ({' '.join(topo.gpus[i].uuid for i in indices)})" if wide else text
+
+
 def render_prefer(
     topo: Topology,
     ranked: list[Choice],
@@ -187,18 +224,40 @@ def render_prefer(
     policy: str = DEFAULT_POLICY,
     *,
     wide: bool = False,
+    others: Sequence[tuple[str, Choice]] = (),
 ) -> str:
-    """`ranked` is gputopo's order; `chosen` what `policy` picks (gputopo's first by default)."""
+    """`ranked` is gputopo's order; `chosen` what `policy` picks (gputopo's first by default);
+    `others` what further policies pick, shown side by side with `policy` (--policy all)."""
     chosen = chosen if chosen is not None else ranked[0]
-    uuids = [topo.gpus[i].uuid for i in chosen.indices]
-    by = "" if policy == DEFAULT_POLICY else f" by {policy} (the rank below is gputopo's)"
+    by = "" if policy == DEFAULT_POLICY or others else f" by {policy} (the rank below is gputopo's)"
     lines = [
         f"request: {size} GPU(s) from {len(free)} available"
         + (f", must include {','.join(map(str, must))}" if must else ""),
-        f"chosen:  GPUs {','.join(map(str, chosen.indices))}  ({' '.join(uuids)}){by}",
-        f"why:     ring {_ring_text(chosen)}; "
-        f"leaves {_leftover(chosen)} (group size: best ring GB/s x disjoint groups); "
-        f"pair sum {chosen.pair_sum_mbps / 1000:g} GB/s",
+    ]
+    if others:
+        picks = [(policy, chosen), *others]
+        name_w = max(len(n) for n, _ in picks) + 2
+        lines += [
+            "",
+            "policy".ljust(name_w)
+            + "gpus".ljust(20)
+            + "ring GB/s  leftover (size:best x groups)   pair-sum GB/s",
+        ]
+        for name, c in picks:
+            lines.append(
+                (
+                    name.ljust(name_w) + f"{','.join(map(str, c.indices)):<20}{c.ring_mbps / 1000:<11g}"
+                    f"{_leftover(c):<32}{c.pair_sum_mbps / 1000:g}"
+                    + (f"  {' '.join(topo.gpus[i].uuid for i in c.indices)}" if wide else "")
+                ).rstrip()
+            )
+        lines.append("")
+        lines.append(f"{policy}'s choice:")
+    lines += [
+        f"chosen:  GPUs {_gpus(topo, chosen.indices, wide=wide)}{by}",
+        f"why:     ring {_ring_text(chosen)};",
+        f"         leaves {_leftover(chosen)} (group size: best ring GB/s x disjoint groups);",
+        f"         pair sum {chosen.pair_sum_mbps / 1000:g} GB/s",
         "",
         "rank  gpus                ring GB/s  leftover (size:best x groups)   pair-sum GB/s"
         + ("  uuids" if wide else ""),
@@ -215,6 +274,26 @@ def render_prefer(
         "Keys compare left to right: ring, then leftover groups (8, 4, 2), then pair sum, then lowest indices."
     )
     return "\n".join(lines)
+
+
+def _policy_names(given: Sequence[str] | None) -> list[str]:
+    """--policy as given (repeated, comma lists, or `all`) -> policy names, first one first;
+    one line and exit 2 for a name the registry does not know."""
+    names: list[str] = []
+    for text in given or [DEFAULT_POLICY]:
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            for name in POLICY_NAMES if part == "all" else (part,):
+                try:
+                    check_name(name)
+                except UnknownPolicyError as e:
+                    raise UsageError(f"--policy: {e}") from None
+                if name not in names:
+                    names.append(name)
+    if not names:
+        raise UsageError("--policy: name a policy, or all")
+    return names
 
 
 # ---------------------------------------------------------------------------- main
@@ -241,8 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=5, help="alternatives to show (default 5)")
     p.add_argument(
         "--policy",
-        default=DEFAULT_POLICY,
-        help=f"in-node policy to ask, as the plugin's --policy ({', '.join(POLICY_NAMES)}; default gputopo)",
+        action="append",
+        metavar="NAME[,NAME...]|all",
+        help=f"in-node policy to ask, as the plugin's --policy ({', '.join(POLICY_NAMES)}; default "
+        "gputopo); several (repeated, a comma list, or all) are shown side by side",
     )
     add_output_arguments(p)
 
@@ -283,31 +364,41 @@ def _run(args: argparse.Namespace) -> int:
         must = _ids(args.must, topo, "must") or []
         if args.top < 1:
             raise UsageError("--top must be at least 1")
-        try:
-            check_name(args.policy)
-        except UnknownPolicyError as e:
-            raise UsageError(f"--policy: {e}") from None
+        names = _policy_names(args.policy)
         try:
             pool = AllocatorPool()
             ranked = pool.get(topo).rank(free, args.size, must, top=args.top)
-            chosen = policy_by_name(args.policy, topo, pool=pool).choose(free, args.size, must)
+            picks = [(n, policy_by_name(n, topo, pool=pool).choose(free, args.size, must)) for n in names]
         except AllocationError as e:
             raise UsageError(str(e)) from None
+        policy, chosen = picks[0]
         if is_machine(args.output):
             doc = {
                 "topology": topo.name,
                 "size": args.size,
                 "available": sorted(free),
                 "must": sorted(must),
-                "policy": args.policy,
+                "policy": policy,
                 "chosen": chosen.explain() | {"uuids": [topo.gpus[i].uuid for i in chosen.indices]},
                 "alternatives": [c.explain() for c in ranked],
             }
+            if len(picks) > 1:
+                doc["by_policy"] = {
+                    n: c.explain() | {"uuids": [topo.gpus[i].uuid for i in c.indices]} for n, c in picks
+                }
             print(dump(doc, args.output))
         else:
             print(
                 render_prefer(
-                    topo, ranked, free, args.size, must, chosen, args.policy, wide=args.output == "wide"
+                    topo,
+                    ranked,
+                    free,
+                    args.size,
+                    must,
+                    chosen,
+                    policy,
+                    wide=args.output == "wide",
+                    others=picks[1:],
                 )
             )
         return 0
@@ -324,9 +415,12 @@ def _run(args: argparse.Namespace) -> int:
                 nvlink = f"{t.settings.nvlink_gbps_per_link:g} GB/s/link"
                 switch = "NVSwitch" if t.nvswitch else "-"
                 print(f"{t.name:<26}{t.n:>3} GPUs  {nvlink:<16}{switch:<10}{t.description}")
-        else:
+        else:  # the description wrapped under itself, so the table keeps to MAX_WIDTH
             for t in rows:
-                print(f"{t.name:<26}{t.n:>3} GPUs  {t.description}")
+                text = textwrap.wrap(t.description, MAX_WIDTH - 36) or [""]
+                print(f"{t.name:<26}{t.n:>3} GPUs  {text[0]}")
+                for more in text[1:]:
+                    print(" " * 36 + more)
         return 0
     if args.command == "step-time":
         from gputopo import steptime as steptime_cli

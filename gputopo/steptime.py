@@ -2,10 +2,11 @@
 
     gputopo step-time --topology PRESET|FILE --gpus-per-node 8[,8,...]
         [--level hostname|accelerator|leaf|spine|core|zone] [--nic-gbps 200 --nics-per-node 8]
-        (--profile NAME | --grad-bytes B --compute-s S --overlap F) [-o json]
+        (--profile NAME [--grad-bytes B] [--compute-s S] [--overlap F]
+         | --grad-bytes B --compute-s S --overlap F) [-o json]
 
-prints the all-reduce bus bandwidth, the communication time, the step time and the slowdown
-against the same job on one ideal domain (every GPU in one NVLink domain at the best ring the
+prints the all-reduce bus bandwidth, the communication time, the step time (in ms, each beside
+its value on one ideal domain) and the slowdown against the same job on one ideal domain (every GPU in one NVLink domain at the best ring the
 server offers). Inside a node the GPUs are the allocator's best set of that size
 (gputopo.node.allocator), as the device plugin would hand them out. Bad input raises UsageError
 (one line, exit code 2), like every `gputopo` subcommand.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import textwrap
 from typing import Any
 
 from gputopo.commands import UsageError
@@ -65,9 +67,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="transport of the NICs (default: the preset's, ib)",
     )
     p.add_argument("--profile", choices=tuple(PROFILES), default=None, help="a workload profile")
-    p.add_argument("--grad-bytes", type=float, default=None, help="bytes all-reduced per step")
-    p.add_argument("--compute-s", type=float, default=None, help="compute seconds per step")
-    p.add_argument("--overlap", type=float, default=None, help="share of compute hiding communication, 0..1")
+    p.add_argument(
+        "--grad-bytes",
+        type=float,
+        default=None,
+        help="bytes all-reduced per step (with --profile: replaces its figure)",
+    )
+    p.add_argument(
+        "--compute-s",
+        type=float,
+        default=None,
+        help="compute seconds per step (with --profile: replaces its figure)",
+    )
+    p.add_argument(
+        "--overlap",
+        type=float,
+        default=None,
+        help="share of compute hiding communication, 0..1 (with --profile: replaces its figure)",
+    )
     add_output_arguments(p)
 
 
@@ -86,16 +103,22 @@ def _gpus_per_node(text: str, topo: Topology) -> list[int]:
     return out
 
 
-def _workload(args: argparse.Namespace) -> tuple[float, float, float, str]:
-    custom = (args.grad_bytes, args.compute_s, args.overlap)
+def _workload(args: argparse.Namespace) -> tuple[float, float, float, str, list[str]]:
+    """Bytes, compute seconds, overlap, the profile's name and the flags that override it.
+
+    A named profile is a starting point: `--profile llm --overlap 0.5` asks "llm, if it hid
+    half its communication", the what-if an operator means, so the explicit flags replace
+    that profile's fields instead of being refused. Without --profile all three are needed."""
+    custom = {"grad_bytes": args.grad_bytes, "compute_s": args.compute_s, "overlap": args.overlap}
+    given = [k for k, v in custom.items() if v is not None]
     if args.profile is not None:
-        if any(v is not None for v in custom):
-            raise UsageError("--profile and --grad-bytes/--compute-s/--overlap: give one of them")
         p = PROFILES[args.profile]
-        return p.grad_bytes, p.compute_s, p.overlap, p.name
-    if any(v is None for v in custom):
+        base = {"grad_bytes": p.grad_bytes, "compute_s": p.compute_s, "overlap": p.overlap}
+        merged = {k: float(custom[k]) if k in given else base[k] for k in base}
+        return merged["grad_bytes"], merged["compute_s"], merged["overlap"], p.name, given
+    if len(given) < 3:
         raise UsageError("give --profile NAME, or all of --grad-bytes, --compute-s and --overlap")
-    return float(args.grad_bytes), float(args.compute_s), float(args.overlap), "custom"
+    return float(args.grad_bytes), float(args.compute_s), float(args.overlap), "custom", []
 
 
 def _nics(args: argparse.Namespace, topo: Topology) -> Nics:
@@ -113,7 +136,7 @@ def _nics(args: argparse.Namespace, topo: Topology) -> Nics:
 def answer(args: argparse.Namespace, topo: Topology) -> dict[str, Any]:
     """The model's answer as a document; UsageError for input it cannot use."""
     per_node = _gpus_per_node(args.gpus_per_node, topo)
-    grad, compute, overlap, profile = _workload(args)
+    grad, compute, overlap, profile, overridden = _workload(args)
     level_name = args.level or ("hostname" if len(per_node) == 1 else "leaf")
     level = LEVELS[level_name]
     if len(per_node) > 1 and level == HOSTNAME:
@@ -134,6 +157,7 @@ def answer(args: argparse.Namespace, topo: Topology) -> dict[str, Any]:
             "level": level_name,
             "nics": nics.to_dict(),
             "profile": profile,
+            "overridden": overridden,
             "grad_bytes": grad,
             "compute_s": compute,
             "overlap": overlap,
@@ -142,19 +166,46 @@ def answer(args: argparse.Namespace, topo: Topology) -> dict[str, Any]:
     return doc
 
 
+def _time(seconds: float) -> str:
+    """A step's time as a person reads it: milliseconds below 10 s, three figures."""
+    if not math.isfinite(seconds):
+        return "n/a"
+    return f"{seconds * 1000:.3g} ms" if seconds < 10 else f"{seconds:.3g} s"
+
+
 def render(doc: dict[str, Any]) -> str:
+    """The answer in lines of at most 120 characters: the job, then each figure beside the
+    same figure on one ideal domain, so the slowdown can be checked by eye."""
     bw = doc["busbw_gbps"]
+    ideal_bw = None if bw is None else doc["ideal_busbw_gbps"]  # one GPU all-reduces nothing
     nics = doc["nics"]
+    name = doc["profile"]
+    if doc.get("overridden"):
+        name += " with " + ", ".join(f"--{k.replace('_', '-')} {doc[k]:g}" for k in doc["overridden"])
+    job = (
+        f"job: {name} ({doc['grad_bytes'] / 1e9:.3g} GB all-reduced per step, {_time(doc['compute_s'])} "
+        f"compute, overlap {doc['overlap']:g}) on {'+'.join(map(str, doc['gpus_per_node']))} GPU{'s' if sum(doc['gpus_per_node']) > 1 else ''} of "
+        f"{doc['topology']}, level {doc['level']}, {nics['count']} x {nics['gbps']:g} Gb/s {nics['fabric']}"
+    )
+    ideal_step = doc["ideal_step_s"]
     lines = [
-        f"job: {doc['profile']} ({doc['grad_bytes']:.4g} B all-reduced, {doc['compute_s']:g} s compute, "
-        f"overlap {doc['overlap']:g}) on {'+'.join(map(str, doc['gpus_per_node']))} GPUs of "
-        f"{doc['topology']}, level {doc['level']}, {nics['count']} x {nics['gbps']:g} Gb/s {nics['fabric']}",
-        f"all-reduce bus bandwidth: {'n/a (one GPU)' if bw is None else f'{bw:g} GB/s'}",
-        f"communication per step:   {doc['comm_s']:.6g} s",
-        f"step time:                {doc['step_s']:.6g} s",
-        f"slowdown vs one ideal domain: {doc['slowdown']:.4f}x",
+        *textwrap.wrap(job, 120, subsequent_indent="     ", break_on_hyphens=False),
+        "",
+        f"{'':<26}{'this placement':>16}{'one ideal domain':>20}",
+        f"{'all-reduce bus bandwidth':<26}{_gbps(bw):>16}{_gbps(ideal_bw):>20}",
+        f"{'communication per step':<26}{_time(doc['comm_s']):>16}",
+        f"{'step time':<26}{_time(doc['step_s']):>16}{_time(ideal_step):>20}",
+        f"slowdown vs one ideal domain: {doc['slowdown']:.3f}x (step time / ideal step time)",
+        "",
+        "one ideal domain: the same GPUs in one NVLink domain at the best ring the server offers",
     ]
-    return "\n".join(lines)
+    return "\n".join(
+        textwrap.fill(line, 120, subsequent_indent="  ") if len(line) > 120 else line for line in lines
+    )
+
+
+def _gbps(v: float | None) -> str:
+    return "n/a (one GPU)" if v is None else f"{v:g} GB/s"
 
 
 def run(args: argparse.Namespace, topo: Topology) -> int:

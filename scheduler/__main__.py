@@ -102,7 +102,14 @@ def parser() -> argparse.ArgumentParser:
         metavar="KEY,KEY,...",
         help="network levels, smallest domain first (default: the file's; live: the cluster's Topology objects, then the recognised levels)",
     )
-    p.add_argument("--reservation-ttl", type=_positive, default=defaults.RESERVATION_TTL_S, metavar="SECONDS")
+    p.add_argument(
+        "--reservation-ttl",
+        type=_positive,
+        default=defaults.RESERVATION_TTL_S,
+        metavar="SECONDS",
+        help="a gang plan holds its capacity this long without a member binding, then lapses and "
+        "the gang is planned again (default %(default)g)",
+    )
     p.add_argument(
         "--gang-spill-after",
         type=_non_negative,
@@ -114,9 +121,19 @@ def parser() -> argparse.ArgumentParser:
         "gputopo.io/topology-wait sets its own)",
     )
     p.add_argument(
-        "--annotation-max-age", type=_positive, default=defaults.ANNOTATION_MAX_AGE_S, metavar="SECONDS"
+        "--annotation-max-age",
+        type=_positive,
+        default=defaults.ANNOTATION_MAX_AGE_S,
+        metavar="SECONDS",
+        help="a node's gputopo.io/topology annotation older than this is treated as unknown (its "
+        "plugin may be gone): GPU count from allocatable, a neutral score (default %(default)g)",
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="least severe JSON log line written to stderr (default %(default)s)",
+    )
     _webhook_arguments(p)
     return p
 

@@ -217,10 +217,19 @@ def test_topo_keeps_the_nic_and_affinity_columns_of_topo_m_text() -> None:
     out = gputopo("topo", "--topology", source)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    header = next(line.split() for line in lines if line.lstrip().startswith("GPU0"))
-    assert header[8:13] == ["NIC0", "NIC1", "NIC2", "NIC3", "NUMA"] and "Affinity" in header
-    gpu4 = next(line.split() for line in lines if line.startswith("GPU4"))
-    assert gpu4[9:13] == ["SYS", "SYS", "PIX", "PHB"] and gpu4[13:16] == ["1", "20-39,60-79", "1"]
+    # one row would pass 120 columns: the per-GPU columns get a table of their own below the matrix
+    assert max(len(line) for line in lines) <= 120
+    header = next(k for k, line in enumerate(lines) if line.lstrip().startswith("NIC0"))
+    assert (
+        lines[header].split()[:5] == ["NIC0", "NIC1", "NIC2", "NIC3", "NUMA"] and "Affinity" in lines[header]
+    )
+    gpu4 = next(line.split() for line in lines[header:] if line.startswith("GPU4"))
+    assert gpu4[1:5] == ["SYS", "SYS", "PIX", "PHB"] and gpu4[5:8] == ["1", "20-39,60-79", "1"]
+    matrix = next(line.split() for line in lines if line.startswith("GPU4"))
+    assert matrix[1:9] == ["NV2/50", "SYS/6", "SYS/6", "SYS/6", "X", "NV1/25", "NV1/25", "NV2/50"]
+    wide = gputopo("topo", "--topology", source, "-o", "wide").stdout.splitlines()
+    row = next(line.split() for line in wide if line.startswith("GPU4"))
+    assert row[9:13] == ["SYS", "SYS", "PIX", "PHB"] and row[13:16] == ["1", "20-39,60-79", "1"]  # one row
     assert "NICs: NIC0=mlx5_0, NIC1=mlx5_1, NIC2=mlx5_2, NIC3=mlx5_3" in lines
     doc = json.loads(gputopo("topo", "--topology", source, "-o", "json").stdout)
     assert doc["nics"][2] == {
@@ -251,3 +260,41 @@ def test_status_table_stays_aligned_with_an_unhealthy_gpu() -> None:
     assert rows[2].split()[:2] == ["1", "Unhealthy"]
     assert reason in render_status(doc, now=1000.0, wide=True)
     assert "registered: no" in render_status({"registration": {"registered": False}}, now=0.0)
+
+
+def test_prefer_names_gpus_by_index_and_uuids_only_wide() -> None:
+    args = ("prefer", "--topology", "dgx2-v100", "--size", "8")
+    out = gputopo(*args)
+    assert out.returncode == 0, out.stderr
+    chosen = next(line for line in out.stdout.splitlines() if line.startswith("chosen:"))
+    assert chosen.split()[1:] == ["GPUs", "0,1,2,3,4,5,6,7"]  # was 360 characters of UUIDs
+    assert "GPU-" not in out.stdout and max(len(line) for line in out.stdout.splitlines()) <= 120
+    wide = gputopo(*args, "-o", "wide").stdout
+    chosen = next(line for line in wide.splitlines() if line.startswith("chosen:"))
+    assert chosen.count("GPU-") == 8
+
+
+def test_prefer_shows_several_policies_side_by_side() -> None:
+    base = ("prefer", "--topology", "dgx1-v100", "--size", "2", "--available", "0,1,2,4,5")
+    out = gputopo(*base, "--policy", "all")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    start = next(k for k, line in enumerate(lines) if line.startswith("policy "))
+    rows = {line.split()[0]: line.split()[1] for line in lines[start + 1 : start + 5]}
+    assert rows == {
+        "gputopo": "0,4",
+        "kubelet-default": "4,5",
+        "best-effort-pairs": "1,2",
+        "best-combo": "1,2",
+    }
+    # repeated or comma-separated, in the order given; the JSON keeps the first as "chosen"
+    doc = json.loads(
+        gputopo(*base, "--policy", "best-combo", "--policy", "gputopo,best-combo", "--json").stdout
+    )
+    assert doc["policy"] == "best-combo" and doc["chosen"]["gpus"] == [1, 2]
+    assert list(doc["by_policy"]) == ["best-combo", "gputopo"] and doc["by_policy"]["gputopo"]["gpus"] == [
+        0,
+        4,
+    ]
+    bad = gputopo(*base, "--policy", "gputopo,spread")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "spread" in bad.stderr

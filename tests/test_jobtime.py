@@ -314,6 +314,27 @@ def test_step_time_cli_profile_and_text() -> None:
     done = _cli("--topology", "hgx-h100", "--gpus-per-node", "8,8,8", "--level", "spine", "--profile", "llm")
     assert done.returncode == 0, done.stderr
     assert "all-reduce bus bandwidth" in done.stdout and "slowdown" in done.stdout
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 120
+    # times in milliseconds, and the ideal step beside this placement's, so the slowdown checks by eye
+    step = next(line for line in lines if line.startswith("step time")).split()
+    assert step[3] == "ms" and step[5] == "ms"
+    slowdown = next(line for line in lines if line.startswith("slowdown vs one ideal domain"))
+    ratio = float(slowdown.split(": ")[1].split("x")[0])
+    assert ratio == pytest.approx(float(step[2]) / float(step[4]), rel=0.01)
+
+
+def test_step_time_cli_explicit_flags_override_a_named_profile() -> None:
+    args = ("--topology", "dgx-a100", "--gpus-per-node", "8,8", "--level", "leaf", "--profile", "llm")
+    base = json.loads(_cli(*args, "-o", "json").stdout)
+    done = _cli(*args, "--overlap", "0.5", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["profile"] == "llm" and doc["overridden"] == ["overlap"] and doc["overlap"] == 0.5
+    assert doc["grad_bytes"] == base["grad_bytes"] and doc["compute_s"] == base["compute_s"]
+    assert 1.0 <= doc["slowdown"] < base["slowdown"]  # hiding more communication costs less
+    text = _cli(*args, "--overlap", "0.5").stdout
+    assert text.startswith("job: llm with --overlap 0.5 (")
 
 
 @pytest.mark.parametrize(
@@ -323,7 +344,8 @@ def test_step_time_cli_profile_and_text() -> None:
         ["--topology", "dgx-a100", "--gpus-per-node", "8,x", "--profile", "cnn"],
         ["--topology", "no-such-preset", "--gpus-per-node", "2", "--profile", "cnn"],
         ["--topology", "dgx-a100", "--gpus-per-node", "2"],
-        ["--topology", "dgx-a100", "--gpus-per-node", "2", "--profile", "cnn", "--overlap", "0.5"],
+        ["--topology", "dgx-a100", "--gpus-per-node", "2", "--profile", "cnn", "--overlap", "2"],
+        ["--topology", "dgx-a100", "--gpus-per-node", "2", "--grad-bytes", "1e9", "--overlap", "0.5"],
         [
             "--topology",
             "dgx-a100",

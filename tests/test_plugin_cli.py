@@ -75,6 +75,7 @@ BAD_FLAGS = {
     "missing topology file": ["--topology", "/nonexistent/topo.json"],
     "health file without topology": ["--health-file", "/tmp/h.json"],
     "socket path too long": ["--kubelet-dir", "/tmp/" + "d" * 120],
+    "kubelet folder missing": ["--kubelet-dir", "/nonexistent/device-plugins"],
     "missing config file": ["--config", "/nonexistent/plugin.yaml"],
     "publish mode": ["--publish", "maybe"],
     "publish without node name": ["--publish", "true"],
@@ -124,6 +125,20 @@ def test_help_exits_zero() -> None:
     proc = plugin("--help")
     out, _ = proc.communicate(timeout=20)
     assert proc.returncode == 0 and b"--kubelet-dir" in out
+    assert b"--mode {device-plugin,dra}" in out  # the DRA driver is found from the plugin's help
+
+
+def test_a_mistyped_kubelet_dir_is_refused_not_created(folder: Path) -> None:
+    typo = folder / "device-plugin"  # kubelet's folder is device-plugins
+    proc = plugin("--kubelet-dir", str(typo), "--topology", "rtx8000-4", "--metrics-port", "0")
+    _, err = proc.communicate(timeout=20)
+    lines = err.decode().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, lines
+    assert lines[0] == (
+        f"deviceplugin: error: --kubelet-dir {typo}: no such directory "
+        "(kubelet creates it; is this kubelet's device-plugin folder?)"
+    )
+    assert not typo.exists()
 
 
 # --- layered configuration (pure: flags, env and file are plain inputs) ---------------------------

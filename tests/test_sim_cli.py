@@ -204,7 +204,11 @@ def test_yaml_output_is_the_json_document() -> None:
     assert as_yaml == as_json and [r["policy"] for r in as_json["results"]] == ["gputopo", "kubelet-default"]
     wide = sim(*args, "-o", "wide")
     assert wide.returncode == 0 and "job-time model (docs/jobtime.md): cnn:" in wide.stdout
-    assert "spine 1:1" in wide.stdout.splitlines()[-1] and "core 2:1" in wide.stdout.splitlines()[-1]
+    lines = wide.stdout.splitlines()
+    start = next(k for k, line in enumerate(lines) if line.startswith("job-time model (docs/jobtime.md)"))
+    model = " ".join(line.strip() for line in lines[start:])  # wrapped to the terminal's width
+    assert "spine 1:1" in model and "core 2:1" in model
+    assert max(len(line) for line in lines) <= 120  # no terminal: wide keeps to 120 too
 
 
 def test_profile_mix_flag_and_custom_profile() -> None:
@@ -277,3 +281,52 @@ def test_gangs_start_now_by_default_and_wait_only_when_asked() -> None:
     (now,), (waited,) = runs["0"]["results"], runs["86400"]["results"]
     assert now["placed"] == waited["placed"] == now["jobs"]
     assert waited["gangs_one_leaf"] > now["gangs_one_leaf"]
+
+
+def test_default_table_fits_120_columns_and_the_pod_counts_agree() -> None:
+    import os
+
+    env = {**os.environ, "COLUMNS": "300"}  # a wide terminal: the default table still keeps to 120
+    r = subprocess.run(
+        [sys.executable, "-m", "gputopo", "simulate", "--pods", "2000"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 120
+    columns = next(line for line in lines if line.startswith("metric")).split()
+    assert columns[:3] == ["metric", "better", "gputopo"] and columns[-1] == "kubelet-default"
+    assert len(columns) == 5  # gputopo, the best peer, kubelet-default
+    # the generator rounds --pods up to whole jobs; the header says so and the counts agree
+    pods = next(line for line in lines if line.startswith("pods: ")).split()[1]
+    workload = next(line for line in lines if line.startswith("workload: "))
+    assert f"{pods} pods (--pods 2,000 rounded up to whole jobs)" in workload
+    assert not any(line.startswith("simulated pods/s") for line in lines)
+    narrow = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gputopo",
+            "simulate",
+            "--pods",
+            "300",
+            "--policies",
+            "gputopo,kubelet-default",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert narrow.returncode == 0 and max(len(line) for line in narrow.stdout.splitlines()) <= 80
+
+
+def test_help_speaks_of_the_flags_not_of_the_projects_history() -> None:
+    r = sim("simulate", "--help", module=("gputopo",))
+    assert r.returncode == 0
+    assert "issue" not in r.stdout.lower() and "rounds before" not in r.stdout

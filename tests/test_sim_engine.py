@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -16,7 +18,7 @@ from gputopo.node.allocator import AllocatorPool
 from gputopo.node.topofile import load_preset
 from gputopo.sim.engine import RunConfig, queue_priority, run_replay
 from gputopo.sim.jobmodel import JobModel
-from gputopo.sim.metrics import Recorder
+from gputopo.sim.metrics import Recorder, Summary
 from gputopo.sim.policies.base import Failure, Hinted
 from gputopo.sim.policies.catalog import build_policy
 from gputopo.sim.run import compare, simulate
@@ -321,14 +323,76 @@ def test_table_says_which_way_is_better() -> None:
     lines = render_table([r], {}).splitlines()
     header = next(line for line in lines if line.startswith("metric"))
     assert "better" in header
+    start = next(k for k, line in enumerate(lines) if line.startswith("no figure in this run"))
+    missing = " ".join(line.strip() for line in lines[start : start + 3])  # wrapped
     for label, better, _ in ROWS:
-        row = next(line for line in lines if line.startswith(label))
         assert better in (HIGHER, LOWER, "")
-        if better:
+        row = next((line for line in lines if line.startswith(label)), None)
+        if row is None:  # a row with no figure is named below the table instead
+            assert label in missing, label
+        elif better:
             assert better in row, label
     directions = {label: better for label, better, _ in ROWS}
     assert directions["free GPUs at first failure (FGD)"] == LOWER
     assert directions["throughput vs kubelet-default (multi-GPU jobs)"] == HIGHER
+
+
+def _summary(policy: str, **figures: object) -> Summary:
+    """A Summary with made-up figures: the table's layout depends on them, not on a run."""
+    base = simulate(
+        cluster("hgx-h100", [("n1", "a", frozenset())]), [job(0, (8,), 0, 100)], "gputopo", RunConfig()
+    )
+    return dataclasses.replace(base, policy=policy, **figures)  # type: ignore[arg-type]
+
+
+def test_default_table_is_gputopo_the_best_peer_and_kubelet_default_within_120_columns() -> None:
+    from gputopo.sim.report import MAX_WIDTH, render_table
+
+    names = ["gputopo", "kubelet-default", "best-effort-pairs", "best-combo", "fgd", "dra-gputopo-sets"]
+    throughput = [2.1, 1.0, 1.01, 1.3, 1.2, 1.01]
+    results = [
+        _summary(
+            n,
+            throughput_vs_baseline=t,
+            job_time_ratio_by_profile={"cnn": 1.0, "encoder": 2.3, "llm": 1.04},
+            pods=1000,
+            seconds=0.5,
+        )
+        for n, t in zip(names, throughput, strict=True)
+    ]
+    header = {"workload": "generator " + "x" * 300}  # a long header line wraps, not the table
+    lines = render_table(results, header).splitlines()
+    assert max(len(line) for line in lines) <= MAX_WIDTH
+    columns = next(line for line in lines if line.startswith("metric")).split()
+    assert columns == ["metric", "better", "gputopo", "best-combo", "kubelet-default"]
+    assert any(line.startswith("best peer: best-combo") for line in lines)
+    # per-profile figures and the simulator's speed are not rows of the default table
+    assert not any(line.startswith("job time / ideal:") or "pods/s" in line for line in lines)
+    speed = next(line for line in lines if line.startswith("simulator speed"))
+    assert "gputopo 2,000" in speed and "fgd" not in speed
+    # no row shows n/a in every column: fill-only rows are left out of this replay, and named
+    assert not any(line.startswith("GPUs allocated at end (fill)") for line in lines)
+    assert "GPUs allocated at end (fill)" in " ".join(line.strip() for line in lines)
+
+
+def test_wide_table_shows_every_policy_and_profile_in_blocks_that_fit() -> None:
+    from gputopo.sim.report import render_table
+
+    names = ["gputopo", "kubelet-default", "best-effort-pairs", "best-combo", "gang-only", "fgd", "kueue-tas"]
+    results = [_summary(n, job_time_ratio_by_profile={"cnn": 1.0, "llm": 1.5}) for n in names]
+    for width in (120, 90):
+        lines = render_table(results, {}, wide=True, width=width).splitlines()
+        assert max(len(line) for line in lines) <= width
+        headers = [line.split()[2:] for line in lines if line.startswith("metric")]
+        assert len(headers) >= 2 and [n for h in headers for n in h] == names
+        assert sum(line.startswith("job time / ideal: llm") for line in lines) == len(headers)
+    # a terminal wide enough holds the whole table in one block
+    assert (
+        sum(
+            line.startswith("metric") for line in render_table(results, {}, wide=True, width=400).splitlines()
+        )
+        == 1
+    )
 
 
 class _HintedLedger:
@@ -493,3 +557,48 @@ def test_a_hint_answers_only_for_the_head_it_was_given_for() -> None:
     assert [t for i, t in ledger.asked if i == 0] == [0.0, 200.0]  # skipped at 100 and 150
     # job 4 is asked as soon as it heads the shape (no room at 200) and when job 0 leaves
     assert [t for i, t in ledger.asked if i == 4] == [200.0, 210.0]
+
+
+def test_plot_draws_the_headline_figures_and_replaces_a_panel_with_nothing_to_show() -> None:
+    from gputopo.sim.plot import FALLBACKS, HEADLINE, choose
+
+    loaded = [
+        _summary(
+            n,
+            throughput_vs_baseline=t,
+            gangs=4,
+            gangs_one_leaf=0.5,
+            queue_delay_mean_per_gpu=q,
+            job_time_ratio_by_profile={"cnn": 1.0, "llm": 2.0},
+        )
+        for n, t, q in (("gputopo", 1.6, 30.0), ("kubelet-default", 1.0, 3600.0))
+    ]
+    panels, notes = choose(loaded)
+    assert panels == list(HEADLINE) and notes == []
+    assert [p.title for p in panels] == [
+        "throughput of multi-GPU jobs vs kubelet-default",
+        "job time / ideal, multi-GPU jobs, by workload profile",
+        "gangs inside one leaf",
+        "queueing delay, mean per GPU asked",
+    ]
+    # nobody queued and no gangs: those two panels give way to figures that differ
+    idle = [
+        dataclasses.replace(r, queue_delay_mean_per_gpu=0.0, gangs=0, gangs_one_leaf=None) for r in loaded
+    ]
+    panels, notes = choose(idle)
+    assert len(panels) == 4 and panels[:2] == list(HEADLINE[:2]) and all(p in FALLBACKS for p in panels[2:])
+    assert notes == [
+        "gangs inside one leaf: no multi-node job in this workload",
+        "queueing delay, mean per GPU asked: 0 under every policy (no job waited)",
+    ]
+
+
+def test_plot_png_is_written(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from gputopo.sim.plot import write_plot
+
+    results = [_summary(n, job_time_ratio_by_profile={"cnn": 1.0}) for n in ("gputopo", "kubelet-default")]
+    write_plot(results, tmp_path / "p.png", "a title " * 60)  # a long title wraps
+    head = (tmp_path / "p.png").read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")) == (1600, 900)

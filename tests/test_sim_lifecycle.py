@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -160,6 +161,7 @@ def test_the_table_shows_the_lifecycle_figures() -> None:
         text=True,
         cwd=ROOT,
         timeout=120,
+        env={**os.environ, "COLUMNS": "120"},  # both policies in one block (pytest's COLUMNS is 80)
     )
     assert r.returncode == 0, r.stderr
     rows = {line[:40].strip(): line[40:].split() for line in r.stdout.splitlines()}

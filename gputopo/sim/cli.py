@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -24,7 +25,7 @@ from gputopo.sim.jobmodel import JobModel, JobTimer
 from gputopo.sim.plot import PlotUnavailable, check_available, write_plot
 from gputopo.sim.policies.catalog import POLICIES
 from gputopo.sim.policies.sidecar import Lifecycle
-from gputopo.sim.report import document, render_table
+from gputopo.sim.report import MAX_WIDTH, document, render_table, wrap
 from gputopo.sim.run import compare
 from gputopo.sim.state import SimCluster
 from gputopo.sim.traces import TraceError, read_trace
@@ -65,8 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("cluster", "ideal"),
         default="cluster",
         help="what --load counts a job's work at: cluster (default): its time on an average GPU of "
-        "this cluster, best set, fewest nodes; ideal: its time on the cluster's best servers (the "
-        "rounds before issue 18; overloads clusters of mostly PCIe servers)",
+        "this cluster, best set, fewest nodes; ideal: its time on the cluster's best servers (on a "
+        "cluster of mostly PCIe servers this offers more work than --load says)",
     )
     g.add_argument(
         "--replay-load",
@@ -196,8 +197,10 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     if is_machine(args.output):
         out.write(dump(document(results, header, comm), args.output) + "\n")
     else:
-        out.write(render_table(results, header) + "\n")
-        if args.output == "wide":
+        wide = args.output == "wide"
+        width = table_width(wide=wide)
+        out.write(render_table(results, header, wide=wide, width=width) + "\n")
+        if wide:
             model = comm.describe()
             profiles = "; ".join(
                 f"{name}: {p['grad_bytes']:.3g} B, {p['compute_s']:g} s, overlap {p['overlap']:.2f}"
@@ -207,7 +210,8 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
                 f"{k.rsplit('/', 1)[-1]} {v:g}:1"
                 for k, v in model["oversubscription"].items()  # type: ignore[attr-defined]
             )
-            out.write(f"job-time model (docs/jobtime.md): {profiles}; oversubscription {over}\n")
+            text = f"job-time model (docs/jobtime.md): {profiles}; oversubscription {over}"
+            out.write("\n".join(wrap(text, width)) + "\n")
     if args.plot is not None:
         try:
             write_plot(results, args.plot, f"{header['workload']} on {header['cluster']}")
@@ -216,6 +220,14 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
         if not is_machine(args.output):
             out.write(f"plot written to {args.plot}\n")
     return 0
+
+
+def table_width(*, wide: bool) -> int:
+    """The width the table keeps to: the terminal's (COLUMNS first, as `shutil` reads it), at
+    most MAX_WIDTH by default so a piped or pasted table stays readable; `-o wide` may use a
+    wider terminal. Never below 60, where no row of the table fits anyway."""
+    columns = shutil.get_terminal_size((MAX_WIDTH, 24)).columns
+    return max(60, columns if wide else min(columns, MAX_WIDTH))
 
 
 def prepare(args: argparse.Namespace) -> tuple[SimCluster, list[Job], dict[str, Any], RunConfig, list[str]]:
@@ -445,7 +457,13 @@ def _workload(
             args.pods, capacity_gpus=_usable(cluster), load=load, rng=rng, max_gpus=_largest_job(cluster)
         )
         jobs, pace = _paced(jobs, args, cluster, comm)
-        header["workload"] = f"generator (Helios sizes/durations), {args.pods:,} pods, load {load:g}{pace}"
+        made = sum(len(j.pods) for j in jobs)
+        # The generator adds whole jobs until it has --pods pods, so a last gang may add a
+        # few more: say so, or "2,000 pods" above "pods: 2,001" reads as a bug.
+        asked = "" if made == args.pods else f" (--pods {args.pods:,} rounded up to whole jobs)"
+        header["workload"] = (
+            f"generator (Helios sizes/durations), {len(jobs):,} jobs, {made:,} pods{asked}, load {load:g}{pace}"
+        )
         mode = "replay"
         header["mode"] = mode
     else:
