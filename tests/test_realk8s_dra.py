@@ -124,7 +124,16 @@ def release(api: rk.Api, ns: str, claim: str) -> None:
     api.delete(path)
 
 
-@pytest.mark.parametrize("preset", ["dgx1-v100", "hgx-h100"])
+#: Per server kind, a sequence of claims (name, GPUs) and releases ("-name") that always fits.
+STEPS: dict[str, list[tuple[str, int]]] = {
+    "dgx1-v100": [("c1", 4), ("c2", 2), ("c3", 1), ("-c1", 0), ("c4", 4), ("-c3", 0), ("c5", 2)],
+    "hgx-h100": [("c1", 4), ("c2", 2), ("c3", 1), ("-c1", 0), ("c4", 4), ("-c3", 0), ("c5", 2)],
+    "dgx2-v100": [("c1", 8), ("c2", 4), ("c3", 2), ("c4", 1), ("-c1", 0), ("c5", 8), ("-c3", 0), ("c6", 2)],
+    "gb200-tray": [("c1", 2), ("c2", 1), ("-c1", 0), ("c3", 2), ("c4", 1)],
+}
+
+
+@pytest.mark.parametrize("preset", sorted(STEPS))
 def test_every_claim_gets_a_best_free_ring(k8s: rk.Cluster, preset: str, tmp_path: Path) -> None:
     """Claims of 4, 2 and 1 GPUs, the 4 released, 4 again, the 1 released, then 2, each a pod through the real
     kube-scheduler: each claim's allocated device is a set (or GPU) of this node, disjoint from
@@ -139,16 +148,7 @@ def test_every_claim_gets_a_best_free_ring(k8s: rk.Cluster, preset: str, tmp_pat
     alloc = Allocator(topo)
     n = len(topo.gpus)
     held: dict[str, tuple[int, ...]] = {}
-    steps: list[tuple[str, int]] = [
-        ("c1", 4),
-        ("c2", 2),
-        ("c3", 1),
-        ("-c1", 0),
-        ("c4", 4),
-        ("-c3", 0),
-        ("c5", 2),
-    ]
-    for name, size in steps:
+    for name, size in STEPS[preset]:
         if name.startswith("-"):
             release(k8s.api, ns, name[1:])
             del held[name[1:]]
@@ -167,4 +167,52 @@ def test_every_claim_gets_a_best_free_ring(k8s: rk.Cluster, preset: str, tmp_pat
         ring = alloc.ring_mbps(gpus) if size > 1 else 0
         assert ring == best, f"{preset} {name}: {gpus} rings at {ring} Mb/s, a free set reaches {best}"
         held[name] = gpus
+    k8s.reset()
+
+
+def test_extended_resource_requests_get_a_best_free_ring(k8s: rk.Cluster, tmp_path: Path) -> None:
+    """A pod that asks `gputopo.io/nvlink-4: 1` in its limits, with no claim of its own (the
+    DeviceClass's extendedResourceName; DRAExtendedResource, GA in 1.37): kube-scheduler makes
+    the claim itself and allocates it from our slices; then `gputopo.io/nvlink-2`. Each set is a
+    best free ring of its size."""
+    ns = k8s.namespace(f"d{next(_ids)}")
+    node = f"{ns}-dgx1"
+    k8s.add_nodes(rk.node(node, "leaf-a", preset="dgx1-v100", gpus=0))
+    _daemon(k8s, node, "dgx1-v100", tmp_path)
+    slices = f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{node}"
+    rk.wait_for(lambda: k8s.api.get(slices)["items"], 60, f"{node}'s ResourceSlices")
+    alloc = Allocator(load_preset("dgx1-v100"))
+    held: set[int] = set()
+    for name, size in (("x4", 4), ("x2", 2)):
+        free = sorted(set(range(8)) - held)
+        best = alloc.ring_mbps(alloc.choose(free, size).indices)
+        res = {f"gputopo.io/nvlink-{size}": "1", "cpu": "1"}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "schedulerName": rk.SCHEDULER_NAME,
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "containers": [
+                    {"name": "main", "image": "busybox", "resources": {"requests": res, "limits": res}}
+                ],
+                "restartPolicy": "Never",
+            },
+        }
+        k8s.add_pods(ns, pod)
+        k8s.wait_bound(ns, [name], timeout=30)
+        status = rk.wait_for(
+            lambda n=name: (k8s.api.get(f"/api/v1/namespaces/{ns}/pods/{n}").get("status") or {}).get(
+                "extendedResourceClaimStatus"
+            ),
+            30,
+            f"{name}'s extendedResourceClaimStatus",
+        )
+        claim = k8s.api.get(CLAIMS.format(ns=ns) + f"/{status['resourceClaimName']}")
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        gpus = draslices.expand(result["device"], 8)
+        assert len(gpus) == size and not set(gpus) & held, (gpus, held)
+        assert alloc.ring_mbps(gpus) == best, f"{name}: {gpus} is not a best free ring"
+        held |= set(gpus)
     k8s.reset()
