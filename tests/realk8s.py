@@ -712,9 +712,7 @@ class Cluster:
         for ns in sorted(self._namespaces):
             for name in self.api.pods(ns):
                 self.api.delete(f"/api/v1/namespaces/{ns}/pods/{name}")
-            groups = ["scheduling.x-k8s.io/v1alpha1"] + (
-                ["scheduling.k8s.io/v1beta1"] if self.gang_api else []
-            )
+            groups = ["scheduling.x-k8s.io/v1alpha1"] + ([GANG_API] if self.gang_api else [])
             for gv in groups:
                 for g in self.api.get(f"/apis/{gv}/namespaces/{ns}/podgroups")["items"]:
                     self.api.delete(f"/apis/{gv}/namespaces/{ns}/podgroups/{g['metadata']['name']}")
