@@ -166,6 +166,37 @@ def test_single_numa_node_policy_admits_what_one_numa_node_holds(node: Node) -> 
     assert rest["admit"] and not set(rest["devices"]) & set(out["devices"])
 
 
+@pytest.mark.parametrize(("policy", "admits_split"), [("best-effort", True), ("restricted", False)])
+def test_the_other_topology_policies_decide_a_pod_its_numa_node_cannot_hold(
+    node: Node, policy: str, admits_split: bool
+) -> None:
+    """Two 3-GPU pods take three GPUs of each NUMA node (each inside one, the plugin's set
+    agreeing with kubelet's hint). A 2-GPU pod then fits only across both NUMA nodes, which is
+    not a preferred hint (one NUMA node could hold two GPUs): best-effort admits it anyway,
+    restricted refuses it (TopologyAffinityError). Six GPUs, by contrast, are preferred across
+    both nodes, as no single one holds them."""
+    node.start_kubelet(policy=policy, numa=2)
+    node.start_plugin()
+    state = node.wait_healthy(8, timeout=20)
+    numa = {u: n[0] for u, n in state["numa"].items()}
+    used: set[int] = set()
+    for pod in ("a", "b"):
+        out = node.ask({"op": "alloc", "pod": pod, "n": 3})
+        assert out["admit"], out
+        nodes = {numa[u] for u in out["devices"]}
+        assert len(nodes) == 1 and not nodes & used, out
+        used |= nodes
+    split = node.ask({"op": "alloc", "pod": "c", "n": 2})
+    assert split["admit"] is admits_split, split
+    if admits_split:
+        assert {numa[u] for u in split["devices"]} == {0, 1}
+    else:
+        assert "TopologyAffinity" in split["reason"], split
+    for pod in ("a", "b", "c"):
+        node.ask({"op": "free", "pod": pod})
+    assert node.ask({"op": "alloc", "pod": "six", "n": 6})["admit"]
+
+
 def test_a_gpu_marked_unhealthy_in_the_health_file_leaves_kubelets_healthy_set(node: Node) -> None:
     health = node.folder / "health.json"
     health.write_text("{}")
