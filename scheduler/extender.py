@@ -6,6 +6,20 @@ re-plans). This module only keeps what a live cluster adds around them, under on
 that parallel calls from kube-scheduler never promise the same GPU twice: the snapshot and its
 NodeViews (cached per snapshot), the binds this sidecar made that no annotation shows yet, the
 one API call of a bind in flight per pod, and the structured log and metrics of every decision.
+
+The locking rule (issue 30; docs/scheduler.md "Reservations and the lock"): `_lock` guards the
+tracker (plans, reservations), the cache (assumed binds) and the views built from them, and every
+verb takes its views from one `_current` under it. A views object is immutable and carries each
+node's reservations (`NodeClass.held`), so whatever a verb computes from it afterwards, outside
+the lock (prioritize's scores), sees the same reservations its decision did. On those views one
+rule, `NodeClass.takes_reserved`, decides for every pod outside a plan: a node is usable only
+when the GPUs its plugin would give the pod (the allocator's pick from what kubelet offers,
+reservations included) avoid every reservation there. filter fails such a node, prioritize
+scores it 0, and bind, which judges on the views of its own call, refuses it before any API
+call, so a pod filtered before a plan and bound after it cannot take that plan's GPUs. A member's
+bind that the plugin gives another member's reserved GPUs re-draws those reservations on that
+node under the same lock (`GangTracker.exchange`) rather than breaking them. Reservations expire
+by their TTL as before (`GangTracker.expire`, first thing in `_current`).
 """
 
 from __future__ import annotations
@@ -33,7 +47,7 @@ from scheduler.cache import ClusterCache
 from scheduler.events import EventSink, NullEvents, gang_event
 from scheduler.metrics import Metrics
 from scheduler.model import BadInput, PodInfo, Snapshot
-from scheduler.nodeclasses import NodeViews
+from scheduler.nodeclasses import NodeViews, reserved_reason
 from scheduler.nodeguard import NodeGuard
 from scheduler.state import BindError, ClusterState
 
@@ -354,8 +368,10 @@ class Extender:
         reps = [views[members[0]] for members in classes.values()]
         by_rep = node_scores(gpus, reps, memo=self.gangs.memo(), objective=self.objective)
         scores: dict[str, int] = {}
-        for members in classes.values():
-            score = by_rep[members[0]]
+        for c, members in classes.items():
+            # a node whose plugin would give this pod reserved GPUs is no place for it (the
+            # reservation rule, module docstring); filter already failed it
+            score = 0 if c.held and c.takes_reserved(gpus) else by_rep[members[0]]
             for n in members:
                 scores[n] = score
         return scores
@@ -388,10 +404,20 @@ class Extender:
             except Refused as e:
                 raise self._refused(key, node, str(e)) from None
             gpus = r.gpus if r is not None else self._pick(views.get(node), pod.gpus, node)
+            if r is None and (taken := views.takes_reserved(node, pod.gpus)):
+                # the reservation rule (module docstring): judged on the views of now, so a pod
+                # whose filter passed before a gang was planned here cannot take its GPUs
+                c = views.node_class(node)
+                assert c is not None
+                raise self._refused(key, node, f"{reserved_reason(c, pod.gpus, taken)}; filter it again")
             # kubelet offers the plugin every free GPU, reserved ones included: predict what it
-            # will pick, so the accounting matches the node; a reservation that prediction takes
-            # is broken by the next sweep and its gang re-planned (GangTracker.sweep)
-            gpus = self.cache.predict(node, pod.gpus, views.get(node)) or gpus
+            # will pick, so the accounting matches the node
+            predicted = self.cache.predict(node, pod.gpus, views.get(node))
+            if r is not None and predicted:
+                # a member bound before its gang-mates on one node may be given (part of) a
+                # mate's planned set: the mates' reservations are re-drawn around it
+                self.gangs.exchange(r, predicted, _chooser(views.get(node)))
+            gpus = predicted or gpus
             self.cache.assume(Assumed(key, node, gpus, pod.gpus, now, pod.uid))
             self._binding.add(key)
         try:
@@ -449,6 +475,21 @@ class Extender:
             return view.allocator.choose(sorted(view.free), size).indices
         except AllocationError as e:
             raise BindError(f"{node}: {e}") from None
+
+
+def _chooser(view: NodeView | None) -> Callable[[list[int], int], Sequence[int]]:
+    """`count` GPUs of `free` as the node's allocator picks them (the lowest ones without one)."""
+    alloc = view.allocator if view is not None else None
+
+    def choose(free: list[int], count: int) -> Sequence[int]:
+        if alloc is not None:
+            try:
+                return alloc.choose(free, count).indices
+            except AllocationError:
+                pass
+        return free[:count]
+
+    return choose
 
 
 def _planned_message(plan: GangPlan | None, gang: str, node: str) -> str:

@@ -14,17 +14,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
+from gputopo.gang.reservations import Reservation
 from gputopo.network.nodeview import NodeView
+from gputopo.node.allocator import AllocationError
 from gputopo.node.policy import GpuPolicy
 from scheduler.model import NodeInfo
 
 
 class NodeClass:
     """What every node of one class shares: allocator (None = unknown topology), GPU count,
-    free GPUs (net of own binds and reservations), and the GPUs kubelet would offer the node's
-    plugin now (`scheduler.views.offered`; reservations included, empty for unknown topology)."""
+    free GPUs (net of own binds and reservations), the GPUs kubelet would offer the node's
+    plugin now (`scheduler.views.offered`; reservations included, empty for unknown topology),
+    and the reservations held on the node (`held`: only a node with reservations has any, and
+    such a node has a class of its own).
 
-    __slots__ = ("allocator", "count", "free", "gpu_count", "offer")
+    The reservation rule lives here, so that filter, prioritize and bind cannot disagree on it
+    (issue 30): kubelet offers the plugin reserved GPUs too, and the plugin's pick from that offer
+    (`gives`) is what a pod bound now really gets, so a pod outside a gang plan may use a node
+    only when that pick avoids every reservation (`takes_reserved`). Judging by the free count
+    alone let a single pod bound beside a member's reservation land inside it."""
+
+    __slots__ = ("_gives", "allocator", "count", "free", "gpu_count", "held", "offer")
 
     def __init__(
         self,
@@ -32,12 +42,44 @@ class NodeClass:
         gpu_count: int,
         free: frozenset[int],
         offer: frozenset[int],
+        held: tuple[Reservation, ...] = (),
     ) -> None:
         self.allocator = allocator
         self.gpu_count = gpu_count
         self.free = free
         self.count = len(free)
         self.offer = offer
+        self.held = held
+        self._gives: dict[int, tuple[int, ...] | None] = {}  # size -> `gives` (pure per class)
+
+    def gives(self, size: int) -> tuple[int, ...] | None:
+        """The GPUs the node's plugin gives a pod of `size` bound now: its allocator's choice
+        from what kubelet offers it, reservations included. None when that cannot be told
+        (unknown topology, too few offered, the allocator refuses)."""
+        if size in self._gives:
+            return self._gives[size]
+        out: tuple[int, ...] | None = None
+        if self.allocator is not None and 0 < size <= len(self.offer):
+            try:
+                out = tuple(self.allocator.choose(sorted(self.offer), size).indices)
+            except AllocationError:
+                out = None
+        if len(self._gives) < 64:
+            self._gives[size] = out
+        return out
+
+    def takes_reserved(self, size: int, *, excluding: str = "") -> tuple[Reservation, ...]:
+        """The reservations (other than `excluding`'s, a member's own) that a pod of `size`
+        bound here now would take GPUs of: those the plugin's pick (`gives`) overlaps. Empty
+        when the node holds none, or its topology is unknown (reservations are then a count,
+        already out of `free`)."""
+        if not self.held or size <= 0:
+            return ()
+        pick = self.gives(size)
+        if not pick:
+            return ()
+        mine = set(pick)
+        return tuple(r for r in self.held if r.pod != excluding and mine.intersection(r.gpus))
 
 
 class NodeViews(Mapping[str, NodeView]):
@@ -103,6 +145,8 @@ class NodeViews(Mapping[str, NodeView]):
             c = classes.get(n)
             if c is None:
                 failed[n] = "node unknown to gputopo"
+            elif c.count >= gpus and c.held and (taken := c.takes_reserved(gpus)):
+                failed[n] = reserved_reason(c, gpus, taken)
             elif c.count >= gpus:
                 ok.append(n)
                 if good is not None:
@@ -135,6 +179,23 @@ class NodeViews(Mapping[str, NodeView]):
     def offer(self, name: str) -> frozenset[int] | None:
         c = self._classes.get(name)
         return None if c is None else c.offer
+
+    def takes_reserved(self, name: str, size: int, *, excluding: str = "") -> tuple[Reservation, ...]:
+        """`NodeClass.takes_reserved` of node `name` (nothing for a node unknown to gputopo)."""
+        c = self._classes.get(name)
+        return () if c is None or not c.held else c.takes_reserved(size, excluding=excluding)
+
+
+def reserved_reason(c: NodeClass, size: int, taken: Iterable[Reservation]) -> str:
+    """Why a pod of `size` may not use a node of class `c` now: which reserved GPUs its plugin
+    would give it, and for whom (the member and its gang), as filter and bind report it."""
+    pick = set(c.gives(size) or ())
+    whose = "; ".join(
+        f"GPUs {sorted(pick.intersection(r.gpus))} reserved for {r.pod} of gang {r.gang}"
+        for r in taken
+        if pick.intersection(r.gpus)
+    )
+    return f"needs {size} GPUs: the node's plugin would give it {whose} (reservations counted as taken)"
 
 
 class Offers(Mapping[str, frozenset[int]]):

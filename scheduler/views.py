@@ -277,7 +277,7 @@ class ViewBuilder:
                 if info.topology is None:
                     unknown.append(name)
                 view, found, offer = self._node(info, key, bound)
-                out[name] = NodeClass(view.allocator, view.gpu_count, view.free, offer)
+                out[name] = NodeClass(view.allocator, view.gpu_count, view.free, offer, key[3])
                 made[name], general[name] = view, (key, found)
             conflicts.update(general[name][1])
         self._whole, self._classes_of, self._general = whole, out, general
@@ -371,13 +371,10 @@ class ViewBuilder:
         """The GPUs the node's plugin will give a pod of `size` bound now: its allocator's choice
         from what kubelet offers it (reservations included). None when that cannot be told
         (unknown topology, too few offered)."""
-        offer = self._built.offer(node)
-        if view is None or view.allocator is None or offer is None or len(offer) < size or size <= 0:
+        c = self._built.node_class(node)
+        if view is None or view.allocator is None or c is None:
             return None
-        try:
-            return view.allocator.choose(sorted(offer), size).indices
-        except AllocationError:
-            return None
+        return c.gives(size)
 
 
 def _full(info: NodeInfo, pod_gpus: int) -> tuple:

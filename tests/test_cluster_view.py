@@ -445,10 +445,14 @@ def _bind(live: Live, pod: dict) -> None:
     wait_until(lambda: live.state.snapshot().pods[key].node == "n1")
 
 
-def test_the_prediction_is_what_the_plugin_picks_and_a_reservation_it_takes_is_replanned(live: Live) -> None:
-    """HGX H100: a single GPU bound beside a gang member's reservation lands inside it (kubelet
-    offers the plugin the reserved GPUs too). The sidecar predicts exactly that at bind, breaks
-    the reservation at once (before the node's annotation) and re-plans the member around it."""
+def test_the_prediction_is_what_the_plugin_picks_and_a_reserved_gpu_it_would_pick_is_refused(
+    live: Live,
+) -> None:
+    """HGX H100: a single GPU bound beside a gang member's reservation would land inside it
+    (kubelet offers the plugin the reserved GPUs too). The sidecar predicts exactly that, so the
+    node is refused for that pod, naming the reservation (issue 30: it used to bind there, break
+    the reservation and re-plan the member); once the member is bound, the pod goes there on
+    the GPUs predicted, and every prediction matched."""
     plugin = Plugin(live, "n1", "hgx-h100")
     plugin.publish()
     gang, solo = _gang_and_solo(live)
@@ -457,18 +461,17 @@ def test_the_prediction_is_what_the_plugin_picks_and_a_reservation_it_takes_is_r
     plugin.admit(gang[0])
     reserved = live.ext.reservations.get("ml/g-1")
     assert reserved is not None
+    out = live.filter(solo, ["n1"])
+    assert out["NodeNames"] == [] and "reserved for ml/g-1 of gang ml/g" in out["FailedNodes"]["n1"]
+    assert "reserved for ml/g-1" in live.bind(solo, "n1")
+    _bind(live, gang[1])
+    assert set(plugin.admit(gang[1])) == set(reserved.gpus), "the member got what was planned"
     _bind(live, solo)
     (event,) = [v for v in map(fk.event_view, live.api.events) if v["name"] == "solo"]
     predicted = {int(g) for g in event["message"].split("GPUs ")[1].split(" on ")[0].split(",")}
-    assert predicted <= set(reserved.gpus), "the plugin's own pick: inside the reservation"
-    # before any annotation: the member's reservation is already re-planned around it
-    assert live.filter(gang[1], ["n1"])["NodeNames"] == ["n1"]
-    again = live.ext.reservations.get("ml/g-1")
-    assert again is not None and not set(again.gpus) & predicted
-    assert live.metrics.broken_reservations._value.get() == 1
+    assert not predicted & set(reserved.gpus)
     assert set(plugin.admit(solo)) == predicted
-    _bind(live, gang[1])
-    assert set(plugin.admit(gang[1])) == set(again.gpus)
+    assert live.metrics.broken_reservations._value.get() == 0
     outcomes = live.state.accounting.outcomes()
     print(f"predictions matched: {sum(o.matched for o in outcomes.values())}/{len(outcomes)} pods placed")
     assert len(outcomes) == 3 and all(o.matched for o in outcomes.values())
@@ -522,7 +525,8 @@ def test_in_use_frees_only_gpus_no_listed_pod_still_holds() -> None:
 def test_over_many_binds_what_the_sidecar_accounts_is_what_the_plugins_gave(live: Live) -> None:
     """A seeded mix on HGX H100 and DGX-1: gangs of two, a single pod sent to the node holding a
     member's reservation each time, pods ending. Every gang member gets exactly the GPUs the
-    sidecar predicted (reservations overlapped by a single pod were re-planned in time), every
+    sidecar predicted, no reservation is ever taken by another pod (a single pod whose plugin
+    pick lands in one is refused there and placed once the gang is bound; issue 30), every
     mismatch is known, and after each round the sidecar's free GPUs are the plugins' own."""
     import random
 
@@ -532,7 +536,7 @@ def test_over_many_binds_what_the_sidecar_accounts_is_what_the_plugins_gave(live
         p.publish()
     live.start()
     running: list[tuple[dict, str]] = []
-    members_placed = members_matched = 0
+    members_placed = members_matched = refused = 0
 
     def place(pod: dict, names: list[str]) -> str | None:
         out = live.filter(pod, names)
@@ -560,12 +564,17 @@ def test_over_many_binds_what_the_sidecar_accounts_is_what_the_plugins_gave(live
         if place(gang[0], ["n1", "n2"]) is None:
             continue
         held = live.ext.reservations.get(f"ml/g{r}-1")
-        if held is not None:
-            place(solo, [held.node])  # kubelet will offer the plugin the reserved GPUs too
+        # kubelet will offer the plugin the reserved GPUs too: a single pod is placed on the
+        # member's node only where the plugin's pick avoids the reservation (issue 30)
+        if held is not None and place(solo, [held.node]) is None:
+            why = live.filter(solo, [held.node])["FailedNodes"][held.node]
+            refused += f"reserved for ml/g{r}-1" in why  # else the node is full
         for member in gang:
             key = f"ml/{member['metadata']['name']}"
             if not live.state.snapshot().pods[key].node and place(member, ["n1", "n2"]) is None:
                 continue
+        if not live.state.snapshot().pods[f"ml/s{r}"].node:
+            place(solo, ["n1", "n2"])  # the gang bound: its reservations are gone
         for member in gang:
             outcome = live.state.accounting.outcomes().get(f"ml/{member['metadata']['name']}")
             if outcome is not None:
@@ -592,7 +601,10 @@ def test_over_many_binds_what_the_sidecar_accounts_is_what_the_plugins_gave(live
     print(
         f"predictions matched: {matched}/{len(outcomes)} pods placed; "
         f"gang members {members_matched}/{members_placed}; "
-        f"reservations broken and re-planned: {live.metrics.broken_reservations._value.get():.0f}"
+        f"reservations broken and re-planned: {live.metrics.broken_reservations._value.get():.0f}; "
+        f"single pods refused beside a reservation: {refused}"
     )
     assert members_placed >= 8 and members_matched == members_placed, "members get what was planned"
     assert len(outcomes) > members_placed, "the single pods were placed too"
+    assert live.metrics.broken_reservations._value.get() == 0, "no reservation taken by another pod"
+    assert refused > 0, "the case of the issue came up"

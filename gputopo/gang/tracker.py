@@ -502,6 +502,52 @@ class GangTracker:
         self.reservations.release_pod(pod)
         return r
 
+    def exchange(
+        self, r: Reservation, given: Sequence[int], choose: Callable[[list[int], int], Sequence[int]]
+    ) -> list[Reservation]:
+        """A member permitted with reservation `r` will really be given `given`: the node plugin
+        picks from every free GPU, reserved ones included, so which member kube-scheduler binds
+        first decides it, and a member may be given GPUs planned for a gang-mate, or for a
+        member of another gang on that node. The reservations on that node that `given`
+        overlaps are re-drawn there from their own GPUs and `r`'s, less `given`, instead of
+        being broken at the next `sweep` (which would re-plan their gangs): a member's bind
+        takes no GPU reserved for another pod, and every plan keeps its nodes. A re-drawn
+        reservation takes `r`'s planned set when it fits exactly (two equal members swap: the
+        plan's sets stay the same sets), else `choose(free, count)` (the node's allocator)
+        picks from what is left, which always has room: `given` is `r.count` GPUs, so at most
+        `r.count` of the pooled GPUs go. Returns the re-drawn reservations ([]: none hit)."""
+        taken = set(given)
+        if len(taken) != r.count:
+            return []
+        hit = sorted(
+            (o for o in self.reservations.on_node(r.node, excluding=r.pod) if taken.intersection(o.gpus)),
+            key=lambda o: (o.gang != r.gang, o.pod),  # gang-mates first: they may swap with `r`
+        )
+        if not hit:
+            return []
+        pool = set(r.gpus).union(*(o.gpus for o in hit)) - taken
+        redrawn = []
+        for o in hit:
+            if len(r.gpus) == o.count and pool.issuperset(r.gpus):
+                gpus = tuple(sorted(r.gpus))
+            else:
+                gpus = tuple(sorted(choose(sorted(pool), o.count)))
+            pool -= set(gpus)
+            redrawn.append(Reservation(o.pod, o.gang, o.node, gpus, o.count, o.expires_at))
+        self.reservations.add(redrawn)
+        for gang in sorted({o.gang for o in hit}):
+            self._emit(
+                "reservation_exchanged",
+                gang,
+                f"{r.pod} of gang {r.gang} is given GPUs {sorted(taken)} on {r.node}, planned for "
+                f"{', '.join(o.pod for o in hit if o.gang == gang)}: re-drawn there from the GPUs "
+                f"{r.pod} was planned and theirs",
+                "bind_order",
+                node=r.node,
+                members=[o.pod for o in redrawn if o.gang == gang],
+            )
+        return redrawn
+
     def bound(self, pod: str, gang: str, now: float) -> float | None:
         """A member bound: the gang is progressing, so its other reservations get a new TTL;
         once no member holds a reservation the plan is complete. Returns, then, how long the
