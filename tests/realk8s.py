@@ -737,6 +737,23 @@ def cluster(folder: Path, *, gang_api: bool = False) -> Iterator[Cluster]:
         procs.close()
 
 
+# ------------------------------------------------------------------------- the DRA daemon
+
+
+def dra_daemon(procs: Procs, kubeconfig: Path, node: str, preset: str, folder: Path) -> Proc:
+    """`python -m deviceplugin --mode dra` for `node` as its DaemonSet runs it (NODE_NAME from the
+    downward API), publishing to the API server of `kubeconfig`, kubelet's folders in `folder`."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": f"{ROOT}:{ROOT / 'proto'}",
+        "NODE_NAME": node,
+    }
+    argv = [sys.executable, "-m", "deviceplugin", "--mode", "dra", "--topology", preset]
+    argv += ["--kubeconfig", str(kubeconfig), "--registry-dir", str(folder / "registry")]
+    argv += ["--plugins-dir", str(folder / "plugins"), "--metrics-port", "0"]
+    return procs.start(f"dra-{node}", argv, env=env)
+
+
 # ------------------------------------------------------------------- kubelet device manager
 
 

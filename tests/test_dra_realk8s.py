@@ -67,32 +67,7 @@ def test_daemon_process_publishes_prepares_and_stops_cleanly(
     world: tuple[rk.Procs, rk.Api, Path, Path],
 ) -> None:
     procs, api, folder, kubeconfig = world
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "PYTHONPATH": f"{rk.ROOT}:{rk.ROOT / 'proto'}",
-        "NODE_NAME": NODE,
-    }
-    daemon = procs.start(
-        "dra",
-        [
-            sys.executable,
-            "-m",
-            "deviceplugin",
-            "--mode",
-            "dra",
-            "--topology",
-            "dgx1-v100",
-            "--kubeconfig",
-            str(kubeconfig),
-            "--registry-dir",
-            str(folder / "registry"),
-            "--plugins-dir",
-            str(folder / "plugins"),
-            "--metrics-port",
-            "0",
-        ],
-        env=env,
-    )
+    daemon = rk.dra_daemon(procs, kubeconfig, NODE, "dgx1-v100", folder)
     first = rk.wait_for(lambda: _slices(api), 60, "the node's ResourceSlices")
     assert draslices.check_limits(first) == []
     kubelet = KubeletDra(folder / "registry")

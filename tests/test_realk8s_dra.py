@@ -13,8 +13,6 @@ Known gap (issue 30): when the only free set of a size is one the daemon did not
 from __future__ import annotations
 
 import itertools
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,33 +42,14 @@ def k8s(tmp_path_factory: pytest.TempPathFactory) -> Iterator[rk.Cluster]:
         yield c
 
 
-def _daemon(c: rk.Cluster, node: str, preset: str, folder: Path) -> rk.Proc:
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "PYTHONPATH": f"{rk.ROOT}:{rk.ROOT / 'proto'}",
-        "NODE_NAME": node,
-    }
-    return c.procs.start(
-        f"dra-{node}",
-        [
-            sys.executable,
-            "-m",
-            "deviceplugin",
-            "--mode",
-            "dra",
-            "--topology",
-            preset,
-            "--kubeconfig",
-            str(c.kubeconfig),
-            "--registry-dir",
-            str(folder / "registry"),
-            "--plugins-dir",
-            str(folder / "plugins"),
-            "--metrics-port",
-            "0",
-        ],
-        env=env,
-    )
+def _node(k8s: rk.Cluster, ns: str, preset: str, folder: Path) -> str:
+    """A node of `preset` with our DRA daemon publishing its ResourceSlices (waited for)."""
+    node = f"{ns}-{preset}"
+    k8s.add_nodes(rk.node(node, "leaf-a", preset=preset, gpus=0))
+    rk.dra_daemon(k8s.procs, k8s.kubeconfig, node, preset, folder)
+    slices = f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{node}"
+    rk.wait_for(lambda: k8s.api.get(slices)["items"], 60, f"{node}'s ResourceSlices")
+    return node
 
 
 def _class(size: int) -> str:
@@ -91,25 +70,25 @@ def _claim(name: str, size: int) -> dict[str, Any]:
     }
 
 
-def _pod(name: str, claim: str, node: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "schedulerName": rk.SCHEDULER_NAME,
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "busybox",
-                    "resources": {"requests": {"cpu": "1"}, "claims": [{"name": "gpus"}]},
-                }
-            ],
-            "restartPolicy": "Never",
-        },
+def _pod(
+    name: str, node: str, *, claim: str | None = None, limits: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A pod for gputopo's scheduler on `node`: its GPUs from a claim of its own, or from
+    extended-resource `limits` (kube-scheduler then makes the claim)."""
+    res: dict[str, Any] = {"requests": {"cpu": "1", **(limits or {})}}
+    if limits:
+        res["limits"] = dict(res["requests"])
+    if claim:
+        res["claims"] = [{"name": "gpus"}]
+    spec: dict[str, Any] = {
+        "schedulerName": rk.SCHEDULER_NAME,
+        "nodeSelector": {"kubernetes.io/hostname": node},
+        "containers": [{"name": "main", "image": "busybox", "resources": res}],
+        "restartPolicy": "Never",
     }
+    if claim:
+        spec["resourceClaims"] = [{"name": "gpus", "resourceClaimName": claim}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
 def release(api: rk.Api, ns: str, claim: str) -> None:
@@ -139,11 +118,7 @@ def test_every_claim_gets_a_best_free_ring(k8s: rk.Cluster, preset: str, tmp_pat
     kube-scheduler: each claim's allocated device is a set (or GPU) of this node, disjoint from
     the GPUs still held, and its ring bandwidth is the best any free set of that size reaches."""
     ns = k8s.namespace(f"d{next(_ids)}")
-    node = f"{ns}-{preset}"
-    k8s.add_nodes(rk.node(node, "leaf-a", preset=preset, gpus=0))
-    _daemon(k8s, node, preset, tmp_path)
-    slices = f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{node}"
-    rk.wait_for(lambda: k8s.api.get(slices)["items"], 60, f"{node}'s ResourceSlices")
+    node = _node(k8s, ns, preset, tmp_path)
     topo = load_preset(preset)
     alloc = Allocator(topo)
     n = len(topo.gpus)
@@ -156,7 +131,7 @@ def test_every_claim_gets_a_best_free_ring(k8s: rk.Cluster, preset: str, tmp_pat
         free = sorted(set(range(n)) - {g for s in held.values() for g in s})
         best = alloc.ring_mbps(alloc.choose(free, size).indices) if size > 1 else 0
         k8s.api.create(CLAIMS.format(ns=ns), _claim(name, size))
-        k8s.add_pods(ns, _pod(f"p-{name}", name, node))
+        k8s.add_pods(ns, _pod(f"p-{name}", node, claim=name))
         k8s.wait_bound(ns, [f"p-{name}"], timeout=30)
         got = k8s.api.get(CLAIMS.format(ns=ns) + f"/{name}")
         (result,) = got["status"]["allocation"]["devices"]["results"]
@@ -176,30 +151,13 @@ def test_extended_resource_requests_get_a_best_free_ring(k8s: rk.Cluster, tmp_pa
     the claim itself and allocates it from our slices; then `gputopo.io/nvlink-2`. Each set is a
     best free ring of its size."""
     ns = k8s.namespace(f"d{next(_ids)}")
-    node = f"{ns}-dgx1"
-    k8s.add_nodes(rk.node(node, "leaf-a", preset="dgx1-v100", gpus=0))
-    _daemon(k8s, node, "dgx1-v100", tmp_path)
-    slices = f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{node}"
-    rk.wait_for(lambda: k8s.api.get(slices)["items"], 60, f"{node}'s ResourceSlices")
+    node = _node(k8s, ns, "dgx1-v100", tmp_path)
     alloc = Allocator(load_preset("dgx1-v100"))
     held: set[int] = set()
     for name, size in (("x4", 4), ("x2", 2)):
         free = sorted(set(range(8)) - held)
         best = alloc.ring_mbps(alloc.choose(free, size).indices)
-        res = {f"gputopo.io/nvlink-{size}": "1", "cpu": "1"}
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "schedulerName": rk.SCHEDULER_NAME,
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "containers": [
-                    {"name": "main", "image": "busybox", "resources": {"requests": res, "limits": res}}
-                ],
-                "restartPolicy": "Never",
-            },
-        }
+        pod = _pod(name, node, limits={f"gputopo.io/nvlink-{size}": "1"})
         k8s.add_pods(ns, pod)
         k8s.wait_bound(ns, [name], timeout=30)
         status = rk.wait_for(
