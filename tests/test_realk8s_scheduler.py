@@ -74,16 +74,21 @@ def test_single_gpu_pods_land_only_where_the_plugin_says_gpus_are_free(k8s: rk.C
     assert k8s.api.placement(ns)[left] == ""
 
 
-def test_a_2x8_gang_lands_whole_in_the_one_leaf_that_holds_it(k8s: rk.Cluster, ns: str) -> None:
-    """Free 8-GPU nodes: one in leaf-a (beside a half-used one), one in leaf-b, two in leaf-c.
-    Only leaf-c holds both members; a topology-blind placement would split them."""
-    k8s.add_nodes(
+def only_leaf_c_holds_two(ns: str) -> list[dict]:
+    """Free 8-GPU nodes: one in leaf-a (beside a half-used one), one in leaf-b, two in leaf-c."""
+    return [
         rk.node(f"{ns}-a0", "leaf-a", allocated=range(4)),
         rk.node(f"{ns}-a1", "leaf-a"),
         rk.node(f"{ns}-b0", "leaf-b"),
         rk.node(f"{ns}-c0", "leaf-c"),
         rk.node(f"{ns}-c1", "leaf-c"),
-    )
+    ]
+
+
+def test_a_2x8_gang_lands_whole_in_the_one_leaf_that_holds_it(k8s: rk.Cluster, ns: str) -> None:
+    """Free 8-GPU nodes: one in leaf-a (beside a half-used one), one in leaf-b, two in leaf-c.
+    Only leaf-c holds both members; a topology-blind placement would split them."""
+    k8s.add_nodes(*only_leaf_c_holds_two(ns))
     members = names("g", 2)
     k8s.add_gang(ns, "g", *(rk.pod(m, 8, gang="g") for m in members))
     placed = k8s.wait_bound(ns, members)
@@ -219,13 +224,7 @@ def test_a_kubernetes_podgroup_gang_lands_whole_in_one_leaf(k8s: rk.Cluster, ns:
     into the one leaf that holds it (leaf-c), so what the two schedulers agree on binds whole."""
     if not k8s.gang_api:
         pytest.skip("Kubernetes' Workload API is off in this round (feature gate GenericWorkload)")
-    k8s.add_nodes(
-        rk.node(f"{ns}-a0", "leaf-a", allocated=range(4)),
-        rk.node(f"{ns}-a1", "leaf-a"),
-        rk.node(f"{ns}-b0", "leaf-b"),
-        rk.node(f"{ns}-c0", "leaf-c"),
-        rk.node(f"{ns}-c1", "leaf-c"),
-    )
+    k8s.add_nodes(*only_leaf_c_holds_two(ns))
     k8s.api.create(f"/apis/{rk.GANG_API}/namespaces/{ns}/podgroups", k8s_podgroup("pg", 2))
     members = names("w", 2)
     pods = [rk.pod(m, 8) for m in members]
