@@ -80,7 +80,11 @@ def running(
 
 
 def _generation(api: ResourceApi) -> int:
-    slices = api.node_slices(NODE)
+    """The pool's generation once all its slices are written, else 0. Called on every write
+    while waiting: it reads the store in place (a copy of a DGX-2's 236 slices per write made
+    the wait quadratic)."""
+    with api.lock:
+        slices = [s for s in api.slices.values() if s["spec"].get("nodeName") == NODE]
     gens = {s["spec"]["pool"]["generation"] for s in slices}
     return (
         gens.pop() if len(gens) == 1 and len(slices) == slices[0]["spec"]["pool"]["resourceSliceCount"] else 0
@@ -88,10 +92,12 @@ def _generation(api: ResourceApi) -> int:
 
 
 def _ordered(api: ResourceApi) -> list[dict[str, Any]]:
-    """The node's slices in our part order (counters, gpus, set2, set4, ...)."""
+    """The node's slices in our part order (counters, gpus, set2, set4, ...), a size's slices
+    in name order (set4, set4-001, ...: the order kube-scheduler walks them in)."""
     order = ["counters", "gpus", "set2", "set4", "set8", "set16"]
     return sorted(
-        api.node_slices(NODE), key=lambda s: order.index(s["metadata"]["labels"]["gputopo.io/part"])
+        api.node_slices(NODE),
+        key=lambda s: (order.index(s["metadata"]["labels"]["gputopo.io/part"]), s["metadata"]["name"]),
     )
 
 
@@ -123,7 +129,7 @@ def test_slices_published_within_limits(folder: Path) -> None:
         slices = _published_after(api, 0)
         assert draslices.check_limits(slices) == []
         summary = draslices.summary(slices)
-        assert summary["per_part"] == {"counters": 0, "gpus": 8, "set2": 28, "set4": 64, "set8": 1}
+        assert summary["per_part"] == {"counters": 0, "gpus": 8, "set2": 28, "set4": 70, "set8": 1}
         assert all(s["spec"]["driver"] == "gputopo.io" and s["spec"]["nodeName"] == NODE for s in slices)
         # kube-scheduler's first fit for a 4-GPU claim with GPU 0 taken: the 25 GB/s ring
         assert draslices.first_fit(slices, 4, used=[0]) == ("set-4-5-6-7", (4, 5, 6, 7))
@@ -331,11 +337,12 @@ def test_sixteen_gpu_node_publishes_split_slices(folder: Path) -> None:
         assert draslices.summary(slices)["per_part"] == {
             "counters": 0,
             "gpus": 16,
-            "set2": 64,
-            "set4": 64,
-            "set8": 64,
+            "set2": 120,
+            "set4": 1820,
+            "set8": 12870,
             "set16": 1,
         }
+        assert len(slices) == 236  # every set, 64 a slice (issue 30)
 
 
 def test_pcie_roots_come_from_sysfs(folder: Path) -> None:
@@ -373,7 +380,7 @@ def test_pcie_roots_come_from_sysfs(folder: Path) -> None:
     [
         (["--mode", "dra", "--topology", "dgx1-v100"], "needs the node name"),
         (["--mode", "dra", "--node-name", "n", "--set-sizes", "1,4"], "--set-sizes"),
-        (["--mode", "dra", "--node-name", "n", "--max-sets", "65"], "--max-sets"),
+        (["--mode", "dra", "--node-name", "n", "--max-sets", "16385"], "--max-sets"),
         (["--mode", "dra", "--node-name", "n", "--driver-name", "Not_A_Name"], "--driver-name"),
         (["--mode", "dra", "--node-name", "n", "--no-such-flag"], "no-such-flag"),
         (["--mode", "sideways"], "--mode must be"),

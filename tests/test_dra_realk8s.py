@@ -60,7 +60,9 @@ def _slices(api: rk.Api) -> list[dict[str, Any]]:
     if len(gens) != 1 or len(items) != items[0]["spec"]["pool"]["resourceSliceCount"]:
         return []
     order = ["counters", "gpus", "set2", "set4", "set8", "set16"]
-    return sorted(items, key=lambda s: order.index(s["metadata"]["labels"]["gputopo.io/part"]))
+    return sorted(
+        items, key=lambda s: (order.index(s["metadata"]["labels"]["gputopo.io/part"]), s["metadata"]["name"])
+    )
 
 
 def test_daemon_process_publishes_prepares_and_stops_cleanly(

@@ -54,12 +54,14 @@ def _driver(text: str) -> str:
 
 
 def _max_sets(text: str) -> int:
+    from gputopo.node.draslices import MAX_SETS_PER_SIZE
+
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if not 1 <= value <= 64:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 64, got {value}")
+    if not 1 <= value <= MAX_SETS_PER_SIZE:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_SETS_PER_SIZE}, got {value}")
     return value
 
 
@@ -92,8 +94,12 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument(
         "--max-sets",
         type=_max_sets,
-        default=_max_sets(env.get("GPUTOPO_DRA_MAX_SETS", "64")),
-        help="most set devices per size, one slice (env GPUTOPO_DRA_MAX_SETS; default 64)",
+        default=_max_sets(env.get("GPUTOPO_DRA_MAX_SETS", str(draslices.MAX_SETS_PER_SIZE))),
+        help=(
+            "most set devices per size, 64 a slice; below the number of sets, a claim can wait"
+            f" while GPUs are free (env GPUTOPO_DRA_MAX_SETS; default {draslices.MAX_SETS_PER_SIZE}: every set"
+            " of a node of up to 16 GPUs)"
+        ),
     )
     p.add_argument("--sysfs", default="/sys", help="sysfs root, for PCIe roots (default /sys)")
     return p

@@ -1,8 +1,11 @@
 """The DRA node daemon: backend, health, prepared claims, slice publisher and the two sockets.
 
 The same hardware seam, health tracker and health loop as device-plugin mode (an XID makes a GPU
-unhealthy, a new snapshot follows); here a snapshot goes to the slice publisher, which drops the
-GPU and every set containing it from the node's ResourceSlices and reorders the rest. Start
+unhealthy, a new snapshot follows); here a snapshot goes to the slice publisher, which marks the
+GPU and every set containing it `healthy: false` (the DeviceClasses stop selecting them) and
+moves them behind the healthy ones. They are never dropped: kube-scheduler counts a pool's used
+counters from the allocated devices it still finds in the slices, so a device that left them
+while a claim held it would hand its GPUs to a second claim. Start
 order: discover (a bad topology fails before anything is served), build the publisher and the
 service, serve, then start health and publication; stop runs the other way round.
 """
@@ -42,7 +45,7 @@ class DraSettings:
     registry_dir: str = "/var/lib/kubelet/plugins_registry"
     plugins_dir: str = "/var/lib/kubelet/plugins"
     sizes: Sequence[int] = draslices.DEFAULT_SIZES
-    max_sets: int = draslices.MAX_DEVICES_WITH_COUNTERS_PER_SLICE
+    max_sets: int = draslices.MAX_SETS_PER_SIZE
     sysfs: str = "/sys"
     ignored_xids: Sequence[int] = settings.IGNORED_XIDS
     health_recovery_seconds: float = 0.0

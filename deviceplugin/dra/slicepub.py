@@ -1,12 +1,15 @@
 """Keeps this node's ResourceSlices in step with the GPUs' health and use.
 
 The content comes from `gputopo.node.draslices.build_slices` (pure); this module only decides when
-to write and how: a new snapshot (health changed) or a new in-use set (a claim was prepared or
-unprepared) can change which devices exist and the order of the set devices, and the order is
-what kube-scheduler's first fit follows, so the slices are rebuilt on every such change and
-written only when their content differs from what the API server holds. Each write bumps the
-pool generation (the scheduler then ignores the older slices) and replaces all slices of the
-pool; slices of ours that are no longer wanted are deleted.
+to write and how. Which devices exist depends on the topology alone (a device that left the
+slices while allocated would free its GPUs in kube-scheduler's counting); a new snapshot
+(health changed) or a new in-use set (a claim was prepared or unprepared) changes the devices'
+`healthy` attributes and their order, and the order is what kube-scheduler's first fit
+follows, so the slices are rebuilt on every such change and written only when their content
+differs from what the API server holds. Each write bumps the pool generation (the scheduler
+then ignores the older slices) and replaces all slices of the pool — on a DGX-2, which
+publishes every set, 236 of them — ; slices of ours that are no longer wanted (another
+topology, other sizes) are deleted.
 
 `sync(now)` makes one decision and says when it wants to run next, so tests can drive it; a
 thread runs it, woken by `update()` / `set_in_use()`. API errors are logged and retried with
@@ -38,7 +41,7 @@ class SlicePublisher:
         *,
         driver: str = draslices.DRIVER,
         sizes: Sequence[int] = draslices.DEFAULT_SIZES,
-        max_sets: int = draslices.MAX_DEVICES_WITH_COUNTERS_PER_SLICE,
+        max_sets: int = draslices.MAX_SETS_PER_SIZE,
         pcie_roots: Callable[[Snapshot], Mapping[int, str]] = lambda snap: {},
         min_interval_s: float = 0.2,
         resync_s: float = 60.0,
@@ -223,7 +226,7 @@ class SlicePublisher:
             slices=summary["slices"],
             devices=summary["devices"],
             per_part=summary["per_part"],
-            reason="health or use changed the devices or their order",
+            reason="health or use changed the devices' health or order",
         )
 
 

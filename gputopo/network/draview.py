@@ -41,8 +41,9 @@ DRIVERS: tuple[str, ...] = (GPUTOPO_DRIVER, NVIDIA_DRIVER)
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 #: GPUs one node may have here (the sidecar's allocator handles 16; 64 as the annotation).
 MAX_GPUS = 64
-#: Devices one pool may list before it is refused as absurd (128 per slice, a few slices).
-MAX_POOL_DEVICES = 4096
+#: Devices one pool may list before it is refused as absurd. gputopo's own pool lists every GPU
+#: set of its sizes (issue 30): 14,827 devices on a 16-GPU DGX-2, at most 16,384 per size.
+MAX_POOL_DEVICES = 1 << 17
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 

@@ -25,27 +25,34 @@ The slice format (`resource.k8s.io/v1`), one pool per node (pool name = node nam
   to GPU j, `nvlinkMBps`: one NVLink's MB/s), from which the scheduler sidecar rebuilds the
   node's Topology where no annotation exists (`link_attributes`; left out when they would pass
   the 32-attribute limit).
-* slice `set<k>` for each published size k: devices `set-<i>-<j>-…` (sorted indices), each
-  consuming its members' counters, attributes `type="set"`, `healthy` (all members healthy),
+* slices `set<k>`, `set<k>-001`, `set<k>-002`, … for each published size k, 64 devices a slice
+  (the API's limit for devices with counters): devices `set-<i>-<j>-…` (sorted indices), each
+  consuming its members' counters (the counter set lives in slice `counters`; devices of any
+  slice of the pool may consume it), attributes `type="set"`, `healthy` (all members healthy),
   `size`, `ringMBps` (the set's ring bandwidth in MB/s), `gpus` (comma-joined indices) and
-  `resource.kubernetes.io/numaNode` when every member shares one. All set devices of one size
-  sit in ONE slice, because the allocator's order across slices of a pool is not defined (it
-  gathers them from an informer cache) while the order inside a slice is the device list.
+  `resource.kubernetes.io/numaNode` when every member shares one. kube-scheduler walks a pool's
+  slices in name order and each slice's devices in list order (`set_parts`: the upstream file),
+  so the slices of one size, read in name order, are the publication order.
 
 The DeviceClasses select `healthy` devices only. Devices are never dropped for health or use:
 kube-scheduler counts a pool's consumed counters from the allocated devices it still finds in
 the slices, so a device that left them while allocated would hand its GPUs to a second claim.
 Which devices exist depends on the topology alone; health and use change attributes and order.
 
-Which sets (measured in docs/dra.md, bench/bench_dra_slices.py): per size, ring-bandwidth
-levels best first, whole while they fit in one slice (`max_sets` devices, 64 by default: the
-limit for devices with counters); the first level that does not fit fills the rest of the slice
-with a spread-out cut of itself (the node's first set of that level, then sets overlapping the
-kept ones least). Within a level, sets whose GPUs are all free and healthy come first in the
+Which sets (issue 30): every set of each size, ring-bandwidth levels best first. Any k GPUs can
+be the free ones (single-GPU claims take any GPU), and then the only set device that fits is
+those k, so a set left out is a claim that waits while device-plugin mode would place it (the
+64-device cap of one slice did that until issue 30: DGX-1's 6 GB/s level has 62 4-sets for the
+56 places left). Within a level, sets whose GPUs are all free and healthy come first in the
 allocator's order for the current free set, then the others in its order for the whole node.
-Hence, because only the LAST level is ever cut, however stale the slices are a first free set is
-always a best-ring set of the free healthy GPUs; right after a republication it is the
-allocator's own choice whenever that set is published (always, unless its level was cut).
+Hence however stale the slices are, a claim finds a set whenever k healthy GPUs are free, and it
+is a best-ring set of them; right after a republication it is the allocator's own choice.
+
+`max_sets` caps the sets of one size (`MAX_SETS_PER_SIZE` by default: every set of a node of up
+to 16 GPUs, C(16, 8) = 12,870 8-sets in 202 slices). Below the number of sets, levels stay whole
+while they fit and the first that does not is cut to a spread-out sample of itself (the node's
+first set of that level, then sets overlapping the kept ones least; measured in docs/dra.md,
+bench/bench_dra_slices.py): the best-ring guarantee stays, availability does not.
 
 Pure: a function of the topology, the healthy and free GPU indices and the pool generation; the
 daemon does the I/O (sysfs for PCIe roots, the API for publishing).
@@ -82,6 +89,13 @@ MAX_ATTRIBUTES_PER_DEVICE = 32
 MAX_NAME_CHARS = 63  # device and counter names are DNS labels
 MAX_STRING_ATTRIBUTE_CHARS = 64
 MAX_OBJECT_NAME_CHARS = 253
+
+#: Set devices per slice: the API's limit for devices that consume counters.
+SETS_PER_SLICE = MAX_DEVICES_WITH_COUNTERS_PER_SLICE
+#: Most set devices published per size (ours, not the API's: a pool may hold any number of
+#: slices). Every set of a 16-GPU node fits (C(16, 8) = 12,870 8-sets in 202 slices); a larger
+#: node, or a smaller `--max-sets`, cuts the last level published (see `choose_sets`).
+MAX_SETS_PER_SIZE = 16384
 
 
 class SliceError(ValueError):
@@ -164,8 +178,10 @@ def choose_sets(
     claim. Health and use only reorder: sets whose GPUs are all free and healthy first, in the
     allocator's order for the free set, then the others in its order for the whole node.
 
-    `fill=False` stops after the last whole level that fits (a measured alternative,
-    bench/bench_dra_slices.py: it halves availability on a DGX-1 for no gain in ring)."""
+    `max_sets` at least the number of `size`-sets publishes every one (the default of
+    `build_slices`); fewer cuts the last level kept (module docstring). `fill=False` stops
+    after the last whole level that fits (a measured alternative, bench/bench_dra_slices.py: it
+    halves availability on a DGX-1 for no gain in ring)."""
     n = alloc.n
     if size < 2 or size > n:
         return []
@@ -252,15 +268,19 @@ def build_slices(
     free: Iterable[int],
     generation: int = 1,
     sizes: Sequence[int] = DEFAULT_SIZES,
-    max_sets: int = MAX_DEVICES_WITH_COUNTERS_PER_SLICE,
+    max_sets: int = MAX_SETS_PER_SIZE,
     pcie_roots: Mapping[int, str] | None = None,
     driver: str = DRIVER,
 ) -> list[dict[str, Any]]:
-    """The node's ResourceSlices as `resource.k8s.io/v1` dicts (module docstring: the format)."""
+    """The node's ResourceSlices as `resource.k8s.io/v1` dicts (module docstring: the format).
+
+    `max_sets` caps the set devices of one size (all of them by default on nodes of up to 16
+    GPUs); they are cut into slices of `SETS_PER_SLICE`, named so that name order is
+    publication order (`set_parts`)."""
     if not node_name:
         raise SliceError("node name is required")
-    if not 1 <= max_sets <= MAX_DEVICES_WITH_COUNTERS_PER_SLICE:
-        raise SliceError(f"max_sets must be 1..{MAX_DEVICES_WITH_COUNTERS_PER_SLICE}")
+    if not 1 <= max_sets <= MAX_SETS_PER_SIZE:
+        raise SliceError(f"max_sets must be 1..{MAX_SETS_PER_SIZE}")
     n = topology.n
     h = sorted(i for i in set(healthy) if 0 <= i < n)
     f = sorted(i for i in set(free) if i in set(h))
@@ -272,8 +292,9 @@ def build_slices(
     gpu_devices = [
         _gpu_device(topology, i, roots.get(i), groups, i in ok) for i in gpu_order(alloc, range(n), f)
     ]
-    parts: list[tuple[str, dict[str, Any]]] = [
+    parts: list[tuple[str, str, dict[str, Any]]] = [
         (
+            "counters",
             "counters",
             {
                 "sharedCounters": [
@@ -281,22 +302,39 @@ def build_slices(
                 ]
             },
         ),
-        ("gpus", {"devices": gpu_devices}),
+        ("gpus", "gpus", {"devices": gpu_devices}),
     ]
     for k in used_sizes:
-        sets = choose_sets(alloc, h, f, k, max_sets)
-        if sets:
-            parts.append((f"set{k}", {"devices": [_set_device(topology, s, ok) for s in sets]}))
+        devices = [_set_device(topology, s, ok) for s in choose_sets(alloc, h, f, k, max_sets)]
+        chunks = [devices[i : i + SETS_PER_SLICE] for i in range(0, len(devices), SETS_PER_SLICE)]
+        for name, chunk in zip(set_parts(k, len(chunks)), chunks, strict=True):
+            parts.append((name, f"set{k}", {"devices": chunk}))
     pool = {"name": node_name, "generation": generation, "resourceSliceCount": len(parts)}
     return [
         {
             "apiVersion": API_VERSION,
             "kind": "ResourceSlice",
-            "metadata": {"name": slice_name(node_name, part), "labels": {"gputopo.io/part": part}},
+            "metadata": {"name": slice_name(node_name, name), "labels": {"gputopo.io/part": part}},
             "spec": {"driver": driver, "nodeName": node_name, "pool": dict(pool), **body},
         }
-        for part, body in parts
+        for name, part, body in parts
     ]
+
+
+def set_parts(size: int, count: int) -> list[str]:
+    """The name parts of the `count` slices holding the set devices of one size, in
+    publication order: `set<k>`, then `set<k>-001`, `set<k>-002`, ….
+
+    kube-scheduler's allocator walks a pool's slices sorted by name (byte order) and each
+    slice's devices in list order: `buildPool` → `sortSlicesByName` in
+    k8s.io/dynamic-resource-allocation/structured/internal/{incubating,experimental}/pools_*.go
+    (v0.36.3, v0.37.2; the variant kube-scheduler runs while any beta DRA gate is on, as by
+    default from 1.36). A name is a prefix of its successors and the suffixes have equal width,
+    so name order is this order. The first name is the one a size that fits one slice always
+    had, so such nodes republish under the same names."""
+    if count > 999:
+        raise SliceError(f"{count} slices for size {size}: more than the 3-digit suffix names")
+    return [f"set{size}" if i == 0 else f"set{size}-{i:03d}" for i in range(count)]
 
 
 def slice_name(node_name: str, part: str) -> str:
@@ -494,14 +532,14 @@ def first_fit(
 
 
 def summary(slices: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Counts for docs and logs: slices, devices per part, counters."""
+    """Counts for docs and logs: slices, devices per part (a size's slices summed), counters."""
     parts: dict[str, int] = {}
     counters = 0
     consumed = 0
     for s in slices:
         spec = s.get("spec", {})
         part = str(s.get("metadata", {}).get("labels", {}).get("gputopo.io/part", "?"))
-        parts[part] = len(spec.get("devices") or [])
+        parts[part] = parts.get(part, 0) + len(spec.get("devices") or [])
         counters += sum(len(cs.get("counters", {})) for cs in spec.get("sharedCounters") or [])
         consumed += sum(
             len(c.get("counters", {}))

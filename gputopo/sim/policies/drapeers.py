@@ -18,9 +18,9 @@ use changes that order. A k-GPU pod whose k is a published size asks for one dev
 other sizes (1, 3, 5…) use the GPU class with `count: k`: the first k free GPU devices in
 gputopo's GPU order (free ones as the allocator ranks them for one GPU). The publication is
 modelled fresh (the daemon republishes on every use change), and it is the real one
-(`draslices.choose_sets`: which sets exist depends on the topology alone, at most 64 per size;
-use only reorders them), so a node whose free sets of that size were all cut from its slice
-refuses the claim here as kube-scheduler would.
+(`draslices.choose_sets`: which sets exist depends on the topology alone, every set of a node
+of up to 16 GPUs since issue 30; use only reorders them). With a smaller `max_sets` a node whose
+free sets of that size were all cut refuses the claim here as kube-scheduler would.
 
 Node choice is the same for both and for kubelet-default: kube-scheduler's least-allocated spread;
 gangs member by member, all or nothing. Only the in-node choice differs, so the rows isolate
@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gputopo.node.allocator import AllocationError, Allocator, Choice
-from gputopo.node.draslices import DEFAULT_SIZES, MAX_DEVICES_WITH_COUNTERS_PER_SLICE, choose_sets, gpu_order
+from gputopo.node.draslices import DEFAULT_SIZES, MAX_SETS_PER_SIZE, choose_sets, gpu_order
 from gputopo.node.policies.baselines import CachedPolicy, mask_indices
 
 #: Cached answers per policy object before the cache is cleared (bounded memory).
@@ -67,7 +67,7 @@ class DraGputopoSets:
         self,
         allocator: Allocator,
         sizes: Iterable[int] = DEFAULT_SIZES,
-        max_sets: int = MAX_DEVICES_WITH_COUNTERS_PER_SLICE,
+        max_sets: int = MAX_SETS_PER_SIZE,
     ) -> None:
         self._exact = allocator
         self._n = allocator.n
