@@ -70,12 +70,23 @@ def test_everything_is_valid_kubernetes(source: str, version: str) -> None:
 
 @pytest.mark.parametrize("preset", list_presets())
 def test_published_slices_are_valid_kubernetes(preset: str) -> None:
+    """Every kind of slice the node publishes is valid against each schema. Slices of one part
+    (`gputopo.io/part` set4, set4-001, ...) differ only in which sets they list, so the first
+    two of each part are validated: a 16-GPU node publishes 236 slices (14,827 devices), and
+    validating all of them took 100 s of the suite for no further shape."""
     topo = load_preset(preset)
     slices = draslices.build_slices(
         topo, Allocator(topo), "node-a", healthy=range(1, topo.n), free=range(2, topo.n)
     )
+    seen: dict[str, int] = {}
+    sample = []
+    for s in slices:
+        part = s["metadata"]["labels"]["gputopo.io/part"].split("-")[0]
+        seen[part] = seen.get(part, 0) + 1
+        if seen[part] <= 2:
+            sample.append(s)
     for version in SCHEMAS:
-        for s in slices:
+        for s in sample:
             kv.validate(s, version, strict=True)
 
 
@@ -149,9 +160,14 @@ def _device_activation(driver: str, device: Obj) -> dict[str, Any]:
 
 @pytest.mark.parametrize("preset", ["dgx1-v100", "dgx2-v100", "gb200-tray"])
 def test_each_class_selects_exactly_its_healthy_devices(preset: str) -> None:
+    """Each DeviceClass's CEL selects exactly the healthy devices of its size. The selectors
+    read each device's own attributes, so a 16-GPU node is checked on a capped publication
+    (`max_sets=128`, two slices a size): all 14,827 of its devices took 120 s of CEL."""
     topo = load_preset(preset)
     healthy = set(range(topo.n)) - {1}
-    slices = draslices.build_slices(topo, Allocator(topo), "node-a", healthy=healthy, free=range(topo.n))
+    slices = draslices.build_slices(
+        topo, Allocator(topo), "node-a", healthy=healthy, free=range(topo.n), max_sets=128
+    )
     devices = [d for s in slices for d in s["spec"].get("devices") or []]
     env = celpy.Environment()
     for cls in (d for d in kustomize_docs() if d["kind"] == "DeviceClass"):
