@@ -217,6 +217,18 @@ def k8s_podgroup(name: str, min_count: int, topology_key: str | None = None) -> 
     }
 
 
+def add_podgroup_gang(k8s: rk.Cluster, ns: str, n: int) -> list[str]:
+    """A PodGroup `pg` of minCount n and its n pods of 8 GPUs, which name it in
+    spec.schedulingGroup.podGroupName; the pods' names."""
+    k8s.api.create(f"/apis/{rk.GANG_API}/namespaces/{ns}/podgroups", k8s_podgroup("pg", n))
+    members = names("w", n)
+    pods = [rk.pod(m, 8) for m in members]
+    for p in pods:
+        p["spec"]["schedulingGroup"] = {"podGroupName": "pg"}
+    k8s.add_pods(ns, *pods)
+    return members
+
+
 def test_a_kubernetes_podgroup_gang_lands_whole_in_one_leaf(k8s: rk.Cluster, ns: str) -> None:
     """Kubernetes' own gang API (1.37: v1beta1; 1.36: v1alpha2): the pods name a PodGroup in
     spec.schedulingGroup.podGroupName. kube-scheduler's GangScheduling plugin holds each member
@@ -225,12 +237,7 @@ def test_a_kubernetes_podgroup_gang_lands_whole_in_one_leaf(k8s: rk.Cluster, ns:
     if not k8s.gang_api:
         pytest.skip("Kubernetes' Workload API is off in this round (feature gate GenericWorkload)")
     k8s.add_nodes(*only_leaf_c_holds_two(ns))
-    k8s.api.create(f"/apis/{rk.GANG_API}/namespaces/{ns}/podgroups", k8s_podgroup("pg", 2))
-    members = names("w", 2)
-    pods = [rk.pod(m, 8) for m in members]
-    for p in pods:
-        p["spec"]["schedulingGroup"] = {"podGroupName": "pg"}
-    k8s.add_pods(ns, *pods)
+    members = add_podgroup_gang(k8s, ns, 2)
     got = k8s.api.get(f"/api/v1/namespaces/{ns}/pods/{members[0]}")
     assert got["spec"].get("schedulingGroup") == {"podGroupName": "pg"}, "the API server dropped the field"
     placed = k8s.wait_bound(ns, members, timeout=30)
@@ -242,12 +249,7 @@ def test_a_kubernetes_podgroup_that_fits_nowhere_binds_nothing(k8s: rk.Cluster, 
     if not k8s.gang_api:
         pytest.skip("Kubernetes' Workload API is off in this round (feature gate GenericWorkload)")
     k8s.add_nodes(rk.node(f"{ns}-a0", "leaf-a"), rk.node(f"{ns}-b0", "leaf-b"))
-    k8s.api.create(f"/apis/{rk.GANG_API}/namespaces/{ns}/podgroups", k8s_podgroup("pg", 3))
-    members = names("w", 3)
-    pods = [rk.pod(m, 8) for m in members]
-    for p in pods:
-        p["spec"]["schedulingGroup"] = {"podGroupName": "pg"}
-    k8s.add_pods(ns, *pods)
+    members = add_podgroup_gang(k8s, ns, 3)
     # every member goes through a scheduling cycle and none binds
     k8s.wait_refused(ns, members[:1], match=".", timeout=30)
     rk.time.sleep(3)
