@@ -8,6 +8,9 @@ variants of it, so repeated runs are not one cached answer. Three ways per gang,
   naive          prune=False: every domain of every level packed and scored in Python (baseline)
   pruned         the planner as the scheduler calls it per request: index built inside the call
   pruned+index   the same with the per-snapshot NetworkIndex passed in (labels change rarely)
+  obj:level1st   pruned+index with the cluster objective, the smallest level's plan (the rule
+                 before the job-time prediction, gputopo.gang.predict)
+  obj:jobtime    the same choosing among levels by predicted job time, as the sidecar does now
 
 Printed: p50/p99 milliseconds and each variant's p50 speed-up over naive. Target: 128 x 8
 planned in under 100 ms. Run: .venv/bin/python bench/bench_gang.py [--runs 30]
@@ -26,6 +29,7 @@ from gputopo.network.cluster import ClusterSnapshot, generate_cluster
 from gputopo.network.levels import LEAF, SPINE, NetworkIndex
 from gputopo.network.nodeview import NodeView
 from gputopo.node.allocator import AllocatorPool
+from gputopo.pod.objective import ClusterObjective, DemandMix
 
 MIX = {"dgx-a100": 2.0, "hgx-h100": 1.0, "dgx1-v100": 1.0}
 TARGET_MS = {"128x8": 100.0}
@@ -76,6 +80,7 @@ def main() -> None:
     index = variants[0].index  # same names and labels in every variant
     views = [v.node_views() for v in variants]
     levels = variants[0].levels
+    objective = ClusterObjective(DemandMix())
     print(
         f"cluster: {len(variants[0].nodes)} nodes, {len(pool)} server types, 30 % busy, {len(variants)} variants"
     )
@@ -87,20 +92,32 @@ def main() -> None:
             "naive": lambda v, spec=spec: plan_gang(spec, v, levels, prune=False),
             "pruned": lambda v, spec=spec: plan_gang(spec, v, levels),
             "pruned+index": lambda v, spec=spec: plan_gang(spec, v, levels, index=index),
+            # as the sidecar calls it: with the cluster objective, the level rule first (before
+            # gang.predict) and by predicted job time (now); the cost ratio is the second's
+            "obj:level1st": lambda v, spec=spec: plan_gang(
+                spec, v, levels, index=index, objective=objective, level_first=True
+            ),
+            "obj:jobtime": lambda v, spec=spec: plan_gang(spec, v, levels, index=index, objective=objective),
         }
-        p50_naive = 0.0
+        p50_naive = p50_level = 0.0
         for way, fn in ways.items():
             runs = max(args.runs // 3, 3) if way == "naive" else args.runs
             samples, out = timed(fn, views, runs)
             p50, p99 = np.percentile(samples, 50), np.percentile(samples, 99)
             if way == "naive":
                 p50_naive = p50
+            if way == "obj:level1st":
+                p50_level = p50
             where = (
                 f"{out.level.rpartition('/')[2]}={out.domain}, {out.nodes_used} nodes, {spread(out, index)}"
                 if isinstance(out, GangPlan)
                 else f"no plan: {out.reason}"
             )
             print(f"{name:<10}{way:<14}{runs:>6}{p50:>9.1f}{p99:>9.1f}{p50_naive / p50:>9.1f}x  {where}")
+            if way == "obj:jobtime":
+                print(
+                    f"{'':<10}cost of the job-time choice: {p50 / p50_level:.2f}x the level rule's p50 (target <= 2x)"
+                )
             if way == "pruned" and name in TARGET_MS:
                 verdict = "met" if p99 < TARGET_MS[name] else "MISSED"
                 print(

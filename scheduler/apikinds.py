@@ -195,7 +195,12 @@ class ExtraKinds:
             return None
         assert kind.parse is not None
         api_version = f"{kind.group}/{self._versions.get(kind.name, kind.versions[0])}"
-        return key, kind.parse(obj, api_version)
+        groups, refused = gangsources.with_profile(obj, kind.parse(obj, api_version))
+        if refused:  # the object's declaration is ignored, its gangs are kept
+            jsonlog.event(
+                log, "group_profile_ignored", logging.WARNING, object=key, kind=kind.name, reason=refused
+            )
+        return key, groups
 
     def _bump(self) -> None:
         self._version += 1
@@ -242,6 +247,9 @@ class ExtraKinds:
                 new = g
                 if new.min_member is None:
                     new = replace(new, min_member=group.min_member)
+                if group.profile is not None and p.profile is None:  # the pod's own one wins
+                    p = replace(p, profile=group.profile)
+                    changed[key] = p
                 if (group.required_level or group.preferred_level) and g.level_source != "gputopo":
                     new = replace(
                         new,

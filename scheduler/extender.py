@@ -35,6 +35,7 @@ from gputopo.gang.asks import Decision, Event, GangAsk, GangMember, Planned, Ref
 from gputopo.gang.planner import GangPlan
 from gputopo.gang.reservations import Assumed, Reservations
 from gputopo.gang.tracker import GangTracker
+from gputopo.jobtime.profiles import Profile
 from gputopo.network.levels import NetworkIndex
 from gputopo.network.nodeview import NodeView
 from gputopo.node.allocator import AllocationError
@@ -105,7 +106,9 @@ class Extender:
         self._last_call: float | None = None  # the clock at the last call (`_take_over`)
         self.takeovers = 0  # passes of `_take_over` that adopted a gang (tests, operators)
         # node scores per views object: (views, {(gpus, names): scores}); swapped whole
-        self._scores: tuple[NodeViews, dict[tuple[int, tuple[str, ...], int], dict[str, int]]] | None = None
+        self._scores: (
+            tuple[NodeViews, dict[tuple[int, tuple[str, ...], int, Profile | None], dict[str, int]]] | None
+        ) = None
         # the leaves of the last network index (`gputopo.pod.leafpack`: single pods pack leaves)
         self._leaves: tuple[NetworkIndex, Leaves] | None = None
 
@@ -239,7 +242,14 @@ class Extender:
         )
         need = g.min_member or snap.min_members.get(g.key)
         return GangAsk(
-            g.key, pod.key, members, need, g.required_level, g.preferred_level, pod.topology_wait_s
+            g.key,
+            pod.key,
+            members,
+            need,
+            g.required_level,
+            g.preferred_level,
+            pod.topology_wait_s,
+            pod.profile,
         )
 
     def _replan(self, gang: str, snap: Snapshot, views: NodeViews, now: float, cause: str) -> None:
@@ -335,13 +345,13 @@ class Extender:
             return [(n, 10 if n == planned else 0) for n in names]
         if pod.gpus == 0:
             return [(n, 0) for n in names]
-        key = (pod.gpus, tuple(names), self.objective.mix.version)
+        key = (pod.gpus, tuple(names), self.objective.mix.version, pod.profile)
         cached = self._scores
         if cached is None or cached[0] is not views or len(cached[1]) > 64:
             cached = self._scores = (views, {})
         scores = cached[1].get(key)
         if scores is None:
-            scores = self._scores_of(pod.gpus, names, views)
+            scores = self._scores_of(pod.gpus, names, views, pod.profile)
             # among the nodes at the top score, the fullest leaf keeps it (gputopo.pod.leafpack)
             count, at = views.count, net.nodes
             scores = cached[1][key] = leaves.pack_scores(scores, net.position, lambda p: count(at[p]) or 0)
@@ -356,17 +366,21 @@ class Extender:
         )
         return [(n, int(scores.get(n, 0))) for n in names]
 
-    def _scores_of(self, gpus: int, names: Sequence[str], views: NodeViews) -> dict[str, int]:
+    def _scores_of(
+        self, gpus: int, names: Sequence[str], views: NodeViews, profile: Profile | None = None
+    ) -> dict[str, int]:
         """`node_scores` of the candidates, asked of one node per class: a node's score is a
         function of its allocator and free set and of the classes present (the ranks), so the
-        answer is the same as over every candidate, at the cost of a few."""
+        answer is the same as over every candidate, at the cost of a few. A pod that declared
+        what it trains (`profile`) is weighed by that profile instead of the mix."""
         with self._lock:
             # "the best ring this size gets anywhere" over every server of the cluster, as the
             # simulator's objective knows it, not only the ones that happened to be candidates
             self.objective.learn(p.exact for p in self.cache.policies())
         classes = views.classes(names)
         reps = [views[members[0]] for members in classes.values()]
-        by_rep = node_scores(gpus, reps, memo=self.gangs.memo(), objective=self.objective)
+        objective = self.objective.declared(profile)
+        by_rep = node_scores(gpus, reps, memo=self.gangs.memo(), objective=objective)
         scores: dict[str, int] = {}
         for c, members in classes.items():
             # a node whose plugin would give this pod reserved GPUs is no place for it (the

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gputopo.jobtime.profiles import Profile, ProfileError, declared_profile
 from gputopo.network.annotation import NodeTopology
 from gputopo.numerals import ascii_uint
 from scheduler import defaults, sources
@@ -51,6 +52,9 @@ class PodInfo:
     #: ResourceClaims (names in the pod's namespace) the pod uses: its GPUs on a DRA cluster
     #: when it asks through claims (sized by scheduler/dra.py from the claims' requests)
     claims: tuple[str, ...] = ()
+    #: what the pod trains, when it (or its gang's group object) declares it: gputopo.io/profile,
+    #: or gputopo.io/gradient-bytes and gputopo.io/compute-seconds (gputopo/jobtime/profiles.py)
+    profile: Profile | None = None
 
     @property
     def key(self) -> str:
@@ -220,7 +224,8 @@ def parse_pod(raw: Any, resource: str = defaults.RESOURCE_NAME) -> PodInfo:
         raise BadInput("Pod.spec.nodeName, Pod.status.phase and metadata.uid must be strings")
     try:
         wait = sources.level_wait(annotations)
-    except sources.SourceError as e:
+        profile = declared_profile(annotations)
+    except (sources.SourceError, ProfileError) as e:
         raise BadInput(str(e)) from None
     return PodInfo(
         namespace=namespace,
@@ -233,6 +238,7 @@ def parse_pod(raw: Any, resource: str = defaults.RESOURCE_NAME) -> PodInfo:
         topology_wait_s=wait,
         created=_timestamp(meta.get("creationTimestamp")),
         claims=_claim_names(spec, status),
+        profile=profile,
     )
 
 

@@ -10,6 +10,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gputopo.jobtime.profiles import Profile
+
 
 @dataclass(frozen=True)
 class GangMember:
@@ -33,6 +35,9 @@ class GangAsk:
     #: how long this gang waits for its own level (gangwait), the pods' gputopo.io/topology-wait;
     #: None: the tracker's spill_after_s
     spill_after_s: float | None = None
+    #: what the gang trains when its pods or group declare it (gputopo/jobtime/profiles.py);
+    #: None: the planner weighs its levels by the objective's mix
+    profile: Profile | None = None
 
     def __post_init__(self) -> None:
         if self.spill_after_s is not None and not 0 <= self.spill_after_s < math.inf:

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import compress
 from typing import cast
 
@@ -66,8 +66,10 @@ from gputopo.gang.domain import (
     own_memo,
 )
 from gputopo.gang.packing import NO_K, SMALL_NODES, min_nodes, pack
+from gputopo.gang.predict import bound_busbw, choose, predict
 from gputopo.gang.reasons import Miss, no_plan_reason
 from gputopo.gang.spread import lower_levels
+from gputopo.jobtime.profiles import Profile
 from gputopo.network.levels import CLUSTER, LevelIndex, NetworkIndex, validate_levels
 from gputopo.network.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Placement, Quality
 from gputopo.pod.objective import ClusterObjective
@@ -85,6 +87,9 @@ class GangSpec:
     members: tuple[Member, ...]  # the members to place now (pending ones)
     required_level: str | None = None  # gputopo.io/required-topology (a level's label key)
     preferred_level: str | None = None  # gputopo.io/preferred-topology
+    #: what the gang trains, when its pods or group declare it (gputopo.io/profile, or gradient
+    #: bytes and compute seconds): the job-time prediction reads it instead of the mix
+    profile: Profile | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,9 @@ class GangPlan:
     # tie-break (3b): domains touched at each grouping level inside `level`, largest level first
     # (e.g. (spines, leaves) for a plan at the cluster level); () at the smallest levels
     spans: tuple[int, ...] = ()
+    #: why this level's plan was taken over the other levels' (`gang.predict.choose`), for the
+    #: tracker's plan event; "" when only the level rule decided (no objective, or required)
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,7 @@ def plan_gang(
     memo: ChoiceMemo | None = None,
     prune: bool = True,
     objective: ClusterObjective | None = None,
+    level_first: bool = False,
 ) -> GangPlan | NoPlan:
     """Plan every member at once under the gang objective of design.md §5.
 
@@ -126,6 +135,10 @@ def plan_gang(
     rebuilding the domain grouping; nodes it lists but `nodes` lacks count as full.
     `objective` orders the domains (1)-(3b) leave equal by what they cost future demand (4),
     `gang.cost.plan_cost`, before best fit; without one, (4) is best fit alone.
+    With `objective`, a gang without a required level gets the plan of the level whose
+    predicted job time and cost are best (`gang.predict`), not the smallest level's;
+    `level_first=True` keeps the smallest level's plan (the rule before the prediction: the
+    benchmark's baseline and the simulator's ablation).
     `prune=False` skips the aggregate capacity check and evaluates every domain in full —
     the same answer, slowly; it exists for the benchmark baseline and as a test oracle.
     Anything wrong with the gang itself is a NoPlan with its reason; a malformed node list
@@ -155,7 +168,9 @@ def plan_gang(
         # Only the last level's miss reaches the reason: the others skip working it out.
         found = _plan_level(spec, pb, level, prune, explain=k == len(tried) - 1)
         if isinstance(found, GangPlan):
-            return found
+            if objective is None or level_first or spec.required_level is not None:
+                return found
+            return _by_job_time(spec, pb, tried[k:], found, prune, objective)
         miss = found
     assert miss is not None
     return NoPlan(spec.key, no_plan_reason(spec.key, pb.sizes, miss))
@@ -250,6 +265,41 @@ def _learn(objective: ClusterObjective, nodes: Sequence[NodeView]) -> None:
     policies = {v.allocator for v in nodes}
     policies.discard(None)
     objective.learn({p.exact for p in policies if p is not None})
+
+
+def _by_job_time(
+    spec: GangSpec,
+    pb: Problem,
+    levels: Sequence[str],
+    first: GangPlan,
+    prune: bool,
+    objective: ClusterObjective,
+) -> GangPlan:
+    """`first` (the plan of `levels[0]`, the smallest level with one) or a larger level's plan,
+    by the gang's predicted job time and cost (`gang.predict`). A larger level is planned only
+    while its bound could beat the best bandwidth found so far."""
+    objective = objective.declared(spec.profile)
+    table = objective.oversubscription
+    plans = [first]
+    preds = [predict(objective, pb.views, pb.index, first.level, first.placements, table)]
+    bound = bound_busbw(objective, pb.sizes, pb.total)
+    seen = {_where(first)}
+    for level in levels[1:]:
+        if max(p.busbw_gbps for p in preds) >= bound:
+            break
+        found = _plan_level(spec, pb, level, prune, explain=False)
+        if not isinstance(found, GangPlan) or _where(found) in seen:
+            continue  # the same nodes and sets: the same prediction, the smaller level kept
+        seen.add(_where(found))
+        plans.append(found)
+        preds.append(predict(objective, pb.views, pb.index, level, found.placements, table))
+    pick, why = choose(objective.comm, objective.band, pb.total, preds, spec.preferred_level)
+    return replace(plans[pick], why=why)
+
+
+def _where(plan: GangPlan) -> frozenset[tuple[str, tuple[int, ...]]]:
+    """The nodes and GPU sets of a plan, whoever gets which."""
+    return frozenset((p.node, p.gpus) for p in plan.placements)
 
 
 def _spec_problem(spec: GangSpec) -> str:

@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gputopo.jobtime.profiles import Profile, ProfileError, declared_profile
 from gputopo.network.levels import is_label_key
 
 MAX_MEMBERS = 100_000
@@ -87,6 +88,9 @@ class Group:
     required_level: str | None = None
     ref: Mapping[str, str] | None = None  # apiVersion, kind, namespace, name, uid: for Events
     preferred_level: str | None = None  # a level the group prefers (KAI's topologyConstraint)
+    #: what the gang trains, from the object's own gputopo.io/profile annotations (its pods'
+    #: annotations win); set by `with_profile` for every group object kind alike
+    profile: Profile | None = None
 
 
 #: Parses one group object (and the apiVersion it was read at) into the gangs it defines.
@@ -447,13 +451,31 @@ def pod_gang(
     return None
 
 
+def with_profile(obj: Mapping[str, Any], groups: list[Group]) -> tuple[list[Group], str]:
+    """`groups` with the profile their object declares in its annotations, and "" — or the
+    groups unchanged and why the declaration was refused (an unusable one costs that object
+    its declaration, never its gangs)."""
+    meta = obj.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    if not isinstance(annotations, Mapping) or not groups:
+        return groups, ""
+    try:
+        profile = declared_profile({k: v for k, v in annotations.items() if isinstance(k, str)})
+    except ProfileError as e:
+        return groups, str(e)
+    if profile is None:
+        return groups, ""
+    return [replace(g, profile=profile) for g in groups], ""
+
+
 def object_groups(named: Named, obj: Mapping[str, Any]) -> list[Group]:
     """The gangs the pod's group object defines (read at its own apiVersion when it says one)."""
     source = named.source
     if source.api is None or source.parse is None:
         return []
     api_version = obj.get("apiVersion")
-    return source.parse(obj, api_version if isinstance(api_version, str) else source.api.api_version)
+    groups = source.parse(obj, api_version if isinstance(api_version, str) else source.api.api_version)
+    return with_profile(obj, groups)[0]
 
 
 def object_group(named: Named, namespace: str, obj: Mapping[str, Any] | None) -> Group | None:

@@ -325,6 +325,7 @@ class GangTracker:
             tuple([Member(m.pod, m.gpus) for m in pending]),
             required_level=ask.required_level,
             preferred_level=ask.preferred_level,
+            profile=ask.profile,
         )
         bound = {m.node for m in ask.members if m.node}
         # every view when the offer holds them all (the simulator's case): a C-level check
@@ -360,8 +361,11 @@ class GangTracker:
         self._emit(
             "plan",
             gang,
-            f"smallest level whose one domain holds all {len(result.placements)} pending members, "
-            f"within the {len(offer)} nodes offered",
+            (
+                result.why
+                or f"smallest level whose one domain holds all {len(result.placements)} pending members"
+            )
+            + f", within the {len(offer)} nodes offered",
             level=result.level,
             domain=result.domain,
             nodes=sorted({p.node for p in result.placements}),

@@ -19,6 +19,7 @@ Pure: constants and functions of their arguments.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -95,7 +96,7 @@ PROFILE_MIXES: Mapping[str, Mapping[str, float]] = MappingProxyType(
 )
 
 
-def _mix64(x: int) -> int:
+def mix64(x: int) -> int:
     """splitmix64's finaliser: a well-spread 64-bit hash of an integer, no state."""
     x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
@@ -121,11 +122,71 @@ class ProfileMix:
             bounds.append(acc)
         bounds[-1] = 1.0
         self._bounds = tuple(bounds)
-        self._seed = _mix64(seed)
+        self._seed = mix64(seed)
 
     def profile_of(self, job_id: int) -> str:
-        u = _mix64(job_id ^ self._seed) / 2.0**64
+        u = mix64(job_id ^ self._seed) / 2.0**64
         for name, bound in zip(self.names, self._bounds, strict=True):
             if u < bound:
                 return name
         return self.names[-1]
+
+
+# --------------------------------------------------------------------------- declared profiles
+
+#: A pod (or its gang's group object) says what it trains: one of `PROFILES`' names...
+PROFILE_ANNOTATION = "gputopo.io/profile"
+#: ...or its own numbers: bytes all-reduced per step and compute seconds per step (both needed),
+#: with the share of compute that hides communication (optional: `TRANSFORMER_OVERLAP`).
+GRAD_BYTES_ANNOTATION = "gputopo.io/gradient-bytes"
+COMPUTE_S_ANNOTATION = "gputopo.io/compute-seconds"
+OVERLAP_ANNOTATION = "gputopo.io/overlap"
+DECLARED_ANNOTATIONS = (PROFILE_ANNOTATION, GRAD_BYTES_ANNOTATION, COMPUTE_S_ANNOTATION, OVERLAP_ANNOTATION)
+
+
+class ProfileError(ValueError):
+    """A declared profile that cannot be used; the message names the annotation."""
+
+
+def _number(annotations: Mapping[str, str], key: str) -> float:
+    raw = annotations[key]
+    try:
+        value = float(raw) if isinstance(raw, str) and len(raw) <= 32 else math.nan
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        shown = raw[:40] if isinstance(raw, str) else raw
+        raise ProfileError(f"annotation {key} must be a number, got {shown!r}")
+    return value
+
+
+def declared_profile(annotations: Mapping[str, str]) -> Profile | None:
+    """The profile a pod or group object declares in its annotations, None when it declares
+    none; ProfileError when it declares one that cannot be used (a typo must not silently mean
+    "the mix"). A name wins over numbers given beside it."""
+    name = annotations.get(PROFILE_ANNOTATION)
+    if name is not None:
+        profile = PROFILES.get(name.strip().lower()) if isinstance(name, str) else None
+        if profile is None:
+            shown = name[:40] if isinstance(name, str) else name
+            raise ProfileError(
+                f"annotation {PROFILE_ANNOTATION} must be one of {', '.join(PROFILES)}, got {shown!r}"
+            )
+        return profile
+    given = [k for k in (GRAD_BYTES_ANNOTATION, COMPUTE_S_ANNOTATION, OVERLAP_ANNOTATION) if k in annotations]
+    if not given:
+        return None
+    if GRAD_BYTES_ANNOTATION not in annotations or COMPUTE_S_ANNOTATION not in annotations:
+        raise ProfileError(
+            f"a declared workload needs both {GRAD_BYTES_ANNOTATION} and {COMPUTE_S_ANNOTATION} "
+            f"(or {PROFILE_ANNOTATION}); got only {', '.join(given)}"
+        )
+    grad = _number(annotations, GRAD_BYTES_ANNOTATION)
+    compute = _number(annotations, COMPUTE_S_ANNOTATION)
+    overlap = (
+        _number(annotations, OVERLAP_ANNOTATION) if OVERLAP_ANNOTATION in annotations else TRANSFORMER_OVERLAP
+    )
+    try:
+        return Profile("declared", grad, compute, overlap)
+    except ValueError as e:
+        raise ProfileError(f"declared workload: {e}") from None

@@ -37,10 +37,12 @@ Pure: no I/O, no clock, no globals; the caller owns the mix and the objective.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import combinations
 
-from gputopo.jobtime.model import comm_s, ring_busbw_gbps, step_s
+from gputopo.jobtime.model import RING_BUSBW_ENUMERATE_MAX, comm_s, intra_busbw_gbps, ring_busbw_gbps, step_s
 from gputopo.jobtime.profiles import PROFILE_MIXES, PROFILES, Profile
 from gputopo.node.allocator import DISRUPTION_SIZES, Allocator, Choice
 from gputopo.node.policy import GpuPolicy
@@ -81,13 +83,19 @@ class CommProfile:
     default run measures them on."""
 
     mix: str = "default"
+    #: a job that declared what it trains (gputopo.io/profile, or its gradient bytes and compute
+    #: seconds): its own profile replaces the mix
+    profile: Profile | None = None
 
     def __post_init__(self) -> None:
         if self.mix not in PROFILE_MIXES:
             raise ValueError(f"unknown profile mix {self.mix!r} (known: {', '.join(PROFILE_MIXES)})")
 
     def shares(self) -> list[tuple[Profile, float]]:
-        """(profile, share of jobs) of the mix, shares summing to 1."""
+        """(profile, share of jobs) of the mix, shares summing to 1; the declared profile alone
+        when there is one."""
+        if self.profile is not None:
+            return [(self.profile, 1.0)]
         items = [(PROFILES[name], share) for name, share in PROFILE_MIXES[self.mix].items() if share > 0]
         total = sum(share for _, share in items)
         return [(p, share / total) for p, share in items]
@@ -195,6 +203,9 @@ class ClusterObjective:
         self.comm = comm or CommProfile()
         self.band = band
         self.frag_weight = frag_weight
+        #: oversubscription above each level for the gang prediction (`gang.predict`); None:
+        #: the model's defaults (`DEFAULT_OVERSUBSCRIPTION`), the simulator sets its run's table
+        self.oversubscription: Mapping[str, float] | None = None
         self._best: dict[int, float] = {}  # size -> best busbw (GB/s) over every allocator seen
         self._busbws: dict[tuple[Allocator, int, int], float] = {}  # see `busbw`
         self._seen: set[int] = set()  # id() of allocators folded into _best
@@ -207,6 +218,12 @@ class ClusterObjective:
         self._effs: dict[tuple[Allocator, int, int], float] = {}  # (allocator, gpus, ring MB/s)
         self._worths: dict[int, list[tuple[int, float]]] = {}  # allocator id -> see `_frag_growth`
         self._takes: dict[tuple[object, ...], float] = {}  # see `take_cost`
+        self._sets: dict[tuple[Allocator, tuple[int, ...]], float] = {}  # see `set_busbw`
+        self._bounds: dict[int, float] = {}  # size -> `best_busbw`, until another server is learned
+        self._declared: dict[Profile, ClusterObjective] = {}  # see `declared`
+        #: a declared objective's parent: what a placement costs the jobs after it is the mix's
+        #: question, not the declaring pod's, so its costs are the parent's (None: its own)
+        self._future: ClusterObjective | None = None
 
     @property
     def mix(self) -> DemandMix:
@@ -240,6 +257,68 @@ class ClusterObjective:
             self._effs.clear()
             self._worths.clear()
             self._takes.clear()
+            self._bounds.clear()
+        for sibling in self._declared.values():
+            sibling.learn(self._keep)
+
+    def declared(self, profile: Profile | None) -> ClusterObjective:
+        """The objective for a pod or gang that declared `profile` (itself for None): the same
+        demand mix, band and learned servers; the job's own efficiency (good enough, the gang's
+        predicted job time) read for that profile alone, what the placement costs the jobs
+        after it (value lost, fragmentation) still the mix's, this objective's own costs.
+        Kept per profile (a handful: the named ones, and a custom one per distinct triple)."""
+        if profile is None or profile == self.comm.profile:
+            return self
+        hit = self._declared.get(profile)
+        if hit is None:
+            if len(self._declared) > 64:
+                self._declared.clear()
+            hit = ClusterObjective(
+                self._mix, CommProfile(self.comm.mix, profile), band=self.band, frag_weight=self.frag_weight
+            )
+            hit.oversubscription = self.oversubscription
+            hit._future = self
+            hit.learn(self._keep)
+            self._declared[profile] = hit
+        elif hit._mix is not self._mix:
+            hit.mix = self._mix
+        return hit
+
+    @property
+    def servers(self) -> tuple[Allocator, ...]:
+        """The servers `learn` has folded in, in the order it saw them."""
+        return tuple(self._keep)
+
+    def best_busbw(self, gpus: int) -> float:
+        """The most busbw (GB/s) any set of `gpus` GPUs gets on any learned server (inf for one
+        GPU, or a size no learned server has: nothing known bounds it). Not `_best`, the best
+        ring's: on a direct-NVLink mesh a set with a weaker ring can reach more (DGX-1 V100: 5
+        GPUs on the best ring 46 GB/s, another 5 with more links each 60), so every set of a
+        mesh up to `RING_BUSBW_ENUMERATE_MAX` GPUs is read once per (server, size)."""
+        if gpus < 2:
+            return math.inf
+        hit = self._bounds.get(gpus)
+        if hit is None:
+            hit = 0.0
+            for a in self._keep:
+                if a.n < gpus:
+                    continue
+                if a.topology.nvswitch or a.n > RING_BUSBW_ENUMERATE_MAX:
+                    hit = max(hit, self.busbw(a, gpus, a.best_ring_mbps(gpus)))
+                else:
+                    hit = max(hit, max(self.set_busbw(a, s) for s in combinations(range(a.n), gpus)))
+            hit = self._bounds[gpus] = hit if hit > 0 else math.inf
+        return hit
+
+    def set_busbw(self, alloc: Allocator, gpus: Sequence[int]) -> float:
+        """The model's busbw of exactly these GPUs of this server (`intra_busbw_gbps`), kept."""
+        key = (alloc, tuple(gpus))
+        hit = self._sets.get(key)
+        if hit is None:
+            if len(self._sets) > 200_000:
+                self._sets.clear()
+            hit = self._sets[key] = intra_busbw_gbps(alloc.topology, key[1], alloc.ring_mbps(key[1]))
+        return hit
 
     def busbw(self, alloc: Allocator, gpus: int, ring_mbps: int) -> float:
         """The model's all-reduce busbw of `gpus` GPUs of this server at a ring of `ring_mbps`
@@ -321,6 +400,8 @@ class ClusterObjective:
     def take_cost(self, policy: GpuPolicy, free: frozenset[int], taken: Iterable[int]) -> float:
         """What taking `taken` out of a node's `free` GPUs costs future demand: `keys`' least
         cost (value lost + frag_weight x fragmentation growth), for the gang planner's tie order."""
+        if self._future is not None:
+            return self._future.take_cost(policy, free, taken)
         alloc = policy.exact
         if id(alloc) not in self._seen:
             self.learn((alloc,))
@@ -346,6 +427,8 @@ class ClusterObjective:
         depend on the mix (the groups of both sets and their efficiencies, the change of each
         size's leftover) is kept across versions (`_recipes`): a new version only weighs it, with
         `_value`'s and `_frag_growth`'s arithmetic in their order, so the floats are theirs."""
+        if self._future is not None:
+            return self._future._cost(alloc, free, choice)
         key = (alloc, free, choice.indices, self._mix.version, self.frag_weight)
         hit = self._costs.get(key)
         if hit is None:

@@ -174,6 +174,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--overlap", type=float, default=None, help="share of compute hiding communication, 0..1 (default 0)"
     )
     g.add_argument(
+        "--declared-share",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="share of jobs whose pods declare what they train (gputopo.io/profile), 0..1: gputopo "
+        "weighs their placements by that profile instead of the mix (default 0)",
+    )
+    g.add_argument(
         "--oversubscription",
         metavar="LEVEL=R[,...]",
         default=None,
@@ -240,7 +248,7 @@ def prepare(args: argparse.Namespace) -> tuple[SimCluster, list[Job], dict[str, 
     if args.pods > MAX_PODS:
         raise UsageError(f"--pods must be at most {MAX_PODS:,}, got {args.pods:,}")
     comm = _comm(args)
-    lifecycle = _lifecycle(args)
+    lifecycle = _lifecycle(args, comm)
     if args.plot is not None:  # `--plot ""` is a mistake to report, not "no plot"
         _check_plot_path(args.plot)
     preset = getattr(args, "cluster_preset", None)
@@ -318,8 +326,11 @@ def _comm(args: argparse.Namespace) -> JobModel:
     overlap = getattr(args, "overlap", None)
     mix = getattr(args, "profile_mix", "default")
     table = _oversubscription(getattr(args, "oversubscription", None))
+    declared = getattr(args, "declared_share", 0.0)
+    if not (isinstance(declared, (int, float)) and math.isfinite(declared) and 0 <= declared <= 1):
+        raise UsageError(f"--declared-share must be between 0 and 1, got {declared}")
     if gb is None and compute is None and overlap is None:
-        return JobModel(mix=mix, seed=args.seed, oversubscription=table)
+        return JobModel(mix=mix, seed=args.seed, oversubscription=table, declared_share=float(declared))
     if gb is not None:
         gb = _positive(gb, "--allreduce-gb")
     if compute is not None:
@@ -337,7 +348,7 @@ def _comm(args: argparse.Namespace) -> JobModel:
         custom = Profile("custom", grad_bytes=gb * 1e9, compute_s=compute, overlap=float(share))
     except ValueError as e:
         raise UsageError(str(e)) from None
-    return JobModel(seed=args.seed, custom=custom, oversubscription=table)
+    return JobModel(seed=args.seed, custom=custom, oversubscription=table, declared_share=float(declared))
 
 
 #: --oversubscription's level names and the label keys they stand for.
@@ -367,7 +378,7 @@ def _oversubscription(text: str | None) -> dict[str, float]:
     return table
 
 
-def _lifecycle(args: argparse.Namespace) -> Lifecycle:
+def _lifecycle(args: argparse.Namespace, comm: JobModel | None = None) -> Lifecycle:
     spread, ttl, rate = args.gang_spread, args.reservation_ttl, args.bind_failure_rate
     if not (math.isfinite(spread) and 0 <= spread <= 86_400):
         raise UsageError(f"--gang-spread must be between 0 and 86400 seconds, got {spread}")
@@ -379,7 +390,11 @@ def _lifecycle(args: argparse.Namespace) -> Lifecycle:
     if not (math.isfinite(spill) and 0 <= spill <= 10 * 365 * 86_400):
         raise UsageError(f"--gang-spill-after must be between 0 and 315360000 seconds, got {spill}")
     return Lifecycle(
-        arrival_spread_s=spread, reservation_ttl_s=ttl, bind_failure_rate=rate, spill_after_s=spill
+        arrival_spread_s=spread,
+        reservation_ttl_s=ttl,
+        bind_failure_rate=rate,
+        spill_after_s=spill,
+        declares=comm if comm is not None and comm.declared_share > 0 else None,
     )
 
 

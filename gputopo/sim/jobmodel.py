@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 
 from gputopo.jobtime.model import (
@@ -26,12 +27,14 @@ from gputopo.jobtime.model import (
     oversubscription,
     step_s,
 )
-from gputopo.jobtime.profiles import PROFILE_MIXES, PROFILES, Profile, ProfileMix
+from gputopo.jobtime.profiles import PROFILE_MIXES, PROFILES, Profile, ProfileMix, mix64
 from gputopo.network.levels import ACCELERATOR, HOSTNAME
 from gputopo.node.allocator import Allocator
 from gputopo.sim.state import SimCluster
 
 CUSTOM = "custom"
+#: Keeps "which jobs declare" apart from "which profile a job runs" (both hash the job id).
+_DECLARE_SALT = 0x6A09E667F3BCC909
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,35 @@ class JobModel:
     seed: int = 0
     custom: Profile | None = None  # when set, every job runs this profile (--allreduce-gb ...)
     oversubscription: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_OVERSUBSCRIPTION))
+    #: share of jobs whose pods declare their profile (gputopo.io/profile) to the scheduler
+    #: (--declared-share): the sidecar then weighs their placements by it, not by the mix
+    declared_share: float = 0.0
 
     def __post_init__(self) -> None:
         if self.custom is None and self.mix not in PROFILE_MIXES:
             raise ValueError(f"unknown profile mix {self.mix!r} (known: {', '.join(PROFILE_MIXES)})")
+        if not (math.isfinite(self.declared_share) and 0 <= self.declared_share <= 1):
+            raise ValueError(f"the declared share must be between 0 and 1, got {self.declared_share!r}")
+
+    def declared(self, job_id: int) -> Profile | None:
+        """The profile job `job_id`'s pods declare, None for the jobs that declare none. Which
+        jobs declare is seeded and stateless (a hash of the id, apart from the profile draw),
+        so every policy sees the same jobs declare, and a larger share keeps the smaller
+        share's jobs. The profile declared is the one the job runs (`JobTimer.profile_of`)."""
+        if self.declared_share <= 0:
+            return None
+        if (
+            self.declared_share < 1
+            and mix64(job_id ^ mix64(self.seed ^ _DECLARE_SALT)) / 2.0**64 >= self.declared_share
+        ):
+            return None
+        if self.custom is not None:
+            return self.custom
+        return PROFILES[self._mix.profile_of(job_id)]
+
+    @cached_property
+    def _mix(self) -> ProfileMix:
+        return ProfileMix(PROFILE_MIXES[self.mix], self.seed)
 
     def profiles(self) -> dict[str, Profile]:
         """The profiles jobs of this run can get."""

@@ -17,13 +17,14 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from gputopo.jobtime.profiles import Profile
 from gputopo.network.levels import NetworkIndex
 from gputopo.network.nodeview import ChoiceMemo, NodeView
 from gputopo.node.allocator import Allocator, Choice
 from gputopo.pod import kubesched
 from gputopo.pod.leafpack import Leaves
 from gputopo.pod.objective import ClusterObjective
-from gputopo.pod.placement import MAX_SCORE, scores_in_order
+from gputopo.pod.placement import MAX_SCORE, node_scores, scores_in_order
 from gputopo.pod.ringwait import RingWait
 from gputopo.sim.policies.base import Failure, Slot
 from gputopo.sim.state import ClusterState, SimCluster
@@ -103,7 +104,9 @@ class PodClasses:
             hit = self._views[key] = NodeView(spec.name, spec.labels, n, free, self.allocators[spec.topology])
         return hit
 
-    def place_pod(self, state: ClusterState, size: int, waiting: int | None = None) -> Slot | Failure:
+    def place_pod(
+        self, state: ClusterState, size: int, waiting: int | None = None, profile: Profile | None = None
+    ) -> Slot | Failure:
         """kube-scheduler's choice among the nodes with room, given the extender's scores; the
         pod of job `waiting` (a single pod, not a gang member) is held to the nodes that give it
         their best ring while `ring_wait` says so, as the sidecar's filter holds it."""
@@ -124,7 +127,12 @@ class PodClasses:
                 if not good:
                     return Failure(f"waiting for a node that gives {size} GPUs its best ring")
                 held = good
-        top = self._top_of_room(held, size) if held is not None else self._tops.get(key)
+        top: tuple[tuple[int, int], ...] | None
+        if profile is not None and size > 1:  # the pod declared what it trains: scored for that
+            room = held if held is not None else [c for c in classes if c[1].bit_count() >= size]
+            top = self._declared_top(classes, room, size, profile)
+        else:
+            top = self._top_of_room(held, size) if held is not None else self._tops.get(key)
         if top is None:
             if len(self._tops) > 50_000:
                 self._tops.clear()
@@ -160,6 +168,23 @@ class PodClasses:
         members = classes[chosen]
         node = sorted(members)[self.rng.randrange(len(members))] if len(members) > 1 else min(members)
         return node, (parts.get((chosen, size)) or self._part(chosen, size))[3]  # may be bounded away
+
+    def _declared_top(
+        self,
+        classes: dict[tuple[int, int], set[int]],
+        room: list[tuple[int, int]],
+        size: int,
+        profile: Profile,
+    ) -> tuple[tuple[int, int], ...]:
+        """The classes of `room` at the extender's top score for a pod that declared `profile`:
+        `placement.node_scores` with the objective for that profile over one node per class, as
+        the sidecar's prioritize scores it (not kept: the class caches are the mix's)."""
+        if not room:
+            return ()
+        reps = [self._view(min(classes[c]), c[1]) for c in room]
+        scores = node_scores(size, reps, memo=self._memo, objective=self.objective.declared(profile))
+        best = max(scores.values())
+        return tuple(c for c, v in zip(room, reps, strict=True) if scores[v.name] == best) if best > 0 else ()
 
     def _packed(self, state: ClusterState, top: tuple[tuple[int, int], ...], size: int) -> Slot:
         """kube-scheduler's choice among the classes at the top score `top` once the extender

@@ -36,11 +36,13 @@ from operator import ne
 from gputopo.gang import asks, tracker
 from gputopo.gang.asks import GangAsk, GangMember, Refused, Wait
 from gputopo.gang.tracker import GangTracker
+from gputopo.jobtime.profiles import Profile
 from gputopo.network.levels import NetworkIndex
 from gputopo.network.nodeview import ChoiceMemo, NodeView
 from gputopo.node.allocator import Allocator
 from gputopo.pod.objective import ClusterObjective, DemandMix
 from gputopo.pod.ringwait import RingWait
+from gputopo.sim.jobmodel import JobModel
 from gputopo.sim.policies.base import Failure, Hinted, Slot, place_one_by_one
 from gputopo.sim.policies.levelwaits import LevelWaits
 from gputopo.sim.policies.podclasses import PodClasses
@@ -61,6 +63,9 @@ class Lifecycle:
     reservation_ttl_s: float = tracker.RESERVATION_TTL_S
     bind_failure_rate: float = 0.0  # share of binds the API server refuses
     spill_after_s: float = tracker.SPILL_AFTER_S  # opt-in wait for a gang's own level (gangwait): 0
+    #: the run's job-time model when some jobs' pods declare their profile (--declared-share):
+    #: `JobModel.declared` says which, and the sidecar weighs those by it
+    declares: JobModel | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.arrival_spread_s) and self.arrival_spread_s >= 0):
@@ -164,17 +169,27 @@ class SidecarPolicy(PodClasses):
             observe = self.objective.mix.observe
             for size in job.pods:
                 observe(size, gang=gang)
+        declares = self.life.declares
+        profile = declares.declared(job.id) if declares is not None else None
         if gang and self._planner:
-            return self._lifecycle(state, job)
+            return self._lifecycle(state, job, profile)
         if gang:
-            return place_one_by_one(state, job, self.place_pod)
-        got = self.place_pod(state, job.pods[0], job.id)
+            if profile is None:
+                return place_one_by_one(state, job, self.place_pod)
+            return place_one_by_one(state, job, lambda s, size: self.place_pod(s, size, profile=profile))
+        got = (
+            self.place_pod(state, job.pods[0], job.id)
+            if profile is None
+            else self.place_pod(state, job.pods[0], job.id, profile=profile)
+        )
         if isinstance(got, Failure):
             return got
         self.ring_wait.forget(job.id)
         return [got]
 
-    def _lifecycle(self, state: ClusterState, job: Job) -> list[Slot] | Failure:
+    def _lifecycle(
+        self, state: ClusterState, job: Job, profile: Profile | None = None
+    ) -> list[Slot] | Failure:
         gang = f"sim/job-{job.id}"
         t, n = self.tracker, len(job.pods)
         if self._waiting.unchanged(job.id, state) is not None:  # the same members, asked again
@@ -203,11 +218,19 @@ class SidecarPolicy(PodClasses):
                 # nothing kept but that event (no plan can exist yet, `_arrived` runs this
                 # once), so only the first is asked (test_sim_fastpaths has the check)
                 if n > 1:
-                    t.filter(GangAsk(gang, pods[0], current[:1], n), self._offer, views, self._net, base)
+                    t.filter(
+                        GangAsk(gang, pods[0], current[:1], n, profile=profile),
+                        self._offer,
+                        views,
+                        self._net,
+                        base,
+                    )
                 self.stats["gangs_waited_for_quorum"] += 1
                 self._waited_s += last - first_in
                 now = base + last - first_in
-        first = t.filter(GangAsk(gang, pods[n - 1], current, n), self._offer, views, self._net, now)
+        first = t.filter(
+            GangAsk(gang, pods[n - 1], current, n, profile=profile), self._offer, views, self._net, now
+        )
         if isinstance(first, Wait):
             wait = t.level_wait(gang)
             self._waiting.park(job.id, wait, state)
@@ -233,7 +256,7 @@ class SidecarPolicy(PodClasses):
                 now, seq, k = heapq.heappop(queue)
                 pod = pods[k]
                 t.expire(now)
-                decision = t.filter(GangAsk(gang, pod, current, n), offer, views, net, now)
+                decision = t.filter(GangAsk(gang, pod, current, n, profile=profile), offer, views, net, now)
                 if isinstance(decision, Wait):  # a re-plan around bound members found no room
                     self.stats["gangs_stalled"] += 1
                     return Failure(decision.reason)
@@ -247,7 +270,13 @@ class SidecarPolicy(PodClasses):
                         self.stats["bind_failures_injected"] += 1
                         t.bind_failed(pod, gang, decision.node, "injected API error")
                         if where:
-                            t.replan(GangAsk(gang, pod, current, n), views, net, now, "bind_failed")
+                            t.replan(
+                                GangAsk(gang, pod, current, n, profile=profile),
+                                views,
+                                net,
+                                now,
+                                "bind_failed",
+                            )
                     attempts[k] += 1
                     if attempts[k] > MAX_ATTEMPTS:  # bounded, whatever the failure rate
                         self.stats["gangs_stalled"] += 1

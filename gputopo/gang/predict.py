@@ -1,0 +1,188 @@
+"""A gang plan's predicted job time, and the choice between the plans of different levels.
+
+The planner finds, level by level, the best plan inside one domain of each level
+(`gputopo.gang.planner`: fewest nodes, best worst member, fewest sub-domains, least cost). Which
+level's plan the gang gets used to be the smallest level that had one. The measured job-time
+model (gputopo.jobtime, docs/jobtime.md) says that is often wrong: two HGX servers in two
+leaves of one spine run an encoder or LLM gang several times faster than two PCIe boxes with
+one 100 Gb/s NIC under one leaf, since the fabric is non-blocking up to the spine. So the
+levels' plans are now ranked by what the model predicts for each (docs/objective.md, "Gangs"):
+
+  1. **good enough**: the plan's expected efficiency (the gang's step time at the best plan
+     found over its step time here, expected over the workload mix, or over the gang's own
+     declared profile) within `band` of the best (1.0). A user's preferred level comes first
+     when its plan is good enough; otherwise it is only one candidate among the others.
+  2. **least cost** among those, in GPU-seconds of ideal work per second: the plan's cost to
+     future demand (`gang.cost.plan_cost`: value lost, growth of fragmentation) plus what the
+     gang itself loses by running below the best plan (its GPUs x (1 - efficiency));
+  3. the smaller level (it keeps the larger domains whole).
+
+The prediction reads each member's GPU set on its server (`intra_busbw_gbps`), the GPUs of the
+gang per node and the nodes' NICs (`inter_busbw_gbps`, the least-populated node sets the pace),
+and the oversubscription of the smallest level holding every node: the same reading as the
+simulator's `JobTimer.busbw` (tests/test_gang_predict.py holds them equal).
+
+A larger level is planned only when it could beat the best plan found so far on the model's
+bandwidth: its bound is the best set any learned server gives each member's size
+(`ClusterObjective.best_busbw`); once a plan reaches that bound, larger levels, which can only
+add oversubscription, are not planned. A gang that fits one domain of its smallest level on the
+cluster's best servers (the common case) costs one level's planning, as before.
+
+Pure: no I/O, no clock, no globals.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gputopo.gang.cost import DIGITS, plan_cost
+from gputopo.jobtime.model import inter_busbw_gbps, nics_for
+from gputopo.network.levels import ACCELERATOR, CLUSTER, HOSTNAME, NetworkIndex, short_name
+from gputopo.network.nodeview import NodeView, Placement
+from gputopo.node.allocator import Choice
+from gputopo.pod.objective import ClusterObjective, CommProfile
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the model says of one candidate plan (one per level planned)."""
+
+    level: str  # the level the plan was searched at (CLUSTER: the whole cluster)
+    spans: str | None  # the smallest level whose one domain holds its nodes (HOSTNAME: one node)
+    busbw_gbps: float  # the gang's all-reduce bus bandwidth there (inf: nothing to reduce)
+    cost: float  # `plan_cost` of the plan (GPU-seconds of ideal work per second)
+
+
+def common_level(index: NetworkIndex, positions: Sequence[int]) -> str | None:
+    """The smallest configured level whose one domain holds every node position (HOSTNAME for
+    one node; None when no level does), as the simulator's `SimCluster.common_level` reads it."""
+    unique = set(positions)
+    if len(unique) == 1:
+        return HOSTNAME
+    for level in index.levels:
+        ids = index.level(level).domain_id
+        if len({int(ids[p]) for p in unique}) == 1:
+            return level
+    return None
+
+
+def plan_busbw(
+    objective: ClusterObjective,
+    views: Sequence[NodeView | None],
+    position: Mapping[str, int],
+    placements: Sequence[Placement],
+    spans: str | None,
+    table: Mapping[str, float] | None = None,
+) -> float:
+    """The gang's all-reduce busbw (GB/s) in this placement: the slowest of every member's set
+    inside its node and, on several nodes, the network between them at `spans`' oversubscription
+    (inside one NVLink domain, the accelerator level, the NVLink pair figure of each node).
+    A node of unknown topology counts as neutral inside (nothing known to be slow) and gets the
+    fallback NICs, as an unlabelled PCIe box would."""
+    bw = math.inf
+    per_node: dict[int, int] = {}
+    for p in placements:
+        pos = position[p.node]
+        view = views[pos]
+        per_node[pos] = per_node.get(pos, 0) + len(p.gpus)
+        if view is not None and view.allocator is not None and len(p.gpus) > 1:
+            bw = min(bw, objective.set_busbw(view.allocator.exact, p.gpus))
+    if len(per_node) < 2:
+        return bw
+    if spans == ACCELERATOR:
+        for pos in per_node:
+            view = views[pos]
+            if view is not None and view.allocator is not None and view.allocator.exact.n >= 2:
+                alloc = view.allocator.exact
+                bw = min(bw, objective.set_busbw(alloc, alloc.choose(range(alloc.n), 2).indices))
+        return bw
+    members = []
+    for pos, gpus in per_node.items():
+        view = views[pos]
+        assert view is not None  # a placement's node has a view
+        model = view.allocator.exact.topology.name if view.allocator is not None else ""
+        members.append((gpus, view.gpu_count, nics_for(model, view.labels)))
+    return min(bw, inter_busbw_gbps(members, spans, table=table))
+
+
+def bound_busbw(objective: ClusterObjective, sizes: Sequence[int], total: int) -> float:
+    """The most a plan of these member sizes (`total` GPUs) can reach: each member at the best
+    set of its size on any server the objective learned and, for a gang no learned server
+    holds whole, the network at the best server model's NICs, all of them driven, with no
+    oversubscription (or an NVLink pair, the hop inside a multi-node NVLink domain). NICs are read from the models' defaults (`PRESET_NICS`), not from each
+    node's labels: a cluster whose labels claim more than its models' defaults gets a bound
+    that can stop the walk up the levels early (a faster larger level is then missed)."""
+    bw = math.inf
+    for g in set(sizes):
+        if g > 1:
+            bw = min(bw, objective.best_busbw(g))
+    servers = objective.servers
+    if servers and total > max(a.n for a in servers):
+        nics = max(nics_for(a.topology.name).node_gbytes(nics_for(a.topology.name).count) for a in servers)
+        # inside one NVLink domain the hop between nodes is a node's NVLink pair figure
+        bw = min(bw, max(nics, objective.best_busbw(2)))
+    return bw
+
+
+def predict(
+    objective: ClusterObjective,
+    views: Sequence[NodeView | None],
+    index: NetworkIndex,
+    level: str,
+    placements: Sequence[Placement],
+    table: Mapping[str, float] | None = None,
+) -> Prediction:
+    """The model's reading of one candidate plan searched at `level`."""
+    position = index.position
+    spans = common_level(index, [position[p.node] for p in placements])
+    bw = plan_busbw(objective, views, position, placements, spans, table)
+    assignment: list[tuple[int, int, Choice | None]] = [
+        (i, position[p.node], p.choice) for i, p in enumerate(placements)
+    ]
+    return Prediction(level, spans, bw, plan_cost(objective, views, assignment))
+
+
+def efficiencies(comm: CommProfile, gpus: int, preds: Sequence[Prediction]) -> list[float]:
+    """Each candidate's expected efficiency against the best candidate (1.0 at the best)."""
+    best = max(p.busbw_gbps for p in preds)
+    return [comm.efficiency(gpus, p.busbw_gbps, best) for p in preds]
+
+
+def choose(
+    comm: CommProfile,
+    band: float,
+    gpus: int,
+    preds: Sequence[Prediction],
+    preferred: str | None = None,
+) -> tuple[int, str]:
+    """The index of the candidate the objective takes (module docstring), and why, in words.
+
+    `preds` are in level order, smallest first; `preferred` is the user's preferred level
+    (its candidate, when there is one, is the first)."""
+    effs = efficiencies(comm, gpus, preds)
+    floor = 1.0 - band
+    good = [i for i, e in enumerate(effs) if e >= floor]
+    if preferred is not None and preds[0].level == preferred and 0 in good:
+        pick = 0
+        why = f"preferred level {short_name(preferred)}: its plan is within {band:.0%} of the best predicted"
+    else:
+        pick = min(good, key=lambda i: (round(preds[i].cost + gpus * (1.0 - effs[i]), DIGITS), i))
+        why = _why(preds, effs, pick, good)
+    return pick, why
+
+
+def _why(preds: Sequence[Prediction], effs: Sequence[float], pick: int, good: Sequence[int]) -> str:
+    p = preds[pick]
+    where = "the whole cluster" if p.level == CLUSTER else f"one {short_name(p.level)}"
+    if len(preds) == 1:
+        return f"planned in {where}: no larger level could predict a faster job"
+    others = ", ".join(
+        f"{'cluster' if q.level == CLUSTER else short_name(q.level)} {effs[i]:.0%}"
+        for i, q in enumerate(preds)
+        if i != pick
+    )
+    if pick == min(good) and len(good) > 1:
+        return f"planned in {where}: predicted efficiency {effs[pick]:.0%} (others: {others}), the least cost"
+    return f"planned in {where}: predicted efficiency {effs[pick]:.0%} against {others}"
