@@ -1,7 +1,11 @@
-"""Gang placement (design.md §5): all members of a PodGroup in the smallest network domain.
+"""Gang placement (design.md §5): all members of a PodGroup in one network domain.
 
-The gang objective, compared in order:
-  (1) the smallest level whose one domain holds every member;
+Across levels, with the cluster objective and no required level, the plan is the one the
+measured job-time model predicts best (`gputopo.gang.predict`: good enough within the band,
+then least cost, then the smaller level), among the best plans of the smallest level that has
+one and of each larger level that could beat it; without an objective, or `level_first`, the
+smallest level's. Inside one level, compared in order:
+  (1) the level (the walk up the levels above);
   (2) fewest nodes;
   (3) the best worst-member GPU set, as the node allocator chooses it;
   (3b) fewest sub-domains: among plans equal on (1)-(3), the one whose nodes touch the fewest
