@@ -9,8 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gputopo.jobtime.profiles import Profile
+
+if TYPE_CHECKING:
+    from gputopo.gang.planner import SubGroup
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,7 @@ class GangMember:
     pod: str
     gpus: int
     node: str = ""
+    group: str = ""  # the sub-group it belongs to (`planner.SubGroup.name`); "": the gang itself
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,8 @@ class GangAsk:
     #: what the gang trains when its pods or group declare it (gputopo/jobtime/profiles.py);
     #: None: the planner weighs its levels by the objective's mix
     profile: Profile | None = None
+    #: the gang's sub-groups when its API describes a tree (`planner.SubGroup`); () a flat gang
+    groups: tuple[SubGroup, ...] = ()
 
     def __post_init__(self) -> None:
         if self.spill_after_s is not None and not 0 <= self.spill_after_s < math.inf:

@@ -83,6 +83,25 @@ from gputopo.pod.objective import ClusterObjective
 class Member:
     pod: str  # "namespace/name"
     gpus: int  # GPUs the pod asks for (nvidia.com/gpu)
+    group: str = ""  # the sub-group (`SubGroup.name`) the pod belongs to; "": the gang itself
+
+
+@dataclass(frozen=True)
+class SubGroup:
+    """One non-root node of a hierarchical gang (docs/gang.md "Gangs as trees"): a named group
+    of members and child sub-groups that must sit inside one domain of `required_level` (or is
+    placed in the smallest domain from `preferred_level` up). The gang itself is the root; a
+    sub-group's `parent` names another sub-group, "" the root. Kubernetes' PodGroups under a
+    CompositePodGroup, KAI's `subGroups[]`, Kueue's slices and Volcano's partitions map to it
+    (`gputopo.gang.sources`)."""
+
+    name: str
+    parent: str = ""
+    required_level: str | None = None
+    preferred_level: str | None = None
+    #: the sub-group's own quorum where its API says one (KAI minMember, a PodGroup's minCount);
+    #: informational: the gang's quorum decides when planning starts
+    min_count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +113,11 @@ class GangSpec:
     #: what the gang trains, when its pods or group declare it (gputopo.io/profile, or gradient
     #: bytes and compute seconds): the job-time prediction reads it instead of the mix
     profile: Profile | None = None
+    #: the gang's sub-groups, any depth (empty: a flat gang, planned exactly as before)
+    groups: tuple[SubGroup, ...] = ()
+    #: (sub-group, node) of members already bound: a re-plan keeps each sub-group's required
+    #: domain where its bound members are
+    bound: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
