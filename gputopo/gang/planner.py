@@ -176,6 +176,10 @@ def plan_gang(
     problem = _spec_problem(spec)
     if problem:
         return NoPlan(spec.key, problem)
+    if spec.groups:  # a tree (sub-groups with their own levels): gputopo.gang.tree
+        from gputopo.gang.tree import plan_tree
+
+        return plan_tree(spec, nodes, levels, index=index, memo=memo, objective=objective)
     tried = _levels_to_try(spec, levels)
     if isinstance(tried, str):
         return NoPlan(spec.key, tried)

@@ -322,10 +322,12 @@ class GangTracker:
             return Wait(f"gang {gang} has no pending member that needs GPUs", "")
         spec = GangSpec(
             gang,
-            tuple([Member(m.pod, m.gpus) for m in pending]),
+            tuple([Member(m.pod, m.gpus, m.group) for m in pending]),
             required_level=ask.required_level,
             preferred_level=ask.preferred_level,
             profile=ask.profile,
+            groups=ask.groups,
+            bound=tuple((m.group, m.node) for m in ask.members if m.node) if ask.groups else (),
         )
         bound = {m.node for m in ask.members if m.node}
         # every view when the offer holds them all (the simulator's case): a C-level check

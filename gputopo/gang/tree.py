@@ -1,0 +1,354 @@
+"""Hierarchical gangs (docs/gang.md "Gangs as trees"): a gang whose members sit in sub-groups,
+each with its own level, to any depth, placed all or nothing.
+
+A large-model run is a tree: tensor-parallel groups that must stay inside one NVLink domain,
+replicas that should share a leaf, the whole job inside a spine. Kubernetes 1.37's
+CompositePodGroup, KAI's `subGroups[]`, Kueue's slices and Volcano's partitions all say so
+(`gputopo.gang.sources` maps each to `SubGroup`s). The planner here places the tree:
+
+* the root (the gang) in one domain of its level: a required level, or the smallest level from
+  the preferred one up (then each larger one, then the whole cluster) whose domain holds it,
+  domains tried fullest first (best fit: large empty domains stay whole);
+* inside it, each sub-group, largest first, in one domain of its own level *inside its parent's
+  domain*: a required level is never straddled; a preferred one falls back level by level, per
+  sub-group; a sub-group's domains are tried fullest first, a few of them, with the capacity
+  its earlier siblings took already taken (greedy over siblings, with a bounded retry of the
+  sub-group's next domain when its children do not fit);
+* a sub-group without children is a flat gang planned by `plan_gang` over its parent's domain
+  (fewest nodes, best worst member, the GPU set inside every node chosen jointly, and with the
+  cluster objective, the level by predicted job time); members directly in a group are planned
+  the same way over the group's domain, after its sub-groups.
+
+A flat gang (no sub-groups) never comes here: `plan_gang` plans it exactly as before. Members
+already bound (`GangSpec.bound`) pin each sub-group with a required level to the domain they
+are in, so a re-plan never splits it. What this does not do: search jointly across siblings
+(a placement that needs the second sub-group to go first is missed when the first one's
+greedy choice blocks it; the bounded retries cover the common case), or rank the root's levels
+by predicted job time as flat gangs are (the smallest level that holds the tree is taken).
+
+Pure: no I/O, no clock, no globals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gputopo.gang.planner import GangPlan, GangSpec, Member, NoPlan, SubGroup, plan_gang
+from gputopo.network.levels import CLUSTER, HOSTNAME, NetworkIndex, short_name, validate_levels
+from gputopo.network.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Placement, Quality
+from gputopo.pod.objective import ClusterObjective
+
+#: Domains tried per sub-group with children (and per root level) before it counts as not
+#: fitting: a bound on the work of a tree that does not fit, not on where it can go (the
+#: fullest domains that can hold it come first).
+MAX_DOMAINS = 8
+#: Orders in which siblings are placed, the second tried when the first does not fit: the most
+#: constrained first (the smallest required level, then the largest), then the largest first.
+ORDERS = ("constrained", "largest")
+#: Deepest tree accepted (KAI and the Workload API nest a few levels; this guards the recursion).
+MAX_DEPTH = 16
+
+
+@dataclass
+class _Tree:
+    """One planning call: the spec's tree, indexed, and the state the placement works on."""
+
+    spec: GangSpec
+    levels: tuple[str, ...]
+    index: NetworkIndex
+    memo: ChoiceMemo
+    objective: ClusterObjective | None
+    groups: dict[str, SubGroup]
+    children: dict[str, list[str]]  # group ("" the root) -> child sub-groups with members
+    direct: dict[str, list[int]]  # group -> indices of its own members
+    total: dict[str, int]  # group -> GPUs of every member of its subtree
+    bound: dict[str, set[str]]  # group -> nodes of bound members of its subtree
+    order: str = "constrained"  # sibling order: see `_kids`
+    free: dict[str, NodeView] = field(default_factory=dict)  # node -> its view, capacity taken
+    where: dict[str, str] = field(default_factory=dict)  # group -> "level=domain" it went to
+
+
+def plan_tree(
+    spec: GangSpec,
+    nodes: Sequence[NodeView],
+    levels: Sequence[str],
+    *,
+    index: NetworkIndex | None = None,
+    memo: ChoiceMemo | None = None,
+    objective: ClusterObjective | None = None,
+) -> GangPlan | NoPlan:
+    """Plan every pending member of a gang with sub-groups (module docstring), or NoPlan with
+    the reason. A malformed tree (a parent that does not exist, a cycle, a member in an unknown
+    sub-group, a level that is not configured) is a NoPlan naming it."""
+    levels = validate_levels(levels)
+    problem = _tree_problem(spec, levels)
+    if problem:
+        return NoPlan(spec.key, problem)
+    if index is None:
+        index = NetworkIndex.build(((v.name, v.labels) for v in nodes), levels)
+    tree = _index(spec, levels, index, memo if memo is not None else ChoiceMemo(), objective)
+    tree.free = {v.name: v for v in nodes}
+    root_levels = (
+        [spec.required_level]
+        if spec.required_level is not None
+        else [*levels[levels.index(spec.preferred_level) if spec.preferred_level else 0 :], CLUSTER]
+    )
+    why = "no domain holds it"
+    for level in root_levels:
+        for domain, names in _domains(tree, level, sorted(tree.free), tree.total[""], tree.bound[""]):
+            for order in ORDERS:
+                kept = dict(tree.free)
+                tree.where, tree.order = {"": f"{_short(level)}={domain}"}, order
+                got = _place(tree, "", names, 0)
+                if isinstance(got, dict):
+                    return _plan(tree, level, domain, got)
+                why = got
+                tree.free = kept
+        if spec.required_level is not None:
+            break
+    return NoPlan(spec.key, f"gang {spec.key} does not fit as a tree: {why}")
+
+
+def _short(level: str) -> str:
+    return "cluster" if level == CLUSTER else short_name(level)
+
+
+def _tree_problem(spec: GangSpec, levels: tuple[str, ...]) -> str:
+    """Why the tree cannot be planned ("" when it can)."""
+    names = [g.name for g in spec.groups]
+    if len(set(names)) != len(names) or "" in names:
+        return f"gang {spec.key}: sub-group names must be distinct and not empty"
+    known = set(names)
+    for g in spec.groups:
+        if g.parent and g.parent not in known:
+            return f"gang {spec.key}: sub-group {g.name!r} names parent {g.parent!r}, which it does not have"
+        for what, level in (("required", g.required_level), ("preferred", g.preferred_level)):
+            if level is not None and level not in levels:
+                return f"sub-group {g.name!r}: {what} topology {level!r} is not one of the network levels"
+    parent = {g.name: g.parent for g in spec.groups}
+    for g in spec.groups:  # every chain reaches the root within MAX_DEPTH
+        at, depth = g.name, 0
+        while at:
+            at, depth = parent[at], depth + 1
+            if depth > min(MAX_DEPTH, len(parent)):
+                return (
+                    f"gang {spec.key}: sub-group {g.name!r} is in a cycle or nested deeper than {MAX_DEPTH}"
+                )
+    for m in spec.members:
+        if m.group and m.group not in known:
+            return f"pod {m.pod} names sub-group {m.group!r}, which gang {spec.key} does not have"
+    for what, level in (("required", spec.required_level), ("preferred", spec.preferred_level)):
+        if level is not None and level not in levels:
+            return f"{what} topology {level!r} is not one of the network levels: {', '.join(levels)}"
+    return ""
+
+
+def _index(
+    spec: GangSpec,
+    levels: tuple[str, ...],
+    index: NetworkIndex,
+    memo: ChoiceMemo,
+    objective: ClusterObjective | None,
+) -> _Tree:
+    groups = {g.name: g for g in spec.groups}
+    direct: dict[str, list[int]] = {"": [], **{g: [] for g in groups}}
+    for i, m in enumerate(spec.members):
+        direct[m.group].append(i)
+    total = dict.fromkeys(direct, 0)
+    bound: dict[str, set[str]] = {g: set() for g in direct}
+    for g, members in direct.items():  # add each member's GPUs to its group and every ancestor
+        for i in members:
+            at: str | None = g
+            while at is not None:
+                total[at] += spec.members[i].gpus
+                at = groups[at].parent if at else None
+    for g, node in spec.bound:
+        at2: str | None = g if g in direct else ""
+        while at2 is not None:
+            bound[at2].add(node)
+            at2 = groups[at2].parent if at2 else None
+    children: dict[str, list[str]] = {g: [] for g in direct}
+    for sub in groups.values():
+        if total[sub.name] > 0:  # a sub-group with nothing pending needs no room
+            children[sub.parent].append(sub.name)
+    for kids in children.values():
+        kids.sort(key=lambda k: (-total[k], k))
+    return _Tree(spec, levels, index, memo, objective, groups, children, direct, total, bound)
+
+
+def _domains(
+    tree: _Tree, level: str, names: Sequence[str], need: int, bound: set[str]
+) -> list[tuple[str, list[str]]]:
+    """The domains of `level` among `names` that could hold `need` GPUs and every bound node,
+    fullest first (the fewest free GPUs that still hold it), name order among equals, at most
+    MAX_DOMAINS of them."""
+    by: dict[str, list[str]] = {}
+    for n in names:
+        by.setdefault(CLUSTER if level == CLUSTER else tree.index.domain(n, level), []).append(n)
+    pinned = {
+        CLUSTER if level == CLUSTER else tree.index.domain(n, level)
+        for n in bound
+        if n in tree.index.position
+    }
+    if len(pinned) > 1:
+        return []
+    out = []
+    for d, members in by.items():
+        if pinned and d not in pinned:
+            continue
+        room = sum(len(tree.free[n].free) for n in members)
+        if room >= need:
+            out.append((room, d, members))
+    out.sort(key=lambda x: (x[0], x[1]))
+    return [(d, members) for _, d, members in out[:MAX_DOMAINS]]
+
+
+def _place(tree: _Tree, group: str, names: list[str], depth: int) -> dict[int, Placement] | str:
+    """Every pending member of `group`'s subtree inside `names` (one domain of its level), or why
+    not. Takes the capacity it uses out of `tree.free`; the caller restores it on failure."""
+    out: dict[int, Placement] = {}
+    for child in _kids(tree, group):
+        got = _place_child(tree, child, names, depth + 1)
+        if isinstance(got, str):
+            return got
+        out.update(got)
+    own = tree.direct[group]
+    if own:
+        got = _flat(tree, group or tree.spec.key, own, names, None, None)
+        if isinstance(got, str):
+            return got
+        out.update(got)
+    return out
+
+
+def _kids(tree: _Tree, group: str) -> list[str]:
+    """`group`'s sub-groups in the order they are placed (`ORDERS`): the most constrained first
+    (a sub-group that must sit in one node or one NVLink domain has the fewest places, and a
+    looser sibling can go around it), the largest first among equals; or the largest first."""
+    kids = tree.children[group]
+    if tree.order == "largest" or len(kids) < 2:
+        return kids  # `_index` sorted them largest first
+    rank = {level: i for i, level in enumerate(tree.levels)}
+
+    def key(k: str) -> tuple[int, int, str]:
+        g = tree.groups[k]
+        return (rank[g.required_level] if g.required_level is not None else len(rank), -tree.total[k], k)
+
+    return sorted(kids, key=key)
+
+
+def _place_child(tree: _Tree, name: str, names: list[str], depth: int) -> dict[int, Placement] | str:
+    g = tree.groups[name]
+    if not tree.children[name]:  # a leaf: one flat gang over the parent's domain
+        pinned = _pinned(tree, name, names)
+        got = _flat(tree, name, tree.direct[name], pinned, g.required_level, g.preferred_level)
+        if isinstance(got, dict):
+            tree.where[name] = _landed(tree, got, g)
+        return got
+    if g.required_level is not None:
+        tried = [g.required_level]
+    else:
+        start = tree.levels.index(g.preferred_level) if g.preferred_level is not None else 0
+        tried = [*tree.levels[start:], CLUSTER]
+    why = f"sub-group {name!r} ({tree.total[name]} GPUs) fits no domain"
+    for level in tried:
+        for domain, members in _domains(tree, level, names, tree.total[name], tree.bound[name]):
+            kept = dict(tree.free)
+            got = _place(tree, name, members, depth)
+            if isinstance(got, dict):
+                tree.where[name] = f"{_short(level)}={domain}"
+                return got
+            why = got
+            tree.free = kept
+    return why
+
+
+def _pinned(tree: _Tree, name: str, names: list[str]) -> list[str]:
+    """`names` cut to the domain of the sub-group's required level that holds its bound members
+    (all of `names` when it has none or no required level)."""
+    g, bound = tree.groups[name], tree.bound[name]
+    if g.required_level is None or not bound:
+        return names
+    level = g.required_level
+    where = {tree.index.domain(n, level) for n in bound if n in tree.index.position}
+    if len(where) != 1:
+        return []
+    (d,) = where
+    return [n for n in names if tree.index.domain(n, level) == d]
+
+
+def _flat(
+    tree: _Tree,
+    label: str,
+    members: list[int],
+    names: list[str],
+    required: str | None,
+    preferred: str | None,
+) -> dict[int, Placement] | str:
+    """`members` as one flat gang over `names`' current free GPUs; takes what it places."""
+    spec = tree.spec
+    flat = GangSpec(
+        f"{spec.key}/{label}",
+        tuple(Member(spec.members[i].pod, spec.members[i].gpus) for i in members),
+        required_level=required,
+        preferred_level=preferred,
+        profile=spec.profile,
+    )
+    views = [tree.free[n] for n in names]
+    if not views:
+        return f"sub-group {label!r}: no node left in its domain"
+    plan = plan_gang(flat, views, tree.levels, index=tree.index, memo=tree.memo, objective=tree.objective)
+    if isinstance(plan, NoPlan):
+        return plan.reason
+    by_pod = {spec.members[i].pod: i for i in members}
+    out: dict[int, Placement] = {}
+    taken: dict[str, set[int]] = {}
+    for p in plan.placements:
+        out[by_pod[p.pod]] = p
+        taken.setdefault(p.node, set()).update(p.gpus)
+    for node, gpus in taken.items():
+        v = tree.free[node]
+        left = v.free - gpus if gpus else frozenset(sorted(v.free)[_gpus_of(plan, node) :])
+        tree.free[node] = NodeView(v.name, v.labels, v.gpu_count, left, v.allocator)
+    return out
+
+
+def _gpus_of(plan: GangPlan, node: str) -> int:
+    """GPUs a plan takes on a node of unknown topology (its placements carry no indices)."""
+    return sum(1 for p in plan.placements if p.node == node and not p.gpus)
+
+
+def _landed(tree: _Tree, got: Mapping[int, Placement], g: SubGroup) -> str:
+    """Where a sub-group went: its domain at its level, or the smallest level holding it."""
+    nodes = sorted({p.node for p in got.values()})
+    for level in (g.required_level or g.preferred_level, *tree.levels, CLUSTER):
+        if level is None:
+            continue
+        if level == CLUSTER:
+            return "cluster"
+        if level == HOSTNAME and len(nodes) == 1:
+            return f"{_short(level)}={nodes[0]}"
+        domains = {tree.index.domain(n, level) for n in nodes}
+        if len(domains) == 1:
+            return f"{_short(level)}={domains.pop()}"
+    return "cluster"
+
+
+def _plan(tree: _Tree, level: str, domain: str, got: Mapping[int, Placement]) -> GangPlan:
+    placements = tuple(got[i] for i in range(len(tree.spec.members)))
+    worst: Quality = UNKNOWN_QUALITY
+    qualities = [(p.choice.ring_mbps, p.choice.pair_sum_mbps) for p in placements if p.choice is not None]
+    if qualities:
+        worst = min(qualities)
+    parts = [f"{name} in {tree.where[name]}" for name in sorted(tree.where) if name]
+    why = f"tree planned in {_short(level)}={domain}" + (f"; sub-groups: {', '.join(parts)}" if parts else "")
+    return GangPlan(
+        gang=tree.spec.key,
+        level=level,
+        domain=domain,
+        placements=placements,
+        nodes_used=len({p.node for p in placements}),
+        worst=worst,
+        why=why,
+    )
