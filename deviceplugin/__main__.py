@@ -46,8 +46,8 @@ def _publication(config: PluginConfig) -> NodePublication | None:
         jsonlog.event(log, "publish_disabled", reason="no node name (NODE_NAME / --node-name)")
         return None
     try:
-        from deviceplugin.podresources import PodResourcesClient
-        from deviceplugin.publisher import for_cluster
+        from deviceplugin.publish.podresources import PodResourcesClient
+        from deviceplugin.publish.publisher import for_cluster
 
         pods = PodResourcesClient(config.pod_resources_socket, config.resource_name)
         # per pod, so the sidecar can free a pod's GPUs as soon as it sees the pod end
@@ -101,8 +101,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             log, "node_config", config=node_config, dir=config.config_dir, reason=f"chosen by {chosen_by}"
         )
     # Heavy imports (grpc, numpy) only once the flags are known good: bad flags fail fast.
-    from deviceplugin.daemon import Daemon
-    from deviceplugin.server import ServerError
+    from deviceplugin.kubelet.daemon import Daemon
+    from deviceplugin.kubelet.server import ServerError
     from gputopo.node.allocator import AllocationError
     from gputopo.node.topology import TopologyError
 

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import yaml
 
 from deviceplugin import strategies
-from deviceplugin.backend import BandwidthOverrides
+from deviceplugin.hardware.backend import BandwidthOverrides
 from gputopo.node.links import PCIE_LEVELS
 from gputopo.node.policy import DEFAULT_POLICY, POLICY_NAMES
 from gputopo.output import add_version_argument
@@ -49,7 +49,7 @@ TOPOLOGY_ANNOTATION = "gputopo.io/topology"
 IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
 NODE_CONFIG_LABEL = "gputopo.io/config"  # Node label naming its config in --config-dir
 
-# Device plugin daemon (deviceplugin/daemon.py and friends).
+# Device plugin daemon (deviceplugin/kubelet/daemon.py and friends).
 KUBELET_SOCKET_NAME = "kubelet.sock"  # kubelet's Registration socket inside KUBELET_DIR
 API_VERSION = "v1beta1"
 CDI_KIND = "nvidia.com/gpu"  # CDI devices are named CDI_KIND=<uuid>

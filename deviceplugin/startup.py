@@ -11,7 +11,7 @@ import sys
 import threading
 from types import FrameType
 
-from deviceplugin.backend import Backend
+from deviceplugin.hardware.backend import Backend
 from deviceplugin.settings import NVML_RETRY_SECONDS, PluginConfig
 from gputopo import jsonlog
 from gputopo.node.topology import TopologyError
@@ -24,7 +24,7 @@ class InitError(RuntimeError):
 
 
 def file_backend(config: PluginConfig) -> Backend:
-    from deviceplugin.filebackend import FileBackend
+    from deviceplugin.hardware.filebackend import FileBackend
 
     assert config.topology is not None
     return FileBackend(config.topology, config.health_file, settings=config.bandwidth)
@@ -35,7 +35,7 @@ def nvml_backend(config: PluginConfig, stop: threading.Event) -> Backend | None:
     while True:
         backend: Backend | None = None
         try:
-            from deviceplugin.nvml import NvmlBackend
+            from deviceplugin.hardware.nvml import NvmlBackend
 
             overrides = config.bandwidth
             backend = NvmlBackend(

@@ -186,19 +186,19 @@ def test_import_contracts_catch_what_they_should(tmp_path: Path) -> None:
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "presets"))
     shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     with (tmp_path / "gputopo" / "numerals.py").open("a") as f:
-        f.write("\n\ndef _status():\n    import deviceplugin.status_client\n")
+        f.write("\n\ndef _status():\n    import deviceplugin.kubelet.status_client\n")
     with (tmp_path / "gputopo" / "node" / "links.py").open("a") as f:
         f.write("\n\ndef _plan():\n    from gputopo.gang import planner\n")
     with (tmp_path / "deviceplugin" / "settings.py").open("a") as f:
         f.write("\n\ndef _levels():\n    from scheduler import defaults\n")
     with (tmp_path / "kubectl_gputopo" / "views.py").open("a") as f:
-        f.write("\n\ndef _status():\n    import deviceplugin.status_client\n")
+        f.write("\n\ndef _status():\n    import deviceplugin.kubelet.status_client\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(tmp_path / "proto")]))
     out = lint_imports(tmp_path, env)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-2000:]
     assert "Contracts: 0 kept, 4 broken." in out.stdout, out.stdout
     assert "gputopo.node.links -> gputopo.gang.planner" in out.stdout
-    assert "gputopo.numerals -> deviceplugin.status_client" in out.stdout
+    assert "gputopo.numerals -> deviceplugin.kubelet.status_client" in out.stdout
     assert "deviceplugin.settings -> scheduler" in out.stdout
-    assert "kubectl_gputopo.views -> deviceplugin.status_client" in out.stdout
+    assert "kubectl_gputopo.views -> deviceplugin.kubelet.status_client" in out.stdout
     assert "gputopo is not allowed to import grpc" in out.stdout

@@ -25,7 +25,7 @@ import pytest
 
 from deviceplugin.dra.daemon import DraDaemon, DraSettings
 from deviceplugin.dra.kubeapi import KubeDraApi
-from deviceplugin.filebackend import FileBackend
+from deviceplugin.hardware.filebackend import FileBackend
 from gputopo.node import draslices
 from gputopo.node.allocator import Allocator
 from gputopo.node.topofile import load_preset

@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from deviceplugin import settings
-from deviceplugin.status_client import fetch_status
+from deviceplugin.kubelet.status_client import fetch_status
 from gputopo.node.allocator import MAX_GPUS
 from gputopo.node.topofile import load_preset
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc

@@ -18,15 +18,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from deviceplugin import settings
-from deviceplugin.backend import Backend
 from deviceplugin.dra import probe
 from deviceplugin.dra.kubeapi import DraApi
 from deviceplugin.dra.pcie import roots_for
 from deviceplugin.dra.registrar import DraServer
 from deviceplugin.dra.service import DraService, PreparedClaims
 from deviceplugin.dra.slicepub import SlicePublisher
-from deviceplugin.health import HealthTracker
-from deviceplugin.healthloop import HealthLoop
+from deviceplugin.hardware.backend import Backend
+from deviceplugin.health.loop import HealthLoop
+from deviceplugin.health.tracker import HealthTracker
 from deviceplugin.metrics import Metrics
 from deviceplugin.state import SnapshotStore, make_snapshot
 from gputopo import jsonlog

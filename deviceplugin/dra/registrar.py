@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import grpc
 
 from deviceplugin.dra.service import DraService
-from deviceplugin.kubeletapi import FileId, file_id
+from deviceplugin.sockets import FileId, file_id
 from gputopo import jsonlog
 from gputopo_proto.dra.v1 import api_pb2_grpc as dra_grpc
 from gputopo_proto.pluginregistration.v1 import api_pb2 as reg_pb2

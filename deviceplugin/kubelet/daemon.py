@@ -11,13 +11,13 @@ import logging
 import time
 from collections.abc import Callable
 
-from deviceplugin.backend import Backend
-from deviceplugin.health import HealthTracker
-from deviceplugin.healthloop import HealthLoop
-from deviceplugin.kubeletapi import RegistrationInfo
+from deviceplugin.hardware.backend import Backend
+from deviceplugin.health.loop import HealthLoop
+from deviceplugin.health.tracker import HealthTracker
+from deviceplugin.kubelet.api import RegistrationInfo
+from deviceplugin.kubelet.registration import KubeletWatcher
+from deviceplugin.kubelet.server import PluginServer
 from deviceplugin.metrics import Metrics
-from deviceplugin.registration import KubeletWatcher
-from deviceplugin.server import PluginServer
 from deviceplugin.settings import PluginConfig
 from deviceplugin.state import Listener, SnapshotStore, make_snapshot
 from gputopo import jsonlog
@@ -126,7 +126,7 @@ class Daemon:
     def _live(self) -> str | None:
         """Liveness (GET /healthz on the metrics port): the plugin answers a gRPC call on the
         socket kubelet dials, as `gputopo status` checks it, from inside the daemon."""
-        from deviceplugin.status_client import StatusUnavailable, fetch_status
+        from deviceplugin.kubelet.status_client import StatusUnavailable, fetch_status
 
         server = self.server
         if server is None:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from deviceplugin import settings
-from deviceplugin.podresources import PodResourcesError, ids_to_uuids
+from deviceplugin.publish.podresources import PodResourcesError, ids_to_uuids
 from deviceplugin.state import Snapshot
 from gputopo import __version__, jsonlog
 from gputopo.network.annotation import MAX_POD_KEY_CHARS, MAX_PODS, encode, make
