@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from deviceplugin.daemon import ServeError
 from deviceplugin.dra.service import DraService
 from deviceplugin.sockets import FileId, file_id
 from gputopo import jsonlog
@@ -38,7 +39,7 @@ PLUGIN_TYPE = "DRAPlugin"
 SUPPORTED_VERSIONS = ("v1.DRAPlugin",)
 
 
-class RegistrarError(RuntimeError):
+class RegistrarError(ServeError):
     """A socket cannot be served; the message says which and why."""
 
 

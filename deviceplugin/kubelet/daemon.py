@@ -1,8 +1,10 @@
-"""The node daemon: wires backend, snapshot store, gRPC server, kubelet watcher and health loop.
+"""Device-plugin mode's daemon: the shared start path (deviceplugin/daemon.py) with a gRPC
+server on kubelet's device-plugin socket, the kubelet watcher that registers it, and the
+optional Node publication.
 
-Start order matters: discover the topology and build the allocator first (a bad topology must
-fail before anything is served), then serve, and only then let the watcher register, because
-kubelet dials back inside Register. Stop runs the other way round and leaves no socket behind.
+Its own steps: serve the socket, then let the watcher register (kubelet dials back inside
+Register, so the socket must already answer), then start publishing the Node annotation. Stop
+withdraws in the other order and leaves no socket behind.
 """
 
 from __future__ import annotations
@@ -10,24 +12,27 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
+from deviceplugin.daemon import NodeDaemon
 from deviceplugin.hardware.backend import Backend
-from deviceplugin.health.loop import HealthLoop
-from deviceplugin.health.tracker import HealthTracker
 from deviceplugin.kubelet.api import RegistrationInfo
 from deviceplugin.kubelet.registration import KubeletWatcher
 from deviceplugin.kubelet.server import PluginServer
 from deviceplugin.metrics import Metrics
-from deviceplugin.settings import PluginConfig
-from deviceplugin.state import Listener, SnapshotStore, make_snapshot
+from deviceplugin.publish.publisher import NodePublication
+from deviceplugin.settings import DEVICE_PLUGIN, PluginConfig
+from deviceplugin.state import Listener, SnapshotStore
 from gputopo import jsonlog
-from gputopo.node.topology import TopologyError
 
 log = logging.getLogger("deviceplugin.daemon")
 
 
-class Daemon:
+class Daemon(NodeDaemon):
     """One device plugin for one resource on one node; `start()` / `stop()`."""
+
+    mode = DEVICE_PLUGIN
+    log = log
 
     def __init__(
         self,
@@ -38,20 +43,19 @@ class Daemon:
         wall: Callable[[], float] = time.time,
         register: Callable[[], None] | None = None,
         health_tick_seconds: float = 1.0,
+        publication: NodePublication | None = None,
     ) -> None:
-        self.config = config
-        self.backend = backend
-        self.metrics = metrics or Metrics()
-        self._clock = clock
+        super().__init__(config, backend, metrics, clock, health_tick_seconds)
         self._wall = wall
         self._register = register
-        self._health_tick_seconds = health_tick_seconds
+        self.publication = publication
         self._pending_listeners: list[Listener] = []
         self._allocate_listeners: list[Callable[[], None]] = []
-        self.store: SnapshotStore | None = None
         self.server: PluginServer | None = None
         self.watcher: KubeletWatcher | None = None
-        self.health: HealthLoop | None = None
+        if publication is not None:
+            self.add_listener(publication.publisher.update)  # called at once with the first snapshot
+            self.add_allocate_listener(publication.publisher.poke)
 
     def add_listener(self, listener: Listener) -> None:
         """Hook for the Node publisher: called with every snapshot (topology + health)."""
@@ -77,51 +81,37 @@ class Daemon:
     def registration(self) -> RegistrationInfo:
         return self.watcher.info() if self.watcher is not None else RegistrationInfo()
 
-    def start(self) -> None:
-        """Discover, serve, then register; on any failure undo what was started and re-raise."""
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
+    # -- the shared start path's steps (deviceplugin/daemon.py) -----------------------------
 
-    def _start(self) -> None:
-        cfg = self.config
-        topology = self.backend.discover()
-        recovery = cfg.health_recovery_seconds or None
-        try:
-            tracker = HealthTracker([g.uuid for g in topology.gpus], cfg.ignored_xids, recovery, self._clock)
-        except ValueError as e:  # a GPU named like the tracker's all-GPUs marker: the topology is bad
-            raise TopologyError(f"{topology.name}: {e}") from None
-        self.store = SnapshotStore(make_snapshot(1, topology, tracker.state(), policy=cfg.policy))
+    def _build(self, store: SnapshotStore) -> None:
         for listener in self._pending_listeners:
-            self.store.add_listener(listener)
-        jsonlog.event(
-            log,
-            "starting",
-            topology=topology.name,
-            gpus=topology.n,
-            backend=cfg.backend_kind,
-            resource=cfg.resource_name,
-            socket=cfg.socket_path,
-            strategy=cfg.device_list_strategy,
-            node=cfg.node_name,
-            policy=cfg.policy,
-            reason="topology discovered; allocator built once for it",
-        )
-        self.metrics.set_build(backend=cfg.backend_kind)
-        self.metrics.serve(cfg.metrics_port)
-        self.health = HealthLoop(self.backend, tracker, self.store, self.metrics, self._health_tick_seconds)
-        self.health.export_gauges(self.store.current())
+            store.add_listener(listener)
+
+    def _describe(self) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "resource": cfg.resource_name,
+            "socket": cfg.socket_path,
+            "strategy": cfg.device_list_strategy,
+            "policy": cfg.policy,
+            "reason": "topology discovered; allocator built once for it",
+        }
+
+    def _serve(self) -> None:
+        assert self.store is not None
         self.server = PluginServer(
-            cfg, self.store, self.metrics, self.registration, allocated=self._allocated
+            self.config, self.store, self.metrics, self.registration, allocated=self._allocated
         )
         self.server.start()
-        self.metrics.set_check("/healthz", self._live)
-        self.metrics.set_check("/readyz", self._ready)
-        self.health.start()
-        self.watcher = KubeletWatcher(cfg, self.server, self.metrics, self._register, self._clock, self._wall)
+
+    def _reach_out(self) -> None:
+        assert self.server is not None
+        self.watcher = KubeletWatcher(
+            self.config, self.server, self.metrics, self._register, self._clock, self._wall
+        )
         self.watcher.start()
+        if self.publication is not None:
+            self.publication.publisher.start()
 
     def _live(self) -> str | None:
         """Liveness (GET /healthz on the metrics port): the plugin answers a gRPC call on the
@@ -149,15 +139,12 @@ class Daemon:
             return "not registered with kubelet yet"
         return None
 
-    def stop(self) -> None:
+    def _withdraw(self) -> None:
+        if self.publication is not None:
+            self.publication.stop()
         if self.watcher is not None:
             self.watcher.stop()
-        if self.health is not None:
-            self.health.stop()
-        if self.store is not None:
-            self.store.close()
+
+    def _close(self) -> None:
         if self.server is not None:
             self.server.close()
-        self.metrics.stop()
-        self.backend.close()
-        jsonlog.event(log, "stopped", socket=self.config.socket_path, reason="shutdown requested")

@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 
+from deviceplugin.daemon import ServeError
 from deviceplugin.kubelet.api import RegistrationInfo
 from deviceplugin.kubelet.service import DevicePluginService, StatusService
 from deviceplugin.metrics import Metrics
@@ -32,7 +33,7 @@ from gputopo_proto.status.v1 import status_pb2_grpc
 log = logging.getLogger("deviceplugin.server")
 
 
-class ServerError(RuntimeError):
+class ServerError(ServeError):
     """The plugin socket cannot be served (folder not writable, path taken by a non-socket, …)."""
 
 
