@@ -1,6 +1,6 @@
-"""The node-side commands of `gputopo`, contributed through entry points (pyproject.toml):
-`gputopo status` (ask the running plugin over its socket) and the NVML topology source that
-`gputopo topo` / `prefer` use without --topology.
+"""The node-side commands of `gputopo`, contributed through entry points. They are `gputopo
+status` (ask the running plugin over its socket) and the NVML topology source that `gputopo
+topo` / `prefer` use without --topology (pyproject.toml names both).
 
 They live here, not in the core, because they need what only the plugin package has (its
 socket layout and status client over gRPC, the NVML backend); the core `gputopo/cli.py` finds

@@ -1,4 +1,4 @@
-"""What both plugin modes' daemons do at start and stop: one start path (issue 30).
+"""What both plugin modes' daemons do at start and stop, written once.
 
 The device-plugin mode (`deviceplugin.kubelet.daemon`) and the DRA mode (`deviceplugin.dra.daemon`)
 differ only in what they serve kubelet and what they tell the cluster. Everything else lived in

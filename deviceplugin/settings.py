@@ -1,5 +1,6 @@
-"""The plugin's settings: defaults, value parsers, the one table of options, and the loading
-that layers flag > environment > config file > default into one frozen `PluginConfig`.
+"""The plugin's settings, for both modes, in one table. Here are the defaults, the value
+parsers, the table of options, and the loading that layers flag > environment > config file >
+default into one frozen `PluginConfig`.
 
 One table (`OPTIONS`) names every setting once: its flag, its environment variable, its key in
 the versioned YAML file and the parser that turns text (or a YAML value) into a checked value.

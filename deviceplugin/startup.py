@@ -1,4 +1,4 @@
-"""The one start path of the node daemon's process, for both plugin modes (issue 30).
+"""The one start path of the node daemon's process, for both plugin modes (issue 30 made it one).
 
 `python -m deviceplugin` (kubelet's device-plugin API) and `python -m deviceplugin --mode dra`
 (a DRA driver) start the same way, here: settings from the one table (deviceplugin/settings.py)
