@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 # only, for whoever installs gputopo into their own environment. `make lock` rewrites it.
 LOCK   := requirements.lock
 
-.PHONY: install lock run demo test test-real real-build lint imports types proto bench images diagram clean
+.PHONY: install lock run demo test test-real real-build lint imports types proto bench images diagram dra-layouts clean
 
 # pip's own progress (each package as it is collected, downloaded and installed) is shown: a
 # fresh install takes a few minutes on the 2-core machine and should not look hung.
@@ -99,6 +99,11 @@ proto: $(STAMP)
 # (tests/test_architecture.py fails when the committed picture differs).
 diagram: $(STAMP)
 	$(BIN)/python tools/architecture.py --write
+
+# The DRA DeviceClasses of deploy/ and the chart's layout rows, from the one table of device
+# layouts, gputopo.node.draslices.LAYOUTS (tests/test_dra_manifests.py fails when they differ).
+dra-layouts: $(STAMP)
+	$(BIN)/python tools/dra_layouts.py --write
 
 bench: $(STAMP)
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done

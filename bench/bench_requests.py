@@ -14,7 +14,7 @@ Columns (seconds per request, best of --repeat, all measured in this process sid
   (both quadratic in N);
 * linear: the same validation with sets but without the length limit, to show the algorithmic
   change alone;
-* now: `deviceplugin.requests` as shipped (the limit refuses N > MAX_REQUEST_IDS before any
+* now: `deviceplugin.kubelet.requests` as shipped (the limit refuses N > MAX_REQUEST_IDS before any
   per-ID work);
 * grpc now: the same request to `python -m deviceplugin` over its unix socket (protobuf
   decoding of N strings included).
@@ -40,8 +40,8 @@ import grpc
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from deviceplugin import requests  # noqa: E402
-from deviceplugin.requests import RequestError  # noqa: E402
+from deviceplugin.kubelet import requests  # noqa: E402
+from deviceplugin.kubelet.requests import RequestError  # noqa: E402
 from deviceplugin.state import Snapshot, make_snapshot  # noqa: E402
 from gputopo.node.topofile import load_preset  # noqa: E402
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc  # noqa: E402

@@ -1,6 +1,6 @@
-"""The node-side commands of `gputopo`, contributed through entry points (pyproject.toml):
-`gputopo status` (ask the running plugin over its socket) and the NVML topology source that
-`gputopo topo` / `prefer` use without --topology.
+"""The node-side commands of `gputopo`, contributed through entry points. They are `gputopo
+status` (ask the running plugin over its socket) and the NVML topology source that `gputopo
+topo` / `prefer` use without --topology (pyproject.toml names both).
 
 They live here, not in the core, because they need what only the plugin package has (its
 socket layout and status client over gRPC, the NVML backend); the core `gputopo/cli.py` finds
@@ -23,7 +23,7 @@ from gputopo.output import add_output_arguments, ago, dump, is_machine, table, y
 
 def local_topology() -> Topology:
     """The node's topology from NVML (entry point `gputopo.topology_sources: nvml`)."""
-    from deviceplugin.nvml import NvmlBackend, NvmlUnavailable
+    from deviceplugin.hardware.nvml import NvmlBackend, NvmlUnavailable
 
     try:
         backend = NvmlBackend()
@@ -101,7 +101,7 @@ class StatusCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from deviceplugin import settings
-        from deviceplugin.status_client import StatusUnavailable, fetch_status
+        from deviceplugin.kubelet.status_client import StatusUnavailable, fetch_status
 
         if not (math.isfinite(args.timeout) and args.timeout > 0):
             raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")

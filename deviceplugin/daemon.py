@@ -1,8 +1,18 @@
-"""The node daemon: wires backend, snapshot store, gRPC server, kubelet watcher and health loop.
+"""What both plugin modes' daemons do at start and stop, written once.
 
-Start order matters: discover the topology and build the allocator first (a bad topology must
-fail before anything is served), then serve, and only then let the watcher register, because
-kubelet dials back inside Register. Stop runs the other way round and leaves no socket behind.
+The device-plugin mode (`deviceplugin.kubelet.daemon`) and the DRA mode (`deviceplugin.dra.daemon`)
+differ only in what they serve kubelet and what they tell the cluster. Everything else lived in
+two copies that drifted (the DRA one had no clock, no `--policy` and no health gauges until the
+first health change), so it lives here once and each mode fills in four steps.
+
+Start order: discover the topology and build the node's GPU policy (a bad topology fails before
+anything is served); build the mode's pieces that serve nothing yet (`_build`); set the health
+gauges, then open the metrics port (the first scrape already sees every GPU); serve the mode's
+sockets (`_serve`); answer kubelet's probes; start the health loop; and last reach out
+(`_reach_out`: the device plugin's Register, which kubelet answers by dialling back, or the DRA
+slice publication). Stop runs the other way round and leaves no socket behind; a start that
+fails stops what it started and re-raises. The process around it (settings, signals, the
+backend, exit codes) is deviceplugin/startup.py, also one for both modes.
 """
 
 from __future__ import annotations
@@ -10,24 +20,30 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any, ClassVar
 
-from deviceplugin.backend import Backend
-from deviceplugin.health import HealthTracker
-from deviceplugin.healthloop import HealthLoop
-from deviceplugin.kubeletapi import RegistrationInfo
+from deviceplugin.hardware.backend import Backend
+from deviceplugin.health.loop import HealthLoop
+from deviceplugin.health.tracker import HealthTracker
 from deviceplugin.metrics import Metrics
-from deviceplugin.registration import KubeletWatcher
-from deviceplugin.server import PluginServer
 from deviceplugin.settings import PluginConfig
-from deviceplugin.state import Listener, SnapshotStore, make_snapshot
+from deviceplugin.state import SnapshotStore, make_snapshot
 from gputopo import jsonlog
 from gputopo.node.topology import TopologyError
 
-log = logging.getLogger("deviceplugin.daemon")
+
+class ServeError(RuntimeError):
+    """A socket kubelet dials cannot be served (folder not writable, path taken by a non-socket,
+    …); the message says which and why. The start path prints it as one line, exit 1."""
 
 
-class Daemon:
-    """One device plugin for one resource on one node; `start()` / `stop()`."""
+class NodeDaemon:
+    """One plugin mode on one node; `start()` / `stop()`. Subclasses fill in the steps below."""
+
+    #: The mode's name, in the start and stop log lines.
+    mode: ClassVar[str] = ""
+    #: The mode's logger (its name is in every log line the daemon writes).
+    log: ClassVar[logging.Logger] = logging.getLogger("deviceplugin.daemon")
 
     def __init__(
         self,
@@ -35,50 +51,18 @@ class Daemon:
         backend: Backend,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
-        register: Callable[[], None] | None = None,
         health_tick_seconds: float = 1.0,
     ) -> None:
         self.config = config
         self.backend = backend
         self.metrics = metrics or Metrics()
         self._clock = clock
-        self._wall = wall
-        self._register = register
         self._health_tick_seconds = health_tick_seconds
-        self._pending_listeners: list[Listener] = []
-        self._allocate_listeners: list[Callable[[], None]] = []
         self.store: SnapshotStore | None = None
-        self.server: PluginServer | None = None
-        self.watcher: KubeletWatcher | None = None
         self.health: HealthLoop | None = None
 
-    def add_listener(self, listener: Listener) -> None:
-        """Hook for the Node publisher: called with every snapshot (topology + health)."""
-        if self.store is None:
-            self._pending_listeners.append(listener)
-        else:
-            self.store.add_listener(listener)
-
-    def add_allocate_listener(self, listener: Callable[[], None]) -> None:
-        """Called after each successful Allocate (kubelet's in-use set just changed), e.g. the
-        publisher's `poke`. Runs on the RPC thread: it must only signal, never block."""
-        self._allocate_listeners.append(listener)
-
-    def _allocated(self) -> None:
-        for listener in self._allocate_listeners:
-            try:
-                listener()
-            except Exception as e:
-                jsonlog.event(
-                    log, "allocate_listener_failed", logging.ERROR, reason=f"{type(e).__name__}: {e}"
-                )
-
-    def registration(self) -> RegistrationInfo:
-        return self.watcher.info() if self.watcher is not None else RegistrationInfo()
-
     def start(self) -> None:
-        """Discover, serve, then register; on any failure undo what was started and re-raise."""
+        """Discover, build, serve, then reach out; on any failure undo what was started and re-raise."""
         try:
             self._start()
         except BaseException:
@@ -94,70 +78,64 @@ class Daemon:
         except ValueError as e:  # a GPU named like the tracker's all-GPUs marker: the topology is bad
             raise TopologyError(f"{topology.name}: {e}") from None
         self.store = SnapshotStore(make_snapshot(1, topology, tracker.state(), policy=cfg.policy))
-        for listener in self._pending_listeners:
-            self.store.add_listener(listener)
+        self._build(self.store)
         jsonlog.event(
-            log,
+            self.log,
             "starting",
+            mode=self.mode,
             topology=topology.name,
             gpus=topology.n,
             backend=cfg.backend_kind,
-            resource=cfg.resource_name,
-            socket=cfg.socket_path,
-            strategy=cfg.device_list_strategy,
             node=cfg.node_name,
-            policy=cfg.policy,
-            reason="topology discovered; allocator built once for it",
+            **self._describe(),
         )
         self.metrics.set_build(backend=cfg.backend_kind)
-        self.metrics.serve(cfg.metrics_port)
         self.health = HealthLoop(self.backend, tracker, self.store, self.metrics, self._health_tick_seconds)
-        self.health.export_gauges(self.store.current())
-        self.server = PluginServer(
-            cfg, self.store, self.metrics, self.registration, allocated=self._allocated
-        )
-        self.server.start()
+        self.health.export_gauges(self.store.current())  # before the port opens: no empty first scrape
+        self.metrics.serve(cfg.metrics_port)
+        self._serve()
         self.metrics.set_check("/healthz", self._live)
         self.metrics.set_check("/readyz", self._ready)
         self.health.start()
-        self.watcher = KubeletWatcher(cfg, self.server, self.metrics, self._register, self._clock, self._wall)
-        self.watcher.start()
-
-    def _live(self) -> str | None:
-        """Liveness (GET /healthz on the metrics port): the plugin answers a gRPC call on the
-        socket kubelet dials, as `gputopo status` checks it, from inside the daemon."""
-        from deviceplugin.status_client import StatusUnavailable, fetch_status
-
-        server = self.server
-        if server is None:
-            return "the gRPC server is not running"
-        if not server.socket_intact():
-            return f"socket {server.path} is gone or replaced (kubelet restarted?); being re-created"
-        try:
-            fetch_status(server.path, timeout=3.0)
-        except StatusUnavailable as e:
-            return f"socket {server.path} does not answer: {e}"
-        return None
-
-    def _ready(self) -> str | None:
-        """Readiness (GET /readyz): alive, and kubelet accepted the registration, so the node's
-        GPUs are advertised."""
-        reason = self._live()
-        if reason is not None:
-            return reason
-        if not self.registration().registered:
-            return "not registered with kubelet yet"
-        return None
+        self._reach_out()
 
     def stop(self) -> None:
-        if self.watcher is not None:
-            self.watcher.stop()
+        """Stop reaching out, then health, then the streams, then the sockets; idempotent."""
+        self._withdraw()
         if self.health is not None:
             self.health.stop()
         if self.store is not None:
             self.store.close()
-        if self.server is not None:
-            self.server.close()
+        self._close()
         self.metrics.stop()
         self.backend.close()
-        jsonlog.event(log, "stopped", socket=self.config.socket_path, reason="shutdown requested")
+        jsonlog.event(self.log, "stopped", mode=self.mode, reason="shutdown requested")
+
+    # -- the mode's steps ------------------------------------------------------------------
+
+    def _build(self, store: SnapshotStore) -> None:
+        """Build what serves nothing yet and subscribe it to the store (called once, at start)."""
+
+    def _describe(self) -> dict[str, Any]:
+        """The mode's own fields of the `starting` log line, `reason` among them."""
+        return {"reason": "topology discovered"}
+
+    def _serve(self) -> None:
+        """Open the sockets kubelet dials; ServeError when one cannot be served."""
+
+    def _live(self) -> str | None:
+        """GET /healthz on the metrics port: None while alive, else why not (one line)."""
+        return None
+
+    def _ready(self) -> str | None:
+        """GET /readyz: None while kubelet can use the node's GPUs, else why not."""
+        return self._live()
+
+    def _reach_out(self) -> None:
+        """Start telling kubelet or the cluster about the node (last: everything serves by now)."""
+
+    def _withdraw(self) -> None:
+        """Stop what `_reach_out` started (first in `stop`); safe when it never started."""
+
+    def _close(self) -> None:
+        """Close the sockets `_serve` opened; safe when they never opened."""

@@ -73,7 +73,7 @@ def select(config_dir: str, name: str | None, source: str) -> str | None:
 
 def api_label(node: str, label: str, kubeconfig: str | None) -> str | None:
     """The Node's label through the API server, with the publisher's client setup."""
-    from deviceplugin.publisher import core_api
+    from deviceplugin.publish.publisher import core_api
 
     try:
         found = core_api(kubeconfig).read_node(node, _request_timeout=10)

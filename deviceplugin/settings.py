@@ -1,5 +1,6 @@
-"""The plugin's settings: defaults, value parsers, the one table of options, and the loading
-that layers flag > environment > config file > default into one frozen `PluginConfig`.
+"""The plugin's settings, for both modes, in one table. Here are the defaults, the value
+parsers, the table of options, and the loading that layers flag > environment > config file >
+default into one frozen `PluginConfig`.
 
 One table (`OPTIONS`) names every setting once: its flag, its environment variable, its key in
 the versioned YAML file and the parser that turns text (or a YAML value) into a checked value.
@@ -8,9 +9,13 @@ The three sources then cannot drift apart, and every bad value is reported the s
 one line before exiting with code 2. Each parser is total: it returns the value or raises
 `ValueError` with a reason, which the loader wraps into that `ConfigError`.
 
-A new setting is one `PluginConfig` field and one `Option` row here (plus its parser when no
-existing one fits), and the docs' table. Choosing a per-node config file from a mounted
-ConfigMap by the Node's label is a separate job, with an API call: `deviceplugin.nodeconfig`.
+Both plugin modes read this one table (issue 30): an `Option` names the modes that use it, and
+`--help` of each mode lists its own options first; the other mode's are still accepted and
+checked (a node moves between the modes by adding `--mode dra`, its other settings unchanged),
+never used. A new setting is one `PluginConfig` field and one `Option` row here (plus its
+parser when no existing one fits), and the docs' table (docs/deviceplugin.md, or docs/dra.md
+for a DRA one). Choosing a per-node config file from a mounted ConfigMap by the Node's label is a
+separate job, with an API call: `deviceplugin.nodeconfig`.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from typing import Any, NoReturn
 import yaml
 
 from deviceplugin import strategies
-from deviceplugin.backend import BandwidthOverrides
+from deviceplugin.hardware.backend import BandwidthOverrides
+from gputopo.node import draslices
 from gputopo.node.links import PCIE_LEVELS
 from gputopo.node.policy import DEFAULT_POLICY, POLICY_NAMES
 from gputopo.output import add_version_argument
@@ -49,7 +55,7 @@ TOPOLOGY_ANNOTATION = "gputopo.io/topology"
 IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
 NODE_CONFIG_LABEL = "gputopo.io/config"  # Node label naming its config in --config-dir
 
-# Device plugin daemon (deviceplugin/daemon.py and friends).
+# Device plugin daemon (deviceplugin/kubelet/daemon.py and friends).
 KUBELET_SOCKET_NAME = "kubelet.sock"  # kubelet's Registration socket inside KUBELET_DIR
 API_VERSION = "v1beta1"
 CDI_KIND = "nvidia.com/gpu"  # CDI devices are named CDI_KIND=<uuid>
@@ -58,6 +64,10 @@ WATCH_INTERVAL_SECONDS = 0.15  # how often the kubelet folder is polled
 REGISTER_BACKOFF_SECONDS = (0.2, 5.0)  # first and largest wait between failed Register calls
 REGISTER_TIMEOUT_SECONDS = 10.0  # kubelet dials back inside Register (its own timeout: 10 s)
 NVML_RETRY_SECONDS = 30.0  # NVML init retry period when fail-on-init-error is off
+# DRA mode (deviceplugin/dra): kubelet's plugin-watcher folder and the parent of the plugin's own.
+DRA_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+DRA_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+SYSFS = "/sys"
 # Longest device-ID list (and most container requests) one RPC may carry. kubelet lists the
 # devices this plugin advertised, at most gputopo.node.allocator.MAX_GPUS (16); 4x that leaves room
 # for IDs of GPUs since replaced (kubelet may still offer them) and for larger nodes, while
@@ -251,7 +261,57 @@ def parse_log_level(value: Any) -> str:
     return parse_choice(LOG_LEVELS)(value)
 
 
+def parse_driver_name(value: Any) -> str:
+    """A DRA driver name: the ResourceSlices' `driver` and the DeviceClasses' attribute domain,
+    so a DNS subdomain of at most 63 characters with a dot, like gputopo.io."""
+    text = parse_text(value)
+    if len(text) > 63 or not _DNS_SUBDOMAIN_RE.match(text) or "." not in text:
+        raise ValueError(f"must be a DNS subdomain with a dot (like gputopo.io), got {value!r}")
+    return text
+
+
+def parse_set_sizes(value: Any) -> tuple[int, ...]:
+    """GPU set sizes, `2,4,8` (flag/env) or a YAML list, each 2..16 (a node's most GPUs here)."""
+    items: list[Any]
+    if isinstance(value, (list, tuple)):
+        items = list(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        items = [value]
+    elif isinstance(value, str):
+        items = [p for p in re.split(r"[,\s]+", value.strip()) if p]
+    else:
+        raise ValueError(f"must be comma-separated integers, got {value!r}")
+    sizes: set[int] = set()
+    for item in items:
+        try:
+            if isinstance(item, bool):
+                raise ValueError
+            sizes.add(int(str(item).strip()))
+        except ValueError:
+            raise ValueError(f"must be comma-separated integers, got {value!r}") from None
+    if not sizes or any(k < 2 or k > 16 for k in sizes):
+        raise ValueError(f"sizes must be between 2 and 16, got {value!r}")
+    return tuple(sorted(sizes))
+
+
+def parse_max_sets(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"must be an integer, got {value!r}")
+    try:
+        count = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"must be an integer, got {value!r}") from None
+    if not 1 <= count <= draslices.MAX_SETS_PER_SIZE:
+        raise ValueError(f"must be between 1 and {draslices.MAX_SETS_PER_SIZE}, got {count}")
+    return count
+
+
 # --- The one table of settings.
+
+DEVICE_PLUGIN = "device-plugin"
+DRA = "dra"
+#: The plugin's modes (`--mode`): kubelet's device-plugin API, or a DRA driver (docs/dra.md).
+MODES = (DEVICE_PLUGIN, DRA)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +323,8 @@ class Option:
     parse: Callable[[Any], Any]
     help: str
     boolean: bool = False
+    #: The modes that use the setting; the others accept and check it, and never read it.
+    modes: tuple[str, ...] = MODES
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -273,6 +335,7 @@ OPTIONS: tuple[Option, ...] = (
         "kubeletDir",
         parse_socket_path,
         "kubelet device-plugin folder holding kubelet.sock and the plugin's socket",
+        modes=(DEVICE_PLUGIN,),
     ),
     Option(
         "resource_name",
@@ -281,6 +344,7 @@ OPTIONS: tuple[Option, ...] = (
         "resourceName",
         parse_resource,
         "extended resource advertised to kubelet",
+        modes=(DEVICE_PLUGIN,),
     ),
     Option(
         "socket_name",
@@ -289,6 +353,7 @@ OPTIONS: tuple[Option, ...] = (
         "socketName",
         parse_socket_name,
         "file name of the plugin's socket inside the kubelet folder",
+        modes=(DEVICE_PLUGIN,),
     ),
     Option(
         "topology",
@@ -314,6 +379,7 @@ OPTIONS: tuple[Option, ...] = (
         parse_strategy_list,
         "how Allocate hands GPUs to the container, a comma list as NVIDIA's plugin takes: "
         "envvar, volume-mounts, cdi-annotations, cdi-cri (cdi = cdi-cri)",
+        modes=(DEVICE_PLUGIN,),
     ),
     Option(
         "ignored_xids",
@@ -371,6 +437,7 @@ OPTIONS: tuple[Option, ...] = (
         "podResourcesSocket",
         parse_socket_path,
         "kubelet PodResources socket",
+        modes=(DEVICE_PLUGIN,),
     ),
     Option(
         "publish",
@@ -380,6 +447,7 @@ OPTIONS: tuple[Option, ...] = (
         parse_choice(PUBLISH_MODES),
         "keep the Node's gputopo.io/topology annotation current: true, false, or auto "
         "(when a node name is set and the API server can be reached)",
+        modes=(DEVICE_PLUGIN,),
     ),
     Option(
         "kubeconfig",
@@ -387,7 +455,8 @@ OPTIONS: tuple[Option, ...] = (
         "GPUTOPO_KUBECONFIG",
         "kubeconfig",
         parse_optional_text,
-        "kubeconfig for node publication (default: in-cluster service account)",
+        "kubeconfig for the API server: node publication, or DRA's ResourceSlices and claims "
+        "(default: in-cluster service account)",
     ),
     Option(
         "nvlink_gbps_per_link",
@@ -414,6 +483,7 @@ OPTIONS: tuple[Option, ...] = (
         "in-node GPU choice: gputopo (default), or to A/B one node against what others run: "
         "kubelet-default (kubelet's random order), best-effort-pairs (NVIDIA go-gpuallocator), "
         "best-combo (HAMi)",
+        modes=(DEVICE_PLUGIN,),
     ),
     Option(
         "config_dir",
@@ -448,6 +518,7 @@ OPTIONS: tuple[Option, ...] = (
         parse_bool,
         "also list /dev/nvidia<minor> and the control devices in Allocate (runtimes without the NVIDIA hook)",
         boolean=True,
+        modes=(DEVICE_PLUGIN,),
     ),
     Option(
         "nvidia_driver_root",
@@ -456,6 +527,7 @@ OPTIONS: tuple[Option, ...] = (
         "nvidiaDriverRoot",
         parse_socket_path,
         "root of the driver's /dev on the host, for device specs (the GPU Operator: /run/nvidia/driver)",
+        modes=(DEVICE_PLUGIN,),
     ),
     Option(
         "cdi_annotation_prefix",
@@ -464,8 +536,74 @@ OPTIONS: tuple[Option, ...] = (
         "cdiAnnotationPrefix",
         strategies.parse_annotation_prefix,
         "key prefix of cdi-annotations (default cdi.k8s.io/)",
+        modes=(DEVICE_PLUGIN,),
+    ),
+    Option(
+        "driver_name",
+        "--driver-name",
+        "GPUTOPO_DRA_DRIVER",
+        "draDriverName",
+        parse_driver_name,
+        "DRA driver name: the ResourceSlices' driver and the DeviceClasses' attribute domain "
+        f"(default {draslices.DRIVER})",
+        modes=(DRA,),
+    ),
+    Option(
+        "registry_dir",
+        "--registry-dir",
+        "GPUTOPO_DRA_REGISTRY_DIR",
+        "draRegistryDir",
+        parse_socket_path,
+        f"kubelet's plugin-watcher folder, where the registration socket goes (default {DRA_REGISTRY_DIR})",
+        modes=(DRA,),
+    ),
+    Option(
+        "plugins_dir",
+        "--plugins-dir",
+        "GPUTOPO_DRA_PLUGINS_DIR",
+        "draPluginsDir",
+        parse_socket_path,
+        "parent of the plugin's own folder <plugins-dir>/<driver>/: its DRA socket and prepared "
+        f"claims (default {DRA_PLUGINS_DIR})",
+        modes=(DRA,),
+    ),
+    Option(
+        "set_sizes",
+        "--set-sizes",
+        "GPUTOPO_DRA_SET_SIZES",
+        "draSetSizes",
+        parse_set_sizes,
+        "GPU set sizes published as devices, one DeviceClass each (default "
+        + ",".join(map(str, draslices.DEFAULT_SIZES))
+        + ")",
+        modes=(DRA,),
+    ),
+    Option(
+        "max_sets",
+        "--max-sets",
+        "GPUTOPO_DRA_MAX_SETS",
+        "draMaxSets",
+        parse_max_sets,
+        "most set devices per size, 64 a slice; below the number of sets, a claim can wait while "
+        f"GPUs are free (default {draslices.MAX_SETS_PER_SIZE}: every set of a node of up to 16 GPUs)",
+        modes=(DRA,),
+    ),
+    Option(
+        "sysfs",
+        "--sysfs",
+        "GPUTOPO_SYSFS",
+        "sysfs",
+        parse_socket_path,
+        f"sysfs root, where the GPUs' PCIe roots are read (default {SYSFS})",
+        modes=(DRA,),
     ),
 )
+
+
+def option(name: str) -> Option:
+    """The table's row of setting `name` (a PluginConfig field), for commands beside the daemon
+    that take some of its flags (the DRA probe)."""
+    return next(opt for opt in OPTIONS if opt.name == name)
 
 
 # --- Loading: flags > environment > config file > defaults.
@@ -507,6 +645,17 @@ class PluginConfig:
     pass_device_specs: bool = False
     nvidia_driver_root: str = "/"
     cdi_annotation_prefix: str = strategies.CDI_ANNOTATION_PREFIX
+    driver_name: str = draslices.DRIVER
+    registry_dir: str = DRA_REGISTRY_DIR
+    plugins_dir: str = DRA_PLUGINS_DIR
+    set_sizes: tuple[int, ...] = draslices.DEFAULT_SIZES
+    max_sets: int = draslices.MAX_SETS_PER_SIZE
+    sysfs: str = SYSFS
+
+    @property
+    def plugin_dir(self) -> str:
+        """DRA mode's own folder: its DRA socket and checkpoint of prepared claims."""
+        return os.path.join(self.plugins_dir, self.driver_name)
 
     @property
     def socket_path(self) -> str:
@@ -537,10 +686,27 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: What each mode does, for the top of its --help.
+DESCRIPTIONS = {
+    DEVICE_PLUGIN: "gputopo device plugin: topology-aware GetPreferredAllocation for kubelet.",
+    DRA: "gputopo DRA driver: the node's GPUs and best-connected GPU sets as ResourceSlices, "
+    "allocated by kube-scheduler (docs/dra.md).",
+}
+
+
+def prog(mode: str = DEVICE_PLUGIN) -> str:
+    """The command line of `mode`, as --help and --version name it."""
+    return "python -m deviceplugin" + ("" if mode == DEVICE_PLUGIN else f" --mode {mode}")
+
+
+def build_parser(mode: str = DEVICE_PLUGIN) -> argparse.ArgumentParser:
+    """The flags of `mode`: the settings both modes read, then this mode's own, then the other
+    mode's (accepted and checked, not used: one flag moves a node between the modes)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}")
     parser = _Parser(
-        prog="python -m deviceplugin",
-        description="gputopo device plugin: topology-aware GetPreferredAllocation for kubelet.",
+        prog=prog(mode),
+        description=DESCRIPTIONS[mode],
         argument_default=argparse.SUPPRESS,
         allow_abbrev=False,
     )
@@ -551,17 +717,23 @@ def build_parser() -> argparse.ArgumentParser:
     # Read by deviceplugin/__main__.py before this parser sees the arguments; here for --help.
     parser.add_argument(
         "--mode",
-        choices=("device-plugin", "dra"),
+        choices=MODES,
         help="device-plugin (default): serve kubelet's device-plugin API; dra: run the DRA node "
         "driver instead, publishing ResourceSlices (its flags: python -m deviceplugin --mode dra "
         "--help; docs/dra.md)",
     )
+    # argparse lists groups in the order they are made: this mode's own, then the other's
+    groups = {
+        m: parser.add_argument_group(f"{m} mode only" + ("" if m == mode else " (accepted, not used here)"))
+        for m in sorted(MODES, key=lambda m: m != mode)
+    }
     for opt in OPTIONS:
+        where = parser if set(MODES) <= set(opt.modes) else groups[opt.modes[0]]
         text = f"{opt.help} (env {opt.env}, file key {opt.key})"
         if opt.boolean:
-            parser.add_argument(opt.flag, dest=opt.name, nargs="?", const="true", metavar="BOOL", help=text)
+            where.add_argument(opt.flag, dest=opt.name, nargs="?", const="true", metavar="BOOL", help=text)
         else:
-            parser.add_argument(opt.flag, dest=opt.name, metavar=opt.name.upper(), help=text)
+            where.add_argument(opt.flag, dest=opt.name, metavar=opt.name.upper(), help=text)
     return parser
 
 
@@ -602,9 +774,10 @@ def _checked(opt: Option, value: Any, where: str) -> Any:
         raise ConfigError(f"{where} {e}") from None
 
 
-def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> PluginConfig:
-    """Merge flags, environment and the optional config file (in that precedence) over defaults."""
-    args = vars(build_parser().parse_args(list(argv)))
+def load_config(argv: Sequence[str], environ: Mapping[str, str], mode: str = DEVICE_PLUGIN) -> PluginConfig:
+    """Merge flags, environment and the optional config file (in that precedence) over defaults,
+    for `mode` (its --help, and the settings it cannot run without)."""
+    args = vars(build_parser(mode).parse_args(list(argv)))
     config_path = args.pop("config", None) or environ.get(CONFIG_ENV) or None
     values: dict[str, Any] = read_config_file(config_path) if config_path else {}
     for opt in OPTIONS:
@@ -623,6 +796,9 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str]) -> PluginConfig
         raise ConfigError("--publish=true needs a node name (--node-name or NODE_NAME)")
     if config.health_file and not config.topology:
         raise ConfigError("--health-file needs --topology (it drives the file backend)")
+    if mode == DRA and not config.node_name:
+        # the pool, the slices' nodeName and the claims' results all name the node
+        raise ConfigError("DRA mode needs the node name (--node-name or NODE_NAME)")
     _check_files(config)
     return config
 

@@ -16,7 +16,6 @@ the pools of a node whose objects changed are re-read.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -33,6 +32,7 @@ from gputopo.network.draview import (
     gpus_in_use,
     read_pool,
 )
+from gputopo.node.draslices import class_gpus
 from scheduler.model import NodeInfo, PodInfo
 from scheduler.nodeguard import describe
 
@@ -40,13 +40,10 @@ log = logging.getLogger("gputopo.scheduler.dra")
 
 GROUP = "resource.k8s.io"
 VERSION = "v1"
-#: DeviceClass name -> GPUs one device of it is: gputopo's classes (deploy/components/dra, and
-#: a Helm release's own under a subdomain, nvlink-4.research-gputopo.gputopo.io: the chart's
-#: gputopo.draClassDomain) and NVIDIA's GPU class. Other classes count 0 (not a GPU the planner
-#: sizes).
-_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
-_SET_CLASS = re.compile(rf"^nvlink-(\d{{1,2}})\.(?:{_LABEL}\.)*gputopo\.io$")
-_GPU_CLASS = re.compile(rf"^gpu\.(?:{_LABEL}\.)*gputopo\.io$")
+#: DeviceClass name -> GPUs one device of it is: gputopo's classes (one per device layout and
+#: size, gputopo.node.draslices.class_gpus: deploy/components/dra, and a Helm release's own
+#: under a subdomain, nvlink-4.research-gputopo.gputopo.io: the chart's gputopo.draClassDomain)
+#: and NVIDIA's GPU class. Other classes count 0 (not a GPU the planner sizes).
 _GPU_CLASSES = {"gpu.nvidia.com": 1}
 MAX_COUNT = 64
 PUBLISHING = " (still being published)"
@@ -78,8 +75,7 @@ def requested_gpus(claim: Mapping[str, Any]) -> int:
             continue
         if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COUNT:
             continue
-        m = _SET_CLASS.match(cls)
-        each = int(m.group(1)) if m else 1 if _GPU_CLASS.match(cls) else _GPU_CLASSES.get(cls, 0)
+        each = class_gpus(cls) or _GPU_CLASSES.get(cls, 0)
         total += each * count
     return min(total, MAX_COUNT)
 

@@ -154,8 +154,8 @@ def running_daemon(folder: Path, topology: str = "dgx1-v100", **settings: object
     """The plugin in this process (file backend, no metrics port), stopped afterwards.
 
     Only the objects are shared with the test; every call still goes over the unix socket."""
-    from deviceplugin.daemon import Daemon
-    from deviceplugin.filebackend import FileBackend
+    from deviceplugin.hardware.filebackend import FileBackend
+    from deviceplugin.kubelet.daemon import Daemon
     from deviceplugin.settings import PluginConfig
 
     health_file = settings.pop("health_file", None)

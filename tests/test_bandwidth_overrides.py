@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from deviceplugin.filebackend import FileBackend
+from deviceplugin.hardware.filebackend import FileBackend
 from deviceplugin.settings import ConfigError, load_config
 from gputopo.node.allocator import Allocator
 

@@ -171,34 +171,41 @@ def lint_imports(cwd: Path, env: dict[str, str] | None = None) -> subprocess.Com
 
 
 def test_import_contracts_hold() -> None:
-    """Layers, the core's own layers, daemon independence and the core's forbidden externals
-    (pyproject.toml)."""
+    """Layers, the core's own layers, the node daemon's own layers, daemon independence and the
+    core's forbidden externals (pyproject.toml)."""
     out = lint_imports(ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "Contracts: 4 kept, 0 broken." in out.stdout, out.stdout
+    assert "Contracts: 5 kept, 0 broken." in out.stdout, out.stdout
 
 
 def test_import_contracts_catch_what_they_should(tmp_path: Path) -> None:
     """Guards the test above: a copy of the tree with a lazy gRPC import in the core and a
-    daemon importing the other, and the node importing the gang planner, break all four
-    contracts, each naming the offending line."""
+    daemon importing the other, the node importing the gang planner, and the hardware seam and
+    the DRA mode importing the device-plugin mode break all five contracts, each naming the
+    offending line."""
     for name in ("gputopo", "deviceplugin", "scheduler", "gputopo_kube", "kubectl_gputopo", "proto"):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "presets"))
     shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     with (tmp_path / "gputopo" / "numerals.py").open("a") as f:
-        f.write("\n\ndef _status():\n    import deviceplugin.status_client\n")
+        f.write("\n\ndef _status():\n    import deviceplugin.kubelet.status_client\n")
     with (tmp_path / "gputopo" / "node" / "links.py").open("a") as f:
         f.write("\n\ndef _plan():\n    from gputopo.gang import planner\n")
     with (tmp_path / "deviceplugin" / "settings.py").open("a") as f:
         f.write("\n\ndef _levels():\n    from scheduler import defaults\n")
     with (tmp_path / "kubectl_gputopo" / "views.py").open("a") as f:
-        f.write("\n\ndef _status():\n    import deviceplugin.status_client\n")
+        f.write("\n\ndef _status():\n    import deviceplugin.kubelet.status_client\n")
+    with (tmp_path / "deviceplugin" / "hardware" / "backend.py").open("a") as f:
+        f.write("\n\ndef _mode():\n    from deviceplugin.kubelet import daemon\n")
+    with (tmp_path / "deviceplugin" / "dra" / "pcie.py").open("a") as f:
+        f.write("\n\ndef _api():\n    from deviceplugin.kubelet import api\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(tmp_path / "proto")]))
     out = lint_imports(tmp_path, env)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "Contracts: 0 kept, 4 broken." in out.stdout, out.stdout
+    assert "Contracts: 0 kept, 5 broken." in out.stdout, out.stdout
+    assert "deviceplugin.hardware.backend -> deviceplugin.kubelet.daemon" in out.stdout
+    assert "deviceplugin.dra.pcie -> deviceplugin.kubelet.api" in out.stdout
     assert "gputopo.node.links -> gputopo.gang.planner" in out.stdout
-    assert "gputopo.numerals -> deviceplugin.status_client" in out.stdout
+    assert "gputopo.numerals -> deviceplugin.kubelet.status_client" in out.stdout
     assert "deviceplugin.settings -> scheduler" in out.stdout
-    assert "kubectl_gputopo.views -> deviceplugin.status_client" in out.stdout
+    assert "kubectl_gputopo.views -> deviceplugin.kubelet.status_client" in out.stdout
     assert "gputopo is not allowed to import grpc" in out.stdout

@@ -23,11 +23,10 @@ def _undescribed(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
-    from deviceplugin.dra.__main__ import build_parser as dra_parser
     from deviceplugin.settings import build_parser as plugin_parser
     from scheduler.__main__ import parser as scheduler_parser
 
-    return {"scheduler": scheduler_parser(), "deviceplugin": plugin_parser(), "dra": dra_parser({})}
+    return {"scheduler": scheduler_parser(), "deviceplugin": plugin_parser(), "dra": plugin_parser("dra")}
 
 
 @pytest.mark.parametrize("daemon", ["scheduler", "deviceplugin", "dra"])
@@ -39,15 +38,17 @@ def test_every_flag_has_a_description(daemon: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("module", "flags"),
+    ("command", "flags"),
     [
-        ("scheduler", ["--reservation-ttl", "--annotation-max-age", "--log-level"]),
-        ("deviceplugin", ["--mode", "--kubelet-dir", "--log-level"]),
+        (["scheduler"], ["--reservation-ttl", "--annotation-max-age", "--log-level"]),
+        (["deviceplugin"], ["--mode", "--kubelet-dir", "--log-level"]),
+        (["deviceplugin", "--mode", "dra"], ["--set-sizes", "--driver-name", "--node-name", "--log-level"]),
+        (["deviceplugin.dra"], ["--registry-dir", "--max-sets", "--metrics-port"]),
     ],
 )
-def test_help_through_the_real_entry_point(module: str, flags: list[str]) -> None:
+def test_help_through_the_real_entry_point(command: list[str], flags: list[str]) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60
+        [sys.executable, "-m", *command, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60
     )
     assert done.returncode == 0, done.stderr
     options = done.stdout.split("options:", 1)[1]
@@ -57,3 +58,23 @@ def test_help_through_the_real_entry_point(module: str, flags: list[str]) -> Non
         entry = options[at:].split("\n  -", 1)[0]
         words = entry.replace(flag, "").split()
         assert len([w for w in words if w.isalpha()]) >= 3, entry
+
+
+@pytest.mark.parametrize(("mode", "other"), [("device-plugin", "dra"), ("dra", "device-plugin")])
+def test_each_modes_help_lists_its_own_options_before_the_others(mode: str, other: str) -> None:
+    """Both modes' flags come from the one table (deviceplugin/settings.py): each mode's --help
+    has the shared ones, then its own, then the other mode's, marked as not used there."""
+    from deviceplugin.settings import OPTIONS, build_parser
+
+    text = build_parser(mode).format_help()
+    own, foreign = (
+        text.index(f"{mode} mode only:"),
+        text.index(f"{other} mode only (accepted, not used here):"),
+    )
+    assert own < foreign
+    for opt in OPTIONS:
+        at = text.index(f"  {opt.flag} ")
+        if set(opt.modes) == {mode, other}:
+            assert at < own, opt.flag
+        else:
+            assert (own < at < foreign) == (opt.modes == (mode,)), opt.flag

@@ -30,6 +30,7 @@ DRA_ON = {"dra": {"enabled": True, "driverName": "gputopo.io", "setSizes": [2, 4
 SCHEMAS = ("1.35.0", "1.36.0", kv.latest_version())
 PLUGIN_USER = f"system:serviceaccount:{NAMESPACE}:gputopo-device-plugin"
 Obj = dict[str, Any]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @cache
@@ -149,6 +150,28 @@ def test_helm_and_kustomize_ship_the_same_classes() -> None:
         )
 
 
+def test_the_shipped_classes_are_generated_from_the_layout_table() -> None:
+    """deploy/'s DeviceClasses and the chart's layout rows are tools/dra_layouts.py's output from
+    gputopo.node.draslices.LAYOUTS (`make dra-layouts`): a new layout reaches both, and the
+    classes are the ones `device_class` builds."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dra_layouts", ROOT / "tools" / "dra_layouts.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    for path, text in tool.outputs().items():
+        assert path.read_text(encoding="utf-8") == text, f"{path} is out of date: run `make dra-layouts`"
+    shipped = [d for d in kustomize_docs() if d["kind"] == "DeviceClass"]
+    for doc in shipped:
+        doc["metadata"].pop("labels")
+        doc["metadata"].pop("namespace", None)
+        doc["spec"]["selectors"][0]["cel"]["expression"] = " ".join(
+            doc["spec"]["selectors"][0]["cel"]["expression"].split()
+        )
+    assert sorted(shipped, key=str) == sorted(draslices.device_classes(), key=str)
+
+
 def _device_activation(driver: str, device: Obj) -> dict[str, Any]:
     """The CEL `device` variable as the scheduler builds it: attributes by domain, then name."""
     attrs: dict[str, dict[str, Any]] = {}
@@ -177,15 +200,15 @@ def test_each_class_selects_exactly_its_healthy_devices(preset: str) -> None:
             for d in devices
             if program.evaluate(_device_activation("gputopo.io", d)) == celtypes.BoolType(True)
         }
-        size = cls["metadata"]["name"].split(".")[0]
+        found = draslices.layout_of_class(cls["metadata"]["name"])
+        assert found is not None, cls["metadata"]["name"]
+        layout, k = found
         members = {d["name"]: draslices.expand(d["name"], topo.n) for d in devices}
-        if size == "gpu":
-            want = {n for n, g in members.items() if n.startswith("gpu-") and set(g) <= healthy}
-        else:
-            k = int(size.split("-")[1])
-            want = {
-                n for n, g in members.items() if n.startswith("set-") and len(g) == k and set(g) <= healthy
-            }
+        want = {
+            n
+            for n, g in members.items()
+            if n.startswith(layout.type + "-") and (not layout.sized or len(g) == k) and set(g) <= healthy
+        }
         assert chosen == want, cls["metadata"]["name"]
         # a device of another driver with the same attributes is never selected
         other = _device_activation("gpu.nvidia.com", devices[0])

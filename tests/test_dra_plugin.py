@@ -23,9 +23,10 @@ from typing import Any
 import grpc
 import pytest
 
-from deviceplugin.dra.daemon import DraDaemon, DraSettings
+from deviceplugin.dra.daemon import DraDaemon
 from deviceplugin.dra.kubeapi import KubeDraApi
-from deviceplugin.filebackend import FileBackend
+from deviceplugin.hardware.filebackend import FileBackend
+from deviceplugin.settings import PluginConfig
 from gputopo.node import draslices
 from gputopo.node.allocator import Allocator
 from gputopo.node.topofile import load_preset
@@ -54,8 +55,9 @@ def running(
     metrics_port: int = 0,
 ) -> Iterator[tuple[DraDaemon, ResourceApi, KubeletDra]]:
     with resource_api() as (stand_in, api_client):
-        settings = DraSettings(
+        settings = PluginConfig(
             node_name=NODE,
+            topology=preset,
             registry_dir=str(folder / "registry"),
             plugins_dir=str(folder / "plugins"),
             sysfs=str(folder / "sys"),
@@ -273,14 +275,11 @@ def test_api_errors_are_retried(folder: Path) -> None:
     with resource_api() as (api, api_client):
         api.inject("POST", 500, 500)
         api.inject("GET_SLICES", 503)
-        settings = DraSettings(node_name=NODE, registry_dir=str(folder / "r"), plugins_dir=str(folder / "p"))
         from deviceplugin.dra.slicepub import SlicePublisher
         from deviceplugin.state import make_snapshot
 
         topo = load_preset("hgx-h100")
-        pub = SlicePublisher(
-            settings.node_name, KubeDraApi(api_client), min_interval_s=0.0, backoff_s=(0.01, 0.05)
-        )
+        pub = SlicePublisher(NODE, KubeDraApi(api_client), min_interval_s=0.0, backoff_s=(0.01, 0.05))
         pub.update(make_snapshot(1, topo, {}))
         now = 0.0
         for _ in range(20):
@@ -312,8 +311,12 @@ def test_a_restart_keeps_prepared_claims_and_does_not_rewrite_equal_slices(folde
                 **s,
                 "metadata": {**s["metadata"], "resourceVersion": "1", "uid": "x"},
             }
-        settings = DraSettings(
-            node_name=NODE, registry_dir=str(folder / "registry"), plugins_dir=str(folder / "plugins")
+        settings = PluginConfig(
+            node_name=NODE,
+            topology="dgx1-v100",
+            registry_dir=str(folder / "registry"),
+            plugins_dir=str(folder / "plugins"),
+            metrics_port=0,
         )
         daemon = DraDaemon(
             settings, FileBackend("dgx1-v100"), KubeDraApi(api_client), publisher_min_interval_s=0.0

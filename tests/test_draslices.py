@@ -303,3 +303,91 @@ def test_health_and_use_never_change_which_devices_exist(data: st.DataObject) ->
     ]
     # the pool's slices and devices; a set may change slices within its size (issue 30)
     assert names[0] == names[1]
+
+
+# --- device layouts: one entry each in draslices.LAYOUTS, everything else follows (issue 30)
+
+
+def test_the_layout_table_is_well_formed() -> None:
+    assert draslices.check_layouts(draslices.LAYOUTS) == []
+    assert draslices.GPU_LAYOUT.type == "gpu" and draslices.layout_of_type("set") is draslices.LAYOUTS[1]
+    twice = (*draslices.LAYOUTS, draslices.LAYOUTS[1])
+    assert any("share a type" in p for p in draslices.check_layouts(twice))
+    with pytest.raises(ValueError, match="without a dash"):
+        draslices.DeviceLayout("two-words", "p", "c", False, 1, 1, lambda inp, k: [], "")
+
+
+def _read_back(topo: Topology, slices: list[dict[str, Any]]) -> dict[str, tuple[int, ...]]:
+    """What the scheduler sidecar reads from the slices: every device name's GPUs."""
+    from gputopo.network.draview import read_pool
+
+    return dict(read_pool("node-a", draslices.DRIVER, slices).devices)
+
+
+@pytest.mark.parametrize("layout", draslices.LAYOUTS, ids=lambda layout: layout.type)
+@pytest.mark.parametrize("name", ["dgx1-v100", "hgx-h100"])
+def test_every_layout_flows_through_every_reader(layout: draslices.DeviceLayout, name: str) -> None:
+    """Whatever a layout publishes, each reader understands from the table alone: the daemon's
+    prepare (`expand`), the sidecar (`read_pool`, `class_gpus`), kube-scheduler's first fit over
+    the layout's own class, and the API's limits."""
+    topo, _ = _alloc(name)
+    healthy, free = frozenset(range(topo.n)) - {1}, frozenset(range(topo.n)) - {1, 2}
+    slices = list(_published(name, healthy, free))
+    assert draslices.check_limits(slices) == []
+    read = _read_back(topo, slices)
+    for k in layout.sizes(draslices.DEFAULT_SIZES, topo.n):
+        devices = [
+            d
+            for s in slices
+            for d in s["spec"].get("devices") or []
+            if d["attributes"]["type"] == {"string": layout.type}
+            and (not layout.sized or d["attributes"]["size"] == {"int": k})
+        ]
+        assert devices, (layout.type, k)
+        for d in devices:
+            gpus = draslices.expand(d["name"], topo.n)
+            assert d["name"] == layout.device_name(gpus) and read[d["name"]] == gpus
+            assert {c for u in d["consumesCounters"] for c in u["counters"]} == {f"gpu-{i}" for i in gpus}
+            assert d["attributes"]["healthy"] == {"bool": set(gpus) <= healthy}
+        cls = draslices.device_class(layout, size=k)
+        assert draslices.layout_of_class(cls["metadata"]["name"]) == (layout, k)
+        assert draslices.class_gpus(cls["metadata"]["name"]) == (k if layout.sized else 1)
+        first = next((d["name"] for d in devices if d["attributes"]["healthy"]["bool"]), None)
+        want = None if first is None else (first, draslices.expand(first, topo.n))
+        assert draslices.first_fit(slices, k, used=(), layout=layout) == want, (layout.type, k)
+
+
+def _numa_layout_devices(inp: draslices.LayoutInput, _size: int) -> list[draslices.Device]:
+    """A layout a maintainer might add: one device per NUMA node, all its GPUs."""
+    nodes: dict[int, list[int]] = {}
+    for g in inp.topology.gpus:
+        nodes.setdefault(g.numa if g.numa is not None else -1, []).append(g.index)
+    return [
+        draslices.Device(tuple(gpus), {"numaNode": {"int": numa}}) for numa, gpus in sorted(nodes.items())
+    ]
+
+
+def test_a_new_layout_is_one_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding a kind of device is one entry in LAYOUTS: with nothing else changed, the node
+    publishes it within the API's limits, a claim result naming it expands, the sidecar reads
+    it, its DeviceClass exists and first fit takes it."""
+    numa = draslices.DeviceLayout(
+        type="numa",
+        part="numa",
+        class_name="numa",
+        sized=False,
+        min_gpus=1,
+        max_gpus=draslices.MAX_GPUS_PER_DEVICE,
+        devices=_numa_layout_devices,
+        summary="the GPUs of one NUMA node",
+    )
+    monkeypatch.setattr(draslices, "LAYOUTS", (*draslices.LAYOUTS, numa))
+    topo, alloc = _alloc("dgx1-v100")  # GPUs 0-3 on NUMA node 0, 4-7 on 1
+    slices = draslices.build_slices(topo, alloc, "node-a", healthy=range(8), free=range(8))
+    assert draslices.check_limits(slices) == []
+    assert [s["metadata"]["name"] for s in slices][-1] == "node-a-gputopo-numa"
+    assert draslices.expand("numa-4-5-6-7", 8) == (4, 5, 6, 7)
+    assert _read_back(topo, slices)["numa-0-1-2-3"] == (0, 1, 2, 3)
+    assert "numa.gputopo.io" in [c["metadata"]["name"] for c in draslices.device_classes()]
+    assert draslices.first_fit(slices, 0, used=[0], layout=numa) == ("numa-4-5-6-7", (4, 5, 6, 7))
+    assert draslices.class_gpus("numa.gputopo.io") == 0  # its devices vary in size

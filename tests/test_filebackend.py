@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deviceplugin.backend import Backend, HealthEvent
-from deviceplugin.filebackend import FileBackend, HealthFileError, parse_health_entry
+from deviceplugin.hardware.backend import Backend, HealthEvent
+from deviceplugin.hardware.filebackend import FileBackend, HealthFileError, parse_health_entry
 from gputopo.node.topofile import load_preset
 from gputopo.node.topology import TopologyError
 
@@ -197,7 +197,7 @@ def test_index_keys_are_canonical_ascii_only(key: str) -> None:
 
 
 def test_xid_numbers_are_range_checked() -> None:
-    from deviceplugin.filebackend import MAX_XID
+    from deviceplugin.hardware.filebackend import MAX_XID
 
     topo = load_preset("hgx-h100")
     assert parse_health_entry(topo, "0", {"xid": MAX_XID}).xid == MAX_XID
@@ -239,7 +239,7 @@ def test_a_fifo_device_or_oversized_health_file_changes_nothing(
 def test_bad_entries_are_logged_a_few_at_most(
     caplog: pytest.LogCaptureFixture, health: Path, watch: Watch
 ) -> None:
-    from deviceplugin.filebackend import MAX_LOGGED_BAD_ENTRIES
+    from deviceplugin.hardware.filebackend import MAX_LOGGED_BAD_ENTRIES
 
     caplog.set_level(logging.WARNING, logger="deviceplugin.filebackend")
     write(health, json.dumps({**{f"GPU-bad-{i}": "Unhealthy" for i in range(5000)}, "5": "Unhealthy"}))

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from deviceplugin.backend import HealthEvent
-from deviceplugin.health import ALL_GPUS, HealthTracker
+from deviceplugin.hardware.backend import ALL_GPUS, HealthEvent
+from deviceplugin.health.tracker import HealthTracker
 
 GPUS = ("GPU-a", "GPU-b", "GPU-c")
 

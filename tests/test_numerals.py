@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deviceplugin.filebackend import HealthFileError, parse_health_entry
+from deviceplugin.hardware.filebackend import HealthFileError, parse_health_entry
 from gputopo.node.topofile import load_preset
 from gputopo.numerals import MAX_DIGITS, ascii_uint, duration_s
 

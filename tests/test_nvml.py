@@ -20,10 +20,10 @@ from typing import Any
 import pynvml
 import pytest
 
-from deviceplugin import nvml_probe
-from deviceplugin.backend import Backend, HealthEvent
-from deviceplugin.health import ALL_GPUS, HealthTracker
-from deviceplugin.nvml import NvmlBackend, NvmlUnavailable
+from deviceplugin.hardware import nvml_probe
+from deviceplugin.hardware.backend import ALL_GPUS, Backend, HealthEvent
+from deviceplugin.hardware.nvml import NvmlBackend, NvmlUnavailable
+from deviceplugin.health.tracker import HealthTracker
 from gputopo.node.topofile import load_preset
 from gputopo.node.topology import Topology
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from deviceplugin import settings
+from deviceplugin.kubelet.status_client import fetch_status
 from deviceplugin.settings import ConfigError, PluginConfig, load_config
-from deviceplugin.status_client import fetch_status
 from gputopo.node.topofile import load_preset
 from tests.kubelet_fake import eventually, fake_kubelet, short_tmpdir
 

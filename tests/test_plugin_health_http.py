@@ -103,7 +103,7 @@ def test_the_daemons_checks_follow_its_socket_and_kubelet_registration(
     """The real daemon on a preset topology: not ready until kubelet (a stand-in) accepts its
     registration, live while its socket answers, neither once stopped."""
     from deviceplugin import settings as plugin_config
-    from deviceplugin.daemon import Daemon
+    from deviceplugin.kubelet.daemon import Daemon
     from deviceplugin.startup import file_backend
 
     root = short_tmpdir("gth-")

@@ -1,6 +1,6 @@
 """The device plugin's kubelet watcher drives its server, the server its servicers: neither the
 server nor the servicers import the watcher, so the three form no (type) cycle. What they share
-(RegistrationInfo, FileId, plugin_options) lives in deviceplugin.kubeletapi (issue 8 item 3).
+(RegistrationInfo, plugin_options) lives in deviceplugin.kubelet.api (issue 8 item 3).
 Read from the real import graph (grimp, which import-linter builds on), imports under
 TYPE_CHECKING included."""
 
@@ -11,10 +11,10 @@ import pytest
 
 #: Top to bottom: each may import those below it, never one above.
 ORDER = (
-    "deviceplugin.registration",
-    "deviceplugin.server",
-    "deviceplugin.service",
-    "deviceplugin.kubeletapi",
+    "deviceplugin.kubelet.registration",
+    "deviceplugin.kubelet.server",
+    "deviceplugin.kubelet.service",
+    "deviceplugin.kubelet.api",
 )
 
 
@@ -34,7 +34,11 @@ def test_no_module_imports_one_above_it(graph: grimp.ImportGraph) -> None:
 
 def test_the_graph_sees_the_imports_that_go_down(graph: grimp.ImportGraph) -> None:
     """Guards the test above: the downward imports are there, the TYPE_CHECKING one included."""
-    assert graph.direct_import_exists(importer="deviceplugin.registration", imported="deviceplugin.server")
-    assert graph.direct_import_exists(importer="deviceplugin.server", imported="deviceplugin.service")
+    assert graph.direct_import_exists(
+        importer="deviceplugin.kubelet.registration", imported="deviceplugin.kubelet.server"
+    )
+    assert graph.direct_import_exists(
+        importer="deviceplugin.kubelet.server", imported="deviceplugin.kubelet.service"
+    )
     for module in ORDER[:-1]:
-        assert graph.direct_import_exists(importer=module, imported="deviceplugin.kubeletapi")
+        assert graph.direct_import_exists(importer=module, imported="deviceplugin.kubelet.api")

@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from deviceplugin import settings
-from deviceplugin.status_client import fetch_status
+from deviceplugin.kubelet.status_client import fetch_status
 from gputopo.node.allocator import MAX_GPUS
 from gputopo.node.topofile import load_preset
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
@@ -190,7 +190,7 @@ def test_a_handler_still_running_after_stop_does_not_hold_exit(tmp_path: Path) -
     script = (
         "import threading, time, sys\n"
         "from gputopo import jsonlog\n"
-        "from deviceplugin.__main__ import _abandon_stragglers\n"
+        "from deviceplugin.startup import _abandon_stragglers\n"
         "jsonlog.setup()\n"
         "threading.Thread(target=time.sleep, args=(120,), name='stuck-rpc').start()\n"
         "_abandon_stragglers(0.2)\n"
@@ -205,7 +205,7 @@ def test_a_handler_still_running_after_stop_does_not_hold_exit(tmp_path: Path) -
     assert b"stuck-rpc" in proc.stderr  # logged by name
 
     # with nothing left running it returns and the caller exits normally
-    script = "from deviceplugin.__main__ import _abandon_stragglers\n_abandon_stragglers(0.2)\nraise SystemExit(3)\n"
+    script = "from deviceplugin.startup import _abandon_stragglers\n_abandon_stragglers(0.2)\nraise SystemExit(3)\n"
     proc = subprocess.run(
         [sys.executable, "-c", script], cwd=REPO, env=CLEAN_ENV, capture_output=True, timeout=30
     )

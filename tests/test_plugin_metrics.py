@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from deviceplugin.daemon import Daemon
-from deviceplugin.filebackend import FileBackend
+from deviceplugin.hardware.filebackend import FileBackend
+from deviceplugin.kubelet.daemon import Daemon
 from deviceplugin.settings import PluginConfig
 from gputopo import __version__
 from gputopo.node.topofile import load_preset

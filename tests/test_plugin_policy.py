@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from deviceplugin.publisher import for_cluster
+from deviceplugin.publish.publisher import for_cluster
 from deviceplugin.settings import ConfigError, load_config
 from gputopo.network.annotation import decode
 from gputopo.node.allocator import Allocator

@@ -12,8 +12,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from deviceplugin.server import ServerError
-from deviceplugin.status_client import fetch_status
+from deviceplugin.kubelet.server import ServerError
+from deviceplugin.kubelet.status_client import fetch_status
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from tests.kubelet_fake import eventually, fake_kubelet, plugin_channel, running_daemon, short_tmpdir
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from deviceplugin.status_client import StatusUnavailable, fetch_status
+from deviceplugin.kubelet.status_client import StatusUnavailable, fetch_status
 from gputopo.node.topofile import load_preset
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2
 from tests.kubelet_fake import (

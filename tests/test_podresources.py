@@ -9,7 +9,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from deviceplugin.podresources import PodResourcesClient, PodResourcesError, ids_to_uuids
+from deviceplugin.publish.podresources import PodResourcesClient, PodResourcesError, ids_to_uuids
 from gputopo_proto.podresources.v1 import api_pb2, api_pb2_grpc
 from tests.kubelet_fake import short_tmpdir
 

@@ -13,8 +13,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from deviceplugin.podresources import PodResourcesError
-from deviceplugin.publisher import Publisher, PublisherError, node_name_from_env
+from deviceplugin.publish.podresources import PodResourcesError
+from deviceplugin.publish.publisher import Publisher, PublisherError, node_name_from_env
 from deviceplugin.state import make_snapshot
 from gputopo.network.annotation import decode
 from gputopo.node.topofile import load_preset

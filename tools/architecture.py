@@ -1,8 +1,8 @@
 """Generates the architecture picture in the README from what the build enforces.
 
 The layers and independence rules come from pyproject.toml's [tool.importlinter] contracts,
-the packages from its [tool.importlinter] root_packages, the core's subpackages from its layers
-contract inside `gputopo`, each box's text from the first sentence of the package's (or
+the packages from its [tool.importlinter] root_packages, the core's and the node daemon's
+subpackages from their layers contracts inside `gputopo` and `deviceplugin`, each box's text from the first sentence of the package's (or
 module's) docstring, and every arrow from an import that exists in the code today between those
 packages (grimp, the graph import-linter itself checks). So the picture cannot drift from the code: `make diagram` rewrites it between
 the README's markers, and tests/test_architecture.py fails when the committed one differs.
@@ -101,9 +101,16 @@ def render() -> str:
         "Each subpackage imports only from the layers below it (the same import-linter check), and "
         "no module of the project imports itself back through others "
         "(tests/test_import_cycles.py: imports inside functions and type-only ones count).",
-        "",
-        END,
     ]
+    plugin = _layers(cfg, "deviceplugin")
+    lines += [
+        "",
+        "Inside the node daemon, `deviceplugin/` (both plugin modes run one start path, "
+        "`deviceplugin/startup.py`):",
+        "",
+    ]
+    lines += _flowchart(plugin, graph, "deviceplugin.", "plugin", "dp_")[0]
+    lines += ["", END]
     return "\n".join(lines)
 
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import grpc
 
-from gputopo.node import draslices
+from deviceplugin import settings
 from gputopo_proto.dra.v1 import api_pb2 as dra_pb2
 from gputopo_proto.dra.v1 import api_pb2_grpc as dra_grpc
 from gputopo_proto.pluginregistration.v1 import api_pb2 as reg_pb2
@@ -29,20 +30,46 @@ PROG = "deviceplugin.dra.probe"
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--driver-name", default=env.get("GPUTOPO_DRA_DRIVER", draslices.DRIVER))
-    p.add_argument(
-        "--registry-dir", default=env.get("GPUTOPO_DRA_REGISTRY_DIR", "/var/lib/kubelet/plugins_registry")
-    )
+    # the daemon's own rows of the one settings table: the same flags, environment and parsers
+    for name in ("driver_name", "registry_dir"):
+        opt = settings.option(name)
+        p.add_argument(opt.flag, dest=name, type=_checked(opt.parse), help=f"{opt.help} (env {opt.env})")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds per call (default 5)")
     try:
         args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+        defaults = settings.PluginConfig()
+        driver = args.driver_name or _from_env(env, "driver_name") or defaults.driver_name
+        registry = args.registry_dir or _from_env(env, "registry_dir") or defaults.registry_dir
     except SystemExit as e:
         return 0 if e.code == 0 else 2
-    reason = check(args.driver_name, args.registry_dir, args.timeout)
+    except ValueError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    reason = check(driver, registry, args.timeout)
     if reason is not None:
         print(f"{PROG}: {reason}", file=sys.stderr)
         return 1
     return 0
+
+
+def _checked(parse: Callable[[Any], Any]) -> Callable[[str], Any]:
+    def checked(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return checked
+
+
+def _from_env(env: Mapping[str, str], name: str) -> Any:
+    opt = settings.option(name)
+    if opt.env not in env:
+        return None
+    try:
+        return opt.parse(env[opt.env])
+    except ValueError as e:
+        raise ValueError(f"environment {opt.env}: {e}") from None
 
 
 def check(driver_name: str, registry_dir: str, timeout: float) -> str | None:

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import grpc
 
+from deviceplugin.daemon import ServeError
 from deviceplugin.dra.service import DraService
-from deviceplugin.kubeletapi import FileId, file_id
+from deviceplugin.sockets import FileId, file_id
 from gputopo import jsonlog
 from gputopo_proto.dra.v1 import api_pb2_grpc as dra_grpc
 from gputopo_proto.pluginregistration.v1 import api_pb2 as reg_pb2
@@ -38,7 +39,7 @@ PLUGIN_TYPE = "DRAPlugin"
 SUPPORTED_VERSIONS = ("v1.DRAPlugin",)
 
 
-class RegistrarError(RuntimeError):
+class RegistrarError(ServeError):
     """A socket cannot be served; the message says which and why."""
 
 

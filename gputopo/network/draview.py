@@ -13,7 +13,9 @@ Two drivers are read:
   the node (`gpu-<i>`, healthy or not); each healthy GPU's device carries `index`, `uuid`,
   `productName`, `healthy`, `link<j>` (the `topo -m` code to GPU j) and `nvlinkMBps`. The
   Topology is the node's own, exactly as the annotation carries it (PCIe levels under NVLink
-  aside). GPUs published `healthy: false`, or not published, are unhealthy. Set devices (`set-<i>-<j>-…`) stand for their member GPUs.
+  aside). GPUs published `healthy: false`, or not published, are unhealthy. Devices of every
+  other layout (gputopo.node.draslices.LAYOUTS: the sets, `set-<i>-<j>-…`) stand for their
+  member GPUs, named in their `gpus` attribute.
 * NVIDIA's (`gpu.nvidia.com`): one device per GPU with `index`, `uuid`, `productName` and, on
   recent versions, `resource.kubernetes.io/pcieRoot`, and nothing about NVLink. The view is
   conservative: GPUs under one PCIe root are linked at PHB, all others at SYS; no NVLink is
@@ -31,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gputopo.node.draslices import SliceError, expand
+from gputopo.node.draslices import GPU_LAYOUT, SliceError, expand, layout_of_type
 from gputopo.node.links import BandwidthSettings, Link, LinkError, parse_code
 from gputopo.node.topology import GPU, Topology, TopologyError
 
@@ -147,19 +149,22 @@ def _gputopo(
     sick: set[int] = set()  # published with healthy=false
     for d in devices:
         attrs = d.get("attributes") or {}
-        kind = _attr(attrs, "type", "string", GPUTOPO_DRIVER)
-        if kind == "set":
+        layout = layout_of_type(str(_attr(attrs, "type", "string", GPUTOPO_DRIVER)))
+        if layout is None:
+            continue
+        if layout is not GPU_LAYOUT:  # a device standing for its member GPUs
             raw = _attr(attrs, "gpus", "string", GPUTOPO_DRIVER) or ""
             members = tuple(int(x) for x in raw.split(",") if x.isdigit())
             if (
-                len(members) < 2
+                not layout.min_gpus <= len(members) <= layout.max_gpus
                 or any(not 0 <= i < n for i in members)
-                or "set-" + "-".join(map(str, members)) != str(d["name"])
+                or layout.device_name(members) != str(d["name"])
+                or list(members) != sorted(set(members))
             ):
-                raise DraViewError(f"set device {d['name']}: its gpus attribute disagrees with its name")
+                raise DraViewError(
+                    f"{layout.type} device {d['name']}: its gpus attribute disagrees with its name"
+                )
             names[str(d["name"])] = members
-            continue
-        if kind != "gpu":
             continue
         i = _attr(attrs, "index", "int", GPUTOPO_DRIVER)
         if not isinstance(i, int) or not 0 <= i < n or str(d["name"]) != f"gpu-{i}":

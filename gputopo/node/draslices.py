@@ -54,13 +54,24 @@ while they fit and the first that does not is cut to a spread-out sample of itse
 first set of that level, then sets overlapping the kept ones least; measured in docs/dra.md,
 bench/bench_dra_slices.py): the best-ring guarantee stays, availability does not.
 
+Device layouts (issue 30): the kinds of device above (`gpu`, `set`) are the entries of
+`LAYOUTS`, one `DeviceLayout` each: its `type` (the attribute and the device-name prefix), its
+slices' name part, its DeviceClass name, whether it has one class per set size, and the function
+that lists its devices in publication order. Everything else follows from the table: building
+the slices, reading a device name back into GPUs (`expand`, at prepare time), kube-scheduler's
+first fit (`first_fit`), the DeviceClasses (`device_class`; deploy/ and the chart are generated
+from it by tools/dra_layouts.py), how many GPUs a claim's class asks for (`class_gpus`, the
+scheduler sidecar) and the sidecar's reading of the slices (gputopo.network.draview). A new
+layout is one entry plus its test (docs/dra.md, "Adding a device layout").
+
 Pure: a function of the topology, the healthy and free GPU indices and the pool generation; the
 daemon does the I/O (sysfs for PCIe roots, the API for publishing).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
@@ -126,20 +137,16 @@ def counter_name(index: int) -> str:
 def expand(device: str, n: int) -> tuple[int, ...]:
     """The GPU indices a published device name stands for (prepare time), else SliceError.
 
-    Strict: only names this module writes (`gpu-<i>`, `set-<i>-<j>-…` with sorted distinct
-    indices below n); a claim result naming anything else is refused, never guessed at."""
+    Strict: only names this module writes (`<type>-<i>-<j>-…` of a layout in `LAYOUTS`, sorted
+    distinct indices below n, as many as the layout's devices hold); a claim result naming
+    anything else is refused, never guessed at."""
     parts = device.split("-")
-    if (
-        len(parts) < 2
-        or parts[0] not in ("gpu", "set")
-        or not all(p.isdigit() and p == str(int(p)) for p in parts[1:])
-    ):
+    layout = layout_of_type(parts[0]) if len(parts) >= 2 else None
+    if layout is None or not all(p.isdigit() and p == str(int(p)) for p in parts[1:]):
         raise SliceError(f"device {device!r} is not a gputopo device name")
     idx = tuple(int(p) for p in parts[1:])
-    if parts[0] == "gpu" and len(idx) != 1:
-        raise SliceError(f"device {device!r}: a gpu device names one GPU")
-    if parts[0] == "set" and (len(idx) < 2 or list(idx) != sorted(set(idx))):
-        raise SliceError(f"device {device!r}: a set names two or more sorted distinct GPUs")
+    if list(idx) != sorted(set(idx)) or not layout.min_gpus <= len(idx) <= layout.max_gpus:
+        raise SliceError(f"device {device!r}: {layout.holds}")
     if any(i >= n for i in idx):
         raise SliceError(f"device {device!r} names a GPU outside 0..{n - 1}")
     return idx
@@ -259,6 +266,234 @@ def group_partition(alloc: Allocator, healthy: Iterable[int], size: int) -> dict
     return out
 
 
+# --------------------------------------------------------------------------- device layouts
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutInput:
+    """What a layout chooses and describes its devices from: the node, its exact allocator, the
+    healthy GPUs, the free ones among them (healthy and in no prepared claim), the cap on set
+    devices per size, the PCIe roots the daemon read and the `group<k>` partitions."""
+
+    topology: Topology
+    alloc: Allocator
+    healthy: Sequence[int]
+    free: Sequence[int]
+    max_sets: int
+    pcie_roots: Mapping[int, str]
+    groups: Mapping[int, Mapping[int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One device a layout publishes: its GPUs and its own attributes (the common ones, `type`
+    and `healthy`, and `size` and `gpus` for multi-GPU layouts, are added by `build_slices`)."""
+
+    gpus: tuple[int, ...]
+    attributes: Mapping[str, Mapping[str, Any]]
+
+
+#: Attributes `build_slices` gives every device: `type` and `healthy`.
+COMMON_ATTRIBUTES = 2
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceLayout:
+    """One kind of device a node publishes (see `LAYOUTS`).
+
+    `type`: the `type` attribute and the device-name prefix (`<type>-<i>-<j>-…`, sorted GPU
+    indices); no dash, unique. `part`: the slices' name part (`<part>` or, sized, `<part><k>`,
+    then `-001`, `-002`, … when one slice does not hold them) and their `gputopo.io/part` label.
+    `class_name`: the DeviceClass `<class_name>.<domain>`, sized `<class_name>-<k>.<domain>`, and
+    the same extended resource name. `sized`: one class, and slices, per published set size k
+    (`--set-sizes`), each device then has `size == k`. `min_gpus`/`max_gpus`: how many GPUs one
+    device holds. `devices(input, k)`: the devices of size k (sized) or all of them (k = 0), in
+    publication order: kube-scheduler's first fit takes the first free one. `summary`: one line
+    for the class's comment and the docs."""
+
+    type: str
+    part: str
+    class_name: str
+    sized: bool
+    min_gpus: int
+    max_gpus: int
+    devices: Callable[[LayoutInput, int], list[Device]]
+    summary: str
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z][a-z0-9]*", self.type) or not re.fullmatch(r"[a-z][a-z0-9]*", self.part):
+            raise ValueError(f"layout {self.type!r}: type and part must be lower-case words without a dash")
+        if not 1 <= self.min_gpus <= self.max_gpus:
+            raise ValueError(f"layout {self.type!r}: 1 <= min_gpus <= max_gpus")
+
+    @property
+    def holds(self) -> str:
+        """What a device name of this layout must name, for errors."""
+        count = (
+            f"{self.min_gpus}"
+            if self.min_gpus == self.max_gpus
+            else f"{self.min_gpus} or more"
+            if self.max_gpus >= MAX_GPUS_PER_DEVICE
+            else f"{self.min_gpus} to {self.max_gpus}"
+        )
+        return f"a {self.type} device names {count} sorted distinct GPU{'' if count == '1' else 's'}"
+
+    def device_name(self, gpus: Sequence[int]) -> str:
+        return f"{self.type}-" + "-".join(str(i) for i in sorted(gpus))
+
+    def sizes(self, published: Sequence[int], n: int) -> list[int]:
+        """The sizes this layout publishes on an n-GPU node: each of `published` that fits (sized),
+        else [0] (one group of devices)."""
+        if not self.sized:
+            return [0]
+        return [k for k in sorted(set(published)) if self.min_gpus <= k <= min(n, self.max_gpus)]
+
+    def class_stem(self, size: int = 0) -> str:
+        """`<class_name>` or, sized, `<class_name>-<size>`: the class's first label and resource."""
+        return f"{self.class_name}-{size}" if self.sized else self.class_name
+
+
+#: Most GPUs one device may name (a node's most GPUs in the counter set).
+MAX_GPUS_PER_DEVICE = MAX_COUNTERS_PER_SET
+
+
+def _gpu_layout_devices(inp: LayoutInput, _size: int) -> list[Device]:
+    n = inp.topology.n
+    return [
+        Device((i,), _gpu_attributes(inp.topology, i, inp.pcie_roots.get(i), inp.groups))
+        for i in gpu_order(inp.alloc, range(n), inp.free)
+    ]
+
+
+def _set_layout_devices(inp: LayoutInput, size: int) -> list[Device]:
+    out = []
+    for s in choose_sets(inp.alloc, inp.healthy, inp.free, size, inp.max_sets):
+        attrs: dict[str, dict[str, Any]] = {"ringMBps": {"int": s.ring_mbps}}
+        numas = {inp.topology.gpus[i].numa for i in s.gpus}
+        if len(numas) == 1 and None not in numas:
+            attrs[STANDARD + "numaNode"] = {"int": numas.pop()}
+        out.append(Device(s.gpus, attrs))
+    return out
+
+
+#: The device layouts a node publishes, in slice order (after the counters slice). A new one is
+#: one entry here plus its test (docs/dra.md, "Adding a device layout"); the DeviceClasses of
+#: deploy/ and the chart are generated from this table (tools/dra_layouts.py).
+LAYOUTS: tuple[DeviceLayout, ...] = (
+    DeviceLayout(
+        type="gpu",
+        part="gpus",
+        class_name="gpu",
+        sized=False,
+        min_gpus=1,
+        max_gpus=1,
+        devices=_gpu_layout_devices,
+        summary="single GPUs, the free healthy ones in the allocator's order for one GPU; they "
+        "carry each GPU's identity and links (the GPU layout)",
+    ),
+    DeviceLayout(
+        type="set",
+        part="set",
+        class_name="nvlink",
+        sized=True,
+        min_gpus=2,
+        max_gpus=MAX_GPUS_PER_DEVICE,
+        devices=_set_layout_devices,
+        summary="every k-GPU set, ring-bandwidth levels best first, the free healthy sets of a "
+        "level in the allocator's order: one claim for one device gets the best free ring",
+    ),
+)
+#: The layout whose devices are the node's GPUs themselves: the one readers learn GPUs from.
+GPU_LAYOUT = LAYOUTS[0]
+
+
+def layout_of_type(type_: str) -> DeviceLayout | None:
+    """The layout whose devices have this `type` attribute (and name prefix), None if none."""
+    return next((layout for layout in LAYOUTS if layout.type == type_), None)
+
+
+def check_layouts(layouts: Sequence[DeviceLayout]) -> list[str]:
+    """What makes a table of layouts unusable (empty: fine): types, parts or class names twice,
+    or the GPU layout not first."""
+    problems = []
+    for what in ("type", "part", "class_name"):
+        values = [getattr(layout, what) for layout in layouts]
+        if len(set(values)) != len(values):
+            problems.append(f"two layouts share a {what}: {values}")
+    if not layouts or (layouts[0].min_gpus, layouts[0].max_gpus, layouts[0].sized) != (1, 1, False):
+        problems.append("the first layout must be one device per GPU, unsized (the GPU layout)")
+    return problems
+
+
+def layout_of_class(class_name: str, domain: str = DRIVER) -> tuple[DeviceLayout, int] | None:
+    """The layout and size (0 when unsized) of a DeviceClass named as `device_class` names it:
+    `<stem>.<domain>`, or `<stem>.<subdomain>.<domain>` for a Helm release's own classes
+    (the chart's gputopo.draClassDomain). None for any other class."""
+    stem, _, rest = class_name.partition(".")
+    if not (rest == domain or rest.endswith("." + domain)) or not _CLASS_DOMAIN.fullmatch(rest):
+        return None
+    for layout in LAYOUTS:
+        if not layout.sized and stem == layout.class_name:
+            return layout, 0
+        prefix = layout.class_name + "-"
+        if layout.sized and stem.startswith(prefix) and stem[len(prefix) :].isdigit():
+            size = int(stem[len(prefix) :])
+            if str(size) == stem[len(prefix) :] and layout.min_gpus <= size <= layout.max_gpus:
+                return layout, size
+    return None
+
+
+_CLASS_DOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def class_gpus(class_name: str, domain: str = DRIVER) -> int:
+    """GPUs one device of a gputopo DeviceClass holds (the sidecar sizes a claim by it); 0 for a
+    class that is not ours or whose devices vary in size."""
+    found = layout_of_class(class_name, domain)
+    if found is None:
+        return 0
+    layout, size = found
+    return size if layout.sized else layout.min_gpus if layout.min_gpus == layout.max_gpus else 0
+
+
+def device_class(
+    layout: DeviceLayout, driver: str = DRIVER, domain: str | None = None, size: int = 0
+) -> dict[str, Any]:
+    """The DeviceClass selecting the healthy devices of `layout` (of `size`, when sized), named
+    `<stem>.<domain>` with the extended resource `<domain>/<stem>` (the DRAExtendedResource
+    gate: a container's `resources.limits: {gputopo.io/nvlink-4: 1}` needs no claim)."""
+    domain = domain or driver
+    stem = layout.class_stem(size)
+    attr = f'device.attributes["{driver}"]'
+    sized = f" && {attr}.size == {size}" if layout.sized else ""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "DeviceClass",
+        "metadata": {"name": f"{stem}.{domain}"},
+        "spec": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": f'device.driver == "{driver}" && {attr}.type == "{layout.type}"{sized} && {attr}.healthy'
+                    }
+                }
+            ],
+            "extendedResourceName": f"{domain}/{stem}",
+        },
+    }
+
+
+def device_classes(
+    driver: str = DRIVER, domain: str | None = None, sizes: Sequence[int] = DEFAULT_SIZES
+) -> list[dict[str, Any]]:
+    """One DeviceClass per layout, and per published size of each sized layout, in table order."""
+    return [
+        device_class(layout, driver, domain, k)
+        for layout in LAYOUTS
+        for k in layout.sizes(sizes, MAX_GPUS_PER_DEVICE)
+    ]
+
+
 def build_slices(
     topology: Topology,
     alloc: Allocator,
@@ -284,14 +519,17 @@ def build_slices(
     n = topology.n
     h = sorted(i for i in set(healthy) if 0 <= i < n)
     f = sorted(i for i in set(free) if i in set(h))
-    roots = pcie_roots or {}
-    used_sizes = [k for k in sorted(set(sizes)) if 2 <= k <= n]
-    groups = {k: group_partition(alloc, range(n), k) for k in used_sizes}
+    set_sizes = [k for k in sorted(set(sizes)) if 2 <= k <= n]
+    inp = LayoutInput(
+        topology=topology,
+        alloc=alloc,
+        healthy=h,
+        free=f,
+        max_sets=max_sets,
+        pcie_roots=pcie_roots or {},
+        groups={k: group_partition(alloc, range(n), k) for k in set_sizes},
+    )
     ok = set(h)
-
-    gpu_devices = [
-        _gpu_device(topology, i, roots.get(i), groups, i in ok) for i in gpu_order(alloc, range(n), f)
-    ]
     parts: list[tuple[str, str, dict[str, Any]]] = [
         (
             "counters",
@@ -301,14 +539,15 @@ def build_slices(
                     {"name": COUNTER_SET, "counters": {counter_name(i): {"value": "1"} for i in range(n)}}
                 ]
             },
-        ),
-        ("gpus", "gpus", {"devices": gpu_devices}),
+        )
     ]
-    for k in used_sizes:
-        devices = [_set_device(topology, s, ok) for s in choose_sets(alloc, h, f, k, max_sets)]
-        chunks = [devices[i : i + SETS_PER_SLICE] for i in range(0, len(devices), SETS_PER_SLICE)]
-        for name, chunk in zip(set_parts(k, len(chunks)), chunks, strict=True):
-            parts.append((name, f"set{k}", {"devices": chunk}))
+    for layout in LAYOUTS:
+        for k in layout.sizes(set_sizes, n):
+            devices = [_device(layout, d, ok) for d in layout.devices(inp, k)]
+            part = f"{layout.part}{k}" if layout.sized else layout.part
+            chunks = [devices[i : i + SETS_PER_SLICE] for i in range(0, len(devices), SETS_PER_SLICE)]
+            for name, chunk in zip(set_parts(part, len(chunks)), chunks, strict=True):
+                parts.append((name, part, {"devices": chunk}))
     pool = {"name": node_name, "generation": generation, "resourceSliceCount": len(parts)}
     return [
         {
@@ -321,20 +560,21 @@ def build_slices(
     ]
 
 
-def set_parts(size: int, count: int) -> list[str]:
-    """The name parts of the `count` slices holding the set devices of one size, in
-    publication order: `set<k>`, then `set<k>-001`, `set<k>-002`, ….
+def set_parts(part: str, count: int) -> list[str]:
+    """The name parts of the `count` slices holding one group of devices (a layout's, or a
+    sized layout's of one size: `set4`), in publication order: `<part>`, then `<part>-001`,
+    `<part>-002`, ….
 
     kube-scheduler's allocator walks a pool's slices sorted by name (byte order) and each
     slice's devices in list order: `buildPool` → `sortSlicesByName` in
     k8s.io/dynamic-resource-allocation/structured/internal/{incubating,experimental}/pools_*.go
     (v0.36.3, v0.37.2; the variant kube-scheduler runs while any beta DRA gate is on, as by
     default from 1.36). A name is a prefix of its successors and the suffixes have equal width,
-    so name order is this order. The first name is the one a size that fits one slice always
+    so name order is this order. The first name is the one a group that fits one slice always
     had, so such nodes republish under the same names."""
     if count > 999:
-        raise SliceError(f"{count} slices for size {size}: more than the 3-digit suffix names")
-    return [f"set{size}" if i == 0 else f"set{size}-{i:03d}" for i in range(count)]
+        raise SliceError(f"{count} slices for {part}: more than the 3-digit suffix names")
+    return [part if i == 0 else f"{part}-{i:03d}" for i in range(count)]
 
 
 def slice_name(node_name: str, part: str) -> str:
@@ -353,13 +593,28 @@ def _consumes(gpus: Iterable[int]) -> list[dict[str, Any]]:
     return [{"counterSet": COUNTER_SET, "counters": {counter_name(i): {"value": "1"} for i in gpus}}]
 
 
-def _gpu_device(
-    topology: Topology, i: int, root: str | None, groups: Mapping[int, Mapping[int, int]], healthy: bool
-) -> dict[str, Any]:
+def _device(layout: DeviceLayout, device: Device, healthy: set[int]) -> dict[str, Any]:
+    """A layout's device as the API takes it: the common attributes first, then its own."""
+    attrs: dict[str, Any] = {
+        "type": {"string": layout.type},
+        "healthy": {"bool": all(i in healthy for i in device.gpus)},
+    }
+    if layout is not GPU_LAYOUT:  # readers learn a multi-GPU device's members from these two
+        attrs["size"] = {"int": len(device.gpus)}
+        attrs["gpus"] = {"string": ",".join(str(i) for i in device.gpus)}
+    attrs.update(device.attributes)
+    return {
+        "name": layout.device_name(device.gpus),
+        "attributes": attrs,
+        "consumesCounters": _consumes(device.gpus),
+    }
+
+
+def _gpu_attributes(
+    topology: Topology, i: int, root: str | None, groups: Mapping[int, Mapping[int, int]]
+) -> dict[str, dict[str, Any]]:
     gpu = topology.gpus[i]
     attrs: dict[str, dict[str, Any]] = {
-        "type": {"string": "gpu"},
-        "healthy": {"bool": healthy},
         "index": {"int": i},
         "uuid": {"string": gpu.uuid[:MAX_STRING_ATTRIBUTE_CHARS]},
     }
@@ -375,8 +630,9 @@ def _gpu_device(
     for k, part in groups.items():
         if i in part:
             attrs[f"group{k}"] = {"int": part[i]}
-    attrs.update(link_attributes(topology, i, room=MAX_ATTRIBUTES_PER_DEVICE - len(attrs)))
-    return {"name": gpu_device_name(i), "attributes": attrs, "consumesCounters": _consumes((i,))}
+    room = MAX_ATTRIBUTES_PER_DEVICE - COMMON_ATTRIBUTES - len(attrs)
+    attrs.update(link_attributes(topology, i, room=room))
+    return attrs
 
 
 def link_attributes(topology: Topology, i: int, *, room: int) -> dict[str, dict[str, Any]]:
@@ -395,20 +651,6 @@ def link_attributes(topology: Topology, i: int, *, room: int) -> dict[str, dict[
         if j != i:
             out[f"link{j}"] = {"string": topology.code(i, j)}
     return out
-
-
-def _set_device(topology: Topology, s: SetDevice, healthy: set[int]) -> dict[str, Any]:
-    attrs: dict[str, dict[str, Any]] = {
-        "type": {"string": "set"},
-        "healthy": {"bool": all(i in healthy for i in s.gpus)},
-        "size": {"int": len(s.gpus)},
-        "ringMBps": {"int": s.ring_mbps},
-        "gpus": {"string": ",".join(str(i) for i in s.gpus)},
-    }
-    numas = {topology.gpus[i].numa for i in s.gpus}
-    if len(numas) == 1 and None not in numas:
-        attrs[STANDARD + "numaNode"] = {"int": numas.pop()}
-    return {"name": s.name, "attributes": attrs, "consumesCounters": _consumes(s.gpus)}
 
 
 # --------------------------------------------------------------------------- checks and first fit
@@ -502,27 +744,31 @@ def check_limits(slices: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def first_fit(
-    slices: Sequence[Mapping[str, Any]], size: int, used: Iterable[int] = ()
+    slices: Sequence[Mapping[str, Any]],
+    size: int,
+    used: Iterable[int] = (),
+    layout: DeviceLayout | None = None,
 ) -> tuple[str, tuple[int, ...]] | None:
-    """What kube-scheduler's allocator gives a claim for one device of the size-`size` class
-    (size 1: the single-GPU class; the classes select `healthy` devices only): the first
-    matching device, in slice order, none of whose
-    counters is consumed already (`used`: the GPUs that allocated claims hold; every counter is
-    one GPU). None when no device fits.
+    """What kube-scheduler's allocator gives a claim for one device of a class: the class of
+    `layout`, of size `size` when the layout is sized (by default the single-GPU class for size
+    1, the `set` class of size `size` otherwise; the classes select `healthy` devices only): the
+    first matching device, in slice order, none of whose counters is consumed already (`used`:
+    the GPUs that allocated claims hold; every counter is one GPU). None when no device fits.
 
     The stock allocator's rule for a one-device request (KEP-4815 counters); the tests and the
     simulator use it as the peer that is not gputopo."""
     consumed = {counter_name(i) for i in used}
-    want_type = "gpu" if size == 1 else "set"
+    layout = layout or (GPU_LAYOUT if size == 1 else layout_of_type("set"))
+    assert layout is not None
     for s in slices:
         for d in s.get("spec", {}).get("devices") or []:
             attrs = d.get("attributes", {})
             if (
-                attrs.get("type", {}).get("string") != want_type
+                attrs.get("type", {}).get("string") != layout.type
                 or attrs.get("healthy", {}).get("bool") is False
             ):
                 continue
-            if size > 1 and attrs.get("size", {}).get("int") != size:
+            if layout.sized and attrs.get("size", {}).get("int") != size:
                 continue
             mine = {name for c in d.get("consumesCounters") or [] for name in c.get("counters", {})}
             if mine & consumed:

@@ -31,14 +31,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from deviceplugin.backend import HealthEvent
+from deviceplugin.hardware.backend import ALL_GPUS, HealthEvent
 from deviceplugin.settings import IGNORED_XIDS
 from gputopo import jsonlog
 
 log = logging.getLogger("deviceplugin.health")
-
-#: HealthEvent.uuid meaning "every GPU of this node" (an NVML error that names no device).
-ALL_GPUS = "*"
 
 
 @dataclass(frozen=True, slots=True)

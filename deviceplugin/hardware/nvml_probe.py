@@ -1,4 +1,4 @@
-"""Print what the NVML backend discovers on this machine, as JSON (`python -m deviceplugin.nvml_probe`).
+"""Print what the NVML backend discovers on this machine, as JSON (`python -m deviceplugin.hardware.nvml_probe`).
 
 A one-shot check for operators and for the team's GPU runs: the topology the plugin would
 publish (design.md §3 form, with the PCIe level under each NVLink) and how long probing took,
@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from deviceplugin.nvml import NvmlBackend, NvmlUnavailable
+from deviceplugin.hardware.nvml import NvmlBackend, NvmlUnavailable
 
 
 def main(argv: Sequence[str] | None = None, *, nvml: Any = None) -> int:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from deviceplugin.backend import Backend, HealthEvent
-from deviceplugin.health import HealthTracker
+from deviceplugin.hardware.backend import Backend, HealthEvent
+from deviceplugin.health.tracker import HealthTracker
 from deviceplugin.metrics import Metrics
 from deviceplugin.state import Snapshot, SnapshotStore
 from gputopo import jsonlog

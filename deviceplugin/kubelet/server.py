@@ -19,10 +19,12 @@ from typing import Any
 
 import grpc
 
-from deviceplugin.kubeletapi import FileId, RegistrationInfo, file_id
+from deviceplugin.daemon import ServeError
+from deviceplugin.kubelet.api import RegistrationInfo
+from deviceplugin.kubelet.service import DevicePluginService, StatusService
 from deviceplugin.metrics import Metrics
-from deviceplugin.service import DevicePluginService, StatusService
 from deviceplugin.settings import PluginConfig
+from deviceplugin.sockets import FileId, file_id
 from deviceplugin.state import SnapshotStore
 from gputopo import jsonlog
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2_grpc
@@ -31,7 +33,7 @@ from gputopo_proto.status.v1 import status_pb2_grpc
 log = logging.getLogger("deviceplugin.server")
 
 
-class ServerError(RuntimeError):
+class ServerError(ServeError):
     """The plugin socket cannot be served (folder not writable, path taken by a non-socket, …)."""
 
 

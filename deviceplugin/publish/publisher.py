@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from deviceplugin import settings
-from deviceplugin.podresources import PodResourcesError, ids_to_uuids
+from deviceplugin.publish.podresources import PodResourcesClient, PodResourcesError, ids_to_uuids
 from deviceplugin.state import Snapshot
 from gputopo import __version__, jsonlog
 from gputopo.network.annotation import MAX_POD_KEY_CHARS, MAX_PODS, encode, make
@@ -377,6 +377,34 @@ def for_cluster(
         core.api_client, controller=EVENT_CONTROLLER, timeout_s=kwargs.get("request_timeout_s", 10.0)
     )
     return Publisher(node_name, core, in_use, events=events, **kwargs)
+
+
+class NodePublication:
+    """The Node annotation publisher and the PodResources reader it asks which GPUs are in use,
+    as device-plugin mode runs them: built before its daemon starts, started after it serves."""
+
+    def __init__(self, publisher: Publisher, pods: PodResourcesClient) -> None:
+        self.publisher = publisher
+        self.pods = pods
+
+    @classmethod
+    def for_cluster(
+        cls, node_name: str, kubeconfig: str | None, pod_resources_socket: str, resource_name: str
+    ) -> NodePublication:
+        """Talking to the API server (`for_cluster`) and to kubelet's PodResources socket; raises
+        whatever the client setup raises when there is no API server configuration."""
+        pods = PodResourcesClient(pod_resources_socket, resource_name)
+        try:
+            # per pod, so the sidecar can free a pod's GPUs as soon as it sees the pod end
+            return cls(for_cluster(node_name, pods.assignments, kubeconfig=kubeconfig), pods)
+        except BaseException:
+            pods.close()
+            raise
+
+    def stop(self) -> None:
+        """Stop publishing and close the PodResources channel (safe when never started)."""
+        self.publisher.stop()
+        self.pods.close()
 
 
 def core_api(kubeconfig: str | None = None) -> Any:

@@ -3,8 +3,8 @@
 This module owns NVML's lifetime (init once, shutdown on close), waits on NVML's XID events
 (`XidWatch`) and presents both halves as the Backend Protocol (`NvmlBackend`). Topology
 discovery, the rules that map NVML's answers to `nvidia-smi topo -m` codes, NUMA and bandwidth,
-is `deviceplugin.nvml_topology`, as NVIDIA's plugin keeps device discovery apart from its
-`internal/rm/health.go`; `python -m deviceplugin.nvml_probe` prints what discovery finds.
+is `deviceplugin.hardware.nvml_topology`, as NVIDIA's plugin keeps device discovery apart from its
+`internal/rm/health.go`; `python -m deviceplugin.hardware.nvml_probe` prints what discovery finds.
 
 Discovery runs when asked (`discover()`: at start and on an explicit re-probe), never inside an
 RPC. Health: XID critical errors (and double-bit ECC, reported as XID 48) become HealthEvents;
@@ -25,9 +25,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from deviceplugin.backend import HealthEvent
-from deviceplugin.health import ALL_GPUS
-from deviceplugin.nvml_topology import (
+from deviceplugin.hardware.backend import ALL_GPUS, HealthEvent
+from deviceplugin.hardware.nvml_topology import (
     NVML_ERROR_NOT_SUPPORTED,
     NVML_ERROR_TIMEOUT,
     NvmlUnavailable,

@@ -33,14 +33,15 @@ from typing import TYPE_CHECKING
 import grpc
 
 from deviceplugin import settings
-from deviceplugin.kubeletapi import FileId, RegistrationInfo, file_id, plugin_options
+from deviceplugin.kubelet.api import RegistrationInfo, plugin_options
 from deviceplugin.metrics import Metrics
 from deviceplugin.settings import PluginConfig
+from deviceplugin.sockets import FileId, file_id
 from gputopo import jsonlog
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 if TYPE_CHECKING:
-    from deviceplugin.server import PluginServer
+    from deviceplugin.kubelet.server import PluginServer
 
 log = logging.getLogger("deviceplugin.registration")
 

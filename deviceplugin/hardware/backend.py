@@ -14,6 +14,10 @@ from typing import Protocol
 from gputopo.node.links import BandwidthSettings
 from gputopo.node.topology import Topology
 
+#: A HealthEvent's `uuid` when the source cannot say which GPU failed (an NVML event wait that
+#: broke): the tracker applies it to every GPU. No GPU may be named like it.
+ALL_GPUS = "*"
+
 
 @dataclass(frozen=True, slots=True)
 class HealthEvent:

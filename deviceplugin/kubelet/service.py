@@ -1,6 +1,6 @@
 """The gRPC face of the plugin: v1beta1.DevicePlugin and gputopo.status.v1.Status.
 
-Handlers only translate: read one snapshot, let `deviceplugin.requests` validate and ask the
+Handlers only translate: read one snapshot, let `deviceplugin.kubelet.requests` validate and ask the
 allocator, turn the answer into protobuf, log the decision with its reason. They never touch
 NVML or the file system, so an RPC's cost is the allocator's and nothing else.
 """
@@ -16,9 +16,9 @@ from typing import Any
 import grpc
 
 from deviceplugin import settings
-from deviceplugin.kubeletapi import RegistrationInfo, plugin_options
+from deviceplugin.kubelet.api import RegistrationInfo, plugin_options
+from deviceplugin.kubelet.requests import PreferredAnswer, RequestError, allocate_ids, preferred
 from deviceplugin.metrics import Metrics
-from deviceplugin.requests import PreferredAnswer, RequestError, allocate_ids, preferred
 from deviceplugin.settings import PluginConfig
 from deviceplugin.state import Snapshot, SnapshotStore
 from deviceplugin.strategies import Handover, parse_strategies, probe_device_specs

@@ -1,15 +1,14 @@
 """What the plugin's servers, servicers and kubelet watcher share about kubelet's side.
 
 The registration state the status service reports, the options the plugin announces (the same
-in GetDevicePluginOptions and RegisterRequest) and the identity of a socket file. They live
-here, not in the watcher (`deviceplugin.registration`), so that the server and the servicers
+in GetDevicePluginOptions and RegisterRequest). They live
+here, not in the watcher (`deviceplugin.kubelet.registration`), so that the server and the servicers
 need not import the watcher that drives them: registration -> server -> service, no cycle
 (tests/test_plugin_layers.py holds it on the import graph).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2
@@ -24,17 +23,6 @@ class RegistrationInfo:
     count: int = 0
     last_error: str = ""
     failed_attempts: int = 0
-
-
-FileId = tuple[int, int, int]  # (device, inode, ctime ns): a file replaced under the same name differs
-
-
-def file_id(path: str) -> FileId | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def plugin_options() -> api_pb2.DevicePluginOptions:

@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from deviceplugin.backend import BandwidthOverrides, HealthEvent
+from deviceplugin.hardware.backend import BandwidthOverrides, HealthEvent
 from gputopo import jsonlog
 from gputopo.node.topofile import load_topology
 from gputopo.node.topology import Topology

@@ -34,7 +34,7 @@ prints, so what an operator reads on the node is what the allocator decides on:
 
 `discover()` runs when asked (at start and on an explicit re-probe), never inside an RPC. The
 XID health watch is the other half of the NVML backend, as NVIDIA's plugin keeps device
-discovery and `health.go` apart; `deviceplugin.nvml` holds it, owns NVML's init and shutdown and
+discovery and `health.go` apart; `deviceplugin.hardware.nvml` holds it, owns NVML's init and shutdown and
 joins the two. How the pynvml binding answers (the error codes both halves tell apart, text that
 comes back as bytes or str depending on the nvidia-ml-py version, `NvmlUnavailable`) is at the
 top of this module, the one both halves import.
