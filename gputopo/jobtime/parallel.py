@@ -309,9 +309,7 @@ def parallel_step_time(
     # data parallel: t rings of d GPUs, one per tensor-parallel rank
     dp_bw = math.inf
     if d > 1:
-        if len(gpus_per_node) == 1:
-            dp_bw = best(2)
-        elif level == ACCELERATOR:
+        if len(gpus_per_node) == 1 or level == ACCELERATOR:
             dp_bw = best(2)
         else:
             # a node's NICs carry every ring that passes through it: min(g, t) of them
