@@ -53,6 +53,18 @@ CASES: dict[str, list[list[str]]] = {
             "--profile",
             "encoder",
         ],
+        [  # a tensor x data parallel job whose groups straddle NVLink domains
+            "--topology",
+            "gb200-tray",
+            "--gpus-per-node",
+            ",".join(["4"] * 32),
+            "--level",
+            "core",
+            "--tp-profile",
+            "llama-70b",
+            "--tensor-parallel",
+            "16",
+        ],
     ],
     "status": [["--kubelet-dir", "{plugin}"]],
 }

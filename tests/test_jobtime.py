@@ -35,8 +35,9 @@ from gputopo.jobtime.model import (
     step_s,
     step_time,
 )
+from gputopo.jobtime.parallel import PARALLEL_PROFILES, ParallelProfile, parallel_step_time, tp_groups
 from gputopo.jobtime.profiles import PROFILE_MIXES, PROFILES, ProfileMix
-from gputopo.network.levels import CORE, HOSTNAME, LEAF, SPINE
+from gputopo.network.levels import ACCELERATOR, CORE, HOSTNAME, LEAF, SPINE
 from gputopo.node.allocator import Allocator
 from gputopo.node.topofile import load_preset
 from gputopo.node.topology import make_topology
@@ -407,3 +408,168 @@ def test_the_busbw_of_a_ring_is_the_best_set_of_that_ring(name: str) -> None:
             spread += max(values) > min(values)
     assert ring_busbw_gbps(alloc, 1, 0) == math.inf
     assert (spread > 0) == (name == "dgx1-v100")
+
+
+# ----------------------------------------------------------------------- tensor x data parallel
+
+# The Ultra-Scale Playbook (Tazi et al., Hugging Face, 2025), "Tensor Parallelism": tokens/s per
+# GPU of a 3B model (4096-token sequences) as TP grows on 8 x H100 nodes linked by EFA
+# (AWS p5: 32 x 100 Gb/s); its plot data (the book's fragments tp_scaling.html and
+# tp_sp_scaling.html): TP alone and TP with sequence parallelism.
+PLAYBOOK_TP = {2: 13923.18, 4: 12420.76, 8: 10903.32, 16: 6245.6}
+PLAYBOOK_TP_SP = {2: 14167.25, 4: 13460.16, 8: 10888.53, 16: 6159.3}
+P5 = Nics(32, 100.0, "efa")
+SEQ = 4096
+
+
+def _playbook_tokens_per_gpu(t: int, compute_s: float) -> float:
+    """The model's tokens/s per GPU: one sequence per step, TP inside a node up to 8, across
+    t / 8 nodes under one leaf above; a Llama 3B shape (28 layers, hidden 3072)."""
+    profile = ParallelProfile("3b", 3.2e9, 28, 3072, SEQ, compute_s, t, 0.0)
+    per_node = [t] if t <= 8 else [8] * (t // 8)
+    r = parallel_step_time(load_preset("hgx-h100"), per_node, HOSTNAME if t <= 8 else LEAF, P5, profile)
+    return SEQ / (t * r.step_s)
+
+
+def _playbook_compute(measured: dict[int, float]) -> float:
+    """One sequence's compute on one GPU, the one number taken from the measurement: its TP=2
+    point (the least communication), less the model's TP time there (as the Pollux rows take
+    the trace's own compute)."""
+    probe = ParallelProfile("3b", 3.2e9, 28, 3072, SEQ, 1.0, 2, 0.0)
+    tp2 = parallel_step_time(load_preset("hgx-h100"), [2], HOSTNAME, P5, probe).tp_comm_s
+    return 2.0 * (SEQ / (2.0 * measured[2]) - tp2)
+
+
+@pytest.mark.parametrize("measured", [PLAYBOOK_TP, PLAYBOOK_TP_SP], ids=["tp", "tp-sp"])
+def test_playbook_tp_split_across_nodes(measured: dict[int, float]) -> None:
+    """TP=8 in one node -> TP=16 over two: the Playbook measures 0.573x (TP) and 0.566x (TP+SP)
+    of the tokens per GPU; the model's TP all-reduces move from NVSwitch to EFA."""
+    compute = _playbook_compute(measured)
+    inside, across = (_playbook_tokens_per_gpu(t, compute) for t in (8, 16))
+    within(across / inside, measured[16] / measured[8])
+    for t in (4, 8, 16):  # and each point on its own
+        within(_playbook_tokens_per_gpu(t, compute), measured[t])
+
+
+def test_tp_group_straddling_nodes_costs_and_mnnvl_does_not() -> None:
+    """The same TP=8 x DP=2 job on four GB200 trays: groups inside one NVL72 domain run at
+    MNNVL speed, groups whose trays are in different racks go over the trays' NICs."""
+    gb = load_preset("gb200-tray")
+    nics = PRESET_NICS["gb200-tray"]
+    prof = PARALLEL_PROFILES["llama-70b"]
+    rack = parallel_step_time(gb, [4, 4, 4, 4], ACCELERATOR, nics, prof)
+    racks = parallel_step_time(gb, [4, 4, 4, 4], LEAF, nics, prof)
+    assert rack.straddle_slowdown == pytest.approx(1.0) and rack.tp_busbw_gbps == rack.inside_tp_busbw_gbps
+    assert racks.straddling_groups == 2 and racks.tp_busbw_gbps < rack.tp_busbw_gbps
+    assert racks.straddle_slowdown > 1.05 and racks.slowdown >= racks.straddle_slowdown
+    # a tensor-parallel group is not overlapped: its time is all on the step
+    assert racks.step_s == pytest.approx(racks.compute_s + racks.tp_comm_s + racks.dp_exposed_s)
+
+
+@pytest.mark.parametrize(("gpus", "measured"), [(72, 834.57), (8, 811.0)])
+def test_mnnvl_busbw_inside_an_nvl72_domain(gpus: int, measured: float) -> None:
+    """GB200 NVL72: coreweave/nccl-tests#43, all_reduce_perf over a full rack (72 GPUs, 8 GiB):
+    834.57 GB/s; lixueduan.com "GB200 MNNVL nccl-test" (2 trays, 8 GPUs, MNNVL): 811 GB/s.
+    The model's accelerator hop: the trays' NVSwitch pair figure (18 x 50 GB/s) x 0.8."""
+    gb = load_preset("gb200-tray")
+    got = placement_step_time(gb, [4] * (gpus // 4), ACCELERATOR, PRESET_NICS["gb200-tray"], 1e9, 0.0, 0.0)
+    within(got.busbw_gbps, measured)
+
+
+def test_tp_groups_follow_megatron_rank_order() -> None:
+    assert tp_groups([8, 8], 16) == [[8, 8]]
+    assert tp_groups([8, 8], 4) == [[4], [4], [4], [4]]
+    assert tp_groups([6, 6], 4) == [[4], [2, 2], [4]]
+    with pytest.raises(JobTimeError):
+        tp_groups([8, 7], 4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([1, 2, 4, 8]), st.integers(1, 4), st.sampled_from([LEAF, SPINE, CORE]))
+def test_parallel_step_is_never_faster_than_inside_or_ideal(t: int, nodes: int, level: str) -> None:
+    prof = PARALLEL_PROFILES["gpt-13b"].with_tensor_parallel(t)
+    got = parallel_step_time(
+        load_preset("dgx-a100"), [8] * nodes, level if nodes > 1 else HOSTNAME, PRESET_NICS["dgx-a100"], prof
+    )
+    assert got.step_s >= got.inside_step_s >= got.compute_s
+    assert got.slowdown >= 1.0 - 1e-12 and got.straddle_slowdown >= 1.0 - 1e-12
+    assert got.data_parallel * t == 8 * nodes
+
+
+def test_parallel_profile_refuses_bad_numbers() -> None:
+    base = PARALLEL_PROFILES["gpt-13b"]
+    for bad in (
+        lambda: base.with_tensor_parallel(0),
+        lambda: base.with_overlap(2.0),
+        lambda: ParallelProfile("x", -1.0, 40, 5120, 2048, 1.0, 8),
+        lambda: ParallelProfile("x", 1e9, 0, 5120, 2048, 1.0, 8),
+        lambda: parallel_step_time(
+            load_preset("dgx-a100"), [8, 8], LEAF, Nics(), base.with_tensor_parallel(3)
+        ),
+        lambda: parallel_step_time(load_preset("dgx-a100"), [8, 8], HOSTNAME, Nics(), base),
+    ):
+        with pytest.raises(JobTimeError):
+            bad()
+
+
+def test_step_time_cli_tensor_parallel() -> None:
+    args = ("--topology", "gb200-tray", "--gpus-per-node", "4,4,4,4", "--tp-profile", "llama-70b")
+    rack = json.loads(_cli(*args, "--level", "accelerator", "-o", "json").stdout)
+    done = _cli(*args, "--level", "leaf", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["tensor_parallel"] == 8 and doc["data_parallel"] == 2
+    assert {
+        "tp_busbw_gbps",
+        "tp_comm_s",
+        "dp_busbw_gbps",
+        "dp_comm_s",
+        "straddle_slowdown",
+        "slowdown",
+    } <= set(doc)
+    assert rack["straddle_slowdown"] == pytest.approx(1.0) and doc["straddle_slowdown"] > 1.05
+    within(rack["tp_busbw_gbps"], 834.57)  # coreweave/nccl-tests#43, a full NVL72 rack
+    text = _cli(*args, "--level", "leaf")
+    lines = text.stdout.splitlines()
+    assert text.returncode == 0 and max(len(line) for line in lines) <= 120
+    assert any(line.startswith("tensor-parallel bus bandwidth") for line in lines)
+    assert any(line.startswith("data-parallel bus bandwidth") for line in lines)
+    straddle = next(line for line in lines if line.startswith("tensor-parallel groups straddling"))
+    assert f"{doc['straddle_slowdown']:.3f}x" in straddle
+    t16 = json.loads(
+        _cli(
+            "--topology",
+            "dgx-a100",
+            "--gpus-per-node",
+            "8,8",
+            "--tp-profile",
+            "gpt-13b",
+            "--tensor-parallel",
+            "16",
+            "-o",
+            "json",
+        ).stdout
+    )
+    assert t16["data_parallel"] == 1 and t16["dp_comm_s"] == 0.0 and t16["straddling_groups"] == 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--tp-profile", "nope"],
+        ["--tp-profile", "gpt-13b", "--tensor-parallel", "3"],
+        ["--tp-profile", "gpt-13b", "--tensor-parallel", "0"],
+        ["--tp-profile", "gpt-13b", "--data-parallel", "3"],
+        ["--tp-profile", "gpt-13b", "--profile", "llm"],
+        ["--tp-profile", "gpt-13b", "--grad-bytes", "1e9"],
+        ["--tp-profile", "gpt-13b", "--overlap", "1.5"],
+        ["--tp-profile", "gpt-13b", "--level", "hostname"],
+        ["--tensor-parallel", "8", "--profile", "llm"],
+        ["--tp-profile", "gpt-13b", "--tensor-parallel", "x"],
+    ],
+)
+def test_step_time_cli_tensor_parallel_bad_input_is_one_line_exit_2(bad: list[str]) -> None:
+    done = _cli("--topology", "dgx-a100", "--gpus-per-node", "8,8", *bad)
+    assert done.returncode == 2, done.stdout
+    assert done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr

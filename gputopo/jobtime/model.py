@@ -371,8 +371,7 @@ def placement_step_time(
     alloc = allocator if allocator is not None else Allocator(topology)
 
     def best(size: int) -> float:
-        chosen = alloc.choose(range(topology.n), size).indices
-        return intra_busbw_gbps(topology, chosen, alloc.ring_mbps(chosen))
+        return best_busbw_gbps(alloc, size)
 
     bw = min(best(g) for g in gpus_per_node)
     if len(gpus_per_node) > 1:
@@ -384,6 +383,16 @@ def placement_step_time(
             bw = min(bw, inter_busbw_gbps([(g, topology.n, nics) for g in gpus_per_node], level, table=table))
     ideal = best(max(2, max(gpus_per_node))) if topology.n >= 2 else math.inf
     return step_time(grad_bytes, compute_s, overlap, sum(gpus_per_node), bw, ideal)
+
+
+def best_busbw_gbps(allocator: Allocator, size: int) -> float:
+    """All-reduce busbw of the allocator's best set of `size` GPUs of its server (inf below 2):
+    what a job gets inside one node when the device plugin hands it out."""
+    if size < 2:
+        return math.inf
+    topology = allocator.topology
+    chosen = allocator.choose(range(topology.n), min(size, topology.n)).indices
+    return intra_busbw_gbps(topology, chosen, allocator.ring_mbps(chosen))
 
 
 def validate_workload(grad_bytes: float, compute_s: float, overlap: float) -> None:
