@@ -9,12 +9,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from gputopo.gang.spec import SubGroup
 from gputopo.jobtime.profiles import Profile
-
-if TYPE_CHECKING:
-    from gputopo.gang.planner import SubGroup
 
 
 @dataclass(frozen=True)

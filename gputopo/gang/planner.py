@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import compress
 from typing import cast
 
@@ -72,76 +72,15 @@ from gputopo.gang.domain import (
 from gputopo.gang.packing import NO_K, SMALL_NODES, min_nodes, pack
 from gputopo.gang.predict import bound_busbw, choose, predict
 from gputopo.gang.reasons import Miss, no_plan_reason
+from gputopo.gang.spec import GangPlan, GangSpec, Member, NoPlan, SubGroup
 from gputopo.gang.spread import lower_levels
-from gputopo.jobtime.profiles import Profile
+from gputopo.gang.tree import plan_tree
 from gputopo.network.levels import CLUSTER, LevelIndex, NetworkIndex, validate_levels
-from gputopo.network.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Placement, Quality
+from gputopo.network.nodeview import ChoiceMemo, NodeView, Placement
 from gputopo.pod.objective import ClusterObjective
 
-
-@dataclass(frozen=True)
-class Member:
-    pod: str  # "namespace/name"
-    gpus: int  # GPUs the pod asks for (nvidia.com/gpu)
-    group: str = ""  # the sub-group (`SubGroup.name`) the pod belongs to; "": the gang itself
-
-
-@dataclass(frozen=True)
-class SubGroup:
-    """One non-root node of a hierarchical gang (docs/gang.md "Gangs as trees"): a named group
-    of members and child sub-groups that must sit inside one domain of `required_level` (or is
-    placed in the smallest domain from `preferred_level` up). The gang itself is the root; a
-    sub-group's `parent` names another sub-group, "" the root. Kubernetes' PodGroups under a
-    CompositePodGroup, KAI's `subGroups[]`, Kueue's slices and Volcano's partitions map to it
-    (`gputopo.gang.sources`)."""
-
-    name: str
-    parent: str = ""
-    required_level: str | None = None
-    preferred_level: str | None = None
-    #: the sub-group's own quorum where its API says one (KAI minMember, a PodGroup's minCount);
-    #: informational: the gang's quorum decides when planning starts
-    min_count: int | None = None
-
-
-@dataclass(frozen=True)
-class GangSpec:
-    key: str  # "namespace/group-name"
-    members: tuple[Member, ...]  # the members to place now (pending ones)
-    required_level: str | None = None  # gputopo.io/required-topology (a level's label key)
-    preferred_level: str | None = None  # gputopo.io/preferred-topology
-    #: what the gang trains, when its pods or group declare it (gputopo.io/profile, or gradient
-    #: bytes and compute seconds): the job-time prediction reads it instead of the mix
-    profile: Profile | None = None
-    #: the gang's sub-groups, any depth (empty: a flat gang, planned exactly as before)
-    groups: tuple[SubGroup, ...] = ()
-    #: (sub-group, node) of members already bound: a re-plan keeps each sub-group's required
-    #: domain where its bound members are
-    bound: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class GangPlan:
-    gang: str
-    level: str  # the label key of the level whose one domain holds every member
-    domain: str  # that domain's label value
-    placements: tuple[Placement, ...]
-    nodes_used: int = 0  # objective (2)
-    worst: Quality = UNKNOWN_QUALITY  # objective (3): the worst member's (ring, pair sum)
-    domain_free: int = 0  # objective (4): free GPUs of the domain before the plan
-    # tie-break (3b): domains touched at each grouping level inside `level`, largest level first
-    # (e.g. (spines, leaves) for a plan at the cluster level); () at the smallest levels
-    spans: tuple[int, ...] = ()
-    #: why this level's plan was taken over the other levels' (`gang.predict.choose`), for the
-    #: tracker's plan event; "" when only the level rule decided (no objective, or required)
-    why: str = ""
-
-
-@dataclass(frozen=True)
-class NoPlan:
-    gang: str
-    reason: str  # readable: why nothing fits
-
+#: The data (gputopo.gang.spec) is re-exported: callers plan and read plans through this module.
+__all__ = ["GangPlan", "GangSpec", "Member", "NoPlan", "SubGroup", "plan_gang"]
 
 # --------------------------------------------------------------------------- gang planning
 
@@ -177,9 +116,7 @@ def plan_gang(
     if problem:
         return NoPlan(spec.key, problem)
     if spec.groups:  # a tree (sub-groups with their own levels): gputopo.gang.tree
-        from gputopo.gang.tree import plan_tree
-
-        return plan_tree(spec, nodes, levels, index=index, memo=memo, objective=objective)
+        return plan_tree(spec, nodes, levels, plan_gang, index=index, memo=memo, objective=objective)
     tried = _levels_to_try(spec, levels)
     if isinstance(tried, str):
         return NoPlan(spec.key, tried)

@@ -31,10 +31,10 @@ Pure: no I/O, no clock, no globals.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gputopo.gang.planner import GangPlan, GangSpec, Member, NoPlan, SubGroup, plan_gang
+from gputopo.gang.spec import GangPlan, GangSpec, Member, NoPlan, SubGroup
 from gputopo.network.levels import CLUSTER, HOSTNAME, NetworkIndex, short_name, validate_levels
 from gputopo.network.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Placement, Quality
 from gputopo.pod.objective import ClusterObjective
@@ -65,14 +65,21 @@ class _Tree:
     total: dict[str, int]  # group -> GPUs of every member of its subtree
     bound: dict[str, set[str]]  # group -> nodes of bound members of its subtree
     order: str = "constrained"  # sibling order: see `_kids`
+    flat: FlatPlanner | None = None  # `plan_gang`, set by `plan_tree`
     free: dict[str, NodeView] = field(default_factory=dict)  # node -> its view, capacity taken
     where: dict[str, str] = field(default_factory=dict)  # group -> "level=domain" it went to
+
+
+#: Plans a flat gang (`gputopo.gang.planner.plan_gang`, handed in by its caller so that the two
+#: planners do not import each other).
+FlatPlanner = Callable[..., GangPlan | NoPlan]
 
 
 def plan_tree(
     spec: GangSpec,
     nodes: Sequence[NodeView],
     levels: Sequence[str],
+    flat: FlatPlanner,
     *,
     index: NetworkIndex | None = None,
     memo: ChoiceMemo | None = None,
@@ -88,6 +95,7 @@ def plan_tree(
     if index is None:
         index = NetworkIndex.build(((v.name, v.labels) for v in nodes), levels)
     tree = _index(spec, levels, index, memo if memo is not None else ChoiceMemo(), objective)
+    tree.flat = flat
     tree.free = {v.name: v for v in nodes}
     root_levels = (
         [spec.required_level]
@@ -298,7 +306,8 @@ def _flat(
     views = [tree.free[n] for n in names]
     if not views:
         return f"sub-group {label!r}: no node left in its domain"
-    plan = plan_gang(flat, views, tree.levels, index=tree.index, memo=tree.memo, objective=tree.objective)
+    assert tree.flat is not None
+    plan = tree.flat(flat, views, tree.levels, index=tree.index, memo=tree.memo, objective=tree.objective)
     if isinstance(plan, NoPlan):
         return plan.reason
     by_pod = {spec.members[i].pod: i for i in members}
