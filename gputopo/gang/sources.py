@@ -232,6 +232,11 @@ def _count(raw: object) -> int | None:
     return None
 
 
+def _json_count(raw: object) -> int | None:
+    """A positive count from a JSON integer field (a string there is not the API's type)."""
+    return None if isinstance(raw, str) else _count(raw)
+
+
 def _name(raw: object) -> str | None:
     """An object name as the API allows it (non-empty, no '/', bounded); else None."""
     if isinstance(raw, str) and 0 < len(raw) <= 253 and "/" not in raw and raw.strip() == raw:
@@ -326,7 +331,7 @@ def groups_k8s_composite(obj: Mapping[str, Any], api_version: str) -> list[Group
         return []
     parent = _parent(obj, m[0])
     policy = dig(obj, "spec", "schedulingPolicy")
-    groups = _count(dig(policy, "gang", "minGroupCount"))
+    groups = _json_count(dig(policy, "gang", "minGroupCount"))
     if parent is None or (groups is None and not isinstance(dig(policy, "basic"), Mapping)):
         return []
     required = _topology_key(dig(obj, "spec", "schedulingConstraints"))
@@ -447,7 +452,7 @@ def _tier(raw: Any) -> Tier | None:
     if mode not in ("hard", "soft") or (number is not None and name):
         return None
     if number is not None:
-        n = _count(number)
+        n = _json_count(number)
         return None if n is None or n > 16 else Tier(mode == "hard", number=n)
     if isinstance(name, str) and 0 < len(name) <= 253:
         return Tier(mode == "hard", name=name)
@@ -757,7 +762,7 @@ def _slice_layers(annotations: Mapping[str, str]) -> list[tuple[str, int]]:
         layers = []
         for item in items:
             topology, size = dig(item, "topology"), dig(item, "size")
-            n = None if isinstance(size, str) else _count(size)
+            n = _json_count(size)
             if not is_label_key(topology) or n is None:
                 raise SourceError(
                     f'annotation {where}: each entry needs "topology" (a label key) and "size" (an integer)'
