@@ -32,6 +32,12 @@ field). Upstream facts used here (checked against upstream source, see docs/sche
   PodGroup `spec.minMember`, `spec.topologyConstraint`; `kai.scheduler/topology-required-placement`
   / `…-preferred-placement` (annotations the pod grouper reads from the top owner, which for a
   bare pod is the pod); `kai.scheduler/v1alpha1` Topology `spec.levels[].nodeLabel`.
+
+Gangs as trees (docs/scheduler.md "Gangs as trees: what each API says"): a CompositePodGroup
+(`scheduling.k8s.io/v1alpha3`) joins the PodGroups under it into one gang (`link`); KAI's
+`spec.subGroups[]` and label `kai.scheduler/subgroup-name` (`kai_tree`); Kueue's PodSet slices
+and PodSet group, gputopo's `gputopo.io/subgroup` (`pod_subgroup`); Volcano's
+`spec.networkTopology` tier (`Tier`, `tier_level`).
 """
 
 from __future__ import annotations
