@@ -55,6 +55,7 @@ def _kind(api: Api, parse: GroupParser | None) -> Kind:
 #: order, then the Topology kinds (scheduler-plugins' PodGroup has a watch of its own).
 KINDS: tuple[Kind, ...] = (
     *(_kind(s.api, s.parse) for s in gangsources.SOURCES if s.api is not None and s.api.discovered),
+    *(_kind(api, parse) for api, parse in gangsources.TREE_APIS),
     *(_kind(api, None) for api in gangsources.TOPOLOGY_APIS),
 )
 
@@ -209,17 +210,18 @@ class ExtraKinds:
     # -- derived (caller holds the lock) -----------------------------------------------------
 
     def group_index(self) -> dict[str, Group]:
+        """Gang key -> its Group, composite trees linked (`gangsources.link`)."""
         if self._index is None or self._index[0] != self._version:
-            index: dict[str, Group] = {}
-            for name in sorted(self._groups):
-                for _, gs in sorted(self._groups[name].items()):
-                    for g in gs:
-                        index.setdefault(g.key, g)
-            self._index = (self._version, index)
+            every = (
+                g for name in sorted(self._groups) for _, gs in sorted(self._groups[name].items()) for g in gs
+            )
+            self._index = (self._version, gangsources.link(every))
         return self._index[1]
 
     def min_members(self) -> dict[str, int]:
-        return {k: g.min_member for k, g in self.group_index().items()}
+        """The quorum of every gang a group object defines (a PodGroup inside a composite
+        tree is no gang: its tree's root is)."""
+        return {k: g.min_member for k, g in self.group_index().items() if not g.root}
 
     def levels(self, defaults: tuple[str, ...]) -> tuple[str, ...]:
         """() when the cluster has no Topology object (the configured levels apply)."""
@@ -228,8 +230,9 @@ class ExtraKinds:
 
     def resolve(self, pods: dict[str, PodInfo]) -> dict[str, PodInfo]:
         """The pods with what their group objects say filled in: the minimum (Workload replicas
-        count by their Workload's pod group) and the group's topology key as the required level
-        unless gputopo's own annotations set the levels. The same dict when nothing applies."""
+        count by their Workload's pod group), the group's topology key as the required level
+        unless gputopo's own annotations set the levels, Volcano's tier, and the group's tree
+        (`with_group`). The same dict when nothing applies."""
         cached = self._resolved
         if cached is not None and cached[0] is pods and cached[1] == self._version:
             return cached[2]
@@ -238,27 +241,9 @@ class ExtraKinds:
         if index:
             changed: dict[str, PodInfo] = {}
             for key, p in pods.items():
-                g = p.gang
-                if g is None:
-                    continue
-                group = gangsources.group_for(g.key, index)
-                if group is None:
-                    continue
-                new = g
-                if new.min_member is None:
-                    new = replace(new, min_member=group.min_member)
-                if group.profile is not None and p.profile is None:  # the pod's own one wins
-                    p = replace(p, profile=group.profile)
-                    changed[key] = p
-                if (group.required_level or group.preferred_level) and g.level_source != "gputopo":
-                    new = replace(
-                        new,
-                        required_level=group.required_level,
-                        preferred_level=group.preferred_level,
-                        level_source="group",
-                    )
-                if new is not g:
-                    changed[key] = replace(p, gang=new)
+                new = with_group(p, index)
+                if new is not p:
+                    changed[key] = new
             if changed:
                 out = {**pods, **changed}
         self._resolved = (pods, self._version, out)
@@ -270,6 +255,53 @@ class ExtraKinds:
         if group is not None:
             return group.ref
         return self._legacy_refs.get(gang_key)
+
+
+def with_group(p: PodInfo, index: Mapping[str, Group]) -> PodInfo:
+    """One pod with its gang's group object applied (`ExtraKinds.resolve`); `p` itself when the
+    object changes nothing.
+
+    A PodGroup inside a CompositePodGroup tree puts its pods in the tree's gang (keyed by the
+    root, `named` keeps the pod's own key) as members of the sub-group `podgroup:NAME`. The
+    object's tree replaces the pod's declared sub-groups unless gputopo's own annotation
+    declared them (precedence as for levels: gputopo > group object > Kueue); a pod naming a
+    sub-group the tree lacks is a member of the root."""
+    g = p.gang
+    if g is None:
+        return p
+    group = gangsources.group_for(g.key, index)
+    if group is None:
+        return p
+    new = g
+    subgroup = g.subgroup
+    if group.root:
+        root = index.get(group.root)
+        if root is None:
+            return p
+        subgroup = group.key.partition("/")[2]  # podgroup:NAME, its sub-group in the tree
+        new = replace(new, key=root.key, named=g.key, min_member=None, subgroup_source="")
+        group = root
+    if new.min_member is None:
+        new = replace(new, min_member=group.min_member)
+    if group.profile is not None and p.profile is None:  # the pod's own one wins
+        p = replace(p, profile=group.profile)
+    if g.level_source != "gputopo" and (group.required_level or group.preferred_level or group.tier):
+        new = replace(
+            new,
+            required_level=group.required_level,
+            preferred_level=group.preferred_level,
+            level_source="group",
+            tier=group.tier,
+        )
+    if group.subgroups and new.subgroup_source != "gputopo":
+        names = {s.name for s in group.subgroups}
+        new = replace(
+            new,
+            subgroup=subgroup if subgroup in names else "",
+            groups=group.subgroups,
+            subgroup_source="group",
+        )
+    return p if new == g else replace(p, gang=new)
 
 
 def _object_key(obj: Mapping[str, Any]) -> str | None:

@@ -31,8 +31,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from gputopo import jsonlog
+from gputopo.gang import sources as gangsources
 from gputopo.gang.asks import Decision, Event, GangAsk, GangMember, Planned, Refused
-from gputopo.gang.planner import GangPlan
+from gputopo.gang.planner import GangPlan, SubGroup
 from gputopo.gang.reservations import Assumed, Reservations
 from gputopo.gang.tracker import GangTracker
 from gputopo.jobtime.profiles import Profile
@@ -233,23 +234,33 @@ class Extender:
         return self.cache.views(snap, r.by_node(), r.version)
 
     def _ask(self, pod: PodInfo, snap: Snapshot) -> GangAsk:
-        """The tracker's view of a gang: members bound per the watch or by our own binds."""
+        """The tracker's view of a gang: members bound per the watch or by our own binds, each
+        in its sub-group; the gang's tree merged from what its members know (`gang_tree`)."""
         g = pod.gang
         assert g is not None
+        known = self.cache.members(g.key, snap)
+        groups = gang_tree(pod, known)
+        names = {s.name for s in groups}
         members = tuple(
-            GangMember(m.key, m.gpus, self.cache.placed_node(m, snap))
-            for m in self.cache.members(g.key, snap)
+            GangMember(m.key, m.gpus, self.cache.placed_node(m, snap), _subgroup(m, names)) for m in known
         )
         need = g.min_member or snap.min_members.get(g.key)
+        required, preferred = g.required_level, g.preferred_level
+        if g.tier is not None:  # Volcano: a tier, the N-th level up from the node
+            levels = self.cache.network(snap).levels
+            labelled = {k for n in snap.nodes.values() for k in n.labels if k in levels}
+            level = gangsources.tier_level(g.tier, levels, labelled)
+            required, preferred = (level, None) if g.tier.hard else (None, level)
         return GangAsk(
             g.key,
             pod.key,
             members,
             need,
-            g.required_level,
-            g.preferred_level,
+            required,
+            preferred,
             pod.topology_wait_s,
             pod.profile,
+            groups,
         )
 
     def _replan(self, gang: str, snap: Snapshot, views: NodeViews, now: float, cause: str) -> None:
@@ -529,9 +540,26 @@ def _with_resolved_gang(pod: PodInfo, snap: Snapshot) -> PodInfo:
     """The pod with its gang as the cluster state resolved it (minimum and topology key from
     the gang's group object, scheduler/apikinds.py); kube-scheduler's copy has only the pod."""
     known = snap.pods.get(pod.key)
-    if pod.gang is None or known is None or known.gang is None or known.gang.key != pod.gang.key:
+    if pod.gang is None or known is None or known.gang is None:
+        return pod
+    if (known.gang.named or known.gang.key) != pod.gang.key:
         return pod
     return pod if known.gang == pod.gang else replace(pod, gang=known.gang)
+
+
+def gang_tree(pod: PodInfo, members: list[PodInfo]) -> tuple[SubGroup, ...]:
+    """A gang's sub-groups: what the pod being filtered knows first (its group object's tree, or
+    the path it declares), then each member's in name order; the first of each name wins, and
+    a sub-group whose parents do not reach the root is dropped (`sources.valid_tree`)."""
+    assert pod.gang is not None
+    paths = [pod.gang.groups, *(m.gang.groups for m in members if m.gang is not None)]
+    return gangsources.valid_tree(s for path in paths for s in path)
+
+
+def _subgroup(member: PodInfo, names: set[str]) -> str:
+    """The member's sub-group when the gang's tree has it, else "" (the root)."""
+    g = member.gang
+    return g.subgroup if g is not None and g.subgroup in names else ""
 
 
 def _log_event(e: Event) -> None:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gputopo.gang.planner import SubGroup
+from gputopo.gang.sources import Tier
 from gputopo.jobtime.profiles import Profile, ProfileError, declared_profile
 from gputopo.network.annotation import NodeTopology
 from gputopo.numerals import ascii_uint
@@ -32,6 +34,17 @@ class GangRef:
     preferred_level: str | None = None
     source: str = ""  # the API that named the gang (scheduler/sources.py)
     level_source: str = ""  # the annotation family the levels came from; "" = none
+    #: the pod's leaf sub-group of the gang ("" = directly in the root), `planner.SubGroup.name`
+    subgroup: str = ""
+    #: the gang's sub-groups as this pod knows them: its own declared path, or (resolved) the
+    #: group object's whole tree; the extender merges its members' (`sources.valid_tree`)
+    groups: tuple[SubGroup, ...] = ()
+    subgroup_source: str = ""  # "gputopo", "kai", "kueue", "group" (the object's tree) or ""
+    #: the key the pod names when its group object put it in a larger gang (a PodGroup under a
+    #: CompositePodGroup: the pod names podgroup:X, its gang is the root composite's); "" = key
+    named: str = ""
+    #: Volcano's networkTopology tier, mapped onto a level when the gang is planned
+    tier: Tier | None = None
 
 
 @dataclass(frozen=True)
@@ -266,7 +279,17 @@ def _gang(
         raise BadInput(str(e)) from None
     if g is None:
         return None
-    return GangRef(g.key, g.min_member, g.required_level, g.preferred_level, g.source, g.level_source)
+    return GangRef(
+        g.key,
+        g.min_member,
+        g.required_level,
+        g.preferred_level,
+        g.source,
+        g.level_source,
+        g.subgroup,
+        g.groups,
+        g.subgroup_source,
+    )
 
 
 def parse_node_names(args: Mapping[str, Any]) -> tuple[list[str], bool]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gputopo.gang import sources as gangsources
+from gputopo.gang.planner import SubGroup
 from gputopo.gang.sources import LEVEL_ANNOTATIONS, SourceError, dig
 from gputopo.network.levels import HOSTNAME, is_label_key
 from gputopo.numerals import duration_s
@@ -41,6 +42,11 @@ class PodGang:
     required_level: str | None
     preferred_level: str | None
     level_source: str  # "gputopo", "kueue", "kai" or "" (none: the group object may set one)
+    #: the pod's leaf sub-group ("" none), the sub-groups the pod declares (its path from the
+    #: root), and the family that named them ("gputopo", "kai", "kueue" or "")
+    subgroup: str = ""
+    groups: tuple[SubGroup, ...] = ()
+    subgroup_source: str = ""
 
 
 def level_wait(annotations: Mapping[str, str]) -> float | None:
@@ -84,7 +90,17 @@ def pod_gang(
     if found is None:
         return None
     key = f"{namespace}/{found.key}"
-    return PodGang(key, found.source.label, found.min_member, required, preferred, level_source)
+    return PodGang(
+        key,
+        found.source.label,
+        found.min_member,
+        required,
+        preferred,
+        level_source,
+        found.subgroup,
+        found.subgroups,
+        found.subgroup_source,
+    )
 
 
 # --- topology objects (level lists) --------------------------------------------------------

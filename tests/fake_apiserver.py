@@ -34,6 +34,7 @@ PODGROUPS = "/apis/scheduling.x-k8s.io/v1alpha1/podgroups"
 EXTRA_KINDS: dict[str, tuple[str, str, str]] = {
     "k8s-podgroups": ("scheduling.k8s.io", "v1alpha2", "podgroups"),
     "k8s-workloads": ("scheduling.k8s.io", "v1alpha1", "workloads"),
+    "k8s-compositepodgroups": ("scheduling.k8s.io", "v1alpha3", "compositepodgroups"),
     "volcano-podgroups": ("scheduling.volcano.sh", "v1beta1", "podgroups"),
     "kai-podgroups": ("scheduling.run.ai", "v2alpha2", "podgroups"),
     "kueue-topologies": ("kueue.x-k8s.io", "v1beta1", "topologies"),

@@ -528,7 +528,7 @@ def test_why_explains_a_kueue_gang_and_a_kai_gang(cluster, capsys) -> None:
         "api": "scheduling.run.ai PodGroup",
         "object": "PodGroup",
         "min_member": 2,
-        "quorum_from": "PodGroup spec.minMember",
+        "quorum_from": "PodGroup spec.minMember, or what spec.minSubGroup and spec.subGroups[] give",
     }
     assert [m["name"] for m in doc["gang"]["members"]] == ["kj-0", "kj-1"]
     assert doc["gang"]["object_levels"] == {"required": LEAF}, (

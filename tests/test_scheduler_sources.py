@@ -196,7 +196,9 @@ def test_group_objects_of_each_kind() -> None:
         "metadata": meta,
         "spec": {"minSubGroup": 2, "subGroups": [{"name": "a", "minMember": 1}]},
     }
-    assert gangsources.groups_kai(by_subgroups, "v") == [], "counted by sub-groups: not a gang we model"
+    (counted,) = gangsources.groups_kai(by_subgroups, "v")
+    assert counted.min_member == 1, "minSubGroup 2 of one sub-group: what can be derived (its 1 pod)"
+    assert [s.name for s in counted.subgroups] == ["a"]
     assert gangsources.workload_key("ml/workload:g/a/r1") == "ml/workload:g/a"
     assert gangsources.workload_key("ml/workload:g/a") == "ml/workload:g/a"
     assert gangsources.workload_key("ml/g") == "ml/g"

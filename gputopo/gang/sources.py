@@ -32,16 +32,25 @@ field). Upstream facts used here (checked against upstream source, see docs/sche
   PodGroup `spec.minMember`, `spec.topologyConstraint`; `kai.scheduler/topology-required-placement`
   / `…-preferred-placement` (annotations the pod grouper reads from the top owner, which for a
   bare pod is the pod); `kai.scheduler/v1alpha1` Topology `spec.levels[].nodeLabel`.
+
+Gangs as trees (docs/scheduler.md "Gangs as trees: what each API says"): a CompositePodGroup
+(`scheduling.k8s.io/v1alpha3`) joins the PodGroups under it into one gang (`link`); KAI's
+`spec.subGroups[]` and label `kai.scheduler/subgroup-name` (`kai_tree`); Kueue's PodSet slices
+and PodSet group, gputopo's `gputopo.io/subgroup` (`pod_subgroup`); Volcano's
+`spec.networkTopology` tier (`Tier`, `tier_level`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import itertools
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gputopo.gang.planner import SubGroup
 from gputopo.jobtime.profiles import Profile, ProfileError, declared_profile
-from gputopo.network.levels import is_label_key
+from gputopo.network.levels import HOSTNAME, is_label_key
 
 MAX_MEMBERS = 100_000
 
@@ -54,6 +63,41 @@ KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_TOTAL_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 #: KAI Scheduler's pod grouper writes its PodGroup's name on every pod it groups.
 KAI_GROUP_ANNOTATION = "pod-group-name"
+#: ... and the pod's leaf sub-group of that PodGroup's `spec.subGroups[]` (docs/topology/multilevel.md)
+KAI_SUBGROUP_LABEL = "kai.scheduler/subgroup-name"
+
+# --- sub-groups a pod declares itself (docs/scheduler.md "Gangs as trees: sources") ----------
+#: gputopo's own: the pod's sub-group of its gang, and that sub-group's level(s).
+SUBGROUP_ANNOTATION = "gputopo.io/subgroup"
+SUBGROUP_REQUIRED_ANNOTATION = "gputopo.io/subgroup-required-topology"
+SUBGROUP_PREFERRED_ANNOTATION = "gputopo.io/subgroup-preferred-topology"
+#: Kueue's PodSet slices (apis/kueue/v1beta2/topology_types.go, tas_validation.go): slices of
+#: `size` pods each inside one domain of the slice topology; or up to three layers as a JSON
+#: list [{"topology": KEY, "size": N}, ...], outermost first.
+KUEUE_SLICE_TOPOLOGY = "kueue.x-k8s.io/podset-slice-required-topology"
+KUEUE_SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"
+KUEUE_SLICE_CONSTRAINTS = "kueue.x-k8s.io/podset-slice-required-topology-constraints"
+KUEUE_UNCONSTRAINED = "kueue.x-k8s.io/podset-unconstrained-topology"
+KUEUE_PODSET_GROUP = "kueue.x-k8s.io/podset-group-name"
+#: Where a pod's index (its rank in the PodSet) is read, first found wins: the label Kueue's
+#: plain-pod groups name in `…/pod-group-pod-index-label`, Kueue's own pod-group index label,
+#: the Job completion index (label, or annotation before Kubernetes 1.28), a StatefulSet's (and
+#: LeaderWorkerSet's) pod index, a Kubeflow replica index: the PodIndexLabel of each Kueue
+#: integration (kueue pkg/controller/jobs/*, apis/kueue/v1beta2 constants).
+KUEUE_INDEX_LABEL_ANNOTATION = "kueue.x-k8s.io/pod-group-pod-index-label"
+POD_INDEX_KEYS = (
+    "kueue.x-k8s.io/pod-group-pod-index",
+    "batch.kubernetes.io/job-completion-index",
+    "apps.kubernetes.io/pod-index",
+    "training.kubeflow.org/replica-index",
+)
+#: A JobSet's child Job index: pods of two child Jobs never share a slice.
+JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+MAX_SLICE_LAYERS = 3
+#: The deepest tree read from any API (Kubernetes allows 4 levels of (composite) pod groups,
+#: KAI does not bound it); deeper ones are not modelled (the gang stays flat or is ignored).
+MAX_TREE_DEPTH = 8
+MAX_SUBGROUPS = 256
 
 #: Level annotations (family, required key, preferred key), in precedence order: gputopo's own,
 #: Kueue's, KAI Scheduler's. The sidecar reads them (scheduler/sources.py `pod_levels`) and
@@ -70,6 +114,7 @@ K8S_WORKLOAD = "workload:"
 VOLCANO = "volcano:"
 KUEUE = "kueue:"
 KAI = "kai:"
+K8S_COMPOSITE = "composite:"
 
 
 class SourceError(ValueError):
@@ -91,6 +136,28 @@ class Group:
     #: what the gang trains, from the object's own gputopo.io/profile annotations (its pods'
     #: annotations win); set by `with_profile` for every group object kind alike
     profile: Profile | None = None
+    #: the gang's tree as its object describes it (KAI `spec.subGroups[]`, a CompositePodGroup's
+    #: PodGroups and composites once `link`ed): () a flat gang
+    subgroups: tuple[SubGroup, ...] = ()
+    #: a Kubernetes PodGroup or CompositePodGroup under a CompositePodGroup: its parent's key
+    parent: str = ""
+    #: set by `link` on a PodGroup inside a composite tree: the key of the tree's root, the gang
+    root: str = ""
+    #: a CompositePodGroup's `gang.minGroupCount` (None: `basic`, or not a composite)
+    min_groups: int | None = None
+    #: Volcano's `networkTopology`: a tier, mapped onto the levels when planning (`tier_level`)
+    tier: Tier | None = None
+
+
+@dataclass(frozen=True)
+class Tier:
+    """Volcano's `networkTopology {mode, highestTierAllowed | highestTierName}`: the highest
+    tier a gang may span; `hard` (mode hard, the default) makes it a required level, soft a
+    preferred one. Tier N is the N-th level counting up from the node (`tier_level`)."""
+
+    hard: bool
+    number: int | None = None
+    name: str | None = None
 
 
 #: Parses one group object (and the apiVersion it was read at) into the gangs it defines.
@@ -129,6 +196,12 @@ class Named:
     name: str  # the group's name as the pod gives it (the group object's, when the source has one)
     min_member: int | None = None
     pod_group: str | None = None  # the Workload's pod group the pod belongs to
+    #: the pod's leaf sub-group ("" none) and the sub-groups the pod itself declares (its path
+    #: from the root, gputopo's or Kueue's annotations; a KAI pod names only its leaf, its
+    #: PodGroup has the tree); `subgroup_source` says which family: gputopo, kai, kueue or ""
+    subgroup: str = ""
+    subgroups: tuple[SubGroup, ...] = ()
+    subgroup_source: str = ""
 
 
 #: Reads one source from a pod's labels, annotations and spec: None when the pod does not name
@@ -163,6 +236,11 @@ def _count(raw: object) -> int | None:
     if isinstance(raw, int) and 1 <= raw <= MAX_MEMBERS:
         return raw
     return None
+
+
+def _json_count(raw: object) -> int | None:
+    """A positive count from a JSON integer field (a string there is not the API's type)."""
+    return None if isinstance(raw, str) else _count(raw)
 
 
 def _name(raw: object) -> str | None:
@@ -222,14 +300,136 @@ def groups_scheduler_plugins(obj: Mapping[str, Any], api_version: str) -> list[G
     return _min_member_group(obj, api_version, "")
 
 
+def _parent(obj: Mapping[str, Any], ns: str) -> str | None:
+    """A Kubernetes (composite) pod group's parent key, "" for none, None when unusable."""
+    raw = dig(obj, "spec", "parentCompositePodGroupName")
+    if raw is None:
+        return ""
+    name = _name(raw)
+    return None if name is None else f"{ns}/{K8S_COMPOSITE}{name}"
+
+
 def groups_k8s_podgroup(obj: Mapping[str, Any], api_version: str) -> list[Group]:
-    """A `basic` policy (no gang) yields nothing: such pods are placed one by one."""
+    """A `basic` policy (no gang) yields nothing: such pods are placed one by one — unless the
+    PodGroup sits under a CompositePodGroup (`spec.parentCompositePodGroupName`, 1.37): then it
+    is a sub-group counting no members towards the tree's quorum (`link`)."""
     m = _meta(obj)
+    if m is None:
+        return []
+    parent = _parent(obj, m[0])
     n = _count(dig(obj, "spec", "schedulingPolicy", "gang", "minCount"))
-    if m is None or n is None:
+    if parent is None or (n is None and not parent):
+        return []
+    if n is None and not isinstance(dig(obj, "spec", "schedulingPolicy", "basic"), Mapping):
         return []
     required = _topology_key(dig(obj, "spec", "schedulingConstraints"))
-    return [Group(f"{m[0]}/{K8S_PODGROUP}{m[1]}", n, required, _ref("PodGroup", api_version, *m))]
+    ref = _ref("PodGroup", api_version, *m)
+    return [Group(f"{m[0]}/{K8S_PODGROUP}{m[1]}", n or 0, required, ref, parent=parent)]
+
+
+def groups_k8s_composite(obj: Mapping[str, Any], api_version: str) -> list[Group]:
+    """A CompositePodGroup (`scheduling.k8s.io/v1alpha3`, kubernetes/api
+    scheduling/v1alpha3/types.go): `spec.schedulingPolicy.gang.minGroupCount` (or `basic`),
+    `spec.parentCompositePodGroupName` (absent on the root), `spec.schedulingConstraints
+    .topology[0].key`. Not a gang by itself: `link` makes its tree one."""
+    m = _meta(obj)
+    if m is None:
+        return []
+    parent = _parent(obj, m[0])
+    policy = dig(obj, "spec", "schedulingPolicy")
+    groups = _json_count(dig(policy, "gang", "minGroupCount"))
+    if parent is None or (groups is None and not isinstance(dig(policy, "basic"), Mapping)):
+        return []
+    required = _topology_key(dig(obj, "spec", "schedulingConstraints"))
+    ref = _ref("CompositePodGroup", api_version, *m)
+    return [Group(f"{m[0]}/{K8S_COMPOSITE}{m[1]}", 0, required, ref, parent=parent, min_groups=groups)]
+
+
+def _sum_smallest(counts: Sequence[int | None], k: int | None) -> int:
+    """The quorum of a node whose children have `counts` (None: not derivable, skipped): the
+    sum of its `k` smallest (all when k is None) — the fewest pods with which it can start."""
+    known = sorted(c for c in counts if c is not None)
+    return sum(known if k is None else known[:k])
+
+
+def link(groups: Iterable[Group]) -> dict[str, Group]:
+    """The gang index (gang key -> Group) from every group object's Groups: a flat group is
+    itself; Kubernetes' PodGroups and CompositePodGroups under a root CompositePodGroup become
+    one gang keyed by the root (`ns/composite:NAME`) whose `subgroups` are every PodGroup
+    (`podgroup:NAME`) and non-root composite (`composite:NAME`) below it, each required in one
+    domain of its `topology[0].key`; each such PodGroup maps to a Group with `root` set.
+
+    The tree's quorum: a PodGroup counts its `gang.minCount` (a `basic` one 0); a composite the
+    sum of its `minGroupCount` smallest children (a `basic` one 0). A root whose quorum is 0,
+    a `basic` root (its gang PodGroups stay gangs of their own), a chain that does not reach a
+    root (a parent not seen yet, a cycle) or a tree deeper than MAX_TREE_DEPTH yields no tree
+    gang: its pods wait for the missing object rather than start as the wrong gang."""
+    index: dict[str, Group] = {}
+    children: dict[str, list[Group]] = {}
+    roots: list[Group] = []
+    for g in groups:
+        if g.parent:
+            children.setdefault(g.parent, []).append(g)
+        elif g.key.partition("/")[2].startswith(K8S_COMPOSITE):
+            roots.append(g)
+        else:
+            index.setdefault(g.key, g)
+    for root in roots:
+        if root.key in index:
+            continue
+        tree = _composite_tree(root, children)
+        if tree is None:
+            continue
+        subgroups, members, quorum = tree
+        if root.min_groups is None:  # basic root: its gang PodGroups are gangs of their own
+            for pg in members:
+                if pg.min_member >= 1:
+                    index.setdefault(pg.key, replace(pg, parent=""))
+            continue
+        if quorum < 1:
+            continue
+        index[root.key] = replace(root, min_member=min(quorum, MAX_MEMBERS), subgroups=subgroups)
+        for pg in members:
+            index.setdefault(pg.key, replace(pg, root=root.key))
+    return index
+
+
+def _composite_tree(
+    root: Group, children: Mapping[str, list[Group]]
+) -> tuple[tuple[SubGroup, ...], list[Group], int] | None:
+    """(sub-groups, PodGroups, quorum) below a root composite, or None (too deep, too big)."""
+    subgroups: list[SubGroup] = []
+    members: list[Group] = []
+    seen = {root.key}
+
+    def quorum(node: Group, name: str, depth: int) -> int | None:
+        if depth > MAX_TREE_DEPTH:
+            return None
+        counts: list[int | None] = []
+        for child in sorted(children.get(node.key, ()), key=lambda c: c.key):
+            if child.key in seen:
+                continue
+            seen.add(child.key)
+            child_name = child.key.partition("/")[2]  # podgroup:NAME / composite:NAME
+            at = len(subgroups)
+            subgroups.append(SubGroup(child_name, name))
+            q: int | None
+            if child_name.startswith(K8S_COMPOSITE):
+                q = quorum(child, child_name, depth + 1)
+                if q is None:
+                    return None
+                q = q if child.min_groups is not None else None  # basic: counts nothing
+            else:
+                members.append(child)
+                q = child.min_member or None  # basic: counts nothing
+            subgroups[at] = SubGroup(child_name, name, child.required_level, None, q)
+            counts.append(q)
+            if len(subgroups) > MAX_SUBGROUPS:
+                return None
+        return _sum_smallest(counts, node.min_groups)
+
+    q = quorum(root, "", 1)
+    return None if q is None else (tuple(subgroups), members, q)
 
 
 def groups_k8s_workload(obj: Mapping[str, Any], api_version: str) -> list[Group]:
@@ -248,28 +448,157 @@ def groups_k8s_workload(obj: Mapping[str, Any], api_version: str) -> list[Group]
     return out
 
 
+def _tier(raw: Any) -> Tier | None:
+    """Volcano's `networkTopology` (volcano-sh/apis pkg/apis/scheduling/v1beta1/types.go
+    NetworkTopologySpec): mode hard|soft (default hard), highestTierAllowed xor highestTierName."""
+    if not isinstance(raw, Mapping):
+        return None
+    mode = raw.get("mode", "hard")
+    number, name = raw.get("highestTierAllowed"), raw.get("highestTierName")
+    if mode not in ("hard", "soft") or (number is not None and name):
+        return None
+    if number is not None:
+        n = _json_count(number)
+        return None if n is None or n > 16 else Tier(mode == "hard", number=n)
+    if isinstance(name, str) and 0 < len(name) <= 253:
+        return Tier(mode == "hard", name=name)
+    return None
+
+
+def tier_level(tier: Tier, levels: Sequence[str], labelled: Iterable[str]) -> str | None:
+    """The level a Volcano tier means: tier N is the N-th level counting up from the node among
+    the levels some node is labelled with (HyperNode label discovery converts levels "from bottom
+    to top, starting at tier 1", volcano docs/user-guide/how_to_use_hypernode_auto_discovery.md);
+    a tier name is a level when it is one of the levels' label keys. None: no such level (a
+    tier above every level spans the cluster: no constraint)."""
+    if tier.name is not None:
+        return tier.name if tier.name in levels else None
+    present = set(labelled)
+    ordered = [lv for lv in levels if lv != HOSTNAME and lv in present]
+    n = tier.number or 0
+    return ordered[n - 1] if 1 <= n <= len(ordered) else None
+
+
 def groups_volcano(obj: Mapping[str, Any], api_version: str) -> list[Group]:
-    return _min_member_group(obj, api_version, VOLCANO)
+    """Volcano's PodGroup: `spec.minMember`, and `spec.networkTopology` as a tier (`Tier`); an
+    unusable networkTopology costs the gang its tier, never the gang."""
+    found = _min_member_group(obj, api_version, VOLCANO)
+    if not found:
+        return []
+    return [replace(found[0], tier=_tier(dig(obj, "spec", "networkTopology")))]
+
+
+def _kai_levels(constraint: Any) -> tuple[str | None, str | None]:
+    required, preferred = dig(constraint, "requiredTopologyLevel"), dig(constraint, "preferredTopologyLevel")
+    return (required if is_label_key(required) else None, preferred if is_label_key(preferred) else None)
+
+
+def _dns_label(raw: object) -> str | None:
+    if isinstance(raw, str) and 0 < len(raw) <= 63 and raw.isascii() and raw.replace("-", "").isalnum():
+        return raw if raw == raw.lower() and raw[0] != "-" and raw[-1] != "-" else None
+    return None
+
+
+def _count0(raw: object) -> int | None:
+    """A count that may be 0 (a KAI sub-group's minMember / minSubGroup)."""
+    return 0 if raw == 0 and not isinstance(raw, bool) else _count(raw)
+
+
+def kai_tree(spec: Any) -> tuple[tuple[SubGroup, ...], int | None] | None:
+    """KAI's `spec.subGroups[] {name, minMember, minSubGroup, parent, topologyConstraint}`
+    (kai-scheduler/KAI-Scheduler pkg/apis/scheduling/v2alpha2/podgroup_types.go) as sub-groups,
+    and the quorum they give the PodGroup: (tree, quorum), or None when the list is unusable (a
+    bad or repeated name, an unknown parent, a cycle, deeper than MAX_TREE_DEPTH).
+
+    The quorum rule (KAI: minMember counts descendant pods, minSubGroup direct child sub-groups,
+    "when unset, all direct children are required"): a node with minMember needs that many pods;
+    one with minSubGroup k the sum of its k smallest children's quorums; one with neither the sum
+    of all its children's; a leaf with neither is not derivable and counts nothing. The root's
+    is the same rule over `spec.minMember` / `spec.minSubGroup` and its top-level sub-groups."""
+    raw = dig(spec, "subGroups")
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list) or len(raw) > MAX_SUBGROUPS:
+        return None
+    nodes: dict[str, tuple[str, int | None, int | None, str | None, str | None]] = {}
+    for item in raw:
+        if not isinstance(item, Mapping):
+            return None
+        name, parent = _dns_label(item.get("name")), item.get("parent")
+        mm, ms = item.get("minMember"), item.get("minSubGroup")
+        members, subs = _count0(mm), _count0(ms)
+        if (
+            name is None
+            or name in nodes
+            or (mm is not None and members is None)
+            or (ms is not None and subs is None)
+        ):
+            return None
+        if parent is not None and _dns_label(parent) is None:
+            return None
+        constraint = item.get("topologyConstraint")
+        if constraint is not None and not isinstance(constraint, Mapping):
+            return None
+        nodes[name] = (parent or "", members, subs, *_kai_levels(constraint))
+    kids: dict[str, list[str]] = {}
+    for name, (parent, *_) in nodes.items():
+        if parent and parent not in nodes:
+            return None
+        kids.setdefault(parent, []).append(name)
+    quorum: dict[str, int | None] = {}
+
+    def q(name: str, members: int | None, subs: int | None, depth: int) -> int | None:
+        if depth > MAX_TREE_DEPTH:
+            raise ValueError
+        counts = [q(c, nodes[c][1], nodes[c][2], depth + 1) for c in kids.get(name, ())]
+        if name:
+            quorum[name] = None
+        if members is not None:
+            value: int | None = members
+        elif counts:
+            value = _sum_smallest(counts, subs)
+        else:
+            value = None
+        if name:
+            quorum[name] = value
+        return value
+
+    root_members, root_subs = _count(dig(spec, "minMember")), _count(dig(spec, "minSubGroup"))
+    try:
+        total = q("", root_members, root_subs, 0)
+    except (ValueError, RecursionError):
+        return None
+    if len(quorum) != len(nodes):  # a cycle: never reached from the root
+        return None
+    tree = tuple(SubGroup(n, p, r, pr, quorum[n]) for n, (p, _, _, r, pr) in nodes.items())
+    return tree, total
 
 
 def groups_kai(obj: Mapping[str, Any], api_version: str) -> list[Group]:
-    """KAI Scheduler's PodGroup: `spec.minMember`, and `spec.topologyConstraint`'s
-    `requiredTopologyLevel` / `preferredTopologyLevel` (node-label keys of its Topology's
-    levels). A PodGroup counted by `minSubGroup` instead of members yields nothing: its pods
-    are placed one by one (sub-groups are not modelled)."""
-    found = _min_member_group(obj, api_version, KAI)
-    if not found:
+    """KAI Scheduler's PodGroup (`scheduling.run.ai/v2alpha2`): `spec.minMember` xor
+    `spec.minSubGroup`, `spec.topologyConstraint`'s `requiredTopologyLevel` /
+    `preferredTopologyLevel` (node-label keys of its Topology's levels) and `spec.subGroups[]`
+    (`kai_tree`): a PodGroup counted by `minSubGroup` has the quorum its sub-groups give. An
+    unusable sub-group list leaves a gang with `minMember` flat, and one without no gang."""
+    m = _meta(obj)
+    spec = dig(obj, "spec")
+    if m is None or not isinstance(spec, Mapping):
         return []
-    constraint = dig(obj, "spec", "topologyConstraint")
-    required, preferred = (
-        dig(constraint, "requiredTopologyLevel"),
-        dig(constraint, "preferredTopologyLevel"),
-    )
+    tree = kai_tree(spec)
+    minimum = _count(spec.get("minMember"))
+    if minimum is None and tree is not None:
+        minimum = tree[1]
+    if minimum is None or minimum < 1:
+        return []
+    required, preferred = _kai_levels(spec.get("topologyConstraint"))
     return [
-        replace(
-            found[0],
-            required_level=required if is_label_key(required) else None,
-            preferred_level=preferred if is_label_key(preferred) else None,
+        Group(
+            f"{m[0]}/{KAI}{m[1]}",
+            min(minimum, MAX_MEMBERS),
+            required,
+            _ref("PodGroup", api_version, *m),
+            preferred,
+            subgroups=() if tree is None else tree[0],
         )
     ]
 
@@ -371,7 +700,151 @@ def _read_kai(
         return None
     if _name(name) is None:
         raise SourceError(f"annotation {KAI_GROUP_ANNOTATION} must be an object name, got {name[:64]!r}")
-    return Named(source, KAI + name, f"annotation {KAI_GROUP_ANNOTATION}", name)
+    sub = labels.get(KAI_SUBGROUP_LABEL)
+    if sub is None:
+        return Named(source, KAI + name, f"annotation {KAI_GROUP_ANNOTATION}", name)
+    if _dns_label(sub) is None:
+        raise SourceError(f"label {KAI_SUBGROUP_LABEL} must be a DNS label, got {sub[:64]!r}")
+    return Named(
+        source, KAI + name, f"annotation {KAI_GROUP_ANNOTATION}", name, subgroup=sub, subgroup_source="kai"
+    )
+
+
+# --- sub-groups a pod declares -----------------------------------------------------------------
+
+
+def _level(annotations: Mapping[str, str], key: str) -> str | None:
+    raw = annotations.get(key)
+    if raw is None or raw == "":
+        return None
+    if not is_label_key(raw):
+        raise SourceError(f"annotation {key} must be a node-label key, got {raw[:64]!r}")
+    return raw
+
+
+def _gputopo_subgroup(annotations: Mapping[str, str]) -> tuple[str, tuple[SubGroup, ...]] | None:
+    """gputopo's own: `gputopo.io/subgroup: NAME` puts the pod in sub-group NAME of its gang
+    (directly under the root), which `gputopo.io/subgroup-required-topology` /
+    `…-preferred-topology` place in one domain of a level (the first member seen decides)."""
+    name = annotations.get(SUBGROUP_ANNOTATION)
+    if name is None:
+        return None
+    if _dns_label(name) is None:
+        raise SourceError(
+            f"annotation {SUBGROUP_ANNOTATION} must be a DNS label (a-z, 0-9, -), got {name[:64]!r}"
+        )
+    required = _level(annotations, SUBGROUP_REQUIRED_ANNOTATION)
+    preferred = _level(annotations, SUBGROUP_PREFERRED_ANNOTATION)
+    return name, (SubGroup(name, "", required, preferred),)
+
+
+def pod_index(labels: Mapping[str, str], annotations: Mapping[str, str]) -> int | None:
+    """The pod's index in its PodSet, as Kueue reads it (POD_INDEX_KEYS), or None."""
+    keys: list[str] = []
+    named = annotations.get(KUEUE_INDEX_LABEL_ANNOTATION)
+    if named:
+        keys.append(named)
+    keys.extend(POD_INDEX_KEYS)
+    for key in keys:
+        raw = labels.get(key, annotations.get(key))
+        if raw is not None:
+            return 0 if raw.strip() == "0" else _count(raw)
+    return None
+
+
+def _slice_layers(annotations: Mapping[str, str]) -> list[tuple[str, int]]:
+    """Kueue's slice layers [(level, size)], outermost first; [] when the pod has none."""
+    where = KUEUE_SLICE_CONSTRAINTS
+    raw = annotations.get(KUEUE_SLICE_CONSTRAINTS)
+    if raw is not None:
+        try:
+            items = json.loads(raw) if len(raw) <= 4096 else None
+        except ValueError:
+            items = None
+        if not isinstance(items, list) or not 1 <= len(items) <= MAX_SLICE_LAYERS:
+            raise SourceError(
+                f'annotation {where} must be a JSON list of 1..3 {{"topology": KEY, "size": N}}'
+            )
+        layers = []
+        for item in items:
+            topology, size = dig(item, "topology"), dig(item, "size")
+            n = _json_count(size)
+            if not is_label_key(topology) or n is None:
+                raise SourceError(
+                    f'annotation {where}: each entry needs "topology" (a label key) and "size" (an integer)'
+                )
+            layers.append((topology, n))
+    else:
+        topology = annotations.get(KUEUE_SLICE_TOPOLOGY)
+        if topology is None:
+            return []
+        size = _count(annotations.get(KUEUE_SLICE_SIZE, ""))
+        if not is_label_key(topology) or size is None:
+            raise SourceError(
+                f"annotations {KUEUE_SLICE_TOPOLOGY} (a label key) and {KUEUE_SLICE_SIZE} "
+                "(a positive integer) go together"
+            )
+        layers = [(topology, size)]
+    for (_, outer), (_, inner) in itertools.pairwise(layers):
+        if outer % inner:
+            raise SourceError(f"annotation {where}: each slice size must be a multiple of the next one")
+    return layers
+
+
+def _kueue_subgroups(
+    labels: Mapping[str, str], annotations: Mapping[str, str]
+) -> tuple[str, tuple[SubGroup, ...]] | None:
+    """Kueue's PodSet slices as sub-groups: with slice layers [(level, N)...], the pod of index i
+    is in slice i // N of each layer (`slice<layer>-<k>`, nested in the layer above), each slice
+    required in one domain of its level; a PodSet group (`podset-group-name: G`) is the sub-group
+    `podset-G` above them. Pods of two JobSet child Jobs (`jobset.sigs.k8s.io/job-index`) never
+    share a slice (`job<j>-slice…`). `podset-unconstrained-topology` declares no sub-group."""
+    layers = _slice_layers(annotations)
+    group = annotations.get(KUEUE_PODSET_GROUP)
+    if not layers and group is None:
+        return None
+    path: list[SubGroup] = []
+    parent = ""
+    if group is not None:
+        if _dns_label(group) is None:
+            raise SourceError(f"annotation {KUEUE_PODSET_GROUP} must be a DNS label, got {group[:64]!r}")
+        parent = f"podset-{group}"
+        path.append(SubGroup(parent))
+    if layers:
+        index = pod_index(labels, annotations)
+        if index is None:
+            raise SourceError(
+                "Kueue slices need the pod's index: label batch.kubernetes.io/job-completion-index, "
+                "apps.kubernetes.io/pod-index, kueue.x-k8s.io/pod-group-pod-index or the one "
+                f"{KUEUE_INDEX_LABEL_ANNOTATION} names"
+            )
+        job = labels.get(JOBSET_JOB_INDEX)
+        stem = f"{parent}-" if parent else ""
+        if job is not None:
+            j = 0 if job.strip() == "0" else _count(job)
+            if j is None:
+                raise SourceError(f"label {JOBSET_JOB_INDEX} must be an integer, got {job[:32]!r}")
+            stem += f"job{j}-"
+        for layer, (level, size) in enumerate(layers):
+            name = f"{stem}slice{layer}-{index // size}"
+            path.append(SubGroup(name, parent, level))
+            parent = name
+    return parent, tuple(path)
+
+
+def pod_subgroup(
+    labels: Mapping[str, str], annotations: Mapping[str, str]
+) -> tuple[str, tuple[SubGroup, ...], str] | None:
+    """(leaf, path, family) of the sub-group a pod declares itself, by precedence: gputopo's
+    annotations, then Kueue's slices and PodSet group; None when it declares none. SourceError
+    when the deciding family's annotations are unusable (the message names the annotation)."""
+    found = _gputopo_subgroup(annotations)
+    if found is not None:
+        return (*found, "gputopo")
+    found = _kueue_subgroups(labels, annotations)
+    if found is not None:
+        return (*found, "kueue")
+    return None
 
 
 # --- the table ----------------------------------------------------------------------------------
@@ -422,7 +895,7 @@ SOURCES: tuple[GangSource, ...] = (
         "kai",
         "scheduling.run.ai PodGroup",
         _read_kai,
-        "PodGroup spec.minMember",
+        "PodGroup spec.minMember, or what spec.minSubGroup and spec.subGroups[] give",
         Api("kai-podgroups", "scheduling.run.ai", ("v2alpha2",), "podgroups", "PodGroup"),
         groups_kai,
     ),
@@ -434,8 +907,19 @@ TOPOLOGY_APIS: tuple[Api, ...] = (
     Api("kai-topologies", "kai.scheduler", ("v1alpha1",), "topologies", "Topology"),
 )
 
+#: Group objects no pod names but that join others into one gang: Kubernetes' CompositePodGroup
+#: (1.37 alpha, gate CompositePodGroup), the parent of PodGroups (`link`). Discovered, optional.
+COMPOSITE_API = Api(
+    "k8s-compositepodgroups", "scheduling.k8s.io", ("v1alpha3",), "compositepodgroups", "CompositePodGroup"
+)
+TREE_APIS: tuple[tuple[Api, GroupParser], ...] = ((COMPOSITE_API, groups_k8s_composite),)
+
 #: Every API the sidecar reads beside Nodes and Pods (its RBAC must allow get/list/watch on each).
-APIS: tuple[Api, ...] = (*(s.api for s in SOURCES if s.api is not None), *TOPOLOGY_APIS)
+APIS: tuple[Api, ...] = (
+    *(s.api for s in SOURCES if s.api is not None),
+    *(api for api, _ in TREE_APIS),
+    *TOPOLOGY_APIS,
+)
 
 
 def pod_gang(
@@ -447,8 +931,41 @@ def pod_gang(
     for source in SOURCES:
         found = source.read(source, labels, annotations, spec)
         if found is not None:
-            return found
+            return _with_subgroup(found, labels, annotations)
     return None
+
+
+def _with_subgroup(named: Named, labels: Mapping[str, str], annotations: Mapping[str, str]) -> Named:
+    """The pod's own sub-group declaration: gputopo's annotations beat what the source's reader
+    found (KAI's sub-group label), which beats Kueue's slices (docs/scheduler.md precedence)."""
+    declared = pod_subgroup(labels, annotations)
+    if declared is None or (declared[2] == "kueue" and named.subgroup_source):
+        return named
+    leaf, path, family = declared
+    return replace(named, subgroup=leaf, subgroups=path, subgroup_source=family)
+
+
+def valid_tree(groups: Iterable[SubGroup]) -> tuple[SubGroup, ...]:
+    """The sub-groups of one gang merged (the first of each name wins), less any whose parent
+    chain does not reach the root (an unknown parent, a cycle, deeper than MAX_TREE_DEPTH)."""
+    by_name: dict[str, SubGroup] = {}
+    for g in groups:
+        if g.name and len(by_name) < MAX_SUBGROUPS:
+            by_name.setdefault(g.name, g)
+    ok: dict[str, bool] = {}
+
+    def reaches_root(name: str, depth: int) -> bool:
+        if name in ok:
+            return ok[name]
+        ok[name] = False  # a cycle back here fails
+        parent = by_name[name].parent
+        good = depth <= MAX_TREE_DEPTH and (
+            not parent or (parent in by_name and reaches_root(parent, depth + 1))
+        )
+        ok[name] = good
+        return good
+
+    return tuple(g for g in by_name.values() if reaches_root(g.name, 1))
 
 
 def with_profile(obj: Mapping[str, Any], groups: list[Group]) -> tuple[list[Group], str]:
