@@ -464,3 +464,49 @@ def test_composite_parsers_ignore_garbage() -> None:
     assert gangsources.groups_k8s_podgroup(pg, "v") == []
     basic_flat = podgroup("p", None, None)
     assert gangsources.groups_k8s_podgroup(basic_flat, "v") == [], "basic, no parent: no gang (as before)"
+
+
+# --- a tree placed end to end -----------------------------------------------------------------
+
+
+def test_a_jobset_shaped_composite_is_placed_whole_each_podgroup_inside_one_clique(stand_in) -> None:
+    """The root CompositePodGroup (no topology) holds two PodGroups that each require one NVLink
+    clique (`nvidia.com/gpu.clique`), 2 pods of 8 GPUs each; the cliques are 3 nodes each, one
+    node of the first busy. Through the sidecar over HTTP, filter and bind as kube-scheduler
+    does: nothing binds before the whole tree is planned, then each PodGroup lands inside one
+    clique and the plan says where each sub-group went."""
+    from tests.test_scheduler_interop import place_all
+    from tests.test_scheduler_live import annotation
+
+    clique = "nvidia.com/gpu.clique"
+    nodes = [(f"n{i}", {clique: f"cl.{i // 3}"}) for i in range(6)]
+    objects = [
+        ("k8s-compositepodgroups", composite("job", gang=2)),
+        ("k8s-podgroups", podgroup("rank-0", "job", 2, key=clique)),
+        ("k8s-podgroups", podgroup("rank-1", "job", 2, key=clique)),
+    ]
+    pods = gang_pods(2, spec={"schedulingGroup": {"podGroupName": "rank-0"}}, name="r0")
+    pods += gang_pods(2, spec={"schedulingGroup": {"podGroupName": "rank-1"}}, name="r1")
+    serve = {k: fk.EXTRA_KINDS[k][1] for k in ALL_KINDS} | {"k8s-podgroups": "v1beta1"}
+    live = stand_in(serve=serve, nodes=nodes, objects=objects, pods=pods[:3])
+    busy = fk.node(
+        "n0", {clique: "cl.0"}, annotations={"gputopo.io/topology": annotation("n0", tuple(range(8)))}
+    )
+    live.api.put("nodes", busy)  # clique 0 keeps 2 free nodes, clique 1 has 3
+    names = [n for n, _ in nodes]
+    from tests.test_scheduler_live import args, wait_until
+
+    wait_until(lambda: len(live.state.snapshot().nodes["n0"].topology.allocated) == 8)
+    _, out = live.client.post("/filter", args(pods[0], names))
+    assert out["NodeNames"] == [] and "waiting for members 3/4" in out["FailedAndUnresolvableNodes"]["n1"]
+    live.api.put("pods", pods[3])
+    wait_until(lambda: "ml/r1-1" in live.state.snapshot().pods)
+    _, out = live.client.post("/filter", args(pods[0], names))
+    assert len(out["NodeNames"]) == 1, out
+    plan = live.ext.plans["ml/composite:job"]
+    assert "sub-groups: podgroup:rank-0 in " in plan.why and "podgroup:rank-1 in " in plan.why
+    placed = place_all(live, pods)
+    by_group = {g: {placed[f"{g}-{i}"] for i in range(2)} for g in ("r0", "r1")}
+    cliques = {g: {int(n[1:]) // 3 for n in got} for g, got in by_group.items()}
+    assert all(len(c) == 1 for c in cliques.values()), by_group
+    assert len(set(placed.values())) == 4 and "n0" not in placed.values()
