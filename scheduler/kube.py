@@ -87,7 +87,14 @@ class KubeState:
         self._snap: Snapshot | None = None
         self._snap_at = -math.inf
         self._stale: set[str] = set()
+        #: the earliest time a node with a fresh annotation turns stale (`snapshot` rescans the
+        #: nodes only when a node changed or this time has come)
+        self._next_stale_at = -math.inf
         self._pod_gpus: dict[str, int] = {}
+        #: bumped whenever `_pod_gpus` changes: a snapshot keeps the previous copy (the same
+        #: object, which the view builder compares by identity) when only pending pods changed
+        self._pod_gpus_version = 0
+        self._snap_pod_gpus_version = -1
         self._snap_parts: tuple[dict[str, NodeInfo], dict[str, PodInfo], dict[str, int]] | None = None
         self._base_nodes: dict[str, NodeInfo] = {}  # the watched nodes before DRA views
         self._raw_pods: dict[str, PodInfo] = {}  # pods before group objects are resolved in
@@ -251,6 +258,7 @@ class KubeState:
     def _count(self, pod: PodInfo | None, sign: int) -> None:
         if pod is not None and pod.node and pod.active and pod.gpus:
             left = self._pod_gpus.get(pod.node, 0) + sign * pod.gpus
+            self._pod_gpus_version += 1
             if left:
                 self._pod_gpus[pod.node] = left
             else:
@@ -315,6 +323,7 @@ class KubeState:
                     self._account(q, self._pods.get(q.key), False)
             self._pods = {p.key: p for p in pods}
             self._pod_gpus = {}
+            self._pod_gpus_version += 1
             for p in pods:
                 self._count(p, +1)
             self._changed("pods")
@@ -379,12 +388,21 @@ class KubeState:
             purged = [k for k, (_, at) in self._observed.items() if now - at > OBSERVED_TTL_S]
             for key in purged:
                 del self._observed[key]
-            stale = {
-                name
-                for name, info in self._nodes.items()
-                if info.topology is not None and now - info.topology.generated_at > self.max_age_s
-            }
             prev = self._snap_parts
+            if self._nodes_dirty or prev is None or now >= self._next_stale_at:
+                # a node changed, or one may have turned stale since: read every node's age
+                stale, soonest = set(), math.inf
+                for name, info in self._nodes.items():
+                    if info.topology is None:
+                        continue
+                    until = info.topology.generated_at + self.max_age_s
+                    if now > until:
+                        stale.add(name)
+                    elif until < soonest:
+                        soonest = until
+                self._next_stale_at = soonest
+            else:  # only pods or groups changed, and no annotation has aged out since
+                stale = self._stale
             if self._nodes_dirty or prev is None or stale != self._stale:
                 nodes = dict(self._nodes)
                 for name in stale:
@@ -407,7 +425,13 @@ class KubeState:
             if self._pods_dirty or purged or prev is None:
                 pods = {k: p for k, (p, _) in self._observed.items()}
                 pods.update(self._pods)
-                pod_gpus = dict(self._pod_gpus)
+                # a pending pod (the filter's own question) holds no GPUs: the node GPU counts,
+                # and so every node's view, stay what they were (the same dict object)
+                if prev is None or self._pod_gpus_version != self._snap_pod_gpus_version:
+                    pod_gpus = dict(self._pod_gpus)
+                    self._snap_pod_gpus_version = self._pod_gpus_version
+                else:
+                    pod_gpus = prev[2]
                 self._raw_pods = pods
             else:
                 pods, pod_gpus = self._raw_pods, prev[2]

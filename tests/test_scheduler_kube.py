@@ -147,3 +147,38 @@ def test_bind_is_idempotent_and_reports_refusals(clock: list[float]) -> None:
                 state.bind(parse_pod(fk.pod("ml", "ghost", 1)), "a1", (1,))
         finally:
             state.stop()
+
+
+def test_a_new_pending_pod_keeps_every_nodes_view_and_a_bound_one_does_not(clock: list[float]) -> None:
+    """kube-scheduler asks about a pod the sidecar has not seen at almost every filter. A pending
+    pod holds no GPUs, so the snapshot keeps the node GPU counts (the same object: the view
+    builder then rebuilds nothing) and does not read every node's annotation age again; a pod
+    bound to a node changes that node's count, and an annotation that ages out is still seen
+    when its time comes (bench/bench_live.py measures the cost)."""
+    with fk.running() as (api, _, api_client):
+        for n in ("a1", "a2"):
+            api.put("nodes", fk.node(n, annotations={"gputopo.io/topology": annotated(n, at=NOW)}))
+        state = start(api_client, clock)
+        try:
+            first = state.snapshot()
+            state.observe(parse_pod(fk.pod("ml", "pending", 2)))
+            clock[0] += 10  # past the snapshot's recheck, well inside the annotation's age limit
+            second = state.snapshot()
+            assert "ml/pending" in second.pods and second is not first
+            assert second.pod_gpus is first.pod_gpus, "a pending pod changed no node's count"
+            api.put("pods", fk.pod("ml", "bound", 2, node_name="a1"))
+            wait_until(lambda: "ml/bound" in state.snapshot().pods)
+            third = state.snapshot()
+            assert third.pod_gpus is not first.pod_gpus and third.pod_gpus == {"a1": 2}
+            clock[0] = NOW + 300
+            api.put(
+                "nodes", fk.node("a2", annotations={"gputopo.io/topology": annotated("a2", at=NOW + 300)})
+            )
+            wait_until(lambda: getattr(state.snapshot().nodes["a2"].topology, "generated_at", 0) == NOW + 300)
+            clock[0] = NOW + state.max_age_s + 1  # a1's annotation ages out; a2's is newer
+            state.observe(parse_pod(fk.pod("ml", "later", 1)))
+            aged = state.snapshot()
+            assert aged.nodes["a1"].topology is None and "stale" in aged.nodes["a1"].topology_problem
+            assert aged.nodes["a2"].topology is not None
+        finally:
+            state.stop()
