@@ -109,10 +109,21 @@ def main() -> int:
     if args.role == "serve":
         serve(args.size, args.pods_per_node)
         return 0
-    print(f"{'nodes':>7}  {'pod':<6}{'cpu p50':>9}{'cpu p99':>9}{'wall p50':>10}{'wall p99':>10}   new/known (cpu p50)")
+    print(
+        f"{'nodes':>7}  {'pod':<6}{'cpu p50':>9}{'cpu p99':>9}{'wall p50':>10}{'wall p99':>10}   new/known (cpu p50)"
+    )
     for size in (int(s) for s in args.nodes.split(",")):
         child = subprocess.Popen(
-            [sys.executable, __file__, "--role", "serve", "--size", str(size), "--pods-per-node", str(args.pods_per_node)],
+            [
+                sys.executable,
+                __file__,
+                "--role",
+                "serve",
+                "--size",
+                str(size),
+                "--pods-per-node",
+                str(args.pods_per_node),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
