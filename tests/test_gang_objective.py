@@ -103,14 +103,24 @@ def test_the_domain_chosen_is_the_minimum_of_the_documented_key(
     nodes: list[NodeView], spec: GangSpec
 ) -> None:
     obj = objective()
-    got = plan_gang(spec, nodes, LEVELS, objective=obj)
+    # the objective inside one level (the level rule first): the job-time choice between levels
+    # is checked below and in tests/test_gang_predict.py
+    got = plan_gang(spec, nodes, LEVELS, objective=obj, level_first=True)
     plain = plan_gang(spec, nodes, LEVELS)
+    by_time = plan_gang(spec, nodes, LEVELS, objective=obj)
     if isinstance(plain, NoPlan):
         assert isinstance(got, NoPlan) and got.reason, "the objective never makes a gang fit or not"
+        assert isinstance(by_time, NoPlan)
         return
     assert isinstance(got, GangPlan), got
+    assert isinstance(by_time, GangPlan), by_time
     check_plan(spec, nodes, got)
+    check_plan(spec, nodes, by_time)
     assert got.level == plain.level, "the objective orders domains of the level (1) chose"
+    order = [*LEVELS, CLUSTER]
+    assert order.index(by_time.level) >= order.index(plain.level), "never a level that cannot hold it"
+    if by_time.level != plain.level:  # a larger level only when the model predicts it faster
+        assert "predicted efficiency" in by_time.why, by_time.why
     candidates = []
     for d in sorted({domain_of(v, got.level) for v in nodes}):
         inside = [v for v in nodes if domain_of(v, got.level) == d]
