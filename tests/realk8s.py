@@ -53,6 +53,9 @@ REQUIRED = os.environ.get("GPUTOPO_REAL_REQUIRED") == "1"
 #: Kubernetes' own PodGroup API in that release: beta in 1.37, alpha (v1alpha2) in 1.36; both
 #: behind the feature gate GenericWorkload.
 GANG_API = "scheduling.k8s.io/v1alpha2" if K8S_VERSION.startswith("v1.36.") else "scheduling.k8s.io/v1beta1"
+#: CompositePodGroup (alpha in 1.37, gate CompositePodGroup, which needs GenericWorkload and
+#: TopologyAwareWorkloadScheduling: pkg/features/kube_features.go); None where not served
+COMPOSITE_API = None if K8S_VERSION.startswith("v1.36.") else "scheduling.k8s.io/v1alpha3"
 DEPLOY = ROOT / "deploy" / "base" / "scheduler"
 GPU = "nvidia.com/gpu"
 TOPOLOGY_KEY = "gputopo.io/topology"
@@ -537,10 +540,16 @@ class Cluster:
 
     @property
     def gates(self) -> list[str]:
-        return ["GenericWorkload=true"] if self.gang_api else []
+        if not self.gang_api:
+            return []
+        if COMPOSITE_API is None:
+            return ["GenericWorkload=true"]
+        return ["GenericWorkload=true", "TopologyAwareWorkloadScheduling=true", "CompositePodGroup=true"]
 
     def start_api(self) -> None:
         runtime = [f"{GANG_API}=true"] if self.gang_api else []
+        if self.gang_api and COMPOSITE_API is not None:
+            runtime.append(f"{COMPOSITE_API}=true")
         self.control = ControlPlane(self.procs, self.folder, self.bindir, self.gates, runtime)
         self.control.start()
         self.control.install_crd()
@@ -716,6 +725,10 @@ class Cluster:
             for gv in groups:
                 for g in self.api.get(f"/apis/{gv}/namespaces/{ns}/podgroups")["items"]:
                     self.api.delete(f"/apis/{gv}/namespaces/{ns}/podgroups/{g['metadata']['name']}")
+            if self.gang_api and COMPOSITE_API is not None:
+                path = f"/apis/{COMPOSITE_API}/namespaces/{ns}/compositepodgroups"
+                for g in self.api.get(path)["items"]:
+                    self.api.delete(f"{path}/{g['metadata']['name']}")
         for name in sorted(self._nodes):
             self.api.delete(f"/api/v1/nodes/{name}")
         self._nodes.clear()

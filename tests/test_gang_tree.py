@@ -268,3 +268,35 @@ def test_random_trees_keep_every_rule_and_never_plan_what_cannot_fit(
     if isinstance(plan, GangPlan):
         check(plan, spec, nodes)
         assert fits(spec, nodes)
+
+
+def test_a_tree_is_planned_over_every_placement_kube_scheduler_offered_and_kept_across_them() -> None:
+    """kube-scheduler 1.37's workload scheduling offers one domain per pod group at a time (seen
+    with the real kube-scheduler: tests/test_realk8s_scheduler.py). A tree that needs two racks
+    waits on the first rack's offer, is planned once the second rack was offered too, and a
+    member asked about under the other rack's offer keeps its plan."""
+    from gputopo.gang.asks import Planned, Wait
+
+    nodes = racks({"rackA": 2, "rackB": 2}, trays=2)
+    spec = tp_job(2, 2)
+    tracker = GangTracker(LEVELS)
+    views = {v.name: v for v in nodes}
+    index = NetworkIndex.build(((v.name, v.labels) for v in nodes), LEVELS)
+    members = tuple(GangMember(m.pod, m.gpus, "", m.group) for m in spec.members)
+    rack = {r: frozenset(n for n in views if n.startswith(r)) for r in ("rackA", "rackB")}
+
+    def ask(i: int) -> GangAsk:
+        return GangAsk("ml/job", members[i].pod, members, len(members), groups=spec.groups)
+
+    assert isinstance(tracker.filter(ask(0), rack["rackA"], views, index, 0.0), Wait)
+    second = tracker.filter(ask(2), rack["rackB"], views, index, 1.0)
+    assert isinstance(second, Planned), second
+    plan = tracker.plans["ml/job"]
+    check(plan, spec, nodes)
+    first = next(p.node for p in plan.placements if p.pod == members[0].pod)
+    other = "rackB" if first.startswith("rackA") else "rackA"
+    kept = tracker.filter(ask(0), rack[other], views, index, 2.0)
+    assert isinstance(kept, Wait) and "outside this offer" in kept.reason
+    assert tracker.plans["ml/job"] is plan
+    mine = tracker.filter(ask(0), rack[first[:5]], views, index, 3.0)
+    assert isinstance(mine, Planned) and mine.node == first

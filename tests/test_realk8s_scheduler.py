@@ -258,3 +258,53 @@ def test_a_kubernetes_podgroup_that_fits_nowhere_binds_nothing(k8s: rk.Cluster, 
     k8s.wait_refused(ns, members[:1], match=".", timeout=30)
     rk.time.sleep(3)
     assert k8s.api.placement(ns) == dict.fromkeys(members, "")
+
+
+CLIQUE = "nvidia.com/gpu.clique"
+
+
+def test_a_jobset_shaped_composite_binds_whole_each_podgroup_inside_one_clique(
+    k8s: rk.Cluster, ns: str
+) -> None:
+    """Kubernetes 1.37's CompositePodGroup (gate CompositePodGroup, `scheduling.k8s.io/v1alpha3`,
+    staging/src/k8s.io/api/scheduling/v1alpha3/types.go): a root composite `job` (gang of both
+    children) over two PodGroups `rank-0` and `rank-1` (v1beta1, `parentCompositePodGroupName:
+    job`, each required in one NVLink clique), 2 pods of 8 GPUs each, as JobSet creates them.
+    Two cliques of three nodes, one node of the first full. kube-scheduler runs its own gang
+    scheduling (GenericWorkload) with the sidecar as its extender: the tree binds whole, each
+    PodGroup inside one clique, and neither scheduler leaves it part-bound."""
+    if not k8s.gang_api or rk.COMPOSITE_API is None:
+        pytest.skip("CompositePodGroup is served from Kubernetes 1.37 with the Workload API on")
+    nodes = [f"{ns}-q{i}" for i in range(6)]
+    k8s.add_nodes(
+        *(
+            rk.node(n, "leaf-a", labels={CLIQUE: f"cl.{i // 3}"}, allocated=range(8) if i == 0 else ())
+            for i, n in enumerate(nodes)
+        )
+    )
+    ref = {"workloadName": "job", "templateName": "job"}
+    k8s.api.create(
+        f"/apis/{rk.COMPOSITE_API}/namespaces/{ns}/compositepodgroups",
+        {
+            "apiVersion": rk.COMPOSITE_API,
+            "kind": "CompositePodGroup",
+            "metadata": {"name": "job"},
+            "spec": {"workloadRef": ref, "schedulingPolicy": {"gang": {"minGroupCount": 2}}},
+        },
+    )
+    members: list[str] = []
+    for r in range(2):
+        pg = k8s_podgroup(f"rank-{r}", 2, CLIQUE)
+        pg["spec"]["parentCompositePodGroupName"] = "job"
+        pg["spec"]["workloadRef"] = {"workloadName": "job", "templateName": f"rank-{r}"}
+        k8s.api.create(f"/apis/{rk.GANG_API}/namespaces/{ns}/podgroups", pg)
+        for i in range(2):
+            p = rk.pod(f"r{r}-{i}", 8)
+            p["spec"]["schedulingGroup"] = {"podGroupName": f"rank-{r}"}
+            k8s.add_pods(ns, p)
+            members.append(f"r{r}-{i}")
+    placed = k8s.wait_bound(ns, members, forbidden={nodes[0]}, timeout=60)
+    for r in range(2):
+        cliques = {int(placed[f"r{r}-{i}"].rsplit("q", 1)[1]) // 3 for i in range(2)}
+        assert len(cliques) == 1, placed
+    assert len(set(placed.values())) == 4

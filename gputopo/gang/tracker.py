@@ -104,6 +104,8 @@ class GangTracker:
         self.reservations = Reservations()
         self.plans: dict[str, GangPlan] = {}
         self._offers: dict[str, frozenset[str]] = {}  # gang -> nodes its plan was made over
+        #: tree gangs: every node kube-scheduler offered any of its members (`filter`)
+        self._tree_offers: dict[str, frozenset[str]] = {}
         self._backoff: dict[str, _Backoff] = {}
         self._events: list[Event] = []
         self._memo = ChoiceMemo()
@@ -232,6 +234,16 @@ class GangTracker:
             if mine is not None and self.reservations.get(pod) is not None:
                 if mine.node in offer:
                     return Planned(mine.node, f"gang {gang} planned on {mine.node}")
+                if ask.groups:
+                    # A tree: kube-scheduler 1.37's workload scheduling offers one placement
+                    # (one domain) per pod group at a time, so an offer without the planned
+                    # node is a placement of another sub-group, not a node gone: the plan is
+                    # kept (a node that did go away is re-planned when the reservation lapses).
+                    return Wait(
+                        f"gang {gang} planned {pod} on {mine.node}, outside this offer "
+                        f"(another placement of its pod groups)",
+                        "GangUnschedulable",
+                    )
                 self.drop(
                     gang,
                     f"planned node {mine.node} of {ask.pod} was not offered by kube-scheduler "
@@ -247,6 +259,8 @@ class GangTracker:
         if not any(m.pod == ask.pod and not m.node for m in ask.members):
             return Wait(f"pod {ask.pod} is already bound", "")
         offered = frozenset(offer)
+        if ask.groups:  # a tree is planned over every node offered for any of its members
+            offered = self._tree_offers[gang] = self._tree_offers.get(gang, frozenset()) | offered
         back = self._backoff.get(gang)
         if back is not None and now < back.until and back.views is views and back.offer == offered:
             return Wait(f"{back.reason} (retry in {back.until - now:.0f}s)", "GangUnschedulable")
@@ -568,6 +582,7 @@ class GangTracker:
             return None
         del self.plans[gang]
         self._offers.pop(gang, None)
+        self._tree_offers.pop(gang, None)
         first = self._first_seen.pop(gang, None)
         waited = None if first is None else max(0.0, now - first)
         self._emit(
