@@ -246,16 +246,15 @@ def _by_job_time(
 ) -> GangPlan:
     """`first` (the plan of `levels[0]`, the smallest level with one) or a larger level's plan,
     by the gang's predicted job time and cost (`gang.predict`). A larger level is planned only
-    while its bound could beat the best bandwidth found so far."""
+    when its bound (at its own oversubscription) could beat the best bandwidth found so far."""
     objective = objective.declared(spec.profile)
     table = objective.oversubscription
     plans = [first]
     preds = [predict(objective, pb.views, pb.index, first.level, first.placements, table)]
-    bound = bound_busbw(objective, pb.sizes, pb.total)
     seen = {_where(first)}
     for level in levels[1:]:
-        if max(p.busbw_gbps for p in preds) >= bound:
-            break
+        if max(p.busbw_gbps for p in preds) >= bound_busbw(objective, pb.sizes, pb.total, level, table):
+            continue  # no plan of this level can be faster (an operator's table may be lower above)
         found = _plan_level(spec, pb, level, prune, explain=False)
         if not isinstance(found, GangPlan) or _where(found) in seen:
             continue  # the same nodes and sets: the same prediction, the smaller level kept

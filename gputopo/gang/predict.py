@@ -38,7 +38,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gputopo.gang.cost import DIGITS, plan_cost
-from gputopo.jobtime.model import inter_busbw_gbps, nics_for
+from gputopo.jobtime.model import (
+    NIC_COUNT_LABEL,
+    NIC_FABRIC_LABEL,
+    NIC_GBPS_LABEL,
+    Nics,
+    inter_busbw_gbps,
+    nics_for,
+    oversubscription,
+)
 from gputopo.network.levels import ACCELERATOR, CLUSTER, HOSTNAME, NetworkIndex, short_name
 from gputopo.network.nodeview import NodeView, Placement
 from gputopo.node.allocator import Choice
@@ -55,15 +63,26 @@ class Prediction:
     cost: float  # `plan_cost` of the plan (GPU-seconds of ideal work per second)
 
 
-def common_level(index: NetworkIndex, positions: Sequence[int]) -> str | None:
+def common_level(
+    index: NetworkIndex, positions: Sequence[int], lists: Mapping[str, list[int]] | None = None
+) -> str | None:
     """The smallest configured level whose one domain holds every node position (HOSTNAME for
-    one node; None when no level does), as the simulator's `SimCluster.common_level` reads it."""
+    one node; None when no level does), as the simulator's `SimCluster.common_level` reads it.
+    `lists`: each level's domain ids as a plain list (`ClusterObjective.domain_lists`), faster
+    to index a few positions of than the numpy arrays."""
     unique = set(positions)
     if len(unique) == 1:
         return HOSTNAME
     for level in index.levels:
-        ids = index.level(level).domain_id
-        if len({int(ids[p]) for p in unique}) == 1:
+        ids = lists[level] if lists is not None else index.level(level).domain_id
+        first = None
+        for p in unique:
+            d = ids[p]
+            if first is None:
+                first = d
+            elif d != first:
+                break
+        else:
             return level
     return None
 
@@ -98,31 +117,70 @@ def plan_busbw(
                 alloc = view.allocator.exact
                 bw = min(bw, objective.set_busbw(alloc, alloc.choose(range(alloc.n), 2).indices))
         return bw
-    members = []
+    members = set()  # the slowest node sets the pace: alike nodes are read once
     for pos, gpus in per_node.items():
         view = views[pos]
         assert view is not None  # a placement's node has a view
         model = view.allocator.exact.topology.name if view.allocator is not None else ""
-        members.append((gpus, view.gpu_count, nics_for(model, view.labels)))
-    return min(bw, inter_busbw_gbps(members, spans, table=table))
+        members.add((gpus, view.gpu_count, _nics(objective, model, view.labels)))
+    return min(bw, inter_busbw_gbps(list(members), spans, table=table))
 
 
-def bound_busbw(objective: ClusterObjective, sizes: Sequence[int], total: int) -> float:
+#: `nics_for` answers by (server model, the node's NIC labels): a cluster has a handful of them.
+_NIC_LABELS = (NIC_COUNT_LABEL, NIC_GBPS_LABEL, NIC_FABRIC_LABEL)
+
+
+def _nics(objective: ClusterObjective, model: str, labels: Mapping[str, str]) -> Nics:
+    """`nics_for`, kept in the objective's memo per (model, NIC labels): a pure function of them,
+    and a cluster has a handful."""
+    key = (model, *(labels.get(k) for k in _NIC_LABELS))
+    memo = objective.nic_memo
+    hit = memo.get(key)
+    if hit is None:
+        if len(memo) > 4096:
+            memo.clear()
+        hit = memo[key] = nics_for(model, labels)
+    return hit
+
+
+def bound_busbw(
+    objective: ClusterObjective,
+    sizes: Sequence[int],
+    total: int,
+    level: str | None = None,
+    table: Mapping[str, float] | None = None,
+) -> float:
     """The most a plan of these member sizes (`total` GPUs) can reach: each member at the best
     set of its size on any server the objective learned and, for a gang no learned server
     holds whole, the network at the best server model's NICs, all of them driven, with no
     oversubscription (or an NVLink pair, the hop inside a multi-node NVLink domain). NICs are read from the models' defaults (`PRESET_NICS`), not from each
     node's labels: a cluster whose labels claim more than its models' defaults gets a bound
-    that can stop the walk up the levels early (a faster larger level is then missed)."""
-    bw = math.inf
-    for g in set(sizes):
-        if g > 1:
-            bw = min(bw, objective.best_busbw(g))
+    that can stop the walk up the levels early (a faster larger level is then missed). With
+    `level`, the network part is divided by that level's oversubscription: a plan searched at
+    a level is read as spanning it (one that fits a smaller level was that level's to find)."""
     servers = objective.servers
-    if servers and total > max(a.n for a in servers):
+    whole = bool(servers) and total > max(a.n for a in servers)
+    key = (
+        frozenset(g for g in sizes if g > 1),
+        whole,
+        level,
+        None if table is None else tuple(sorted(table.items())),
+    )
+    hit = objective.bound_memo.get(key)
+    if hit is not None:
+        return hit
+    bw = math.inf
+    for g in key[0]:
+        bw = min(bw, objective.best_busbw(g))
+    if whole:
         nics = max(nics_for(a.topology.name).node_gbytes(nics_for(a.topology.name).count) for a in servers)
+        if level is not None:
+            nics /= oversubscription(None if level == CLUSTER else level, table)
         # inside one NVLink domain the hop between nodes is a node's NVLink pair figure
         bw = min(bw, max(nics, objective.best_busbw(2)))
+    if len(objective.bound_memo) > 4096:
+        objective.bound_memo.clear()
+    objective.bound_memo[key] = bw
     return bw
 
 
@@ -136,7 +194,7 @@ def predict(
 ) -> Prediction:
     """The model's reading of one candidate plan searched at `level`."""
     position = index.position
-    spans = common_level(index, [position[p.node] for p in placements])
+    spans = common_level(index, [position[p.node] for p in placements], objective.domain_lists(index))
     bw = plan_busbw(objective, views, position, placements, spans, table)
     assignment: list[tuple[int, int, Choice | None]] = [
         (i, position[p.node], p.choice) for i, p in enumerate(placements)

@@ -42,8 +42,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
-from gputopo.jobtime.model import RING_BUSBW_ENUMERATE_MAX, comm_s, intra_busbw_gbps, ring_busbw_gbps, step_s
+from gputopo.jobtime.model import (
+    RING_BUSBW_ENUMERATE_MAX,
+    Nics,
+    comm_s,
+    intra_busbw_gbps,
+    ring_busbw_gbps,
+    step_s,
+)
 from gputopo.jobtime.profiles import PROFILE_MIXES, PROFILES, Profile
+from gputopo.network.levels import NetworkIndex
 from gputopo.node.allocator import DISRUPTION_SIZES, Allocator, Choice
 from gputopo.node.policy import GpuPolicy
 
@@ -219,6 +227,11 @@ class ClusterObjective:
         self._worths: dict[int, list[tuple[int, float]]] = {}  # allocator id -> see `_frag_growth`
         self._takes: dict[tuple[object, ...], float] = {}  # see `take_cost`
         self._sets: dict[tuple[Allocator, tuple[int, ...]], float] = {}  # see `set_busbw`
+        #: `gang.predict`'s memo of a node's NICs by (server model, NIC labels)
+        self.nic_memo: dict[tuple[str | None, ...], Nics] = {}
+        #: `gang.predict.bound_busbw`'s answers (they change only when a server is learned)
+        self.bound_memo: dict[tuple[object, ...], float] = {}
+        self._domain_lists: tuple[object, dict[str, list[int]]] | None = None
         self._bounds: dict[int, float] = {}  # size -> `best_busbw`, until another server is learned
         self._declared: dict[Profile, ClusterObjective] = {}  # see `declared`
         #: a declared objective's parent: what a placement costs the jobs after it is the mix's
@@ -258,6 +271,7 @@ class ClusterObjective:
             self._worths.clear()
             self._takes.clear()
             self._bounds.clear()
+            self.bound_memo.clear()
         for sibling in self._declared.values():
             sibling.learn(self._keep)
 
@@ -283,6 +297,17 @@ class ClusterObjective:
         elif hit._mix is not self._mix:
             hit.mix = self._mix
         return hit
+
+    def domain_lists(self, index: NetworkIndex) -> dict[str, list[int]]:
+        """Each level's domain ids of `index` as plain lists, kept for the last index asked
+        (a scheduler keeps one index per label version)."""
+        kept = self._domain_lists
+        if kept is None or kept[0] is not index:
+            kept = self._domain_lists = (
+                index,
+                {lv: index.level(lv).domain_id.tolist() for lv in index.levels},
+            )
+        return kept[1]
 
     @property
     def servers(self) -> tuple[Allocator, ...]:
