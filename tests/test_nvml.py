@@ -595,3 +595,19 @@ def test_minor_numbers_come_from_nvml_when_it_has_them(no_sysfs: str) -> None:
 
     fake.nvmlDeviceGetMinorNumber = broken  # type: ignore[attr-defined]
     assert [g.minor for g in NvmlBackend(nvml=fake, sysfs_root=no_sysfs).discover().gpus] == [None] * 4
+
+
+def test_the_old_probe_command_still_runs_the_probe() -> None:
+    """`python -m deviceplugin.nvml_probe` (the command the docs named before the package was
+    grouped by role) still answers: without NVML on this machine, one line and exit 1."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "deviceplugin.nvml_probe"], capture_output=True, text=True, timeout=60
+    )
+    new = subprocess.run(
+        [sys.executable, "-m", "deviceplugin.hardware.nvml_probe"], capture_output=True, text=True, timeout=60
+    )
+    assert (r.returncode, r.stdout) == (new.returncode, new.stdout)
+    assert "Traceback" not in r.stderr
