@@ -70,7 +70,7 @@ from gputopo.gang.domain import (
     own_memo,
 )
 from gputopo.gang.packing import NO_K, SMALL_NODES, min_nodes, pack
-from gputopo.gang.predict import bound_busbw, choose, predict
+from gputopo.gang.predict import bound_busbw, choose, cost_of, predict
 from gputopo.gang.reasons import Miss, no_plan_reason
 from gputopo.gang.spec import GangPlan, GangSpec, Member, NoPlan, SubGroup
 from gputopo.gang.spread import lower_levels
@@ -261,7 +261,14 @@ def _by_job_time(
         seen.add(_where(found))
         plans.append(found)
         preds.append(predict(objective, pb.views, pb.index, level, found.placements, table))
-    pick, why = choose(objective.comm, objective.band, pb.total, preds, spec.preferred_level)
+    pick, why = choose(
+        objective.comm,
+        objective.band,
+        pb.total,
+        preds,
+        lambda i: cost_of(objective, pb.views, pb.index, plans[i].placements),
+        spec.preferred_level,
+    )
     return replace(plans[pick], why=why)
 
 

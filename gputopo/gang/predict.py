@@ -34,7 +34,7 @@ Pure: no I/O, no clock, no globals.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gputopo.gang.cost import DIGITS, plan_cost
@@ -60,7 +60,6 @@ class Prediction:
     level: str  # the level the plan was searched at (CLUSTER: the whole cluster)
     spans: str | None  # the smallest level whose one domain holds its nodes (HOSTNAME: one node)
     busbw_gbps: float  # the gang's all-reduce bus bandwidth there (inf: nothing to reduce)
-    cost: float  # `plan_cost` of the plan (GPU-seconds of ideal work per second)
 
 
 def common_level(
@@ -195,11 +194,22 @@ def predict(
     """The model's reading of one candidate plan searched at `level`."""
     position = index.position
     spans = common_level(index, [position[p.node] for p in placements], objective.domain_lists(index))
-    bw = plan_busbw(objective, views, position, placements, spans, table)
+    return Prediction(level, spans, plan_busbw(objective, views, position, placements, spans, table))
+
+
+def cost_of(
+    objective: ClusterObjective,
+    views: Sequence[NodeView | None],
+    index: NetworkIndex,
+    placements: Sequence[Placement],
+) -> float:
+    """`plan_cost` of a candidate (GPU-seconds of ideal work per second): asked by `choose` only
+    when two or more candidates are good enough, since it decides nothing otherwise."""
+    position = index.position
     assignment: list[tuple[int, int, Choice | None]] = [
         (i, position[p.node], p.choice) for i, p in enumerate(placements)
     ]
-    return Prediction(level, spans, bw, plan_cost(objective, views, assignment))
+    return plan_cost(objective, views, assignment)
 
 
 def efficiencies(comm: CommProfile, gpus: int, preds: Sequence[Prediction]) -> list[float]:
@@ -213,12 +223,15 @@ def choose(
     band: float,
     gpus: int,
     preds: Sequence[Prediction],
+    cost: Callable[[int], float],
     preferred: str | None = None,
 ) -> tuple[int, str]:
     """The index of the candidate the objective takes (module docstring), and why, in words.
 
-    `preds` are in level order, smallest first; `preferred` is the user's preferred level
-    (its candidate, when there is one, is the first)."""
+    `preds` are in level order, smallest first; `cost(i)` is candidate i's `cost_of`;
+    `preferred` is the user's preferred level (its candidate, when there is one, is the first)."""
+    if len(preds) == 1:
+        return 0, _why(preds, [1.0], 0, [0])
     effs = efficiencies(comm, gpus, preds)
     floor = 1.0 - band
     good = [i for i, e in enumerate(effs) if e >= floor]
@@ -226,7 +239,11 @@ def choose(
         pick = 0
         why = f"preferred level {short_name(preferred)}: its plan is within {band:.0%} of the best predicted"
     else:
-        pick = min(good, key=lambda i: (round(preds[i].cost + gpus * (1.0 - effs[i]), DIGITS), i))
+        pick = (
+            good[0]
+            if len(good) == 1
+            else min(good, key=lambda i: (round(cost(i) + gpus * (1.0 - effs[i]), DIGITS), i))
+        )
         why = _why(preds, effs, pick, good)
     return pick, why
 
