@@ -251,16 +251,21 @@ def _by_job_time(
     table = objective.oversubscription
     plans = [first]
     preds = [predict(objective, pb.views, pb.index, first.level, first.placements, table)]
+    best = preds[0].busbw_gbps
     seen = {_where(first)}
     for level in levels[1:]:
-        if max(p.busbw_gbps for p in preds) >= bound_busbw(objective, pb.sizes, pb.total, level, table):
+        if best >= bound_busbw(objective, pb.sizes, pb.total, level, table):
             continue  # no plan of this level can be faster (an operator's table may be lower above)
         found = _plan_level(spec, pb, level, prune, explain=False)
-        if not isinstance(found, GangPlan) or _where(found) in seen:
+        if not isinstance(found, GangPlan):
+            continue
+        where = _where(found)
+        if where in seen:
             continue  # the same nodes and sets: the same prediction, the smaller level kept
-        seen.add(_where(found))
+        seen.add(where)
         plans.append(found)
         preds.append(predict(objective, pb.views, pb.index, level, found.placements, table))
+        best = max(best, preds[-1].busbw_gbps)
     pick, why = choose(
         objective.comm,
         objective.band,

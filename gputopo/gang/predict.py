@@ -23,9 +23,9 @@ and the oversubscription of the smallest level holding every node: the same read
 simulator's `JobTimer.busbw` (tests/test_gang_predict.py holds them equal).
 
 A larger level is planned only when it could beat the best plan found so far on the model's
-bandwidth: its bound is the best set any learned server gives each member's size
-(`ClusterObjective.best_busbw`); once a plan reaches that bound, larger levels, which can only
-add oversubscription, are not planned. A gang that fits one domain of its smallest level on the
+bandwidth: its bound (`bound_busbw`) is the best set any learned server gives each member's
+size (`ClusterObjective.best_busbw`) and, for a gang no server holds whole, the best model's
+NICs at that level's oversubscription. A gang that fits one domain of its smallest level on the
 cluster's best servers (the common case) costs one level's planning, as before.
 
 Pure: no I/O, no clock, no globals.
@@ -58,7 +58,6 @@ class Prediction:
     """What the model says of one candidate plan (one per level planned)."""
 
     level: str  # the level the plan was searched at (CLUSTER: the whole cluster)
-    spans: str | None  # the smallest level whose one domain holds its nodes (HOSTNAME: one node)
     busbw_gbps: float  # the gang's all-reduce bus bandwidth there (inf: nothing to reduce)
 
 
@@ -172,7 +171,7 @@ def bound_busbw(
     for g in key[0]:
         bw = min(bw, objective.best_busbw(g))
     if whole:
-        nics = max(nics_for(a.topology.name).node_gbytes(nics_for(a.topology.name).count) for a in servers)
+        nics = max(n.node_gbytes(n.count) for n in (nics_for(a.topology.name) for a in servers))
         if level is not None:
             nics /= oversubscription(None if level == CLUSTER else level, table)
         # inside one NVLink domain the hop between nodes is a node's NVLink pair figure
@@ -194,7 +193,7 @@ def predict(
     """The model's reading of one candidate plan searched at `level`."""
     position = index.position
     spans = common_level(index, [position[p.node] for p in placements], objective.domain_lists(index))
-    return Prediction(level, spans, plan_busbw(objective, views, position, placements, spans, table))
+    return Prediction(level, plan_busbw(objective, views, position, placements, spans, table))
 
 
 def cost_of(

@@ -59,13 +59,13 @@ class _Tree:
     index: NetworkIndex
     memo: ChoiceMemo
     objective: ClusterObjective | None
+    flat: FlatPlanner  # `plan_gang`, handed in by `plan_tree`'s caller
     groups: dict[str, SubGroup]
     children: dict[str, list[str]]  # group ("" the root) -> child sub-groups with members
     direct: dict[str, list[int]]  # group -> indices of its own members
     total: dict[str, int]  # group -> GPUs of every member of its subtree
     bound: dict[str, set[str]]  # group -> nodes of bound members of its subtree
     order: str = "constrained"  # sibling order: see `_kids`
-    flat: FlatPlanner | None = None  # `plan_gang`, set by `plan_tree`
     free: dict[str, NodeView] = field(default_factory=dict)  # node -> its view, capacity taken
     where: dict[str, str] = field(default_factory=dict)  # group -> "level=domain" it went to
 
@@ -94,8 +94,7 @@ def plan_tree(
         return NoPlan(spec.key, problem)
     if index is None:
         index = NetworkIndex.build(((v.name, v.labels) for v in nodes), levels)
-    tree = _index(spec, levels, index, memo if memo is not None else ChoiceMemo(), objective)
-    tree.flat = flat
+    tree = _index(spec, levels, index, memo if memo is not None else ChoiceMemo(), objective, flat)
     tree.free = {v.name: v for v in nodes}
     root_levels = (
         [spec.required_level]
@@ -158,6 +157,7 @@ def _index(
     index: NetworkIndex,
     memo: ChoiceMemo,
     objective: ClusterObjective | None,
+    flat: FlatPlanner,
 ) -> _Tree:
     groups = {g.name: g for g in spec.groups}
     direct: dict[str, list[int]] = {"": [], **{g: [] for g in groups}}
@@ -182,7 +182,7 @@ def _index(
             children[sub.parent].append(sub.name)
     for kids in children.values():
         kids.sort(key=lambda k: (-total[k], k))
-    return _Tree(spec, levels, index, memo, objective, groups, children, direct, total, bound)
+    return _Tree(spec, levels, index, memo, objective, flat, groups, children, direct, total, bound)
 
 
 def _domains(
@@ -306,7 +306,6 @@ def _flat(
     views = [tree.free[n] for n in names]
     if not views:
         return f"sub-group {label!r}: no node left in its domain"
-    assert tree.flat is not None
     plan = tree.flat(flat, views, tree.levels, index=tree.index, memo=tree.memo, objective=tree.objective)
     if isinstance(plan, NoPlan):
         return plan.reason
