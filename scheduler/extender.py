@@ -112,6 +112,9 @@ class Extender:
         ) = None
         # the leaves of the last network index (`gputopo.pod.leafpack`: single pods pack leaves)
         self._leaves: tuple[NetworkIndex, Leaves] | None = None
+        #: the levels some node is labelled with, for the network index they were read from
+        #: (Volcano's tiers count only those: `_labelled_levels`)
+        self._labelled: tuple[NetworkIndex, frozenset[str]] | None = None
 
     @property
     def reservations(self) -> Reservations:
@@ -247,9 +250,8 @@ class Extender:
         need = g.min_member or snap.min_members.get(g.key)
         required, preferred = g.required_level, g.preferred_level
         if g.tier is not None:  # Volcano: a tier, the N-th level up from the node
-            levels = self.cache.network(snap).levels
-            labelled = {k for n in snap.nodes.values() for k in n.labels if k in levels}
-            level = gangsources.tier_level(g.tier, levels, labelled)
+            net = self.cache.network(snap)
+            level = gangsources.tier_level(g.tier, net.levels, self._labelled_levels(net, snap))
             required, preferred = (level, None) if g.tier.hard else (None, level)
         return GangAsk(
             g.key,
@@ -262,6 +264,16 @@ class Extender:
             pod.profile,
             groups,
         )
+
+    def _labelled_levels(self, net: NetworkIndex, snap: Snapshot) -> frozenset[str]:
+        """The levels of `net` some node carries a label for, read once per network index (it is
+        rebuilt when the nodes' labels change), not at every member's filter."""
+        kept = self._labelled
+        if kept is None or kept[0] is not net:
+            levels = set(net.levels)
+            found = frozenset(k for n in snap.nodes.values() for k in n.labels if k in levels)
+            kept = self._labelled = (net, found)
+        return kept[1]
 
     def _replan(self, gang: str, snap: Snapshot, views: NodeViews, now: float, cause: str) -> None:
         """Re-plan a gang's unbound members outside a filter (caller holds the lock)."""
