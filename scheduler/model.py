@@ -103,6 +103,11 @@ class Snapshot:
     #: node -> pods seen ending there whose GPUs its annotation still lists: those count as free
     ended: Mapping[str, frozenset[str]] = field(default_factory=dict)
     levels: tuple[str, ...] = ()  # network levels the cluster defines (Topology objects); () = configured
+    #: changes whenever a node is added or removed or its labels change, and only then: the
+    #: network index (which nodes share a domain) is rebuilt on it, not on every annotation
+    #: rewrite a bind causes. 0 = not tracked: the index is then rebuilt whenever `nodes` is a
+    #: new mapping.
+    labels_version: int = 0
 
 
 def _obj(value: Any, where: str) -> Mapping[str, Any]:

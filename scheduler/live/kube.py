@@ -84,6 +84,7 @@ class KubeState:
         self._min: dict[str, int] = {}
         self._observed: dict[str, tuple[PodInfo, float]] = {}
         self._version = 0
+        self._labels_version = 1  # Snapshot.labels_version: nodes added, removed or relabelled
         self._snap: Snapshot | None = None
         self._snap_at = -math.inf
         self._stale: set[str] = set()
@@ -280,6 +281,7 @@ class KubeState:
         infos = [same_topology(old.get(i.name), i) for i in (self._node_info(o) for o in items)]
         with self._lock:
             self._nodes = {i.name: i for i in infos if i.name}
+            self._labels_version += 1  # a relist (rare): the index is rebuilt once
             for info in infos:
                 self.accounting.check_node(info)
             self._changed("nodes")
@@ -292,8 +294,12 @@ class KubeState:
             info = same_topology(self._nodes.get(info.name), info)
         with self._lock:
             if kind == "DELETED":
-                self._nodes.pop(info.name, None)
+                if self._nodes.pop(info.name, None) is not None:
+                    self._labels_version += 1
             else:
+                old = self._nodes.get(info.name)
+                if old is None or old.labels != info.labels:
+                    self._labels_version += 1
                 self._nodes[info.name] = info
                 self.accounting.check_node(info)
             self._changed("nodes")
@@ -454,7 +460,9 @@ class KubeState:
             self._snap_ended = self._ended[1]
             levels = self.extra.levels(self.default_levels) if self.topology_levels else ()
             mins = {**self.extra.min_members(), **self._min}
-            self._snap = Snapshot(nodes, pods, mins, self._version, pod_gpus, self._snap_ended, levels)
+            self._snap = Snapshot(
+                nodes, pods, mins, self._version, pod_gpus, self._snap_ended, levels, self._labels_version
+            )
             self._snap_at = now
             return self._snap
 

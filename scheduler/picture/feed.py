@@ -60,6 +60,7 @@ class FileState:
         self._held: dict[str, tuple[int, ...]] = {}
         self.levels = tuple(levels) if levels is not None else None
         self._version = 1
+        self._labels_version = 1  # Snapshot.labels_version: bumped when a node is removed
         self._snap: Snapshot | None = None
         self._nodes_view: dict[str, NodeInfo] | None = None
         self._gpus_view: dict[str, int] | None = None
@@ -85,7 +86,12 @@ class FileState:
                             gpus[p.node] = gpus.get(p.node, 0) + p.gpus
                     self._gpus_view = gpus
                 self._snap = Snapshot(
-                    self._nodes_view, dict(self._pods), self._min, self._version, self._gpus_view
+                    self._nodes_view,
+                    dict(self._pods),
+                    self._min,
+                    self._version,
+                    self._gpus_view,
+                    labels_version=self._labels_version,
                 )
             return self._snap
 
@@ -131,7 +137,8 @@ class FileState:
     # Simulation hooks: the cluster changing under the scheduler.
     def remove_node(self, name: str) -> None:
         with self._lock:
-            self._nodes.pop(name, None)
+            if self._nodes.pop(name, None) is not None:
+                self._labels_version += 1
             self._changed(nodes=True)
 
     def delete_pod(self, key: str) -> None:
