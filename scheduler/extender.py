@@ -552,8 +552,14 @@ def _with_resolved_gang(pod: PodInfo, snap: Snapshot) -> PodInfo:
     """The pod with its gang as the cluster state resolved it (minimum and topology key from
     the gang's group object, scheduler/live/kinds.py); kube-scheduler's copy has only the pod."""
     known = snap.pods.get(pod.key)
-    if pod.gang is None or known is None or known.gang is None:
+    if known is None or known.gang is None:
         return pod
+    if pod.gang is None:  # a gang only the cluster state tells: a ComputeDomain's (apikinds.py)
+        same = (
+            known.gang.source == gangsources.COMPUTE_DOMAIN_LABEL
+            and known.claim_templates == pod.claim_templates
+        )
+        return replace(pod, gang=known.gang) if same else pod
     if (known.gang.named or known.gang.key) != pod.gang.key:
         return pod
     return pod if known.gang == pod.gang else replace(pod, gang=known.gang)

@@ -65,6 +65,10 @@ class PodInfo:
     #: ResourceClaims (names in the pod's namespace) the pod uses: its GPUs on a DRA cluster
     #: when it asks through claims (sized by scheduler/live/dra.py from the claims' requests)
     claims: tuple[str, ...] = ()
+    #: ResourceClaimTemplates the pod names (`spec.resourceClaims[].resourceClaimTemplateName`):
+    #: a ComputeDomain's channel template makes the pod a member of that domain's gang
+    #: (scheduler/apikinds.py `ExtraKinds.resolve`)
+    claim_templates: tuple[str, ...] = ()
     #: what the pod trains, when it (or its gang's group object) declares it: gputopo.io/profile,
     #: or gputopo.io/gradient-bytes and gputopo.io/compute-seconds (gputopo/jobtime/profiles.py)
     profile: Profile | None = None
@@ -201,6 +205,18 @@ def _claim_names(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[st
     return tuple(out[:64])
 
 
+def _claim_templates(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ResourceClaimTemplates a pod names, in spec order (a bad entry is skipped: the claim
+    names' reader above refuses a non-list)."""
+    entries = spec.get("resourceClaims")
+    out: list[str] = []
+    for e in entries if isinstance(entries, list) else []:
+        name = e.get("resourceClaimTemplateName") if isinstance(e, Mapping) else None
+        if isinstance(name, str) and 0 < len(name) <= 253 and name not in out:
+            out.append(name)
+    return tuple(out[:64])
+
+
 def parse_pod(raw: Any, resource: str = defaults.RESOURCE_NAME) -> PodInfo:
     """A v1.Pod JSON object as kube-scheduler or the API server sends it."""
     pod = _obj(raw, "Pod")
@@ -251,6 +267,7 @@ def parse_pod(raw: Any, resource: str = defaults.RESOURCE_NAME) -> PodInfo:
         topology_wait_s=wait,
         created=_timestamp(meta.get("creationTimestamp")),
         claims=_claim_names(spec, status),
+        claim_templates=_claim_templates(spec),
         profile=profile,
     )
 

@@ -32,6 +32,9 @@ field). Upstream facts used here (checked against upstream source, see docs/sche
   PodGroup `spec.minMember`, `spec.topologyConstraint`; `kai.scheduler/topology-required-placement`
   / `…-preferred-placement` (annotations the pod grouper reads from the top owner, which for a
   bare pod is the pod); `kai.scheduler/v1alpha1` Topology `spec.levels[].nodeLabel`.
+- NVIDIA's ComputeDomain (`resource.nvidia.com/v1beta1`, kubernetes-sigs/dra-driver-nvidia-gpu):
+  `spec.numNodes`, `spec.channel.resourceClaimTemplate.name`; the last source, read by the
+  sidecar only (a pod joins by claiming the channel template: `compute_domain_gangs`).
 
 Gangs as trees (docs/scheduler.md "Gangs as trees: what each API says"): a CompositePodGroup
 (`scheduling.k8s.io/v1alpha3`) joins the PodGroups under it into one gang (`link`); KAI's
@@ -50,7 +53,7 @@ from typing import Any
 
 from gputopo.gang.planner import SubGroup
 from gputopo.jobtime.profiles import Profile, ProfileError, declared_profile
-from gputopo.network.levels import HOSTNAME, is_label_key
+from gputopo.network.levels import GPU_CLIQUE, HOSTNAME, is_label_key
 
 MAX_MEMBERS = 100_000
 
@@ -115,6 +118,7 @@ VOLCANO = "volcano:"
 KUEUE = "kueue:"
 KAI = "kai:"
 K8S_COMPOSITE = "composite:"
+COMPUTE_DOMAIN = "computedomain:"
 
 
 class SourceError(ValueError):
@@ -147,6 +151,9 @@ class Group:
     min_groups: int | None = None
     #: Volcano's `networkTopology`: a tier, mapped onto the levels when planning (`tier_level`)
     tier: Tier | None = None
+    #: a ComputeDomain's channel ResourceClaimTemplate (in its namespace): its pods name this
+    #: template in `spec.resourceClaims[].resourceClaimTemplateName` (`compute_domain_gangs`)
+    claim_template: str = ""
 
 
 @dataclass(frozen=True)
@@ -603,6 +610,59 @@ def groups_kai(obj: Mapping[str, Any], api_version: str) -> list[Group]:
     ]
 
 
+def groups_compute_domain(obj: Mapping[str, Any], api_version: str) -> list[Group]:
+    """NVIDIA's ComputeDomain (`resource.nvidia.com/v1beta1`, kubernetes-sigs/dra-driver-nvidia-gpu
+    api/nvidia.com/resource/v1beta1/computedomain.go): the driver's controller creates the
+    ResourceClaimTemplate `spec.channel.resourceClaimTemplate.name` in the ComputeDomain's
+    namespace (cmd/compute-domain-controller/computedomain.go), and the pods that name it in
+    `spec.resourceClaims[]` share the domain's IMEX channel, which works across GPUs of one
+    NVLink partition only: they are one gang required in one clique (`nvidia.com/gpu.clique`).
+
+    The quorum is `spec.numNodes` when set (nodes, so at most the pods: a node holds one pod of
+    the domain or more); upstream defaults it to 0 and deprecates it, and then the gang is the
+    pods seen (`compute_domain_gangs`, min_member 0 here). A ComputeDomain without a usable
+    channel template name or with a bad numNodes defines no gang (its pods are placed one by
+    one, as before)."""
+    m = _meta(obj)
+    spec = dig(obj, "spec")
+    if m is None or not isinstance(spec, Mapping):
+        return []
+    template = _name(dig(spec, "channel", "resourceClaimTemplate", "name"))
+    raw = spec.get("numNodes", 0)
+    nodes = 0 if raw == 0 and not isinstance(raw, bool) else _json_count(raw)
+    if template is None or nodes is None:
+        return []
+    ref = _ref("ComputeDomain", api_version, *m)
+    return [Group(f"{m[0]}/{COMPUTE_DOMAIN}{m[1]}", nodes, GPU_CLIQUE, ref, claim_template=template)]
+
+
+def compute_domain_gangs(
+    pods: Iterable[tuple[str, str, Sequence[str]]], index: Mapping[str, Group]
+) -> dict[str, tuple[Group, int]]:
+    """The ComputeDomain gang of each pod that names one's channel template: pod key ->
+    (its ComputeDomain's Group, the quorum). `pods` are (pod key, namespace, the pod's
+    `resourceClaimTemplateName`s in spec order); the first template that is a ComputeDomain's
+    decides. The quorum is the domain's `numNodes`, or with numNodes 0 (upstream's default) the
+    number of its pods seen now, so the gang is planned as a whole once they all exist and a
+    pod created later joins its mates' clique (the bound members pin the domain)."""
+    by_template = {
+        f"{key.partition('/')[0]}/{g.claim_template}": g for key, g in index.items() if g.claim_template
+    }
+    if not by_template:
+        return {}
+    found: dict[str, Group] = {}
+    for pod, namespace, templates in pods:
+        for t in templates:
+            g = by_template.get(f"{namespace}/{t}")
+            if g is not None:
+                found[pod] = g
+                break
+    seen: dict[str, int] = {}
+    for g in found.values():
+        seen[g.key] = seen.get(g.key, 0) + 1
+    return {pod: (g, g.min_member or seen[g.key]) for pod, g in found.items()}
+
+
 def workload_key(gang_key: str) -> str:
     """A Workload member's key without its replica key: the Workload's pod group it counts by."""
     ns, _, rest = gang_key.partition("/")
@@ -914,10 +974,23 @@ COMPOSITE_API = Api(
 )
 TREE_APIS: tuple[tuple[Api, GroupParser], ...] = ((COMPOSITE_API, groups_k8s_composite),)
 
+#: The last gang source, after every one of `SOURCES`: NVIDIA's ComputeDomain, which a pod joins
+#: not by a name of its own but by claiming the domain's channel ResourceClaimTemplate, so only
+#: the sidecar, which sees the ComputeDomains, can tell (`compute_domain_gangs`). A pod that
+#: names a gang through `SOURCES` is that gang; the ComputeDomain then adds nothing.
+#: Discovered, optional (clusters without NVIDIA's DRA driver do not serve it).
+COMPUTE_DOMAIN_API = Api(
+    "computedomains", "resource.nvidia.com", ("v1beta1",), "computedomains", "ComputeDomain"
+)
+#: The source label of a ComputeDomain's gang (a pod's `GangRef.source` in the sidecar).
+COMPUTE_DOMAIN_LABEL = "resource.nvidia.com ComputeDomain"
+DOMAIN_APIS: tuple[tuple[Api, GroupParser], ...] = ((COMPUTE_DOMAIN_API, groups_compute_domain),)
+
 #: Every API the sidecar reads beside Nodes and Pods (its RBAC must allow get/list/watch on each).
 APIS: tuple[Api, ...] = (
     *(s.api for s in SOURCES if s.api is not None),
     *(api for api, _ in TREE_APIS),
+    *(api for api, _ in DOMAIN_APIS),
     *TOPOLOGY_APIS,
 )
 

@@ -28,7 +28,7 @@ from gputopo import jsonlog
 from gputopo.gang import sources as gangsources
 from gputopo.gang.sources import Api, Group, GroupParser
 from scheduler import sources
-from scheduler.model import PodInfo
+from scheduler.model import GangRef, PodInfo
 
 log = logging.getLogger("gputopo.scheduler.kube")
 
@@ -56,6 +56,7 @@ def _kind(api: Api, parse: GroupParser | None) -> Kind:
 KINDS: tuple[Kind, ...] = (
     *(_kind(s.api, s.parse) for s in gangsources.SOURCES if s.api is not None and s.api.discovered),
     *(_kind(api, parse) for api, parse in gangsources.TREE_APIS),
+    *(_kind(api, parse) for api, parse in gangsources.DOMAIN_APIS),
     *(_kind(api, None) for api in gangsources.TOPOLOGY_APIS),
 )
 
@@ -221,7 +222,7 @@ class ExtraKinds:
     def min_members(self) -> dict[str, int]:
         """The quorum of every gang a group object defines (a PodGroup inside a composite
         tree is no gang: its tree's root is)."""
-        return {k: g.min_member for k, g in self.group_index().items() if not g.root}
+        return {k: g.min_member for k, g in self.group_index().items() if not g.root and g.min_member >= 1}
 
     def levels(self, defaults: tuple[str, ...]) -> tuple[str, ...]:
         """() when the cluster has no Topology object (the configured levels apply)."""
@@ -232,16 +233,22 @@ class ExtraKinds:
         """The pods with what their group objects say filled in: the minimum (Workload replicas
         count by their Workload's pod group), the group's topology key as the required level
         unless gputopo's own annotations set the levels, Volcano's tier, and the group's tree
-        (`with_group`). The same dict when nothing applies."""
+        (`with_group`); a pod that names no gang but claims a ComputeDomain's channel template
+        is in that domain's gang (`with_compute_domain`). The same dict when nothing applies."""
         cached = self._resolved
         if cached is not None and cached[0] is pods and cached[1] == self._version:
             return cached[2]
         index = self.group_index()
         out = pods
         if index:
+            domains = gangsources.compute_domain_gangs(
+                ((k, p.namespace, p.claim_templates) for k, p in pods.items() if p.gang is None),
+                index,
+            )
             changed: dict[str, PodInfo] = {}
             for key, p in pods.items():
-                new = with_group(p, index)
+                found = domains.get(key)
+                new = with_group(p, index) if found is None else with_compute_domain(p, *found)
                 if new is not p:
                     changed[key] = new
             if changed:
@@ -302,6 +309,23 @@ def with_group(p: PodInfo, index: Mapping[str, Group]) -> PodInfo:
             subgroup_source="group",
         )
     return p if new == g else replace(p, gang=new)
+
+
+def with_compute_domain(p: PodInfo, group: Group, quorum: int) -> PodInfo:
+    """A pod that names no gang of its own in its ComputeDomain's gang: the domain's key, the
+    quorum `compute_domain_gangs` gave, required in one domain of the domain's level (the NVLink
+    clique), so every member lands where the domain's IMEX channel reaches."""
+    gang = GangRef(
+        group.key,
+        quorum,
+        group.required_level,
+        None,
+        gangsources.COMPUTE_DOMAIN_LABEL,
+        "group",
+    )
+    if group.profile is not None and p.profile is None:
+        p = replace(p, profile=group.profile)
+    return replace(p, gang=gang)
 
 
 def _object_key(obj: Mapping[str, Any]) -> str | None:
