@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gputopo.gang import sources as gangsources
+from gputopo.gang.hypernodes import HyperNode
 from gputopo.gang.planner import SubGroup
 from gputopo.gang.sources import Tier
 from gputopo.jobtime.profiles import Profile, ProfileError, declared_profile
@@ -45,6 +47,11 @@ class GangRef:
     named: str = ""
     #: Volcano's networkTopology tier, mapped onto a level when the gang is planned
     tier: Tier | None = None
+    #: the pod's labels, kept for a gang whose group object selects sub-groups by label
+    #: (Volcano's `subGroupPolicy[]`: `gputopo.gang.sources.partition_of`); () for others
+    labels: tuple[tuple[str, str], ...] = ()
+    #: Volcano: (sub-group, tier) of the pod's partition, mapped onto a level when planned
+    subgroup_tiers: tuple[tuple[str, Tier], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,8 @@ class Snapshot:
     #: node -> pods seen ending there whose GPUs its annotation still lists: those count as free
     ended: Mapping[str, frozenset[str]] = field(default_factory=dict)
     levels: tuple[str, ...] = ()  # network levels the cluster defines (Topology objects); () = configured
+    #: Volcano's HyperNodes (which level each tier is: gputopo/gang/hypernodes.py); () = none
+    hypernodes: tuple[HyperNode, ...] = ()
 
 
 def _obj(value: Any, where: str) -> Mapping[str, Any]:
@@ -296,6 +305,7 @@ def _gang(
         raise BadInput(str(e)) from None
     if g is None:
         return None
+    kept = tuple(sorted(labels.items()))[:MAX_KEPT_LABELS] if g.source in LABELLED_SOURCES else ()
     return GangRef(
         g.key,
         g.min_member,
@@ -306,7 +316,13 @@ def _gang(
         g.subgroup,
         g.groups,
         g.subgroup_source,
+        labels=kept,
     )
+
+
+#: Gang sources whose group objects select sub-groups by pod label (Volcano's subGroupPolicy)
+LABELLED_SOURCES = frozenset(s.label for s in gangsources.SOURCES if s.name == "volcano")
+MAX_KEPT_LABELS = 64
 
 
 def parse_node_names(args: Mapping[str, Any]) -> tuple[list[str], bool]:

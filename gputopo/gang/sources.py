@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gputopo.gang.hypernodes import HyperTiers, Selector, label_selector
 from gputopo.gang.planner import SubGroup
 from gputopo.jobtime.profiles import Profile, ProfileError, declared_profile
 from gputopo.network.levels import GPU_CLIQUE, HOSTNAME, is_label_key
@@ -151,6 +152,8 @@ class Group:
     min_groups: int | None = None
     #: Volcano's `networkTopology`: a tier, mapped onto the levels when planning (`tier_level`)
     tier: Tier | None = None
+    #: Volcano's `spec.subGroupPolicy[]` (its Jobs' partitionPolicy): pods' sub-groups by label
+    partitions: tuple[Partition, ...] = ()
     #: a ComputeDomain's channel ResourceClaimTemplate (in its namespace): its pods name this
     #: template in `spec.resourceClaims[].resourceClaimTemplateName` (`compute_domain_gangs`)
     claim_template: str = ""
@@ -472,27 +475,120 @@ def _tier(raw: Any) -> Tier | None:
     return None
 
 
-def tier_level(tier: Tier, levels: Sequence[str], labelled: Iterable[str]) -> str | None:
-    """The level a Volcano tier means: tier N is the N-th level counting up from the node among
-    the levels some node is labelled with (HyperNode label discovery converts levels "from bottom
-    to top, starting at tier 1", volcano docs/user-guide/how_to_use_hypernode_auto_discovery.md);
-    a tier name is a level when it is one of the levels' label keys. None: no such level (a
-    tier above every level spans the cluster: no constraint)."""
+def tier_level(
+    tier: Tier, levels: Sequence[str], labelled: Iterable[str], hyper: HyperTiers | None = None
+) -> str | None:
+    """The level a Volcano tier means. Where the cluster's HyperNodes describe the tier
+    (`hyper`, gputopo/gang/hypernodes.py), the level they map it to: a `highestTierName` is the
+    tier of the HyperNodes with that `spec.tierName`, tier N the smallest level one of whose
+    domains holds each tier-N HyperNode's nodes. Otherwise by the labels: tier N is the N-th level
+    counting up from the node among the levels some node is labelled with (HyperNode label
+    discovery converts levels "from bottom to top, starting at tier 1", volcano
+    docs/user-guide/how_to_use_hypernode_auto_discovery.md); a tier name is a level when it is
+    one of the levels' label keys. None: no such level (a tier above every level spans the
+    cluster: no constraint)."""
+    number = tier.number
     if tier.name is not None:
-        return tier.name if tier.name in levels else None
+        if tier.name in levels:
+            return tier.name
+        number = hyper.names.get(tier.name) if hyper is not None else None
+        if number is None:
+            return None
+    if hyper is not None and number in hyper.levels:
+        return hyper.levels[number]
     present = set(labelled)
     ordered = [lv for lv in levels if lv != HOSTNAME and lv in present]
-    n = tier.number or 0
+    n = number or 0
     return ordered[n - 1] if 1 <= n <= len(ordered) else None
 
 
+@dataclass(frozen=True)
+class Partition:
+    """One entry of a Volcano PodGroup's `spec.subGroupPolicy[]` (volcano-sh/apis
+    pkg/apis/scheduling/v1beta1/types.go `SubGroupPolicySpec`), which Volcano's job controller
+    writes for every Job task with a `partitionPolicy` (volcano-sh/volcano
+    pkg/controllers/job/job_controller_actions.go `getSubGroupPolicy`: name = the task,
+    subGroupSize = partitionSize, labelSelector `volcano.sh/task-spec: <task>`, matchLabelKeys
+    [`volcano.sh/partition-id`], networkTopology = the partition's). The pods it selects with
+    equal values of `keys` are one sub-group, kept within the tier."""
+
+    name: str
+    selector: Selector | None  # None: every pod of the gang (a nil labelSelector)
+    keys: tuple[str, ...]
+    size: int | None
+    tier: Tier | None
+
+
+#: Volcano Job pods' labels (volcano-sh/apis pkg/apis/batch/v1alpha1/labels.go)
+VOLCANO_TASK_LABEL = "volcano.sh/task-spec"
+VOLCANO_PARTITION_LABEL = "volcano.sh/partition-id"
+MAX_PARTITION_POLICIES = 64
+
+
+def _partitions(raw: Any) -> tuple[Partition, ...] | None:
+    """`spec.subGroupPolicy[]` as partitions; None when the list is unusable (a missing or
+    repeated name, a bad selector or size): the gang is then flat, never lost."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) > MAX_PARTITION_POLICIES:
+        return None
+    out: list[Partition] = []
+    for item in raw:
+        name = dig(item, "name")
+        if not isinstance(name, str) or not 0 < len(name) <= 253 or any(p.name == name for p in out):
+            return None
+        selector: Selector | None = None
+        raw_sel = dig(item, "labelSelector")
+        if raw_sel is not None:
+            if not isinstance(raw_sel, Mapping):
+                return None
+            parsed = label_selector(raw_sel)
+            if isinstance(parsed, str):
+                return None
+            selector = parsed if parsed.labels or parsed.expressions else None
+        keys = dig(item, "matchLabelKeys") or []
+        if not isinstance(keys, list) or len(keys) > 8 or not all(is_label_key(k) for k in keys):
+            return None
+        size_raw = dig(item, "subGroupSize")
+        size = None if size_raw is None else _json_count(size_raw)
+        if size_raw is not None and size is None:
+            return None
+        out.append(Partition(name, selector, tuple(keys), size, _tier(dig(item, "networkTopology"))))
+    return tuple(out)
+
+
+def partition_of(partitions: Sequence[Partition], labels: Mapping[str, str]) -> tuple[Partition, str] | None:
+    """The first partition policy that takes a pod with these labels, and the pod's sub-group
+    in it (`<policy>-<value>-<value>…`, the sub-job id of Volcano's scheduler,
+    pkg/scheduler/api/sub_job_info.go); None when none does (the pod is in the gang's root).
+    As Volcano (pkg/scheduler/api/job_info.go `getOrCreateSubJob`): the selector must match,
+    and the policy must have match keys, each a non-empty label of the pod (a policy without
+    keys takes no pod: Volcano's default sub-job)."""
+    for p in partitions:
+        if p.selector is not None and not p.selector.matches("", labels):
+            continue
+        values = [labels.get(k, "") for k in p.keys]
+        if values and all(values):
+            return p, f"{p.name}-{'-'.join(values)}"
+    return None
+
+
 def groups_volcano(obj: Mapping[str, Any], api_version: str) -> list[Group]:
-    """Volcano's PodGroup: `spec.minMember`, and `spec.networkTopology` as a tier (`Tier`); an
-    unusable networkTopology costs the gang its tier, never the gang."""
+    """Volcano's PodGroup: `spec.minMember`, `spec.networkTopology` as a tier (`Tier`), and
+    `spec.subGroupPolicy[]` as partitions (`Partition`, sub-groups of the gang each kept within
+    its own tier). An unusable networkTopology costs the gang its tier, an unusable
+    subGroupPolicy its partitions, never the gang."""
     found = _min_member_group(obj, api_version, VOLCANO)
     if not found:
         return []
-    return [replace(found[0], tier=_tier(dig(obj, "spec", "networkTopology")))]
+    partitions = _partitions(dig(obj, "spec", "subGroupPolicy"))
+    return [
+        replace(
+            found[0],
+            tier=_tier(dig(obj, "spec", "networkTopology")),
+            partitions=partitions or (),
+        )
+    ]
 
 
 def _kai_levels(constraint: Any) -> tuple[str | None, str | None]:
@@ -986,12 +1082,17 @@ COMPUTE_DOMAIN_API = Api(
 COMPUTE_DOMAIN_LABEL = "resource.nvidia.com ComputeDomain"
 DOMAIN_APIS: tuple[tuple[Api, GroupParser], ...] = ((COMPUTE_DOMAIN_API, groups_compute_domain),)
 
+#: Volcano's HyperNodes (cluster-scoped): which of our levels a Volcano tier is
+#: (gputopo/gang/hypernodes.py, `tier_level`). Discovered, optional.
+HYPERNODE_API = Api("volcano-hypernodes", "topology.volcano.sh", ("v1alpha1",), "hypernodes", "HyperNode")
+
 #: Every API the sidecar reads beside Nodes and Pods (its RBAC must allow get/list/watch on each).
 APIS: tuple[Api, ...] = (
     *(s.api for s in SOURCES if s.api is not None),
     *(api for api, _ in TREE_APIS),
     *(api for api, _ in DOMAIN_APIS),
     *TOPOLOGY_APIS,
+    HYPERNODE_API,
 )
 
 

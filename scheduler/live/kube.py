@@ -454,7 +454,9 @@ class KubeState:
             self._snap_ended = self._ended[1]
             levels = self.extra.levels(self.default_levels) if self.topology_levels else ()
             mins = {**self.extra.min_members(), **self._min}
-            self._snap = Snapshot(nodes, pods, mins, self._version, pod_gpus, self._snap_ended, levels)
+            self._snap = Snapshot(
+                nodes, pods, mins, self._version, pod_gpus, self._snap_ended, levels, self.extra.hypernodes()
+            )
             self._snap_at = now
             return self._snap
 
