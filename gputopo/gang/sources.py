@@ -40,7 +40,8 @@ Gangs as trees (docs/scheduler.md "Gangs as trees: what each API says"): a Compo
 (`scheduling.k8s.io/v1alpha3`) joins the PodGroups under it into one gang (`link`); KAI's
 `spec.subGroups[]` and label `kai.scheduler/subgroup-name` (`kai_tree`); Kueue's PodSet slices
 and PodSet group, gputopo's `gputopo.io/subgroup` (`pod_subgroup`); Volcano's
-`spec.networkTopology` tier (`Tier`, `tier_level`).
+`spec.networkTopology` tier (`Tier`, `tier_level`, with the HyperNodes of
+gputopo/gang/hypernodes.py) and `spec.subGroupPolicy[]` partitions (`Partition`, `partition_of`).
 """
 
 from __future__ import annotations
@@ -494,7 +495,7 @@ def tier_level(
         number = hyper.names.get(tier.name) if hyper is not None else None
         if number is None:
             return None
-    if hyper is not None and number in hyper.levels:
+    if hyper is not None and number is not None and number in hyper.levels:
         return hyper.levels[number]
     present = set(labelled)
     ordered = [lv for lv in levels if lv != HOSTNAME and lv in present]
