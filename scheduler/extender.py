@@ -576,7 +576,7 @@ def _with_resolved_gang(pod: PodInfo, snap: Snapshot) -> PodInfo:
     known = snap.pods.get(pod.key)
     if known is None or known.gang is None:
         return pod
-    if pod.gang is None:  # a gang only the cluster state tells: a ComputeDomain's (apikinds.py)
+    if pod.gang is None:  # a gang only the cluster state tells: a ComputeDomain's (live/kinds.py)
         same = (
             known.gang.source == gangsources.COMPUTE_DOMAIN_LABEL
             and known.claim_templates == pod.claim_templates

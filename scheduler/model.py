@@ -74,7 +74,7 @@ class PodInfo:
     claims: tuple[str, ...] = ()
     #: ResourceClaimTemplates the pod names (`spec.resourceClaims[].resourceClaimTemplateName`):
     #: a ComputeDomain's channel template makes the pod a member of that domain's gang
-    #: (scheduler/apikinds.py `ExtraKinds.resolve`)
+    #: (scheduler/live/kinds.py `ExtraKinds.resolve`)
     claim_templates: tuple[str, ...] = ()
     #: what the pod trains, when it (or its gang's group object) declares it: gputopo.io/profile,
     #: or gputopo.io/gradient-bytes and gputopo.io/compute-seconds (gputopo/jobtime/profiles.py)
