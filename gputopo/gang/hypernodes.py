@@ -170,33 +170,63 @@ def parse_hypernode(obj: Mapping[str, Any]) -> HyperNode | str:
     return HyperNode(name, tier, tier_name, tuple(members))
 
 
-def member_nodes(
-    hn: HyperNode, by_name: Mapping[str, HyperNode], nodes: Mapping[str, Mapping[str, str]]
-) -> frozenset[str]:
-    """The nodes (of `nodes`: name -> labels) a HyperNode holds, through nested HyperNodes
-    (a cycle or a chain deeper than MAX_DEPTH contributes nothing more)."""
-    out: set[str] = set()
+class Resolver:
+    """The nodes each HyperNode holds (of `nodes`: name -> labels), through nested HyperNodes,
+    each HyperNode resolved once and label selectors answered from an index of the nodes'
+    labels: the tier map is rebuilt whenever node labels change, for clusters of thousands of
+    nodes and hundreds of HyperNodes. A cycle or a chain deeper than MAX_DEPTH contributes
+    nothing more."""
 
-    def walk(h: HyperNode, path: frozenset[str]) -> None:
-        if h.name in path or len(path) >= MAX_DEPTH:
-            return
-        inner = path | {h.name}
-        for is_hyper, sel in h.members:
-            if is_hyper:
-                if sel.name:
-                    children = [by_name[sel.name]] if sel.name in by_name else []
-                else:
-                    children = [c for c in by_name.values() if sel.matches(c.name, {})]
-                for child in children:
-                    walk(child, inner)
-            elif sel.name:
-                if sel.name in nodes:
-                    out.add(sel.name)
+    def __init__(self, by_name: Mapping[str, HyperNode], nodes: Mapping[str, Mapping[str, str]]) -> None:
+        self.by_name, self.nodes = by_name, nodes
+        self._held: dict[str, frozenset[str]] = {}
+        self._index: dict[tuple[str, str], set[str]] | None = None
+
+    def _by_label(self) -> dict[tuple[str, str], set[str]]:
+        if self._index is None:
+            self._index = {}
+            for n, labels in self.nodes.items():
+                for kv in labels.items():
+                    self._index.setdefault(kv, set()).add(n)
+        return self._index
+
+    def select(self, sel: Selector) -> set[str]:
+        """The nodes a Node member's selector takes."""
+        if sel.name:
+            return {sel.name} if sel.name in self.nodes else set()
+        if sel.pattern is not None:
+            return {n for n in self.nodes if sel.pattern.search(n)}
+        if not sel.labels and not sel.expressions:
+            return set()
+        if sel.labels:
+            index = self._by_label()
+            sets = sorted((index.get(kv, set()) for kv in sel.labels), key=len)
+            found = set(sets[0]).intersection(*sets[1:])
+        else:
+            found = set(self.nodes)
+        return {n for n in found if all(_expression(self.nodes[n], *e) for e in sel.expressions)}
+
+    def held(self, hn: HyperNode, path: frozenset[str] = frozenset()) -> frozenset[str]:
+        """The nodes `hn` holds."""
+        known = self._held.get(hn.name)
+        if known is not None:
+            return known
+        if hn.name in path or len(path) >= MAX_DEPTH:
+            return frozenset()
+        inner = path | {hn.name}
+        out: set[str] = set()
+        for is_hyper, sel in hn.members:
+            if not is_hyper:
+                out |= self.select(sel)
+                continue
+            if sel.name:
+                children = [self.by_name[sel.name]] if sel.name in self.by_name else []
             else:
-                out.update(n for n, labels in nodes.items() if sel.matches(n, labels))
-
-    walk(hn, frozenset())
-    return frozenset(out)
+                children = [c for c in self.by_name.values() if sel.matches(c.name, {})]
+            for child in children:
+                out |= self.held(child, inner)
+        result = self._held[hn.name] = frozenset(out)
+        return result
 
 
 @dataclass(frozen=True)
@@ -218,23 +248,26 @@ class HyperTiers:
         tier-t HyperNode (a HyperNode holding no known node says nothing); a tier whose
         HyperNodes hold no known node is left to the label rule."""
         listed = list(hypernodes)[:MAX_HYPERNODES]
-        by_name = {h.name: h for h in listed}
+        resolver = Resolver({h.name: h for h in listed}, nodes)
         names: dict[str, int] = {}
         spans: dict[int, list[frozenset[str]]] = {}
         for h in listed:
             if h.tier_name:
                 names[h.tier_name] = h.tier
-            held = member_nodes(h, by_name, nodes)
+            held = resolver.held(h)
             if held:
                 spans.setdefault(h.tier, []).append(held)
         out: dict[int, str | None] = {}
         for tier, sets in spans.items():
             out[tier] = next(
-                (
-                    lv
-                    for lv in levels
-                    if all(len({domain_of(n, nodes[n], lv) for n in held}) == 1 for held in sets)
-                ),
-                None,
+                (lv for lv in levels if all(_one_domain(held, nodes, lv) for held in sets)), None
             )
         return cls(out, names)
+
+
+def _one_domain(held: frozenset[str], nodes: Mapping[str, Mapping[str, str]], level: str) -> bool:
+    """Whether every node of `held` is in one domain of `level` (stops at the first that is not)."""
+    it = iter(held)
+    first = next(it)
+    domain = domain_of(first, nodes[first], level)
+    return all(domain_of(n, nodes[n], level) == domain for n in it)
