@@ -22,6 +22,8 @@ Objects are shaped as upstream's:
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gputopo.gang import hypernodes as hn
 from gputopo.gang import sources as gangsources
@@ -277,3 +279,47 @@ def test_hyper_tiers_resolve_nested_members_labels_and_cycles() -> None:
     assert gangsources.tier_level(gangsources.Tier(True, number=2), levels, [TIER0, TIER1], tiers) == TIER1
     assert gangsources.tier_level(gangsources.Tier(True, name="nope"), levels, [TIER0], tiers) is None
     assert fk.EXTRA_KINDS["volcano-hypernodes"][2] == "hypernodes"
+
+
+# --- totality: any JSON costs its object only ----------------------------------------------------
+
+
+KEYS = st.sampled_from(
+    [
+        "metadata", "name", "spec", "tier", "tierName", "members", "type", "selector", "exactMatch",
+        "regexMatch", "pattern", "labelMatch", "matchLabels", "matchExpressions", "key", "operator",
+        "values", "minMember", "subGroupPolicy", "subGroupSize", "labelSelector", "matchLabelKeys",
+        "networkTopology", "mode", "highestTierAllowed", "highestTierName", "Node", "HyperNode", "In",
+    ]
+)  # fmt: skip
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-2, 4)
+    | st.text(max_size=6)
+    | st.sampled_from(["Node", "HyperNode", "n1"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYS, inner, max_size=5),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    objs=st.lists(JSON, max_size=4),
+    labels=st.dictionaries(st.text(max_size=8), st.text(max_size=4), max_size=3),
+)
+def test_hypernode_and_partition_readers_are_total(objs, labels) -> None:
+    """Any JSON: a HyperNode or its reason, a tier map, a Volcano PodGroup (maybe without
+    partitions), a ComputeDomain or none; never an exception."""
+    parsed = []
+    for obj in objs:
+        doc = obj if isinstance(obj, dict) else {"spec": obj}
+        got = hn.parse_hypernode(doc)
+        assert isinstance(got, (str, hn.HyperNode))
+        if isinstance(got, hn.HyperNode):
+            parsed.append(got)
+        for g in gangsources.groups_volcano({"metadata": {"name": "g"}, **doc}, "v"):
+            gangsources.partition_of(g.partitions, labels)
+        gangsources.groups_compute_domain({"metadata": {"name": "cd"}, **doc}, "v")
+    nodes = {"n1": labels, "n2": {}}
+    hn.HyperTiers.build(parsed, nodes, ("kubernetes.io/hostname", TIER0, TIER1))
