@@ -33,8 +33,10 @@ from dataclasses import dataclass, field, replace
 from gputopo import jsonlog
 from gputopo.gang import sources as gangsources
 from gputopo.gang.asks import Decision, Event, GangAsk, GangMember, Planned, Refused
+from gputopo.gang.hypernodes import HyperTiers
 from gputopo.gang.planner import GangPlan, SubGroup
 from gputopo.gang.reservations import Assumed, Reservations
+from gputopo.gang.sources import Tier
 from gputopo.gang.tracker import GangTracker
 from gputopo.jobtime.profiles import Profile
 from gputopo.network.levels import NetworkIndex
@@ -115,6 +117,7 @@ class Extender:
         #: the levels some node is labelled with, for the network index they were read from
         #: (Volcano's tiers count only those: `_labelled_levels`)
         self._labelled: tuple[NetworkIndex, frozenset[str]] | None = None
+        self._hyper: tuple[NetworkIndex, object, HyperTiers] | None = None
 
     @property
     def reservations(self) -> Reservations:
@@ -249,10 +252,18 @@ class Extender:
         )
         need = g.min_member or snap.min_members.get(g.key)
         required, preferred = g.required_level, g.preferred_level
-        if g.tier is not None:  # Volcano: a tier, the N-th level up from the node
+        tiers = dict(g.subgroup_tiers)
+        for m in known:
+            if m.gang is not None:
+                for name, t in m.gang.subgroup_tiers:
+                    tiers.setdefault(name, t)
+        if g.tier is not None or tiers:  # Volcano: tiers, mapped onto our levels
             net = self.cache.network(snap)
-            level = gangsources.tier_level(g.tier, net.levels, self._labelled_levels(net, snap))
-            required, preferred = (level, None) if g.tier.hard else (None, level)
+            labelled, hyper = self._labelled_levels(net, snap), self._hyper_tiers(net, snap)
+            if g.tier is not None:
+                level = gangsources.tier_level(g.tier, net.levels, labelled, hyper)
+                required, preferred = (level, None) if g.tier.hard else (None, level)
+            groups = tuple(_tiered(s, tiers.get(s.name), net.levels, labelled, hyper) for s in groups)
         return GangAsk(
             g.key,
             pod.key,
@@ -264,6 +275,17 @@ class Extender:
             pod.profile,
             groups,
         )
+
+    def _hyper_tiers(self, net: NetworkIndex, snap: Snapshot) -> HyperTiers | None:
+        """What the cluster's Volcano HyperNodes say each tier is, rebuilt when the network index
+        (node labels) or the HyperNodes change; None without HyperNodes."""
+        if not snap.hypernodes:
+            return None
+        kept = self._hyper
+        if kept is None or kept[0] is not net or kept[1] is not snap.hypernodes:
+            labels = {name: snap.nodes[name].labels for name in net.nodes if name in snap.nodes}
+            kept = self._hyper = (net, snap.hypernodes, HyperTiers.build(snap.hypernodes, labels, net.levels))
+        return kept[2]
 
     def _labelled_levels(self, net: NetworkIndex, snap: Snapshot) -> frozenset[str]:
         """The levels of `net` some node carries a label for, read once per network index (it is
@@ -552,11 +574,34 @@ def _with_resolved_gang(pod: PodInfo, snap: Snapshot) -> PodInfo:
     """The pod with its gang as the cluster state resolved it (minimum and topology key from
     the gang's group object, scheduler/live/kinds.py); kube-scheduler's copy has only the pod."""
     known = snap.pods.get(pod.key)
-    if pod.gang is None or known is None or known.gang is None:
+    if known is None or known.gang is None:
         return pod
+    if pod.gang is None:  # a gang only the cluster state tells: a ComputeDomain's (live/kinds.py)
+        same = (
+            known.gang.source == gangsources.COMPUTE_DOMAIN_LABEL
+            and known.claim_templates == pod.claim_templates
+        )
+        return replace(pod, gang=known.gang) if same else pod
     if (known.gang.named or known.gang.key) != pod.gang.key:
         return pod
     return pod if known.gang == pod.gang else replace(pod, gang=known.gang)
+
+
+def _tiered(
+    group: SubGroup,
+    tier: Tier | None,
+    levels: Sequence[str],
+    labelled: frozenset[str],
+    hyper: HyperTiers | None,
+) -> SubGroup:
+    """A sub-group with its Volcano tier (a partition's networkTopology) as its level: required
+    when hard, preferred when soft; a tier that is no level leaves it unconstrained."""
+    if tier is None:
+        return group
+    level = gangsources.tier_level(tier, levels, labelled, hyper)
+    return replace(
+        group, required_level=level if tier.hard else None, preferred_level=None if tier.hard else level
+    )
 
 
 def gang_tree(pod: PodInfo, members: list[PodInfo]) -> tuple[SubGroup, ...]:

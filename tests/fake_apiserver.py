@@ -37,6 +37,8 @@ EXTRA_KINDS: dict[str, tuple[str, str, str]] = {
     "k8s-compositepodgroups": ("scheduling.k8s.io", "v1alpha3", "compositepodgroups"),
     "volcano-podgroups": ("scheduling.volcano.sh", "v1beta1", "podgroups"),
     "kai-podgroups": ("scheduling.run.ai", "v2alpha2", "podgroups"),
+    "computedomains": ("resource.nvidia.com", "v1beta1", "computedomains"),
+    "volcano-hypernodes": ("topology.volcano.sh", "v1alpha1", "hypernodes"),
     "kueue-topologies": ("kueue.x-k8s.io", "v1beta1", "topologies"),
     "kai-topologies": ("kai.scheduler", "v1alpha1", "topologies"),
     # DRA (built in from Kubernetes 1.34; absent on older clusters)

@@ -461,7 +461,15 @@ class KubeState:
             levels = self.extra.levels(self.default_levels) if self.topology_levels else ()
             mins = {**self.extra.min_members(), **self._min}
             self._snap = Snapshot(
-                nodes, pods, mins, self._version, pod_gpus, self._snap_ended, levels, self._labels_version
+                nodes,
+                pods,
+                mins,
+                self._version,
+                pod_gpus,
+                self._snap_ended,
+                levels,
+                self.extra.hypernodes(),
+                labels_version=self._labels_version,
             )
             self._snap_at = now
             return self._snap

@@ -104,10 +104,12 @@ def _node_info_unguarded(
 
 def relevant_pod(pod: PodInfo | None) -> PodInfo | None:
     """The pods the planner needs: active ones with GPUs, in a gang, or with ResourceClaims
-    (their GPUs are known once the claims are: scheduler/live/dra.py)."""
+    (their GPUs are known once the claims are: scheduler/live/dra.py) or claim templates (a
+    ComputeDomain's channel: its gang)."""
     if pod is None:
         return None
-    return pod if (pod.gpus > 0 or pod.gang is not None or pod.claims) and pod.active else None
+    wanted = pod.gpus > 0 or pod.gang is not None or pod.claims or pod.claim_templates
+    return pod if wanted and pod.active else None
 
 
 def parsed_pod(obj: dict[str, Any], resource: str) -> PodInfo | None:
