@@ -41,6 +41,7 @@ import operator
 from collections.abc import Callable, Collection, Mapping, Sequence, Set
 from dataclasses import dataclass
 
+from gputopo.gang import explain
 from gputopo.gang.asks import Decision, Event, GangAsk, Planned, Refused, Wait
 from gputopo.gang.levelwait import LevelWait, OwnLevels
 from gputopo.gang.planner import GangPlan, GangSpec, Member, plan_gang
@@ -374,18 +375,24 @@ class GangTracker:
                 for p in result.placements
             ]
         )
+        if result.tree:  # a tree: where each sub-group went and why (`gang.explain`)
+            reason = explain.plan_text(result.tree, offered=len(offer))
+            tree: dict[str, object] = {"tree": result.tree, "offered": len(offer)}
+        else:
+            reason = (
+                result.why
+                or f"smallest level whose one domain holds all {len(result.placements)} pending members"
+            ) + f", within the {len(offer)} nodes offered"
+            tree = {}
         self._emit(
             "plan",
             gang,
-            (
-                result.why
-                or f"smallest level whose one domain holds all {len(result.placements)} pending members"
-            )
-            + f", within the {len(offer)} nodes offered",
+            reason,
             level=result.level,
             domain=result.domain,
             nodes=sorted({p.node for p in result.placements}),
             members=len(result.placements),
+            **tree,
         )
         return result
 
