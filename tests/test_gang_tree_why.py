@@ -310,6 +310,7 @@ def test_a_jobset_shaped_tree_names_each_sub_groups_domain_in_its_events_and_why
         }
         assert tree["stuck"] is None and tree["omitted"] == 0
         assert all(m["subgroup"] for m in doc["gang"]["members"])
+        EXAMPLE["json"] = doc
         # kept for the worked example (docs/gang.md), checked there verbatim
         EXAMPLE["why"] = why(capsys, c, monkeypatch, "train-0-0").rstrip("\n")
         EXAMPLE["events"] = [
@@ -358,6 +359,7 @@ def test_a_waiting_tree_names_the_sub_group_that_cannot_be_placed(tmp_path, caps
         doc = json.loads(why(capsys, c, monkeypatch, "train-0-1", "-o", "json"))
         assert doc["gang"]["tree"]["state"] == "waiting" and doc["gang"]["tree"]["root"] is None
         assert doc["gang"]["tree"]["stuck"]["path"] == "podgroup:train-1"
+        EXAMPLE["json_waiting"] = doc
 
 
 def test_a_flat_podgroup_has_no_tree_in_why(tmp_path, capsys, monkeypatch) -> None:
@@ -495,3 +497,40 @@ def test_the_worked_example_yaml_is_what_the_test_places() -> None:
     assert (meta(pod), pod["spec"]["schedulingGroup"]) == (meta(pods[0]), pods[0]["spec"]["schedulingGroup"])
     (container,) = pod["spec"]["containers"]
     assert container["resources"]["limits"] == {"nvidia.com/gpu": 8}
+
+
+def test_every_tree_field_docs_kubectl_gputopo_md_names_is_written_and_every_written_one_named(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """docs/kubectl-gputopo.md's `gang.tree` table against what `why -o json` writes: the same
+    top-level fields, and per object field (`root`, `subgroups[]`, `stuck`, `event`) the same
+    keys."""
+    if "json" not in EXAMPLE:
+        (tmp_path / "planned").mkdir()
+        test_a_jobset_shaped_tree_names_each_sub_groups_domain_in_its_events_and_why(
+            tmp_path / "planned", capsys, monkeypatch
+        )
+    if "json_waiting" not in EXAMPLE:
+        (tmp_path / "waiting").mkdir()
+        test_a_waiting_tree_names_the_sub_group_that_cannot_be_placed(
+            tmp_path / "waiting", capsys, monkeypatch
+        )
+    text = (ROOT / "docs" / "kubectl-gputopo.md").read_text()
+    table = text[text.index("<!-- tree-fields -->") :].split("\n\n", 1)[0]
+    rows: dict[str, str] = {}
+    for line in table.splitlines()[3:]:
+        first, meaning = line.split("|")[1:3]
+        for name in re.findall(r"`([a-z_]+)`", first):
+            rows[name] = meaning
+    tree, waiting = EXAMPLE["json"]["gang"]["tree"], EXAMPLE["json_waiting"]["gang"]["tree"]
+    assert set(rows) == set(tree) == set(waiting)
+    written = {
+        "root": tree["root"],
+        "subgroups": tree["subgroups"][0],
+        "event": tree["event"],
+        "stuck": waiting["stuck"],
+    }
+    for field, value in written.items():
+        named = set(re.findall(r"`([a-z_]+)`", rows[field]))
+        assert named == set(value), field
+    assert "subgroup" in EXAMPLE["json"]["gang"]["members"][0] and "`gang.members[].subgroup`" in text
