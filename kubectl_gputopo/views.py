@@ -664,6 +664,8 @@ def tree_document(
         return None
     meta = _meta(pod)
     subgroups = {_str(_meta(m).get("name")): _subgroup_of(m, namespace, tree) for m in members}
+    obj: str | None
+    quorum: int | None
     if tree is not None:
         obj, quorum = tree.object, tree.root.min_member
     elif gang_object is not None and obj_group is not None:

@@ -77,7 +77,8 @@ def paths(tree: Sequence[Placed]) -> dict[str, str]:
     parent = {p.name: p.parent for p in tree if p.name}
     out: dict[str, str] = {}
     for name in parent:
-        chain, at, seen = [], name, set()
+        chain: list[str] = []
+        at, seen = name, set()
         while at and at not in seen and len(chain) <= len(parent):
             seen.add(at)
             chain.append(at)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Collection, Mapping, Sequence, Set
 from dataclasses import dataclass
+from typing import Any
 
 from gputopo.gang import explain
 from gputopo.gang.asks import Decision, Event, GangAsk, Planned, Refused, Wait
@@ -377,7 +378,7 @@ class GangTracker:
         )
         if result.tree:  # a tree: where each sub-group went and why (`gang.explain`)
             reason = explain.plan_text(result.tree, offered=len(offer))
-            tree: dict[str, object] = {"tree": result.tree, "offered": len(offer)}
+            tree: dict[str, Any] = {"tree": result.tree, "offered": len(offer)}
         else:
             reason = (
                 result.why

@@ -19,6 +19,12 @@ CompositePodGroup, KAI's `subGroups[]`, Kueue's slices and Volcano's partitions 
   cluster objective, the level by predicted job time); members directly in a group are planned
   the same way over the group's domain, after its sub-groups.
 
+The plan says where every sub-group went and why (`GangPlan.tree`, worded by
+`gputopo.gang.explain`: its domain, how its level came about, a fall-back's cause, the flat
+planner's predicted-job-time reason); a tree that does not fit names the sub-group that could
+not be placed (`NoPlan.group`, and in its reason), since "does not fit" alone leaves an operator
+guessing which of a dozen sub-groups is the problem.
+
 A flat gang (no sub-groups) never comes here: `plan_gang` plans it exactly as before. Members
 already bound (`GangSpec.bound`) pin each sub-group with a required level to the domain they
 are in, so a re-plan never splits it. What this does not do: search jointly across siblings
@@ -280,7 +286,7 @@ def _pods_below(tree: _Tree, name: str) -> int:
 
 def _path(tree: _Tree, name: str) -> str:
     """`name`'s path from the root ("parent/child")."""
-    chain = []
+    chain: list[str] = []
     at = name
     while at and len(chain) <= MAX_DEPTH:
         chain.append(at)
@@ -335,11 +341,11 @@ def _place_child(
             why = _stuck(tree, name, within, f"no {_short(level)} domain in it has its {total} GPUs free")
         for domain, members in domains:
             kept = dict(tree.free)
-            got = _place(tree, name, members, depth, _within(level, domain))
-            if isinstance(got, dict):
-                tree.placed[name] = _placed(tree, name, level, domain, got, asked, fell if i else "")
-                return got
-            why = got
+            sub = _place(tree, name, members, depth, _within(level, domain))
+            if isinstance(sub, dict):
+                tree.placed[name] = _placed(tree, name, level, domain, sub, asked, fell if i else "")
+                return sub
+            why = sub
             tree.free = kept
         if i == 0 and g.preferred_level is not None:
             fell = _fell_back(level, bool(domains), total)
