@@ -650,6 +650,8 @@ def tree_document(
     plan: dict[str, Any] | None = None
     stuck: dict[str, str] | None = None
     source: Mapping[str, Any] | None = None
+    own: tuple[dict[str, Any], Mapping[str, Any]] | None = None  # this pod's own GangPlanned entry
+    me = f"pod/{_str(_meta(pod).get('name'))}"
     for row in reversed(rows):  # newest first
         if row["from"] != SCHEDULER_COMPONENT or row["reason"] not in TREE_REASONS:
             continue
@@ -657,9 +659,18 @@ def tree_document(
             stuck = explain.parse_stuck(row["message"])
         else:
             plan = explain.parse_plan(row["message"])
+            entry = explain.parse_own(row["message"]) if row["object"] == me and own is None else None
+            if entry is not None:
+                own = (entry, row)
         if plan is not None or stuck is not None:
             source = row
             break
+    if plan is None and own is not None and (stuck is None or _newer(own[1], source)):
+        # no tree Event on a group object newer than the pod's own (a tree without one: Kueue
+        # slices, gputopo.io/subgroup on a gang with none): the pod's own Event still says
+        # where its sub-group went
+        stuck, source = None, own[1]
+        plan = {"subgroups": [own[0]], "omitted": 0, "omitted_nodes": 0, "own_only": True}
     if tree is None and not kind_tree and not gang.subgroup and source is None:
         return None
     meta = _meta(pod)
@@ -690,8 +701,17 @@ def tree_document(
     if plan is not None:
         doc["subgroups"] = plan.pop("subgroups")
         doc["omitted"], doc["omitted_nodes"] = plan.pop("omitted"), plan.pop("omitted_nodes")
-        doc["root"] = plan
+        doc["root"] = None if plan.pop("own_only", False) else plan
     return doc, subgroups
+
+
+def _newer(a: Mapping[str, Any], b: Mapping[str, Any] | None) -> bool:
+    """Whether Event row `a` is newer than `b` (rows without a time count as oldest)."""
+    if b is None:
+        return True
+    return (a["time"] if a["time"] is not None else -math.inf) > (
+        b["time"] if b["time"] is not None else -math.inf
+    )
 
 
 def _render_tree(tree: Mapping[str, Any], gang: Mapping[str, Any]) -> list[str]:
@@ -704,17 +724,21 @@ def _render_tree(tree: Mapping[str, Any], gang: Mapping[str, Any]) -> list[str]:
     event = tree["event"]
     said = f" (the sidecar's {event['reason']} Event on {event['object']})" if event else ""
     root = tree["root"]
-    if root is not None:
-        head = f"  planned{said}:"
-        lines.append(head)
-        label = tree["object"] or f"gang {gang['name']}"
-        text = f"    {label} {explain.ARROW} {root['domain']} ({root['level']}, {root['how']})"
-        text += f" on {root['node_count']} nodes"
-        if root["offered"] is not None:
-            text += f", within the {root['offered']} nodes offered"
-        if root["why"]:
-            text += f": {root['why']}"
-        lines.append(text)
+    if tree["state"] == "planned":
+        lines.append(f"  planned{said}:")
+        if root is not None:
+            label = tree["object"] or f"gang {gang['name']}"
+            text = f"    {label} {explain.ARROW} {root['domain']} ({root['level']}, {root['how']})"
+            text += f" on {root['node_count']} nodes"
+            if root["offered"] is not None:
+                text += f", within the {root['offered']} nodes offered"
+            if root["why"]:
+                text += f": {root['why']}"
+            lines.append(text)
+        else:
+            lines.append(
+                "    (the tree's own Event is on no group object: only this pod's sub-group is known)"
+            )
         for g in tree["subgroups"]:
             nodes = ",".join(g["nodes"]) + (f",+{g['more_nodes']}" if g["more_nodes"] else "")
             line = (

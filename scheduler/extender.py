@@ -544,7 +544,7 @@ def _planned_message(plan: GangPlan | None, gang: str, node: str, pod: str = "")
     )
     mine = next((p for p in plan.tree[1:] if pod in p.pods), None)
     if mine is not None:
-        text += f"; its sub-group {explain.entry(mine, explain.paths(plan.tree)[mine.name], bounded=True)}"
+        text += explain.OWN_SUBGROUP + explain.entry(mine, explain.paths(plan.tree)[mine.name], bounded=True)
     return text
 
 

@@ -534,3 +534,99 @@ def test_every_tree_field_docs_kubectl_gputopo_md_names_is_written_and_every_wri
         named = set(re.findall(r"`([a-z_]+)`", rows[field]))
         assert named == set(value), field
     assert "subgroup" in EXAMPLE["json"]["gang"]["members"][0] and "`gang.members[].subgroup`" in text
+
+
+# --- trees from other APIs, through `why`'s pure views -------------------------------------------
+
+
+def kai_pod(name: str, subgroup: str, node: str = "") -> dict:
+    return fk.pod(
+        "ml",
+        name,
+        8,
+        annotations={"pod-group-name": "g"},
+        labels={"kai.scheduler/subgroup-name": subgroup},
+        node_name=node,
+    )
+
+
+def test_why_prints_a_nested_kai_tree_indented_with_this_pods_sub_group_marked() -> None:
+    """A KAI PodGroup's `subGroups[]` two deep: the Event on the PodGroup (as `gang_event`
+    writes it) is read back into the tree, each level indented under its parent."""
+    from gputopo.gang.asks import Event
+    from kubectl_gputopo import views
+
+    kai = {
+        "apiVersion": "scheduling.run.ai/v2alpha2",
+        "kind": "PodGroup",
+        "metadata": {"namespace": "ml", "name": "g"},
+        "spec": {
+            "minMember": 4,
+            "subGroups": [
+                {"name": "rep"},
+                {"name": "tp0", "parent": "rep", "minMember": 2},
+                {"name": "tp1", "parent": "rep", "minMember": 2},
+            ],
+        },
+    }
+    tree = (
+        placed("", level=LEAF, domain="leaf-1", asked="", asked_level=None, nodes=4),
+        placed("rep", level=LEAF, domain="leaf-1", asked="", asked_level=None, nodes=4),
+        placed("tp0", "rep", level=CLIQUE, domain="cl.2"),
+        placed("tp1", "rep", level=CLIQUE, domain="cl.3", why="predicted 1.20 s per step here"),
+    )
+    written = gang_event(Event("plan", "ml/kai:g", "", "", {"tree": tree, "offered": 8}))
+    assert written is not None
+    events = [kt.event("ml", "PodGroup", "g", written[0], written[1], "2027-01-15T08:00:00Z", 1)]
+    pods = [kai_pod(f"w{i}", f"tp{i // 2}", f"n{i}") for i in range(4)]
+    pod = pods[3]
+    doc = views.why_document(pod, gang=views.gang_of(pod), gang_object=kai, members=pods, events=events)
+    text = views.render_why(doc, now=NOW)
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("tree "))
+    assert lines[at] == "tree PodGroup/g, quorum 4: this pod is in sub-group tp1"
+    assert (
+        lines[at + 2]
+        == "    PodGroup/g → leaf-1 (leaf, no level asked) on 4 nodes, within the 8 nodes offered"
+    )
+    assert lines[at + 3 : at + 6] == [
+        "      rep → leaf-1 (leaf, no level asked) on node-rep-0,node-rep-1,node-rep-2,node-rep-3",
+        "        tp0 → cl.2 (gpu.clique, required) on node-tp0-0,node-tp0-1",
+        "        tp1 → cl.3 (gpu.clique, required) on node-tp1-0,node-tp1-1: predicted 1.20 s per step here"
+        "  <- this pod",
+    ]
+    assert [g["path"] for g in doc["gang"]["tree"]["subgroups"]] == ["rep", "rep/tp0", "rep/tp1"]
+
+
+def test_a_tree_without_a_group_object_shows_the_pods_own_sub_group() -> None:
+    """Kueue slices have no group object: the sidecar writes the tree's Event on nothing, and
+    `why` shows what the pod's own GangPlanned Event says of its sub-group."""
+    from gputopo.gang.spec import GangPlan
+    from kubectl_gputopo import views
+    from scheduler.extender import _planned_message
+
+    labels = {"kueue.x-k8s.io/pod-group-name": "kq", "batch.kubernetes.io/job-completion-index": "1"}
+    annotations = {
+        "kueue.x-k8s.io/pod-group-total-count": "2",
+        "kueue.x-k8s.io/podset-slice-required-topology": CLIQUE,
+        "kueue.x-k8s.io/podset-slice-size": "2",
+    }
+    pod = fk.pod("ml", "w1", 8, labels=labels, annotations=annotations)
+    tree = (
+        placed("", level=CLIQUE, domain="cl.0", asked="", asked_level=None),
+        Placed(**{**placed("slice0-0").__dict__, "pods": ("ml/w0", "ml/w1")}),
+    )
+    plan = GangPlan("ml/kueue:kq", CLIQUE, "cl.0", (), tree=tree)
+    message = _planned_message(plan, "ml/kueue:kq", "node-slice0-0-1", "ml/w1")
+    events = [kt.event("ml", "Pod", "w1", "GangPlanned", message, "2027-01-15T08:00:00Z", 1)]
+    doc = views.why_document(pod, gang=views.gang_of(pod), gang_object=None, members=[pod], events=events)
+    got = doc["gang"]["tree"]
+    assert (got["object"], got["subgroup"], got["state"], got["root"]) == (None, "slice0-0", "planned", None)
+    lines = views.render_why(doc, now=NOW).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("tree"))
+    assert lines[at : at + 4] == [
+        "tree, quorum 2: this pod is in sub-group slice0-0",
+        "  planned (the sidecar's GangPlanned Event on pod/w1):",
+        "    (the tree's own Event is on no group object: only this pod's sub-group is known)",
+        "      slice0-0 → cl.slice0-0 (gpu.clique, required) on node-slice0-0-0,node-slice0-0-1  <- this pod",
+    ]

@@ -214,27 +214,44 @@ def parse_plan(message: str) -> dict[str, Any] | None:
             doc["omitted"] += int(more["groups"])
             doc["omitted_nodes"] += int(more["nodes"])
             continue
-        e = _ENTRY.match(part)
-        if e is None:
+        entry = parse_entry(part)
+        if entry is None:
             return None
-        path = e["path"]
-        nodes, extra = _node_list(e["nodes"])
-        parent, _, name = path.rpartition("/")
-        doc["subgroups"].append(
-            {
-                "name": name,
-                "path": path,
-                "parent": parent.rpartition("/")[2],
-                "depth": path.count("/") + 1,
-                "domain": e["domain"],
-                "level": e["level"],
-                "how": e["how"],
-                "why": e["why"] or "",
-                "nodes": nodes,
-                "more_nodes": extra,
-            }
-        )
+        doc["subgroups"].append(entry)
     return doc
+
+
+def parse_entry(text: str) -> dict[str, Any] | None:
+    """One sub-group as `entry` wrote it (name, path, parent, depth, domain, level, how, why,
+    nodes, more_nodes), or None when `text` is not one."""
+    e = _ENTRY.match(text.removesuffix(REPLANNED_SUFFIX))
+    if e is None:
+        return None
+    path = e["path"]
+    nodes, extra = _node_list(e["nodes"])
+    parent, _, name = path.rpartition("/")
+    return {
+        "name": name,
+        "path": path,
+        "parent": parent.rpartition("/")[2],
+        "depth": path.count("/") + 1,
+        "domain": e["domain"],
+        "level": e["level"],
+        "how": e["how"],
+        "why": e["why"] or "",
+        "nodes": nodes,
+        "more_nodes": extra,
+    }
+
+
+#: What the sidecar's GangPlanned Event on a tree member's pod appends (`scheduler/extender.py`).
+OWN_SUBGROUP = "; its sub-group "
+
+
+def parse_own(message: str) -> dict[str, Any] | None:
+    """The pod's own sub-group from its GangPlanned Event ("...; its sub-group ENTRY"), or None."""
+    at = message.find(OWN_SUBGROUP)
+    return None if at < 0 else parse_entry(message[at + len(OWN_SUBGROUP) :])
 
 
 def parse_stuck(message: str) -> dict[str, str] | None:
