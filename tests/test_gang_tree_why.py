@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import re
 import threading
@@ -324,7 +325,9 @@ def test_a_jobset_shaped_tree_names_each_sub_groups_domain_in_its_events_and_why
 EXAMPLE: dict[str, Any] = {}
 
 
-def test_a_waiting_tree_names_the_sub_group_that_cannot_be_placed(tmp_path, capsys, monkeypatch) -> None:
+def test_a_waiting_tree_names_the_sub_group_that_cannot_be_placed(
+    tmp_path, capsys, monkeypatch, caplog
+) -> None:
     """One leaf, cliques of three nodes, two nodes of the second busy: the leaf has room for
     the 32 GPUs, the first PodGroup gets a clique, the second finds no clique with two free
     nodes. Nothing binds; the Events and `why` name podgroup:train-1 and why."""
@@ -333,11 +336,15 @@ def test_a_waiting_tree_names_the_sub_group_that_cannot_be_placed(tmp_path, caps
         for i in range(6)
     ]
     objects, pods = jobset()
+    caplog.set_level(logging.INFO)
     with tree_cluster(tmp_path, nodes, objects, pods) as c:
         wait_until(lambda: len(c.state.snapshot().nodes["n4"].topology.allocated) == 8)
         names = sorted(c.state.snapshot().nodes)
         _, out = c.client.post("/filter", args(pods[0], names))
         assert out["NodeNames"] == [] and not c.api.bindings
+        # the log line carries the sub-group as a field of its own
+        (failed,) = [r for r in caplog.records if r.getMessage() == "plan_failed"]
+        assert failed.fields["subgroup"] == "podgroup:train-1"
         ((_, _, note),) = [e for e in c.events("CompositePodGroup") if e[1] == "GangUnschedulable"]
         stuck = explain.parse_stuck(note)
         assert stuck is not None and stuck["name"] == "podgroup:train-1", note
@@ -453,7 +460,7 @@ def doc_block(marker: str) -> str:
     return body.split("\n", 1)[1].rstrip("\n")
 
 
-def test_the_worked_example_in_docs_gang_md_is_this_output(tmp_path, capsys, monkeypatch) -> None:
+def test_the_worked_example_in_docs_gang_md_is_this_output(tmp_path, capsys, monkeypatch, caplog) -> None:
     """The `kubectl gputopo why` output and the Events docs/gang.md shows are what the code
     prints for the example's objects (regenerate with GPUTOPO_WRITE_EXAMPLE=1)."""
     if "why" not in EXAMPLE:  # run alone: make the outputs here
@@ -464,7 +471,7 @@ def test_the_worked_example_in_docs_gang_md_is_this_output(tmp_path, capsys, mon
     if "waiting" not in EXAMPLE:
         (tmp_path / "waiting").mkdir()
         test_a_waiting_tree_names_the_sub_group_that_cannot_be_placed(
-            tmp_path / "waiting", capsys, monkeypatch
+            tmp_path / "waiting", capsys, monkeypatch, caplog
         )
     events = "\n".join(f"{kind}/{name}  {reason}  {note}" for kind, name, reason, note in EXAMPLE["events"])
     blocks = {
@@ -500,7 +507,7 @@ def test_the_worked_example_yaml_is_what_the_test_places() -> None:
 
 
 def test_every_tree_field_docs_kubectl_gputopo_md_names_is_written_and_every_written_one_named(
-    tmp_path, capsys, monkeypatch
+    tmp_path, capsys, monkeypatch, caplog
 ) -> None:
     """docs/kubectl-gputopo.md's `gang.tree` table against what `why -o json` writes: the same
     top-level fields, and per object field (`root`, `subgroups[]`, `stuck`, `event`) the same
@@ -513,7 +520,7 @@ def test_every_tree_field_docs_kubectl_gputopo_md_names_is_written_and_every_wri
     if "json_waiting" not in EXAMPLE:
         (tmp_path / "waiting").mkdir()
         test_a_waiting_tree_names_the_sub_group_that_cannot_be_placed(
-            tmp_path / "waiting", capsys, monkeypatch
+            tmp_path / "waiting", capsys, monkeypatch, caplog
         )
     text = (ROOT / "docs" / "kubectl-gputopo.md").read_text()
     table = text[text.index("<!-- tree-fields -->") :].split("\n\n", 1)[0]
