@@ -637,3 +637,24 @@ def test_a_tree_without_a_group_object_shows_the_pods_own_sub_group() -> None:
         "    (the tree's own Event is on no group object: only this pod's sub-group is known)",
         "      slice0-0 → cl.slice0-0 (gpu.clique, required) on node-slice0-0-0,node-slice0-0-1  <- this pod",
     ]
+
+
+def test_an_event_note_is_cut_to_1_kib_of_utf8_never_inside_a_character() -> None:
+    """The API server counts a note's bytes; a tree's note carries "→" (3 bytes each)."""
+    from gputopo_kube.events import MAX_NOTE, bounded_note, v1_event
+
+    note = "x" + "→" * 600
+    cut = bounded_note(note)
+    assert len(cut.encode()) <= MAX_NOTE and note.startswith(cut) and len(cut) == 1 + (MAX_NOTE - 1) // 3
+    assert bounded_note("short → note") == "short → note"
+    body = v1_event(
+        {"kind": "Pod", "namespace": "ml", "name": "p"},
+        reason="GangPlanned",
+        note=note,
+        type_="Normal",
+        action="Scheduling",
+        controller="gputopo-scheduler",
+        instance="i",
+        at=NOW,
+    )
+    assert fk.event_problem(body, "ml", v1=True) == ""
