@@ -452,9 +452,9 @@ def test_a_large_tree_is_summarised_within_the_event_note_limit() -> None:
 # --- docs/gang.md's worked example ----------------------------------------------------------------
 
 
-def doc_block(marker: str) -> str:
-    """The fenced block right after `<!-- marker -->` in docs/gang.md."""
-    text = DOC.read_text()
+def doc_block(marker: str, doc: Path = DOC) -> str:
+    """The fenced block right after `<!-- marker -->` in `doc` (docs/gang.md)."""
+    text = doc.read_text()
     at = text.index(f"<!-- {marker} -->")
     body = text[at:].split("```", 2)[1]
     return body.split("\n", 1)[1].rstrip("\n")
@@ -487,6 +487,8 @@ def test_the_worked_example_in_docs_gang_md_is_this_output(tmp_path, capsys, mon
         DOC.write_text(text)
     for marker, body in blocks.items():
         assert doc_block(marker) == body, f"docs/gang.md's {marker} block drifted from the code's output"
+    sample = doc_block("tree-sample", ROOT / "docs" / "kubectl-gputopo.md")
+    assert f"\n{sample}\n" in EXAMPLE["why"], "docs/kubectl-gputopo.md's tree sample drifted from `why`"
 
 
 def test_the_worked_example_yaml_is_what_the_test_places() -> None:
