@@ -25,6 +25,8 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kubernetes import client
 
 from gputopo.gang import explain
@@ -660,3 +662,13 @@ def test_an_event_note_is_cut_to_1_kib_of_utf8_never_inside_a_character() -> Non
         at=NOW,
     )
     assert fk.event_problem(body, "ml", v1=True) == ""
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300), st.sampled_from(["", "tree in ", "sub-group ", "; its sub-group "]))
+def test_any_message_reads_back_as_a_tree_or_none_never_an_error(text: str, lead: str) -> None:
+    """Event notes are anyone's text: the readers answer a value or None, never raise."""
+    message = lead + text
+    for read in (explain.parse_plan, explain.parse_stuck, explain.parse_own, explain.parse_entry):
+        got = read(message)
+        assert got is None or isinstance(got, dict)
