@@ -17,7 +17,7 @@ Topology object as the live store does (each node's annotation encoded and decod
 each bind's re-published annotation costs the next filter), `--rounds` times.
 
 By default a rewrite keeps each node's Topology object, as the live store does since it
-compares a re-decoded topology with the one it holds (`scheduler.kubeobjects.same_topology`);
+compares a re-decoded topology with the one it holds (`scheduler.live.objects.same_topology`);
 `--decode` sends every rewrite through encode/decode and that function instead (slow to set up,
 and on code before it: what a rewrite cost the filter when every decode gave a new object).
 """
@@ -39,11 +39,11 @@ from gputopo.network.annotation import decode, encode
 from gputopo.network.cluster import generate_cluster
 from scheduler.extender import Extender
 from scheduler.model import NodeInfo, parse_pod
-from scheduler.state import FileState, from_cluster
+from scheduler.picture.feed import FileState, from_cluster
 
 Keep = Callable[[NodeInfo | None, NodeInfo], NodeInfo]
 try:
-    from scheduler.kubeobjects import same_topology
+    from scheduler.live.objects import same_topology
 
     keep: Keep = same_topology
 except ImportError:  # the code before it (for the side-by-side "before" run): a decode is new

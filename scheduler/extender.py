@@ -46,13 +46,13 @@ from gputopo.pod.objective import ClusterObjective, DemandMix
 from gputopo.pod.placement import node_scores
 from gputopo.pod.ringwait import RingWait
 from scheduler import defaults
-from scheduler.cache import ClusterCache
-from scheduler.events import EventSink, NullEvents, gang_event
-from scheduler.metrics import Metrics
 from scheduler.model import BadInput, PodInfo, Snapshot
-from scheduler.nodeclasses import NodeViews, reserved_reason
 from scheduler.nodeguard import NodeGuard
-from scheduler.state import BindError, ClusterState
+from scheduler.picture.cache import ClusterCache
+from scheduler.picture.classes import NodeViews, reserved_reason
+from scheduler.picture.feed import BindError, ClusterState
+from scheduler.report.events import EventSink, NullEvents, gang_event
+from scheduler.report.metrics import Metrics
 
 log = logging.getLogger("gputopo.scheduler")
 
@@ -550,7 +550,7 @@ def _planned_message(plan: GangPlan | None, gang: str, node: str, pod: str = "")
 
 def _with_claim_size(pod: PodInfo, snap: Snapshot) -> PodInfo:
     """A pod that asks for GPUs through ResourceClaims, sized as the cluster state sized it from
-    those claims (scheduler/dra.py); kube-scheduler's copy of the pod does not say."""
+    those claims (scheduler/live/dra.py); kube-scheduler's copy of the pod does not say."""
     if not pod.claims or pod.gpus:
         return pod
     known = snap.pods.get(pod.key)
@@ -559,7 +559,7 @@ def _with_claim_size(pod: PodInfo, snap: Snapshot) -> PodInfo:
 
 def _with_resolved_gang(pod: PodInfo, snap: Snapshot) -> PodInfo:
     """The pod with its gang as the cluster state resolved it (minimum and topology key from
-    the gang's group object, scheduler/apikinds.py); kube-scheduler's copy has only the pod."""
+    the gang's group object, scheduler/live/kinds.py); kube-scheduler's copy has only the pod."""
     known = snap.pods.get(pod.key)
     if pod.gang is None or known is None or known.gang is None:
         return pod

@@ -63,7 +63,7 @@ class PodInfo:
     #: sidecar taking over re-derives a waiting gang's wait clock (docs/operator.md "Failover")
     created: float | None = None
     #: ResourceClaims (names in the pod's namespace) the pod uses: its GPUs on a DRA cluster
-    #: when it asks through claims (sized by scheduler/dra.py from the claims' requests)
+    #: when it asks through claims (sized by scheduler/live/dra.py from the claims' requests)
     claims: tuple[str, ...] = ()
     #: what the pod trains, when it (or its gang's group object) declares it: gputopo.io/profile,
     #: or gputopo.io/gradient-bytes and gputopo.io/compute-seconds (gputopo/jobtime/profiles.py)

@@ -1,7 +1,7 @@
 """A small stand-in for the Kubernetes API server, for tests through the official client.
 
 It answers only what gputopo uses: list and watch of Nodes, Pods, PodGroups and the optional
-kinds of scheduler/apikinds.py (served only when a test asks for them, listed in `GET /apis`
+kinds of scheduler/live/kinds.py (served only when a test asks for them, listed in `GET /apis`
 discovery), with resourceVersions, paginated lists (`limit`/`continue`, a consistent snapshot
 per list, expirable tokens -> 410), `status.phase` field selectors (a watched object that stops
 matching arrives as DELETED, as from the real API server), watch bookmarks when asked for, 410

@@ -32,10 +32,10 @@ from kubernetes import client
 from gputopo.gang import explain
 from gputopo.gang.spec import Placed
 from gputopo.network.levels import CLUSTER
-from scheduler.events import EventEmitter, gang_event
 from scheduler.extender import Extender
-from scheduler.kube import KubeState
-from scheduler.server import Server
+from scheduler.live.kube import KubeState
+from scheduler.report.events import EventEmitter, gang_event
+from scheduler.web.server import Server
 from tests import fake_apiserver as fk
 from tests import test_kubectl_gputopo as kt
 from tests.test_gang_tree_sources import composite, podgroup

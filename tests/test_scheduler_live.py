@@ -16,8 +16,8 @@ from gputopo.network.annotation import encode, make
 from gputopo.node.topofile import load_preset
 from gputopo.node.topology import Topology
 from scheduler.extender import Extender
-from scheduler.kube import KubeState
-from scheduler.server import Server
+from scheduler.live.kube import KubeState
+from scheduler.web.server import Server
 from tests import fake_apiserver as fk
 from tests.test_scheduler_http import Client
 

@@ -2,7 +2,7 @@
 
 The layers and independence rules come from pyproject.toml's [tool.importlinter] contracts,
 the packages from its [tool.importlinter] root_packages, the core's and the node daemon's
-subpackages from their layers contracts inside `gputopo` and `deviceplugin`, each box's text from the first sentence of the package's (or
+subpackages from their layers contracts inside `gputopo`, `deviceplugin` and `scheduler`, each box's text from the first sentence of the package's (or
 module's) docstring, and every arrow from an import that exists in the code today between those
 packages (grimp, the graph import-linter itself checks). So the picture cannot drift from the code: `make diagram` rewrites it between
 the README's markers, and tests/test_architecture.py fails when the committed one differs.
@@ -110,6 +110,14 @@ def render() -> str:
         "",
     ]
     lines += _flowchart(plugin, graph, "deviceplugin.", "plugin", "dp_")[0]
+    sidecar = _layers(cfg, "scheduler")
+    lines += [
+        "",
+        "Inside the scheduler sidecar, `scheduler/` (the extender's verbs and live mode's store never "
+        "import each other; `python -m scheduler` joins them through `scheduler/picture/feed.py`):",
+        "",
+    ]
+    lines += _flowchart(sidecar, graph, "scheduler.", "sidecar", "sc_")[0]
     lines += ["", END]
     return "\n".join(lines)
 

@@ -5,7 +5,7 @@ A pod names its gang through Kubernetes' own Workload API, scheduler-plugins, th
 labels, Volcano, Kueue or KAI Scheduler. `SOURCES` lists them in precedence order (the first one
 a pod carries decides; docs/scheduler.md "Gang sources and levels"): for each, where the pod
 names it, the key space of its gangs, where its group object lives (API group, versions, plural,
-kind) and how that object gives the quorum. The sidecar (scheduler/sources.py, apikinds.py) and
+kind) and how that object gives the quorum. The sidecar (scheduler/sources.py, scheduler/live/kinds.py) and
 `kubectl gputopo why` both decide with `pod_gang` and the parsers here, and the RBAC rules of
 charts/ and deploy/ are tested against `APIS`, so a new gang source is one entry here (a reader
 and a parser) and its test.
@@ -169,7 +169,7 @@ class Api:
     """Where a kind of object beside the pods lives, as RBAC and the client name it.
 
     `reflector` is the sidecar's name for its watch (logs, readiness); `discovered`: the group is
-    optional and looked up in the API server's discovery (scheduler/apikinds.py) — the one that
+    optional and looked up in the API server's discovery (scheduler/live/kinds.py) — the one that
     is not (scheduler-plugins' PodGroup, design.md §5) has a watch of its own."""
 
     reflector: str

@@ -45,10 +45,11 @@ from typing import Any
 from gputopo.gang import explain
 from gputopo.gang.asks import Decision, Event, GangAsk, Planned, Refused, Wait
 from gputopo.gang.levelwait import LevelWait, OwnLevels
+from gputopo.gang.memo import PlanMemo
 from gputopo.gang.planner import GangPlan, GangSpec, Member, NoPlan, plan_gang
 from gputopo.gang.reservations import Reservation, Reservations
 from gputopo.network.levels import NetworkIndex, domain_of
-from gputopo.network.nodeview import ChoiceMemo, NodeView
+from gputopo.network.nodeview import NodeView
 from gputopo.node.policy import GpuPolicy
 from gputopo.pod.objective import ClusterObjective
 
@@ -110,7 +111,7 @@ class GangTracker:
         self._tree_offers: dict[str, frozenset[str]] = {}
         self._backoff: dict[str, _Backoff] = {}
         self._events: list[Event] = []
-        self._memo = ChoiceMemo()
+        self._memo = PlanMemo()
         self._first_seen: dict[str, float] = {}  # gang -> its first member's first filter
         self._own = OwnLevels()  # the gangs' own levels, kept per offer (capacity and labels)
         self._policies: dict[int, GpuPolicy] = {}  # id -> node policy the objective learned (`_learn`)
@@ -125,10 +126,10 @@ class GangTracker:
     def _emit(self, kind: str, gang: str, reason: str, cause: str = "", **fields: object) -> None:
         self._events.append(Event(kind, gang, reason, cause, fields))
 
-    def memo(self) -> ChoiceMemo:
-        """Allocator answers are pure in (allocator, free set, size): kept, within bounds."""
+    def memo(self) -> PlanMemo:
+        """Allocator answers and the planner's answers (`PlanMemo`): kept, within bounds."""
         if len(self._memo) > 200_000:
-            self._memo = ChoiceMemo()
+            self._memo = PlanMemo()
         return self._memo
 
     # ------------------------------------------------------------------ time and breakage

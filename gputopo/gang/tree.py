@@ -41,9 +41,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gputopo.gang import explain
+from gputopo.gang.memo import PlanMemo
 from gputopo.gang.spec import GangPlan, GangSpec, Member, NoPlan, Placed, SubGroup
 from gputopo.network.levels import CLUSTER, HOSTNAME, NetworkIndex, short_name, validate_levels
-from gputopo.network.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Placement, Quality
+from gputopo.network.nodeview import UNKNOWN_QUALITY, NodeView, Placement, Quality
 from gputopo.pod.objective import ClusterObjective
 
 #: Domains tried per sub-group with children (and per root level) before it counts as not
@@ -64,7 +65,7 @@ class _Tree:
     spec: GangSpec
     levels: tuple[str, ...]
     index: NetworkIndex
-    memo: ChoiceMemo
+    memo: PlanMemo
     objective: ClusterObjective | None
     flat: FlatPlanner  # `plan_gang`, handed in by `plan_tree`'s caller
     groups: dict[str, SubGroup]
@@ -90,7 +91,7 @@ def plan_tree(
     flat: FlatPlanner,
     *,
     index: NetworkIndex | None = None,
-    memo: ChoiceMemo | None = None,
+    memo: PlanMemo | None = None,
     objective: ClusterObjective | None = None,
 ) -> GangPlan | NoPlan:
     """Plan every pending member of a gang with sub-groups (module docstring), or NoPlan with
@@ -102,7 +103,7 @@ def plan_tree(
         return NoPlan(spec.key, problem)
     if index is None:
         index = NetworkIndex.build(((v.name, v.labels) for v in nodes), levels)
-    tree = _index(spec, levels, index, memo if memo is not None else ChoiceMemo(), objective, flat)
+    tree = _index(spec, levels, index, memo if memo is not None else PlanMemo(), objective, flat)
     tree.free = {v.name: v for v in nodes}
     root_levels = (
         [spec.required_level]
@@ -191,7 +192,7 @@ def _index(
     spec: GangSpec,
     levels: tuple[str, ...],
     index: NetworkIndex,
-    memo: ChoiceMemo,
+    memo: PlanMemo,
     objective: ClusterObjective | None,
     flat: FlatPlanner,
 ) -> _Tree:

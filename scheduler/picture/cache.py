@@ -3,7 +3,7 @@
 kube-scheduler calls filter, prioritize and bind thousands of times against a cluster that
 changes far less often, so everything derived from a snapshot is kept per snapshot (or per
 views object) and swapped whole when it changes: the views (as node classes, see
-scheduler/nodeclasses.py), the network index, the gang membership index. Binds this sidecar made are remembered (as
+scheduler/picture/classes.py), the network index, the gang membership index. Binds this sidecar made are remembered (as
 `Assumed`) until the node's annotation shows them, since until then the annotation still
 calls those GPUs free. No decisions are made here; they are the core's.
 """
@@ -20,7 +20,7 @@ from gputopo.network.nodeview import NodeView
 from gputopo.node.policy import GpuPolicy
 from scheduler.model import PodInfo, Snapshot
 from scheduler.nodeguard import NodeGuard
-from scheduler.views import NodeViews, ViewBuilder, in_use
+from scheduler.picture.views import NodeViews, ViewBuilder, in_use
 
 log = logging.getLogger("gputopo.scheduler")
 

@@ -1,7 +1,7 @@
 """Where the sidecar's picture of the cluster comes from: one Protocol, two sources.
 
 The extender plans on a `Snapshot` and binds through `bind`, whether the cluster is a live API
-server (scheduler/kube.py) or a snapshot file held in memory (FileState, for simulation and
+server (scheduler/live/kube.py) or a snapshot file held in memory (FileState, for simulation and
 tests). The planning code cannot tell them apart, which is the point.
 """
 

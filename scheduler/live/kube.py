@@ -1,7 +1,7 @@
 """Live cluster state from the API server: list+watch of Nodes, Pods, PodGroups and, on DRA
-clusters, ResourceSlices and ResourceClaims (scheduler/dra.py).
+clusters, ResourceSlices and ResourceClaims (scheduler/live/dra.py).
 
-Each kind has a reflector thread (`scheduler.reflector`): list (remember resourceVersion), then
+Each kind has a reflector thread (`scheduler.live.reflector`): list (remember resourceVersion), then
 watch from there; a broken watch resumes from the last resourceVersion seen, a 410 Gone relists.
 Objects are kept as raw JSON dicts from the official client (no model deserialisation: at 5,000
 nodes that is the difference between milliseconds and seconds) and parsed with the same
@@ -21,17 +21,17 @@ from kubernetes import client
 
 from gputopo_kube.events import EventWriter
 from scheduler import defaults
-from scheduler.accounting import PodAccounting, record_prediction
-from scheduler.apikinds import Discovery, ExtraKinds, Kind
-from scheduler.binding import create_binding
-from scheduler.dra import GROUP as DRA_GROUP
-from scheduler.dra import VERSION as DRA_VERSION
-from scheduler.dra import DraStore, with_claim_gpus
-from scheduler.kubeobjects import group_min, node_info, parsed_pod, relevant_pod, same_topology
-from scheduler.metrics import Metrics
+from scheduler.live.accounting import PodAccounting, record_prediction
+from scheduler.live.binding import create_binding
+from scheduler.live.dra import GROUP as DRA_GROUP
+from scheduler.live.dra import VERSION as DRA_VERSION
+from scheduler.live.dra import DraStore, with_claim_gpus
+from scheduler.live.kinds import Discovery, ExtraKinds, Kind
+from scheduler.live.objects import group_min, node_info, parsed_pod, relevant_pod, same_topology
+from scheduler.live.reflector import PAGE_SIZE, Reflector
 from scheduler.model import NodeInfo, PodInfo, Snapshot
 from scheduler.nodeguard import NodeGuard
-from scheduler.reflector import PAGE_SIZE, Reflector
+from scheduler.report.metrics import Metrics
 
 #: Pods kube-scheduler asked about but no watch has shown are remembered this long.
 OBSERVED_TTL_S = 300.0
@@ -306,7 +306,7 @@ class KubeState:
         return parsed_pod(obj, self.resource)
 
     def _account(self, parsed: PodInfo | None, old: PodInfo | None, gone: bool) -> None:
-        """Ended pods free their GPUs; predictions are learned (scheduler/accounting.py)."""
+        """Ended pods free their GPUs; predictions are learned (scheduler/live/accounting.py)."""
         parsed = None if gone else parsed
         self.accounting.observe_pod(parsed, self._relevant(parsed), old, self.clock())
 
