@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from gputopo import jsonlog
+from gputopo.gang import explain
 from gputopo.gang import sources as gangsources
 from gputopo.gang.asks import Decision, Event, GangAsk, GangMember, Planned, Refused
 from gputopo.gang.hypernodes import HyperTiers
@@ -369,7 +370,9 @@ class Extender:
             reason = f"gang {gang} planned on {node}, which this scheduling cycle did not offer"
             out.unresolvable.update({n: reason for n in names})
         jsonlog.event(log, "filter_gang", pod=pod.key, gang=gang, result="planned", node=node, reason=reason)
-        self.events.emit(pod.key, gang, "GangPlanned", _planned_message(self.plans.get(gang), gang, node))
+        self.events.emit(
+            pod.key, gang, "GangPlanned", _planned_message(self.plans.get(gang), gang, node, pod.key)
+        )
         return out
 
     # -------------------------------------------------------------------------- prioritize
@@ -551,14 +554,20 @@ def _chooser(view: NodeView | None) -> Callable[[list[int], int], Sequence[int]]
     return choose
 
 
-def _planned_message(plan: GangPlan | None, gang: str, node: str) -> str:
+def _planned_message(plan: GangPlan | None, gang: str, node: str, pod: str = "") -> str:
+    """The pod's GangPlanned Event. A member of a tree gang also reads where its own sub-group
+    went (`kubectl describe pod` shows only the pod's Events, not the gang object's)."""
     if plan is None:  # steered to where its bind already went
         return f"gang {gang}: this pod goes to {node}"
     nodes = len({p.node for p in plan.placements})
-    return (
+    text = (
         f"gang {gang} planned at level {plan.level}, domain {plan.domain}: this pod on {node} "
         f"({len(plan.placements)} pending members on {nodes} nodes)"
     )
+    mine = next((p for p in plan.tree[1:] if pod in p.pods), None)
+    if mine is not None:
+        text += explain.OWN_SUBGROUP + explain.entry(mine, explain.paths(plan.tree)[mine.name], bounded=True)
+    return text
 
 
 def _with_claim_size(pod: PodInfo, snap: Snapshot) -> PodInfo:
@@ -623,4 +632,7 @@ def _log_event(e: Event) -> None:
     """One JSON line per tracker event, with its decision and reason."""
     level = logging.DEBUG if e.kind == "quorum_wait" else logging.INFO
     extra = {"cause": e.cause} if e.cause else {}
-    jsonlog.event(log, e.kind, level, gang=e.gang, reason=e.reason, **extra, **e.fields)
+    fields = dict(e.fields)
+    if isinstance(tree := fields.get("tree"), tuple):  # a tree's placement: plain values per sub-group
+        fields["tree"] = explain.as_json(tree)
+    jsonlog.event(log, e.kind, level, gang=e.gang, reason=e.reason, **extra, **fields)

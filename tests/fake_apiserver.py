@@ -94,7 +94,7 @@ def event_problem(body: dict[str, Any], namespace: str, v1: bool) -> str:
                 return f"{field}: Required value"
         if not re.fullmatch(MICRO_TIME, body["eventTime"]):
             return f"eventTime: not a MicroTime: {body['eventTime']!r}"
-        if len(body.get("note") or "") > 1024:
+        if len((body.get("note") or "").encode()) > 1024:  # Go's len: bytes, not characters
             return "note: Too long"
     elif len(body.get("message") or "") > 1024 * 4:
         return "message: Too long"

@@ -19,6 +19,12 @@ CompositePodGroup, KAI's `subGroups[]`, Kueue's slices and Volcano's partitions 
   cluster objective, the level by predicted job time); members directly in a group are planned
   the same way over the group's domain, after its sub-groups.
 
+The plan says where every sub-group went and why (`GangPlan.tree`, worded by
+`gputopo.gang.explain`: its domain, how its level came about, a fall-back's cause, the flat
+planner's predicted-job-time reason); a tree that does not fit names the sub-group that could
+not be placed (`NoPlan.group`, and in its reason), since "does not fit" alone leaves an operator
+guessing which of a dozen sub-groups is the problem.
+
 A flat gang (no sub-groups) never comes here: `plan_gang` plans it exactly as before. Members
 already bound (`GangSpec.bound`) pin each sub-group with a required level to the domain they
 are in, so a re-plan never splits it. What this does not do: search jointly across siblings
@@ -34,8 +40,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gputopo.gang import explain
 from gputopo.gang.memo import PlanMemo
-from gputopo.gang.spec import GangPlan, GangSpec, Member, NoPlan, SubGroup
+from gputopo.gang.spec import GangPlan, GangSpec, Member, NoPlan, Placed, SubGroup
 from gputopo.network.levels import CLUSTER, HOSTNAME, NetworkIndex, short_name, validate_levels
 from gputopo.network.nodeview import UNKNOWN_QUALITY, NodeView, Placement, Quality
 from gputopo.pod.objective import ClusterObjective
@@ -68,7 +75,8 @@ class _Tree:
     bound: dict[str, set[str]]  # group -> nodes of bound members of its subtree
     order: str = "constrained"  # sibling order: see `_kids`
     free: dict[str, NodeView] = field(default_factory=dict)  # node -> its view, capacity taken
-    where: dict[str, str] = field(default_factory=dict)  # group -> "level=domain" it went to
+    placed: dict[str, Placed] = field(default_factory=dict)  # sub-group -> where it went, why
+    stuck: str = ""  # the sub-group whose placement failed last ("": none, or the root's domains)
 
 
 #: Plans a flat gang (`gputopo.gang.planner.plan_gang`, handed in by its caller so that the two
@@ -102,20 +110,48 @@ def plan_tree(
         if spec.required_level is not None
         else [*levels[levels.index(spec.preferred_level) if spec.preferred_level else 0 :], CLUSTER]
     )
-    why = "no domain holds it"
-    for level in root_levels:
-        for domain, names in _domains(tree, level, sorted(tree.free), tree.total[""], tree.bound[""]):
+    asked = _asked(spec.required_level, spec.preferred_level)
+    total = tree.total[""]
+    why, fell = "", ""
+    for i, level in enumerate(root_levels):
+        domains = _domains(tree, level, sorted(tree.free), total, tree.bound[""])
+        if not domains:
+            why = f"no {_short(level)} domain has the tree's {total} GPUs free"
+            tree.stuck = ""
+        for domain, names in domains:
             for order in ORDERS:
                 kept = dict(tree.free)
-                tree.where, tree.order = {"": f"{_short(level)}={domain}"}, order
-                got = _place(tree, "", names, 0)
+                tree.placed, tree.order = {}, order
+                within = _within(level, domain)
+                got = _place(tree, "", names, 0, within)
                 if isinstance(got, dict):
-                    return _plan(tree, level, domain, got)
+                    return _plan(tree, level, domain, got, asked, fell if i else "")
                 why = got
                 tree.free = kept
-        if spec.required_level is not None:
-            break
-    return NoPlan(spec.key, f"gang {spec.key} does not fit as a tree: {why}")
+        if i == 0 and spec.preferred_level is not None:
+            fell = _fell_back(level, bool(domains), total)
+    return NoPlan(spec.key, f"gang {spec.key} does not fit as a tree: {why}", tree.stuck)
+
+
+def _asked(required: str | None, preferred: str | None) -> tuple[str, str | None]:
+    """(how, level) a node of the tree asks for its level: required wins, as for flat gangs."""
+    if required is not None:
+        return "required", required
+    if preferred is not None:
+        return "preferred", preferred
+    return "", None
+
+
+def _within(level: str, domain: str) -> str:
+    """A domain as a reason names it: "gpu.clique=cl.0", or "cluster"."""
+    return "cluster" if level == CLUSTER else f"{_short(level)}={domain}"
+
+
+def _fell_back(level: str, had_room: bool, gpus: int) -> str:
+    """Why a group is not at its preferred level: the reason the `Placed` carries."""
+    if not had_room:
+        return f"no {_short(level)} domain had its {gpus} GPUs free"
+    return f"no {_short(level)} domain with its {gpus} GPUs free could hold its sub-groups"
 
 
 def _short(level: str) -> str:
@@ -213,22 +249,50 @@ def _domains(
     return [(d, members) for _, d, members in out[:MAX_DOMAINS]]
 
 
-def _place(tree: _Tree, group: str, names: list[str], depth: int) -> dict[int, Placement] | str:
-    """Every pending member of `group`'s subtree inside `names` (one domain of its level), or why
-    not. Takes the capacity it uses out of `tree.free`; the caller restores it on failure."""
+def _place(tree: _Tree, group: str, names: list[str], depth: int, within: str) -> dict[int, Placement] | str:
+    """Every pending member of `group`'s subtree inside `names` (one domain of its level,
+    `within` in words), or why not. Takes the capacity it uses out of `tree.free`; the caller
+    restores it on failure."""
     out: dict[int, Placement] = {}
     for child in _kids(tree, group):
-        got = _place_child(tree, child, names, depth + 1)
+        got = _place_child(tree, child, names, depth + 1, within)
         if isinstance(got, str):
             return got
         out.update(got)
     own = tree.direct[group]
     if own:
-        got = _flat(tree, group or tree.spec.key, own, names, None, None)
-        if isinstance(got, str):
-            return got
-        out.update(got)
+        flat = _flat(tree, group or tree.spec.key, own, names, None, None)
+        if isinstance(flat, str):
+            if not group:
+                tree.stuck = ""
+                return f"the gang's own {len(own)} pods cannot be placed in {within}: {flat}"
+            return _stuck(tree, group, within, flat)
+        out.update(flat[0])
     return out
+
+
+def _stuck(tree: _Tree, name: str, within: str, why: str) -> str:
+    """The reason naming sub-group `name` as the one that could not be placed inside `within`
+    (and noted as such in `tree.stuck`, for `NoPlan.group`): what it asks (its subtree's pods
+    and GPUs, its level) and the planner's own reason."""
+    tree.stuck = path = _path(tree, name)
+    g = tree.groups[name]
+    asked, level = _asked(g.required_level, g.preferred_level)
+    return explain.stuck_text(path, _pods_below(tree, name), tree.total[name], asked, level, within, why)
+
+
+def _pods_below(tree: _Tree, name: str) -> int:
+    return len(tree.direct[name]) + sum(_pods_below(tree, k) for k in tree.children[name])
+
+
+def _path(tree: _Tree, name: str) -> str:
+    """`name`'s path from the root ("parent/child")."""
+    chain: list[str] = []
+    at = name
+    while at and len(chain) <= MAX_DEPTH:
+        chain.append(at)
+        at = tree.groups[at].parent
+    return "/".join(reversed(chain))
 
 
 def _kids(tree: _Tree, group: str) -> list[str]:
@@ -247,30 +311,69 @@ def _kids(tree: _Tree, group: str) -> list[str]:
     return sorted(kids, key=key)
 
 
-def _place_child(tree: _Tree, name: str, names: list[str], depth: int) -> dict[int, Placement] | str:
+def _place_child(
+    tree: _Tree, name: str, names: list[str], depth: int, within: str
+) -> dict[int, Placement] | str:
     g = tree.groups[name]
+    asked = _asked(g.required_level, g.preferred_level)
+    own = tree.direct[name]
     if not tree.children[name]:  # a leaf: one flat gang over the parent's domain
         pinned = _pinned(tree, name, names)
-        got = _flat(tree, name, tree.direct[name], pinned, g.required_level, g.preferred_level)
-        if isinstance(got, dict):
-            tree.where[name] = _landed(tree, got, g)
+        flat = _flat(tree, name, own, pinned, g.required_level, g.preferred_level)
+        if isinstance(flat, str):
+            return _stuck(tree, name, within, flat)
+        got, plan = flat
+        level, domain = _landed(tree, got, g)
+        why = plan.why
+        if asked[0] == "preferred" and level != g.preferred_level and not why:
+            why = f"no {_short(g.preferred_level or CLUSTER)} domain in {within} had room for its {len(own)} pods"
+        tree.placed[name] = _placed(tree, name, level, domain, got, asked, why)
         return got
     if g.required_level is not None:
         tried = [g.required_level]
     else:
         start = tree.levels.index(g.preferred_level) if g.preferred_level is not None else 0
         tried = [*tree.levels[start:], CLUSTER]
-    why = f"sub-group {name!r} ({tree.total[name]} GPUs) fits no domain"
-    for level in tried:
-        for domain, members in _domains(tree, level, names, tree.total[name], tree.bound[name]):
+    total = tree.total[name]
+    why, fell = "", ""
+    for i, level in enumerate(tried):
+        domains = _domains(tree, level, names, total, tree.bound[name])
+        if not domains:
+            why = _stuck(tree, name, within, f"no {_short(level)} domain in it has its {total} GPUs free")
+        for domain, members in domains:
             kept = dict(tree.free)
-            got = _place(tree, name, members, depth)
-            if isinstance(got, dict):
-                tree.where[name] = f"{_short(level)}={domain}"
-                return got
-            why = got
+            sub = _place(tree, name, members, depth, _within(level, domain))
+            if isinstance(sub, dict):
+                tree.placed[name] = _placed(tree, name, level, domain, sub, asked, fell if i else "")
+                return sub
+            why = sub
             tree.free = kept
+        if i == 0 and g.preferred_level is not None:
+            fell = _fell_back(level, bool(domains), total)
     return why
+
+
+def _placed(
+    tree: _Tree,
+    name: str,
+    level: str,
+    domain: str,
+    got: Mapping[int, Placement],
+    asked: tuple[str, str | None],
+    why: str,
+) -> Placed:
+    return Placed(
+        name=name,
+        parent=tree.groups[name].parent if name else "",
+        level=level,
+        domain="cluster" if level == CLUSTER else domain,
+        nodes=tuple(sorted({p.node for p in got.values()})),
+        asked=asked[0],
+        asked_level=asked[1],
+        why=why,
+        pods=tuple(sorted(tree.spec.members[i].pod for i in tree.direct[name] if i in got)),
+        gpus=tree.total[name],
+    )
 
 
 def _pinned(tree: _Tree, name: str, names: list[str]) -> list[str]:
@@ -294,8 +397,10 @@ def _flat(
     names: list[str],
     required: str | None,
     preferred: str | None,
-) -> dict[int, Placement] | str:
-    """`members` as one flat gang over `names`' current free GPUs; takes what it places."""
+) -> tuple[dict[int, Placement], GangPlan] | str:
+    """`members` as one flat gang over `names`' current free GPUs; takes what it places. The
+    flat plan comes back too: its `why` (the predicted job time that chose its level) is the
+    sub-group's."""
     spec = tree.spec
     flat = GangSpec(
         f"{spec.key}/{label}",
@@ -320,7 +425,7 @@ def _flat(
         v = tree.free[node]
         left = v.free - gpus if gpus else frozenset(sorted(v.free)[_gpus_of(plan, node) :])
         tree.free[node] = NodeView(v.name, v.labels, v.gpu_count, left, v.allocator)
-    return out
+    return out, plan
 
 
 def _gpus_of(plan: GangPlan, node: str) -> int:
@@ -328,30 +433,38 @@ def _gpus_of(plan: GangPlan, node: str) -> int:
     return sum(1 for p in plan.placements if p.node == node and not p.gpus)
 
 
-def _landed(tree: _Tree, got: Mapping[int, Placement], g: SubGroup) -> str:
-    """Where a sub-group went: its domain at its level, or the smallest level holding it."""
+def _landed(tree: _Tree, got: Mapping[int, Placement], g: SubGroup) -> tuple[str, str]:
+    """Where a leaf sub-group went: (level, domain) of the level it asked for, or of the
+    smallest level whose one domain holds it."""
     nodes = sorted({p.node for p in got.values()})
-    for level in (g.required_level or g.preferred_level, *tree.levels, CLUSTER):
+    for level in (g.required_level or g.preferred_level, *tree.levels):
         if level is None:
             continue
-        if level == CLUSTER:
-            return "cluster"
         if level == HOSTNAME and len(nodes) == 1:
-            return f"{_short(level)}={nodes[0]}"
+            return level, nodes[0]
         domains = {tree.index.domain(n, level) for n in nodes}
         if len(domains) == 1:
-            return f"{_short(level)}={domains.pop()}"
-    return "cluster"
+            return level, domains.pop()
+    return CLUSTER, "cluster"
 
 
-def _plan(tree: _Tree, level: str, domain: str, got: Mapping[int, Placement]) -> GangPlan:
+def _plan(
+    tree: _Tree,
+    level: str,
+    domain: str,
+    got: Mapping[int, Placement],
+    asked: tuple[str, str | None],
+    fell: str,
+) -> GangPlan:
     placements = tuple(got[i] for i in range(len(tree.spec.members)))
     worst: Quality = UNKNOWN_QUALITY
     qualities = [(p.choice.ring_mbps, p.choice.pair_sum_mbps) for p in placements if p.choice is not None]
     if qualities:
         worst = min(qualities)
-    parts = [f"{name} in {tree.where[name]}" for name in sorted(tree.where) if name]
-    why = f"tree planned in {_short(level)}={domain}" + (f"; sub-groups: {', '.join(parts)}" if parts else "")
+    root = _placed(tree, "", level, domain, got, asked, fell)
+    where = {name: _path(tree, name).split("/") for name in tree.placed}
+    placed = tuple([root, *(tree.placed[n] for n in sorted(tree.placed, key=where.__getitem__))])
+    why = explain.plan_text(placed)
     return GangPlan(
         gang=tree.spec.key,
         level=level,
@@ -360,4 +473,5 @@ def _plan(tree: _Tree, level: str, domain: str, got: Mapping[int, Placement]) ->
         nodes_used=len({p.node for p in placements}),
         worst=worst,
         why=why,
+        tree=placed,
     )
