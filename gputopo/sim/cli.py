@@ -24,8 +24,8 @@ from gputopo.sim.engine import QUEUE_ORDERS, Progress, RunConfig
 from gputopo.sim.jobmodel import JobModel, JobTimer
 from gputopo.sim.plot import PlotUnavailable, check_available, write_plot
 from gputopo.sim.policies.catalog import POLICIES
-from gputopo.sim.policies.trees import TREE_POLICIES
 from gputopo.sim.policies.sidecar import Lifecycle
+from gputopo.sim.policies.trees import TREE_POLICIES
 from gputopo.sim.report import MAX_WIDTH, document, render_table, render_tree_table, wrap
 from gputopo.sim.run import compare
 from gputopo.sim.state import SimCluster

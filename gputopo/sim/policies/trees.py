@@ -4,7 +4,7 @@ from the upstream APIs and docs listed in /work/shared/reference/gang-apis-2026.
 
 | policy         | what it is told                                    | how it places (modelled)                  |
 |----------------|----------------------------------------------------|-------------------------------------------|
-| gputopo        | a tree: sub-group per TP group, required the NVLink domain; the gang preferred in one leaf | `plan_gang` -> `plan_tree`, the planner the sidecar runs |
+| gputopo        | a tree: sub-group per TP group, required the NVLink domain; the gang at gputopo's default, preferred at the smallest level (one rack, then a leaf, then a spine) | `plan_gang` -> `plan_tree`, the planner the sidecar runs |
 | kueue-slices   | podset-preferred-topology: leaf; podset-slice-required-topology: NVLink domain, podset-slice-size: k | Kueue TAS BestFit counted in slices, top-down |
 | kai-subgroups  | PodGroup topologyConstraint preferred leaf; subGroups[] of k pods, required the NVLink domain | domains binpacked, sub-groups one by one |
 | kube-tas       | one PodGroup, schedulingConstraints.topology[0].key: the smallest level one domain of which can hold the whole job (the NVLink domain up to 18 trays, else the leaf) | one candidate placement per domain, MostAllocated; pods LeastAllocated, random ties |
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
+from itertools import pairwise
 
 from gputopo.gang.planner import plan_gang
 from gputopo.gang.spec import GangSpec, Member, NoPlan, SubGroup
@@ -179,7 +180,12 @@ class GputopoTrees(TreePolicy):
     """The tree as the sidecar receives it (a KAI PodGroup with subGroups, a CompositePodGroup,
     Kueue slices: gputopo.gang.sources maps each to this GangSpec), planned by `plan_gang`,
     which hands a spec with sub-groups to `plan_tree`: each TP group a sub-group required in
-    one NVLink domain, the gang preferred in one leaf (then its spine, then the cluster)."""
+    one NVLink domain, the gang's own level left at gputopo's default (design.md §5: preferred
+    at the smallest level), so the tree goes into one rack when one holds it, else one leaf,
+    else one spine, else the cluster: "replicas preferred in one leaf" with the rack tried
+    first. Naming the leaf as the gang's preferred level instead (what KAI and Kueue are told)
+    makes plan_tree start there and put each TP group in the fullest rack of that leaf, which
+    splits replicas one rack would have held (docs/simulator.md has the numbers)."""
 
     name = "gputopo"
 
@@ -215,7 +221,7 @@ class GputopoTrees(TreePolicy):
         groups = tuple(
             SubGroup(f"tp{j}", required_level=ACCELERATOR, min_count=tree.tp) for j in range(tree.replicas)
         )
-        spec = GangSpec(key, members, preferred_level=LEAF, groups=groups)
+        spec = GangSpec(key, members, groups=groups)
         views = [self.view(i, m) for i, m in enumerate(state.mask) if m.bit_count() >= TRAY_GPUS]
         if not views:
             return Failure("no node has a free tray")
@@ -276,7 +282,7 @@ class KueueSlices(TreePolicy):
         if not picked:
             return Failure(f"no set of NVLink domains holds {need} slices of {k} pods")
         chain = [*above[depth:], ACCELERATOR]
-        for up, down in zip(chain, chain[1:], strict=False):
+        for up, down in pairwise(chain):
             nxt: list[tuple[str, int]] = []
             for parent, count in picked:
                 names, room = rooms(down, {parent}, up)
