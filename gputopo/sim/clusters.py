@@ -159,6 +159,12 @@ CLUSTER_PRESETS: Mapping[str, tuple[Callable[[], ClusterSnapshot], str]] = Mappi
 )
 
 
+#: The presets issue 10's targets are measured on (bench/bench_targets.py's matrix): every
+#: preset but `nvl72`, which is the cluster of `simulate --jobs tree` (issue 29 item 5) and
+#: would add a cell no target names.
+TARGET_PRESETS: tuple[str, ...] = ("default", "mixed-leaf", "gb200-nvl")
+
+
 def preset_snapshot(name: str) -> ClusterSnapshot:
     """The named preset as a snapshot; KeyError for an unknown name (callers list the known)."""
     return CLUSTER_PRESETS[name][0]()
