@@ -18,7 +18,7 @@ from gputopo.node.allocator import AllocatorPool
 from gputopo.sim.clusters import _node, from_snapshot, preset_cluster
 from gputopo.sim.jobmodel import JobModel
 from gputopo.sim.policies.base import Failure
-from gputopo.sim.policies.trees import TREE_POLICIES, build_tree_policy
+from gputopo.sim.policies.trees import TREE_POLICIES, TreePolicy, build_tree_policy
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.trees import RackWatch, Tree, TreeRecorder, TreeTimer, as_trees, tree_shape, typical_tp
 from gputopo.sim.workload import Job
@@ -225,3 +225,50 @@ def test_cli_tree_refusals_are_one_line(args: tuple[str, ...]) -> None:
 
 def test_hostname_level_present() -> None:
     assert preset_cluster("nvl72").levels[0] == HOSTNAME
+
+
+def _policy(name: str, cluster: SimCluster, trees: dict[int, Tree]) -> TreePolicy:
+    pool = AllocatorPool()
+    return build_tree_policy(name, cluster, [pool.get(t) for t in cluster.topologies], trees, 0)
+
+
+def test_kube_tas_names_one_level_as_a_user_would() -> None:
+    """One key for the whole PodGroup: the NVLink domain while one rack holds the job, else the
+    leaf; the job then lands in the fullest domain of that key (MostAllocated placement score)."""
+    c = preset_cluster("nvl72")
+    policy = _policy("kube-tas", c, {})
+    assert policy.smallest(Tree(18, 9)) == ACCELERATOR
+    assert policy.smallest(Tree(36, 18)) == LEAF
+    state = ClusterState(c)
+    rack = [i for i, n in enumerate(c.nodes) if n.labels.get(ACCELERATOR) == "nvl72-5"]
+    state.take(rack[0], (0, 1, 2, 3))  # rack 5 is the fullest that still holds 8 trays
+    policy = _policy("kube-tas", c, {1: Tree(8, 4)})
+    got = policy.place(state, Job(1, 0.0, 1.0, (4,) * 8))
+    assert not isinstance(got, Failure)
+    assert _domains(c, [n for n, _ in got], ACCELERATOR) == {f"{ACCELERATOR}=nvl72-5"}
+
+
+def test_volcano_hard_waits_where_soft_spreads() -> None:
+    """Every leaf has one busy tray: no leaf holds 36 trays; hard waits, soft goes anywhere."""
+    c = preset_cluster("nvl72")
+    state = ClusterState(c)
+    for leaf in {n.labels[LEAF] for n in c.nodes}:
+        first = min(i for i, n in enumerate(c.nodes) if n.labels[LEAF] == leaf)
+        state.take(first, (0, 1, 2, 3))
+    trees = {1: Tree(36, 18)}
+    job = Job(1, 0.0, 1.0, (4,) * 36)
+    assert isinstance(_policy("volcano-hard", c, trees).place(state, job), Failure)
+    got = _policy("volcano-soft", c, trees).place(state, job)
+    assert not isinstance(got, Failure) and len(_domains(c, [n for n, _ in got], LEAF)) > 1
+
+
+def test_kueue_slices_keep_replicas_in_the_tightest_rack_that_holds_them() -> None:
+    c = preset_cluster("nvl72")
+    state = ClusterState(c)
+    for rack, busy in (("nvl72-0", 6), ("nvl72-1", 2)):  # rack 0: 12 free trays, rack 1: 16
+        nodes = [i for i, n in enumerate(c.nodes) if n.labels.get(ACCELERATOR) == rack]
+        for i in nodes[:busy]:
+            state.take(i, (0, 1, 2, 3))
+    got = _policy("kueue-slices", c, {1: Tree(12, 6)}).place(state, Job(1, 0.0, 1.0, (4,) * 12))
+    assert not isinstance(got, Failure)
+    assert _domains(c, [n for n, _ in got], ACCELERATOR) == {f"{ACCELERATOR}=nvl72-0"}

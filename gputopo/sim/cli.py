@@ -257,7 +257,8 @@ def _run_trees(
     policies: list[str],
 ) -> int:
     """`--jobs tree`: the same arrivals as trees (gputopo.sim.trees), every tree policy."""
-    from gputopo.sim.trees import as_trees, compare_trees
+    from gputopo.sim.treerun import compare_trees
+    from gputopo.sim.trees import as_trees
 
     jobs, trees = as_trees(jobs)
     shapes: dict[tuple[int, int], int] = {}

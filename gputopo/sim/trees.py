@@ -18,13 +18,13 @@ when n <= 18 has no such divisor, and n grows by one tray until a divisor exists
 Helios' 16-GPU job is 2 replicas of 2 trays, its 64-GPU job 2 of 8, its 144-GPU job 2 of 18
 (a whole rack each). A job of 4 GPUs or fewer stays one pod.
 
-Pure apart from the event loop it hands runs to: no I/O, no globals.
+Pure: no I/O, no globals (gputopo.sim.treerun runs the tree policies over it).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from gputopo.jobtime.model import (
@@ -37,10 +37,10 @@ from gputopo.jobtime.model import (
 )
 from gputopo.jobtime.parallel import PARALLEL_PROFILES, TP_ALLREDUCES_PER_LAYER, ParallelProfile
 from gputopo.network.levels import ACCELERATOR, HOSTNAME, LEAF
-from gputopo.node.allocator import Allocator, AllocatorPool
-from gputopo.sim.engine import Ledger, Progress, RunConfig, WholeGpus, runner
+from gputopo.node.allocator import Allocator
+from gputopo.sim.engine import Place, WholeGpus
 from gputopo.sim.jobmodel import JobModel
-from gputopo.sim.metrics import Recorder, Summary
+from gputopo.sim.metrics import Recorder
 from gputopo.sim.state import ClusterState, SimCluster
 from gputopo.sim.workload import Job
 
@@ -363,15 +363,15 @@ class TreeLedger(WholeGpus):
     def __init__(
         self,
         state: ClusterState,
-        place: Callable[[ClusterState, Job], object],
+        place: Place,
         watch: RackWatch,
         trees: Mapping[int, Tree],
     ) -> None:
-        super().__init__(state, place)  # type: ignore[arg-type]
+        super().__init__(state, place)
         self.watch = watch
         self.trees = trees
 
-    def shape(self, job: Job) -> object:
+    def shape(self, job: Job) -> Hashable:
         tree = self.trees.get(job.id)
         return job.pods if tree is None else (job.pods, tree.tp)
 
@@ -382,70 +382,3 @@ class TreeLedger(WholeGpus):
     def tick(self, now: float) -> None:
         self.watch.tick(now)
         super().tick(now)
-
-
-# ----------------------------------------------------------------------- runs
-
-
-def simulate_trees(
-    cluster: SimCluster,
-    jobs: Sequence[Job],
-    trees: Mapping[int, Tree],
-    policy_name: str,
-    config: RunConfig,
-    *,
-    pool: AllocatorPool | None = None,
-    progress: Progress | None = None,
-    clock: Callable[[], float] | None = None,
-) -> Summary:
-    """One tree policy (gputopo.sim.policies.trees) over the jobs, replayed by the engine."""
-    import time
-
-    from gputopo.sim.policies.trees import build_tree_policy
-
-    if config.mode != "replay":
-        raise ValueError("tree jobs are replayed (the generator's arrivals or a timed trace)")
-    tick = clock or time.perf_counter
-    pool = pool or AllocatorPool()
-    allocators = [pool.get(t) for t in cluster.topologies]
-    policy = build_tree_policy(policy_name, cluster, allocators, trees, config.seed)
-    state = ClusterState(cluster)
-    rec = TreeRecorder(cluster, allocators, config.comm, trees)
-    horizon = max((j.submit for j in jobs), default=0.0)
-    watch = RackWatch(state, typical_tp(trees), horizon)
-    ledger: Ledger = TreeLedger(state, policy.place, watch, trees)
-    started = tick()
-    never = runner(config)(ledger, jobs, rec, progress)
-    summary = rec.summary(policy_name, jobs, never, tick() - started, timed=True)
-    extra = rec.tree_figures()
-    racks = watch.mean()
-    if racks is not None:
-        extra["racks_fragmented_mean"] = racks
-        extra["racks"] = float(len(watch.racks))
-    extra["typical_tp_trays"] = float(watch.need)
-    return replace(summary, extra=extra)
-
-
-def compare_trees(
-    cluster: SimCluster,
-    jobs: Sequence[Job],
-    trees: Mapping[int, Tree],
-    policies: Sequence[str],
-    config: RunConfig,
-    *,
-    progress: Callable[[str], Progress] | None = None,
-) -> list[Summary]:
-    """Every tree policy on the same jobs and seed."""
-    pool = AllocatorPool()
-    return [
-        simulate_trees(
-            cluster,
-            jobs,
-            trees,
-            name,
-            config,
-            pool=pool,
-            progress=None if progress is None else progress(name),
-        )
-        for name in policies
-    ]

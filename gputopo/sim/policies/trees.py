@@ -40,6 +40,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping, Sequence
 from itertools import pairwise
+from types import MappingProxyType
 
 from gputopo.gang.planner import plan_gang
 from gputopo.gang.spec import GangSpec, Member, NoPlan, SubGroup
@@ -452,15 +453,17 @@ def _volcano(soft: bool) -> Callable[[SimCluster, Sequence[Allocator], Mapping[i
 #: The tree policies, in the order `simulate --jobs tree` runs and reports them.
 TREE_POLICIES: Mapping[
     str, Callable[[SimCluster, Sequence[Allocator], Mapping[int, Tree], int], TreePolicy]
-] = {
-    "gputopo": GputopoTrees,
-    "kueue-slices": KueueSlices,
-    "kai-subgroups": KaiSubGroups,
-    "kube-tas": KubeTas,
-    "volcano-hard": _volcano(False),
-    "volcano-soft": _volcano(True),
-    "gang-blind": GangBlind,
-}
+] = MappingProxyType(
+    {
+        "gputopo": GputopoTrees,
+        "kueue-slices": KueueSlices,
+        "kai-subgroups": KaiSubGroups,
+        "kube-tas": KubeTas,
+        "volcano-hard": _volcano(False),
+        "volcano-soft": _volcano(True),
+        "gang-blind": GangBlind,
+    }
+)
 
 
 def build_tree_policy(
