@@ -42,10 +42,11 @@ from collections.abc import Callable, Mapping, Sequence
 from itertools import pairwise
 from types import MappingProxyType
 
+from gputopo.gang.memo import PlanMemo
 from gputopo.gang.planner import plan_gang
 from gputopo.gang.spec import GangSpec, Member, NoPlan, SubGroup
 from gputopo.network.levels import ACCELERATOR, HOSTNAME, LEAF, NetworkIndex
-from gputopo.network.nodeview import ChoiceMemo, NodeView
+from gputopo.network.nodeview import NodeView
 from gputopo.node.allocator import AllocationError, Allocator
 from gputopo.pod.objective import ClusterObjective, DemandMix
 from gputopo.sim.policies.base import Failure, Slot, mask_list
@@ -195,7 +196,7 @@ class GputopoTrees(TreePolicy):
     ) -> None:
         super().__init__(cluster, allocators, trees, seed)
         self.index = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
-        self.memo = ChoiceMemo()
+        self.memo = PlanMemo()
         # the sidecar's cluster objective (its gang prediction ranks a sub-group's candidate
         # plans by predicted job time: a TP group on the faster NVLink domain, not merely the
         # fewest nodes); the demand it learns is the tree pods' and single pods' own
