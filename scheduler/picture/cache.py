@@ -39,9 +39,9 @@ class ClusterCache:
         self._warned: dict[str, str] = {}
         self._warned_for: object = None  # the views object whose nodes were checked
         self._gang_index: tuple[object, dict[str, list[PodInfo]]] | None = None
-        # the index is built from node names and labels only: keyed on the nodes mapping (a new
-        # one whenever any node changes) and the levels, not on the snapshot version, which
-        # every new pod bumps
+        # the index is built from node names and labels only: keyed on the snapshot's labels
+        # version (or, where a feed does not track it, the nodes mapping) and the levels, not on
+        # the snapshot version, which every new pod and annotation rewrite bumps
         self._index_key: tuple[object, tuple[str, ...]] | None = None
         self._index: NetworkIndex | None = None
 
