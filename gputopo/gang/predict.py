@@ -22,6 +22,11 @@ gang per node and the nodes' NICs (`inter_busbw_gbps`, the least-populated node 
 and the oversubscription of the smallest level holding every node: the same reading as the
 simulator's `JobTimer.busbw` (tests/test_gang_predict.py holds them equal).
 
+A tree's tensor-parallel sub-groups (`gputopo.gang.tree`) are read with `tp_efficiency` (the
+`llama-70b` shape of gputopo.jobtime.parallel: compute / t plus the group's per-layer
+all-reduces) at `group_busbw`, since their traffic is not hidden behind compute as a
+data-parallel gradient all-reduce mostly is.
+
 A larger level is planned only when it could beat the best plan found so far on the model's
 bandwidth: its bound (`bound_busbw`) is the best set any learned server gives each member's
 size (`ClusterObjective.best_busbw`) and, for a gang no server holds whole, the best model's

@@ -17,7 +17,19 @@ CompositePodGroup, KAI's `subGroups[]`, Kueue's slices and Volcano's partitions 
 * a sub-group without children is a flat gang planned by `plan_gang` over its parent's domain
   (fewest nodes, best worst member, the GPU set inside every node chosen jointly, and with the
   cluster objective, the level by predicted job time); members directly in a group are planned
-  the same way over the group's domain, after its sub-groups.
+  the same way over the group's domain, after its sub-groups;
+* with the cluster objective, by predicted job time (`_rank`): a sub-group with members of its
+  own and a required level is read as a tensor-parallel group (`predict.tp_efficiency`: its
+  per-layer all-reduces are on the critical path, at the busbw `predict.group_busbw` reads off
+  its GPU sets and the hop between its nodes). The flat plan's domain is a candidate; unless it
+  is within the objective's band of the best busbw any learned server gives the group
+  (`predict.bound_busbw`), the flat plan in the first domain of each other kind (the server
+  models in it: an HGX server is its own NVLink domain, a GB200 rack another kind) is one too,
+  and the first candidate within the band of the best is taken. So "fewest nodes" no longer
+  sends a 2-tray group to an 8-GPU server whose NVLink is slower beyond the band. The root's
+  candidates are gathered the same way: the first domain of each kind per level, from the
+  preferred level up, until one is within the band of the groups' bounds; the first within the
+  band of the best is taken (the smaller level, then fullest first, among good-enough ones).
 
 The plan says where every sub-group went and why (`GangPlan.tree`, worded by
 `gputopo.gang.explain`: its domain, how its level came about, a fall-back's cause, the flat
@@ -29,8 +41,11 @@ A flat gang (no sub-groups) never comes here: `plan_gang` plans it exactly as be
 already bound (`GangSpec.bound`) pin each sub-group with a required level to the domain they
 are in, so a re-plan never splits it. What this does not do: search jointly across siblings
 (a placement that needs the second sub-group to go first is missed when the first one's
-greedy choice blocks it; the bounded retries cover the common case), or rank the root's levels
-by predicted job time as flat gangs are (the smallest level that holds the tree is taken).
+greedy choice blocks it; the bounded retries cover the common case); weigh the cost to future
+demand among good-enough candidates as flat gangs' levels are (`predict.choose`), or what a
+placement leaves in a domain (a remainder smaller than a typical sub-group): both were measured
+on the simulator's NVL72 trees and made queueing worse (docs/simulator.md "Jobs as trees on
+NVL72").
 
 Pure: no I/O, no clock, no globals.
 """
