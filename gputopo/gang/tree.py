@@ -208,9 +208,11 @@ def _tp_groups(tree: _Tree) -> list[str]:
 
 def _kind(free: Mapping[str, NodeView], names: Sequence[str]) -> frozenset[str]:
     """The server models of a domain's nodes: domains of one kind predict alike."""
-    return frozenset(
-        free[n].allocator.exact.topology.name if free[n].allocator is not None else "" for n in names
-    )
+    models = set()
+    for n in names:
+        a = free[n].allocator
+        models.add(a.exact.topology.name if a is not None else "")
+    return frozenset(models)
 
 
 def _group_bw(tree: _Tree, c: _Cand) -> dict[str, tuple[int, float]]:
