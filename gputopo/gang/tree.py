@@ -129,6 +129,7 @@ def plan_tree(
     total = tree.total[""]
     ranked = objective is not None and bool(_tp_groups(tree))  # rank the root's candidates
     cands: list[_Cand] = []
+    stop = False  # the last candidate is `_good_enough`: no later one could be taken
     why, fell = "", ""
     for i, level in enumerate(root_levels):
         domains = _domains(
@@ -159,17 +160,18 @@ def plan_tree(
                     kinds.add(kind)
                     if all(_where(c.got) != _where(got) for c in cands):
                         cands.append(cand)
+                        stop = _good_enough(tree, cand)
                     break
                 why = got
                 tree.free = kept
-            if cands and _good_enough(tree, cands[-1]):
+            if stop:
                 break
-        if cands and _good_enough(tree, cands[-1]):
+        if stop:
             break
         if i == 0 and spec.preferred_level is not None:
             fell = _fell_back(level, bool(domains), total)
     if cands:
-        pick, effs = _rank(tree, cands, _good_enough(tree, cands[-1]))
+        pick, effs = _rank(tree, cands, stop)
         c = cands[pick]
         tree.free, tree.placed = c.free, c.placed
         return _plan(tree, c.level, c.domain, c.got, asked, c.fell or _ranked_why(cands, effs, pick))
@@ -189,6 +191,7 @@ class _Cand:
     before: dict[str, NodeView]  # the free GPUs before it was placed
     fell: str = ""  # why the root is not at its preferred level
     plan: GangPlan | None = None  # a leaf sub-group's flat plan
+    bws: dict[str, tuple[int, float]] | None = None  # `_group_bw`'s answer, once asked
 
 
 def _where(got: Mapping[int, Placement]) -> frozenset[tuple[int, str, tuple[int, ...]]]:
@@ -219,6 +222,8 @@ def _group_bw(tree: _Tree, c: _Cand) -> dict[str, tuple[int, float]]:
     """Each tensor-parallel group's (GPUs, predicted all-reduce busbw) in a candidate
     (`predict.group_busbw`: the GPU sets inside each node, the hop between its nodes)."""
     assert tree.objective is not None
+    if c.bws is not None:
+        return c.bws
     out = {}
     for g in _tp_groups(tree):
         got = [c.got[i] for i in tree.direct[g] if i in c.got]
@@ -227,6 +232,7 @@ def _group_bw(tree: _Tree, c: _Cand) -> dict[str, tuple[int, float]]:
                 tree.objective, c.before, tree.index, got, tree.objective.oversubscription
             )
             out[g] = (tree.total[g], bw)
+    c.bws = out
     return out
 
 
@@ -519,6 +525,8 @@ def _leaf_ranked(
     level = g.required_level
     assert level is not None
     landed = _landed(tree, first[0], g)[1]
+    if len(_kind(before, names)) < 2 or all(tree.index.domain(n, level) == landed for n in names):
+        return first  # one server model, or one domain of its level: no other kind to rank
     cands = [_Cand(level, landed, first[0], {}, tree.free, before, plan=first[1])]
     if _good_enough(tree, cands[0]):
         return first
