@@ -22,6 +22,11 @@ gang per node and the nodes' NICs (`inter_busbw_gbps`, the least-populated node 
 and the oversubscription of the smallest level holding every node: the same reading as the
 simulator's `JobTimer.busbw` (tests/test_gang_predict.py holds them equal).
 
+A tree's tensor-parallel sub-groups (`gputopo.gang.tree`) are read with `tp_efficiency` (the
+`llama-70b` shape of gputopo.jobtime.parallel: compute / t plus the group's per-layer
+all-reduces) at `group_busbw`, since their traffic is not hidden behind compute as a
+data-parallel gradient all-reduce mostly is.
+
 A larger level is planned only when it could beat the best plan found so far on the model's
 bandwidth: its bound (`bound_busbw`) is the best set any learned server gives each member's
 size (`ClusterObjective.best_busbw`) and, for a gang no server holds whole, the best model's
@@ -43,10 +48,12 @@ from gputopo.jobtime.model import (
     NIC_FABRIC_LABEL,
     NIC_GBPS_LABEL,
     Nics,
+    comm_s,
     inter_busbw_gbps,
     nics_for,
     oversubscription,
 )
+from gputopo.jobtime.parallel import PARALLEL_PROFILES, TP_ALLREDUCES_PER_LAYER
 from gputopo.network.levels import ACCELERATOR, CLUSTER, HOSTNAME, NetworkIndex, short_name
 from gputopo.network.nodeview import NodeView, Placement
 from gputopo.node.allocator import Choice
@@ -260,3 +267,40 @@ def _why(preds: Sequence[Prediction], effs: Sequence[float], pick: int, good: Se
     if pick == min(good) and len(good) > 1:
         return f"planned in {where}: predicted efficiency {effs[pick]:.0%} (others: {others}), the least cost"
     return f"planned in {where}: predicted efficiency {effs[pick]:.0%} against {others}"
+
+
+#: The tensor-parallel traffic a tree's sub-group is read with (`tp_efficiency`): the preset
+#: of gputopo.jobtime.parallel the NVL72 tree runs of the simulator train (`llama-70b`).
+TP_PROFILE = "llama-70b"
+
+
+def tp_efficiency(gpus: int, busbw_gbps: float, best_gbps: float, profile: str = TP_PROFILE) -> float:
+    """Ideal step time over actual of a tensor-parallel group of `gpus` GPUs whose all-reduces
+    run at `busbw_gbps` against `best_gbps` (gputopo.jobtime.parallel: compute / t plus the
+    group's per-layer all-reduces, which nothing hides); 1.0 at the best, never above 1. A
+    sub-group a tree requires inside one domain is read as such a group: its traffic, unlike a
+    data-parallel gradient all-reduce (`CommProfile.efficiency`), is on the critical path."""
+    if gpus < 2 or busbw_gbps >= best_gbps:
+        return 1.0
+    p = PARALLEL_PROFILES[profile]
+    compute = p.compute_s / gpus
+
+    def step(bw: float) -> float:
+        return compute + TP_ALLREDUCES_PER_LAYER * p.layers * comm_s(p.tp_bytes, gpus, max(bw, 1e-3))
+
+    return step(best_gbps) / step(busbw_gbps)
+
+
+def group_busbw(
+    objective: ClusterObjective,
+    views: Mapping[str, NodeView],
+    index: NetworkIndex,
+    placements: Sequence[Placement],
+    table: Mapping[str, float] | None = None,
+) -> float:
+    """`plan_busbw` of some placements (a tree's sub-group) read with `views` by node name (the
+    free GPUs before they were placed), spanning the smallest level holding their nodes."""
+    names = sorted({p.node for p in placements})
+    local = {n: i for i, n in enumerate(names)}
+    spans = common_level(index, [index.position[n] for n in names], objective.domain_lists(index))
+    return plan_busbw(objective, [views[n] for n in names], local, placements, spans, table)
