@@ -10,8 +10,9 @@ plugin annotation), `--singles` pending single pods of 1/2/4/8 GPUs and one PodG
 (`python -m scheduler --kubeconfig ...`, live mode) and a kube-scheduler stand-in
 (tests/kube_scheduler_standin.py: filter offering every node, prioritize on the survivors, bind)
 drives it over HTTP, as kube-scheduler does. Every pod is new to the sidecar when it is first
-filtered, and each bind comes back to it as a watch event, so the figures include the live
-store's work, not only the verbs'.
+filtered, and each bind comes back to it as watch events, the pod's and its node's (the child
+re-publishes the node's annotation with the pod's GPUs in use, as each node's plugin does), so
+the figures include the live store's work, not only the verbs'.
 
 Printed per size, beside the issue-30 targets and a baseline measured on the same machine:
 
@@ -38,6 +39,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -97,9 +99,42 @@ def serve(size: int, singles: int, gang: tuple[int, int], list_file: str) -> Non
     for p in _gang(count, gpus):
         api.put("pods", p)
     api.history.clear()
+    topologies = {n.name: n.topology for n in snap.nodes}
+    held = {n.name: set(n.allocated) for n in snap.nodes}
+    done = threading.Event()
+
+    def plugins() -> None:
+        """Every node's plugin: after a bind, the node's annotation is re-published with the
+        pod's GPUs in use (the lowest free ones), as the device plugin does at each allocation,
+        so each bind costs the sidecar a node event as well as a pod event."""
+        seen = 0
+        while not done.wait(0.01):
+            for key, node in api.bindings[seen:]:
+                pod = api.objects["pods"][key]
+                gpus = int(pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+                topo, used = topologies[node], held[node]
+                assert topo is not None
+                used.update([g for g in range(topo.n) if g not in used][:gpus])
+                text = encode(
+                    make(
+                        node,
+                        topo,
+                        generated_at=time.time(),
+                        plugin_version="0.1.0",
+                        allocated=tuple(sorted(used)),
+                    )
+                )
+                obj = json.loads(json.dumps(api.objects["nodes"][node]))
+                obj["metadata"]["annotations"]["gputopo.io/topology"] = text
+                api.put("nodes", obj)
+            seen = len(api.bindings)
+
     with fk.running(api) as (_, server, _client):
+        thread = threading.Thread(target=plugins, daemon=True)
+        thread.start()
         print(server.url, flush=True)
         sys.stdin.read()
+        done.set()
 
 
 def _free_port() -> int:
