@@ -231,6 +231,8 @@ class ClusterObjective:
         self.nic_memo: dict[tuple[str | None, ...], Nics] = {}
         #: `gang.predict.bound_busbw`'s answers (they change only when a server is learned)
         self.bound_memo: dict[tuple[object, ...], float] = {}
+        #: `gang.predict.bounds_busbw`'s answers: every level's bound for one gang shape at once
+        self.bounds_memo: dict[tuple[object, ...], tuple[float, ...]] = {}
         self._domain_lists: tuple[object, dict[str, list[int]]] | None = None
         self._bounds: dict[int, float] = {}  # size -> `best_busbw`, until another server is learned
         self._declared: dict[Profile, ClusterObjective] = {}  # see `declared`
@@ -272,6 +274,7 @@ class ClusterObjective:
             self._takes.clear()
             self._bounds.clear()
             self.bound_memo.clear()
+            self.bounds_memo.clear()
         for sibling in self._declared.values():
             sibling.learn(self._keep)
 
