@@ -234,14 +234,20 @@ def _pick(
         taken.append(hit)
     costs = [round(c, DIGITS) for c in taken]  # the node order's key, as `gang.domain._cost`
     if lower:
+        ids = [_domain_ids(pb.memo, lx) for lx in lower]
         lens = [len(ps) for _, ps in table]
         total = sum(lens)
         if 0 < total <= spread.SMALL_CANDIDATES:  # `select_nodes`' own test: its list path, on lists
-            pos = [p for _, ps in table for p in ps]
-            nfree = [len(kind[1]) for kind, ps in table for _ in ps]
-            kinds = [row for row, (_, ps) in enumerate(table) for _ in ps]
-            order = [costs[row] for row in kinds]
-            ids = [_domain_ids(pb.memo, lx) for lx in lower]
+            pos: list[int] = []
+            nfree: list[int] = []
+            kinds: list[int] = []
+            order: list[float] = []
+            for row, (kind, ps) in enumerate(table):  # every row's nodes, in the rows' order
+                m = len(ps)
+                pos += ps
+                nfree += [len(kind[1])] * m
+                kinds += [row] * m
+                order += [costs[row]] * m
             picked = spread.select_equal(pos, 1, nfree, kinds, n, n, lower, order, ids)
         else:
             at = np.fromiter(itertools.chain.from_iterable(ps for _, ps in table), np.int64, total)
@@ -250,13 +256,12 @@ def _pick(
             kind_ids = np.repeat(np.arange(len(table), dtype=np.int64), lens)
             cost = np.repeat(np.array(costs, dtype=np.float64), lens)
             picked = spread.select_nodes(at, weight, free, kind_ids, n, n, lower, cost)
+        chosen = [p for p, _ in picked]
+        spans = tuple([len({of[p] for p in chosen}) for of in ids])  # `count_spans`, on plain ints
     else:  # the node order: least cost, fewest free GPUs, name (positions are in name order)
         top = sorted([(costs[row], len(kind[1]), p, row) for row, (kind, ps) in enumerate(table) for p in ps])
         picked = [(p, row) for _, _, p, row in top[:n]]
-    chosen = [p for p, _ in picked]
-    if lower:  # `count_spans` on the kept domain ids (plain ints)
-        spans = tuple([len({of[p] for p in chosen}) for of in [_domain_ids(pb.memo, lx) for lx in lower]])
-    else:
+        chosen = [p for p, _ in picked]
         spans = ()
     if pb.objective is None:
         return chosen, None, spans
