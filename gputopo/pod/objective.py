@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import combinations
 
 from gputopo.jobtime.model import (
@@ -108,6 +109,11 @@ class CommProfile:
         total = sum(share for _, share in items)
         return [(p, share / total) for p, share in items]
 
+    @cached_property
+    def _shares(self) -> tuple[tuple[Profile, float], ...]:
+        """`shares()`, worked out once (the fields are frozen); `efficiency` reads it per call."""
+        return tuple(self.shares())
+
     def efficiency(self, gpus: int, busbw_gbps: float, best_gbps: float) -> float:
         """Expected ideal step time over actual of a `gpus`-GPU job whose all-reduce runs at
         `busbw_gbps` against `best_gbps` (the best set of that size anywhere): 1.0 at the best,
@@ -115,7 +121,7 @@ class CommProfile:
         if gpus < 2 or busbw_gbps >= best_gbps:
             return 1.0
         eff = 0.0
-        for p, share in self.shares():
+        for p, share in self._shares:
             ideal = step_s(p.compute_s, p.overlap, comm_s(p.grad_bytes, gpus, best_gbps))
             actual = step_s(p.compute_s, p.overlap, comm_s(p.grad_bytes, gpus, max(busbw_gbps, 1e-3)))
             eff += share * ideal / actual
