@@ -195,7 +195,9 @@ def test_the_prediction_reads_a_plan_as_the_simulator_does(
     st.sampled_from(["pcie8-plx", "hgx-h100", "dgx1-v100"]),
     st.sampled_from(["pcie8-plx", "hgx-h100", "dgx1-v100"]),
 )
-def test_the_bounds_of_every_level_at_once_are_each_level_bound(sizes: list[int], first: str, then: str) -> None:
+def test_the_bounds_of_every_level_at_once_are_each_level_bound(
+    sizes: list[int], first: str, then: str
+) -> None:
     """`bounds_busbw` (one memo entry per gang shape) answers what `bound_busbw` answers level by
     level on a fresh objective, also after the objective learns another server (which empties
     the kept answers: a new server can raise a bound)."""

@@ -281,7 +281,9 @@ def _by_job_time(
         spec.preferred_level,
     )
     p = plans[pick]  # `replace(p, why=why)`, without its field-by-field introspection
-    return GangPlan(p.gang, p.level, p.domain, p.placements, p.nodes_used, p.worst, p.domain_free, p.spans, why)
+    return GangPlan(
+        p.gang, p.level, p.domain, p.placements, p.nodes_used, p.worst, p.domain_free, p.spans, why
+    )
 
 
 def _where(plan: GangPlan) -> frozenset[tuple[str, tuple[int, ...]]]:
