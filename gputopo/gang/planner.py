@@ -280,10 +280,8 @@ def _by_job_time(
         lambda i: cost_of(objective, pb.views, pb.index, plans[i].placements),
         spec.preferred_level,
     )
-    p = plans[pick]  # `replace(p, why=why)`, without its field-by-field introspection
-    return GangPlan(
-        p.gang, p.level, p.domain, p.placements, p.nodes_used, p.worst, p.domain_free, p.spans, why
-    )
+    # `replace(plans[pick], why=why)` without its per-field introspection: every field as it is
+    return GangPlan(**{**vars(plans[pick]), "why": why})
 
 
 def _where(plan: GangPlan) -> frozenset[tuple[str, tuple[int, ...]]]:
