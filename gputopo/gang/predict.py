@@ -114,12 +114,12 @@ def _busbw_at(
     per_node: dict[int, int] = {}
     set_busbw = objective.set_busbw
     for pos, p in zip(at, placements, strict=True):
-        gpus = p.gpus
-        per_node[pos] = per_node.get(pos, 0) + len(gpus)
-        if len(gpus) > 1:
+        given = p.gpus
+        per_node[pos] = per_node.get(pos, 0) + len(given)
+        if len(given) > 1:
             view = views[pos]
             if view is not None and view.allocator is not None:
-                bw = min(bw, set_busbw(view.allocator.exact, gpus))
+                bw = min(bw, set_busbw(view.allocator.exact, given))
     if len(per_node) < 2:
         return bw
     if spans == ACCELERATOR:
