@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from dataclasses import replace
 from itertools import compress
 from typing import cast
 
@@ -64,7 +63,7 @@ from gputopo.gang.cost import plan_cost
 from gputopo.gang.domain import Problem, Since, contenders, evaluate, evaluate_promising, level_bounds
 from gputopo.gang.memo import Layout, PlanMemo
 from gputopo.gang.packing import NO_K, SMALL_NODES, min_nodes, pack
-from gputopo.gang.predict import bound_busbw, choose, cost_of, predict
+from gputopo.gang.predict import bounds_busbw, choose, cost_of, predict
 from gputopo.gang.reasons import Miss, no_plan_reason
 from gputopo.gang.spec import GangPlan, GangSpec, Member, NoPlan, SubGroup
 from gputopo.gang.spread import lower_levels
@@ -259,8 +258,9 @@ def _by_job_time(
     preds = [predict(objective, pb.views, pb.index, first.level, first.placements, table)]
     best = preds[0].busbw_gbps
     seen = {_where(first)}
-    for level in levels[1:]:
-        if best >= bound_busbw(objective, pb.sizes, pb.total, level, table):
+    bounds = bounds_busbw(objective, pb.sizes, pb.total, levels[1:], table)
+    for level, bound in zip(levels[1:], bounds, strict=True):
+        if best >= bound:
             continue  # no plan of this level can be faster (an operator's table may be lower above)
         found = _plan_level(spec, pb, level, prune, explain=False)
         if not isinstance(found, GangPlan):
@@ -280,7 +280,8 @@ def _by_job_time(
         lambda i: cost_of(objective, pb.views, pb.index, plans[i].placements),
         spec.preferred_level,
     )
-    return replace(plans[pick], why=why)
+    # `replace(plans[pick], why=why)` without its per-field introspection: every field as it is
+    return GangPlan(**{**vars(plans[pick]), "why": why})
 
 
 def _where(plan: GangPlan) -> frozenset[tuple[str, tuple[int, ...]]]:

@@ -105,14 +105,28 @@ def plan_busbw(
     (inside one NVLink domain, the accelerator level, the NVLink pair figure of each node).
     A node of unknown topology counts as neutral inside (nothing known to be slow) and gets the
     fallback NICs, as an unlabelled PCIe box would."""
+    return _busbw_at(objective, views, [position[p.node] for p in placements], placements, spans, table)
+
+
+def _busbw_at(
+    objective: ClusterObjective,
+    views: Sequence[NodeView | None],
+    at: Sequence[int],
+    placements: Sequence[Placement],
+    spans: str | None,
+    table: Mapping[str, float] | None,
+) -> float:
+    """`plan_busbw` with each placement's node position already looked up (`at`)."""
     bw = math.inf
     per_node: dict[int, int] = {}
-    for p in placements:
-        pos = position[p.node]
-        view = views[pos]
-        per_node[pos] = per_node.get(pos, 0) + len(p.gpus)
-        if view is not None and view.allocator is not None and len(p.gpus) > 1:
-            bw = min(bw, objective.set_busbw(view.allocator.exact, p.gpus))
+    set_busbw = objective.set_busbw
+    for pos, p in zip(at, placements, strict=True):
+        given = p.gpus
+        per_node[pos] = per_node.get(pos, 0) + len(given)
+        if len(given) > 1:
+            view = views[pos]
+            if view is not None and view.allocator is not None:
+                bw = min(bw, set_busbw(view.allocator.exact, given))
     if len(per_node) < 2:
         return bw
     if spans == ACCELERATOR:
@@ -138,7 +152,8 @@ _NIC_LABELS = (NIC_COUNT_LABEL, NIC_GBPS_LABEL, NIC_FABRIC_LABEL)
 def _nics(objective: ClusterObjective, model: str, labels: Mapping[str, str]) -> Nics:
     """`nics_for`, kept in the objective's memo per (model, NIC labels): a pure function of them,
     and a cluster has a handful."""
-    key = (model, *(labels.get(k) for k in _NIC_LABELS))
+    count, gbps, fabric = _NIC_LABELS
+    key = (model, labels.get(count), labels.get(gbps), labels.get(fabric))
     memo = objective.nic_memo
     hit = memo.get(key)
     if hit is None:
@@ -189,6 +204,32 @@ def bound_busbw(
     return bw
 
 
+def bounds_busbw(
+    objective: ClusterObjective,
+    sizes: Sequence[int],
+    total: int,
+    levels: Sequence[str],
+    table: Mapping[str, float] | None = None,
+) -> tuple[float, ...]:
+    """`bound_busbw` of each of `levels` (the planner's walk up them), kept in the same memo as
+    one answer per (member sizes, levels, table): one key per gang instead of one per level."""
+    key = (
+        "#levels",
+        frozenset(g for g in sizes if g > 1),
+        total,
+        tuple(levels),
+        None if table is None else tuple(sorted(table.items())),
+    )
+    memo = objective.bounds_memo
+    hit = memo.get(key)
+    if hit is None:
+        hit = tuple([bound_busbw(objective, sizes, total, level, table) for level in levels])
+        if len(memo) > 4096:
+            memo.clear()
+        memo[key] = hit
+    return hit
+
+
 def predict(
     objective: ClusterObjective,
     views: Sequence[NodeView | None],
@@ -199,8 +240,9 @@ def predict(
 ) -> Prediction:
     """The model's reading of one candidate plan searched at `level`."""
     position = index.position
-    spans = common_level(index, [position[p.node] for p in placements], objective.domain_lists(index))
-    return Prediction(level, plan_busbw(objective, views, position, placements, spans, table))
+    at = [position[p.node] for p in placements]
+    spans = common_level(index, at, objective.domain_lists(index))
+    return Prediction(level, _busbw_at(objective, views, at, placements, spans, table))
 
 
 def cost_of(

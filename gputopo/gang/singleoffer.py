@@ -28,7 +28,7 @@ and what is a function of the node views alone (offers, rooms, picks) is kept in
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import cast
 
 import numpy as np
@@ -39,7 +39,7 @@ from gputopo.gang.cost import DIGITS
 from gputopo.gang.domain import Problem, cost_key, member_lists, own_memo_for
 from gputopo.gang.memo import Kind, Offer, PlanMemo, Room, ViewList
 from gputopo.network.levels import LevelIndex
-from gputopo.network.nodeview import UNKNOWN_QUALITY, Quality
+from gputopo.network.nodeview import UNKNOWN_QUALITY, NodeView, Quality
 from gputopo.node.allocator import Choice
 
 
@@ -172,27 +172,79 @@ def _rooms(pb: Problem, lx: LevelIndex, offered: list[Offer | None]) -> list[Roo
     index): only the domains with a view that is another object since are worked out again.
     The caller has reset the memo for this index (`own_memo_for`)."""
     memo, views, counts = pb.memo, pb.views, pb.counts
+    g = pb.sizes[0]
     members = member_lists(memo, lx)
-    key = (pb.sizes[0], lx.level)
+    key = (g, lx.level)
     hit = memo.rooms.get(key)
-    todo: Iterable[int]
+    todo: dict[int, list[int]] | range
     per: list[Room]
     changed = None if hit is None else _changed(pb, hit[0])
     if hit is not None and changed is not None and len(hit[1]) == len(members):
         per = list(hit[1])
         ids = _domain_ids(memo, lx)
-        todo = {ids[p] for p in changed}
+        todo = {}
+        for p in changed:  # the changed positions of each domain with one
+            d = ids[p]
+            got = todo.get(d)
+            if got is None:
+                todo[d] = [p]
+            else:
+                got.append(p)
     else:
         per = [([], [], 0, {})] * len(members)
         todo = range(len(members))
         memo.held += len(views) if hit is None else 0  # an entry found is replaced
     for d in todo:
         positions = members[d]
+        moved = todo[d] if hit is not None and type(todo) is dict else None
+        if moved is not None and len(moved) * _MOVED_SHARE < len(positions):
+            # A large domain with few changed nodes: the last answer brought up to date at those
+            # nodes (the same lists as from scratch: the room in position order, the qualities
+            # best first, the free GPUs summed), each node's last offer read off its last view
+            # as `_call` read it.
+            assert hit is not None
+            was = hit[0]
+            room, best_first, dfree, _ = per[d]
+            best_first = best_first.copy()
+            gone: set[int] = set()
+            came: list[int] = []
+            for p in moved:
+                old_view = was[p]
+                old_count = 0 if old_view is None else len(old_view.free)
+                dfree += counts[p] - old_count
+                old = None if old_view is None or old_count < g else _quality(memo, old_view, g)
+                new = offered[p]
+                if old is not None:
+                    best_first.remove(old)
+                if new is not None:
+                    best_first.append(new[0])
+                if old is not None and new is None:
+                    gone.add(p)
+                elif old is None and new is not None:
+                    came.append(p)
+            best_first.sort(reverse=True)
+            if gone or came:
+                room = sorted([p for p in room if p not in gone] + came)
+            per[d] = (room, best_first, dfree, {})
+            continue
         room = [p for p in positions if offered[p] is not None]
         best_first = sorted([offered[p][0] for p in room], reverse=True)  # type: ignore[index]
         per[d] = (room, best_first, sum([counts[p] for p in positions]), {})
     memo.rooms[key] = (views, per)  # `views` (never changed) keeps its id its own
     return per
+
+
+#: A domain of more than this many nodes per changed node is brought up to date, not read again.
+_MOVED_SHARE = 4
+
+
+def _quality(memo: PlanMemo, view: NodeView, g: int) -> Quality:
+    """The quality of the one offer of a node with `view` (g free GPUs or more), as `_call`
+    works it out: the allocator's choice of g (kept in the memo), or unknown."""
+    if view.allocator is None:
+        return UNKNOWN_QUALITY
+    c = memo.choose(view.allocator, view.free, g)
+    return (c.ring_mbps, c.pair_sum_mbps)
 
 
 def _domain_ids(memo: PlanMemo, lx: LevelIndex) -> list[int]:
@@ -234,14 +286,20 @@ def _pick(
         taken.append(hit)
     costs = [round(c, DIGITS) for c in taken]  # the node order's key, as `gang.domain._cost`
     if lower:
+        ids = [_domain_ids(pb.memo, lx) for lx in lower]
         lens = [len(ps) for _, ps in table]
         total = sum(lens)
         if 0 < total <= spread.SMALL_CANDIDATES:  # `select_nodes`' own test: its list path, on lists
-            pos = [p for _, ps in table for p in ps]
-            nfree = [len(kind[1]) for kind, ps in table for _ in ps]
-            kinds = [row for row, (_, ps) in enumerate(table) for _ in ps]
-            order = [costs[row] for row in kinds]
-            ids = [_domain_ids(pb.memo, lx) for lx in lower]
+            pos: list[int] = []
+            nfree: list[int] = []
+            kinds: list[int] = []
+            order: list[float] = []
+            for row, (kind, ps) in enumerate(table):  # every row's nodes, in the rows' order
+                m = len(ps)
+                pos += ps
+                nfree += [len(kind[1])] * m
+                kinds += [row] * m
+                order += [costs[row]] * m
             picked = spread.select_equal(pos, 1, nfree, kinds, n, n, lower, order, ids)
         else:
             at = np.fromiter(itertools.chain.from_iterable(ps for _, ps in table), np.int64, total)
@@ -250,13 +308,12 @@ def _pick(
             kind_ids = np.repeat(np.arange(len(table), dtype=np.int64), lens)
             cost = np.repeat(np.array(costs, dtype=np.float64), lens)
             picked = spread.select_nodes(at, weight, free, kind_ids, n, n, lower, cost)
+        chosen = [p for p, _ in picked]
+        spans = tuple([len({of[p] for p in chosen}) for of in ids])  # `count_spans`, on plain ints
     else:  # the node order: least cost, fewest free GPUs, name (positions are in name order)
         top = sorted([(costs[row], len(kind[1]), p, row) for row, (kind, ps) in enumerate(table) for p in ps])
         picked = [(p, row) for _, _, p, row in top[:n]]
-    chosen = [p for p, _ in picked]
-    if lower:  # `count_spans` on the kept domain ids (plain ints)
-        spans = tuple([len({of[p] for p in chosen}) for of in [_domain_ids(pb.memo, lx) for lx in lower]])
-    else:
+        chosen = [p for p, _ in picked]
         spans = ()
     if pb.objective is None:
         return chosen, None, spans
