@@ -621,10 +621,23 @@ def tree_member(pod: Mapping[str, Any], namespace: str, tree: CompositeTree) -> 
     return named.key if group is not None and group.root == tree.root.key else None
 
 
-def _subgroup_of(pod: Mapping[str, Any], namespace: str, tree: CompositeTree | None) -> str:
+def _subgroup_of(
+    pod: Mapping[str, Any],
+    namespace: str,
+    tree: CompositeTree | None,
+    partitions: Sequence[gangsources.Partition] = (),
+) -> str:
+    """The pod's sub-group as the sidecar reads it: its place in a CompositePodGroup tree, its
+    Volcano partition (its group object's `subGroupPolicy`, matched on the pod's labels, as
+    `scheduler/live/kinds.py` `_with_partition` does), or the sub-group the pod names."""
     if tree is not None:
         return tree_member(pod, namespace, tree) or ""
     named = member_gang(pod)
+    if partitions and (named is None or named.subgroup_source != "gputopo"):
+        labels = _meta(pod).get("labels")
+        found = gangsources.partition_of(partitions, labels if isinstance(labels, Mapping) else {})
+        if found is not None:
+            return found[1]
     return named.subgroup if named is not None else ""
 
 
@@ -674,7 +687,8 @@ def tree_document(
     if tree is None and not kind_tree and not gang.subgroup and source is None:
         return None
     meta = _meta(pod)
-    subgroups = {_str(_meta(m).get("name")): _subgroup_of(m, namespace, tree) for m in members}
+    partitions = obj_group.partitions if obj_group is not None else ()
+    subgroups = {_str(_meta(m).get("name")): _subgroup_of(m, namespace, tree, partitions) for m in members}
     obj: str | None
     quorum: int | None
     if tree is not None:
@@ -689,7 +703,8 @@ def tree_document(
     doc: dict[str, Any] = {
         "object": obj,
         "quorum": quorum,
-        "subgroup": subgroups.get(_str(meta.get("name")), "") or _subgroup_of(pod, namespace, tree),
+        "subgroup": subgroups.get(_str(meta.get("name")), "")
+        or _subgroup_of(pod, namespace, tree, partitions),
         "state": "planned" if plan is not None else "waiting" if stuck is not None else "unknown",
         "event": None if source is None else {"reason": source["reason"], "object": source["object"]},
         "root": None,

@@ -139,9 +139,11 @@ def tree_cluster(
     nodes: list[tuple[str, dict[str, str], tuple[int, ...]]],
     objects: list[tuple[str, dict]],
     pods: list[dict],
+    serve: dict[str, str] = SERVE,
 ) -> Iterator[Cluster]:
-    """The sidecar (Events on) over the stand-in, and a kubeconfig naming it (namespace ml)."""
-    api = fk.FakeAPI(serve=SERVE)
+    """The sidecar (Events on) over the stand-in serving the gang kinds `serve`, and a kubeconfig
+    naming it (namespace ml)."""
+    api = fk.FakeAPI(serve=serve)
     api.objects["events"], api.objects["custom"] = {}, {}
     server = _Server(api)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -672,3 +674,29 @@ def test_any_message_reads_back_as_a_tree_or_none_never_an_error(text: str, lead
     for read in (explain.parse_plan, explain.parse_stuck, explain.parse_own, explain.parse_entry):
         got = read(message)
         assert got is None or isinstance(got, dict)
+
+
+def test_a_volcano_partitioned_job_shows_each_partition_in_why(tmp_path, capsys, monkeypatch) -> None:
+    """A Volcano Job task with partitionPolicy (its PodGroup's subGroupPolicy, pods labelled
+    with their partition): the sidecar's GangPlanned Event on the Volcano PodGroup names each
+    partition's switch, and `why` prints that tree with this pod's partition marked."""
+    from tests.test_gang_volcano_topology import NODES, TIER0, job_pods, partition_policy, volcano_group
+
+    nodes = [(name, labels, ()) for name, labels in NODES]
+    group = volcano_group({"mode": "hard", "highestTierAllowed": 2}, [partition_policy()])
+    pods = job_pods(4)
+    serve = {"volcano-podgroups": "v1beta1"}
+    with tree_cluster(tmp_path, nodes, [("volcano-podgroups", group)], pods, serve) as c:
+        wait_until(lambda: c.state.snapshot().pods["ml/w0-0"].gang is not None)
+        placed = place_all(c, pods)
+        switch = dict(NODES)
+        out = why(capsys, c, monkeypatch, "w0-0")
+    assert "this pod is in sub-group worker-0" in out, out
+    for part, (a, b) in (("worker-0", ("w0-0", "w1-0")), ("worker-1", ("w2-0", "w3-0"))):
+        line = next(x for x in out.splitlines() if x.strip().startswith(f"{part} → "))
+        assert f"{part} → {switch[placed[a]][TIER0]} (tier-0, required)" in line, out
+        assert placed[a] in line and placed[b] in line, out
+    mine = next(line for line in out.splitlines() if "<- this pod" in line)
+    assert mine.strip().startswith("worker-0 → "), out
+    members = {x.split()[0]: x.split()[1] for x in out.splitlines() if x.startswith("  w")}
+    assert members == {"w0-0": "worker-0", "w1-0": "worker-0", "w2-0": "worker-1", "w3-0": "worker-1"}, out
