@@ -91,7 +91,7 @@ def rewrite_one(state: FileState, rng: random.Random, name: str) -> None:
     if info.topology is not None:
         used = frozenset(g for g in range(info.topology.topology.n) if rng.random() < 0.4)
         state._nodes[name] = replace(info, topology=replace(info.topology, allocated=used))
-    state._changed(nodes=True)
+    state._changed(nodes=True, names=(name,))
 
 
 Samples = dict[str, list[float]]

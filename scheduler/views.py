@@ -22,8 +22,9 @@ from gputopo.network.nodeview import NodeView
 from gputopo.node.allocator import AllocationError
 from gputopo.node.policy import GpuPolicy, PolicyPool
 from gputopo.node.topology import Topology
+from scheduler.layered import Layered
 from scheduler.model import NodeInfo, Snapshot
-from scheduler.nodeclasses import NodeClass, NodeViews, Offers
+from scheduler.nodeclasses import Answers, NodeClass, NodeViews, Offers
 from scheduler.nodeguard import NodeGuard, describe
 
 __all__ = ["Assumed", "NodeViews", "ViewBuilder", "node_view"]
@@ -146,10 +147,14 @@ class ViewBuilder:
         self.allocators = self.policies.allocators
         self.guard = guard or NodeGuard()
         self._whole: tuple | None = None
-        self._classes_of: dict[str, NodeClass] = {}  # node -> its class, as of the last build
+        self._classes_of: Layered[str, NodeClass] = Layered({})  # node -> its class, last build
         #: nodes with own binds, reservations or ended pods -> (their inputs, conflicts)
         self._general: dict[str, tuple[tuple, dict[str, str]]] = {}
-        self._built = NodeViews({}, {}, {})
+        self._built = NodeViews(Layered({}), {}, {})
+        #: (the change log, the sequence number) of the snapshot last built (`_changed_nodes`)
+        self._seen: tuple[object, int] | None = None
+        #: the filter's answers kept across builds, patched for the nodes each build changed
+        self.answers = Answers()
         #: nodes of unknown topology whose inputs changed in the last build (to warn about)
         self.unknown: list[str] = []
         #: reservation pod -> reason, for reservations whose GPUs are no longer free (see
@@ -194,6 +199,29 @@ class ViewBuilder:
             if collecting:
                 gc.enable()
 
+    def _changed_nodes(
+        self,
+        snap: Snapshot,
+        assumed_by_node: Mapping[str, object],
+        reservations_by_node: Mapping[str, object],
+    ) -> set[str] | None:
+        """The nodes whose inputs may differ from the last build's: those the state's change log
+        names since then, and those with own binds, reservations or ended pods now or at the
+        last build (few; they take the general path). None: every node (no log, or it cannot
+        tell, or so many changed that a pass over every node costs less than the bookkeeping)."""
+        changes, last = snap.changes, self._seen
+        if changes is None or last is None or last[0] is not changes or self._whole is None:
+            return None
+        named = changes.since(last[1], snap.changes_seq)
+        if named is None or len(named) > len(snap.nodes) // 4 + 64:
+            return None
+        dirty = set(named)
+        dirty.update(self._general)
+        dirty.update(assumed_by_node)
+        dirty.update(reservations_by_node)
+        dirty.update(snap.ended)
+        return dirty
+
     def _rebuild(
         self,
         snap: Snapshot,
@@ -202,25 +230,45 @@ class ViewBuilder:
         bound: frozenset[str],
         whole: tuple,
     ) -> NodeViews:
+        """The views of `snap`: every node looked at (`_changed_nodes` is None: a relist, a
+        first build, most nodes changed) or only those that may have changed, the others'
+        classes and views carried over from the last build as they are."""
         assumed_by_node: dict[str, list[Assumed]] = {}
         for a in assumed.values():
             assumed_by_node.setdefault(a.node, []).append(a)
+        nodes = snap.nodes
+        dirty = self._changed_nodes(snap, assumed_by_node, reservations_by_node)
+        old_classes, old_general, old_built = self._classes_of, self._general, self._built
+        general: dict[str, tuple[tuple, dict[str, str]]]
+        made: dict[str, NodeView]
+        # every node's class (a fresh pass), or the changed nodes' only (layered on the last)
         out: dict[str, NodeClass] = {}
-        made: dict[str, NodeView] = {}
-        general: dict[str, tuple[tuple, dict[str, str]]] = {}
+        removed: list[str] = []
+        if dirty is None:
+            made, general = {}, {}
+            todo: Iterable[tuple[str, NodeInfo | None]] = nodes.items()
+        else:  # the rest as they were; the changed ones redone below (removed when gone)
+            made = dict(old_built.made_views())
+            general = old_general.copy()
+            for name in dirty:
+                made.pop(name, None)
+                general.pop(name, None)
+            todo = ((name, nodes.get(name)) for name in dirty)
         unknown: list[str] = []
-        conflicts: dict[str, str] = {}
         pod_gpus = snap.pod_gpus
         last = self._whole
         old_nodes, old_counts = (last[0], last[1]) if last is not None else ({}, {})
-        old_classes, old_general, old_built = self._classes_of, self._general, self._built
         ended = snap.ended
         rejected = self._rejected
         # bound methods as locals: this loop runs per node, 20,000 times in a cold filter
         count_of, old_info, old_count = pod_gpus.get, old_nodes.get, old_counts.get
-        old_class, made_of = old_classes.get, old_built.made_views().get
+        old_class = (old_classes.flat() if dirty is None else old_classes).get
+        made_of = old_built.made_views().get
         policy_of, class_of = self._policy_of.get, self._classes.get
-        for name, info in snap.nodes.items():
+        for name, info in todo:
+            if info is None:  # deleted
+                removed.append(name)
+                continue
             mine = assumed_by_node.get(name) if assumed_by_node else None
             held = reservations_by_node.get(name) if reservations_by_node else None
             gone = ended.get(name) if ended else None
@@ -279,10 +327,18 @@ class ViewBuilder:
                 view, found, offer = self._node(info, key, bound)
                 out[name] = NodeClass(view.allocator, view.gpu_count, view.free, offer, key[3])
                 made[name], general[name] = view, (key, found)
-            conflicts.update(general[name][1])
-        self._whole, self._classes_of, self._general = whole, out, general
+        conflicts: dict[str, str] = {}
+        for _, found in general.values():
+            conflicts.update(found)
+        classes = Layered(out) if dirty is None else old_classes.replace(out, removed)
+        self._whole, self._classes_of, self._general = whole, classes, general
+        self._seen = (snap.changes, snap.changes_seq) if snap.changes is not None else None
         self.unknown, self.conflicts = unknown, conflicts
-        self._built = NodeViews(out, snap.nodes, made)
+        if dirty is None:
+            self.answers.reset()
+        else:
+            self.answers.changed(dirty)
+        self._built = NodeViews(classes, nodes, made, self.answers)
         return self._built
 
     def _class(self, info: NodeInfo, pod_gpus: int) -> NodeClass | None:
