@@ -169,6 +169,7 @@ class ViewBuilder:
         #: id -> every policy a class was made with (few: one per server model and policy)
         self.used_policies: dict[int, GpuPolicy] = {}
         self._rejected: set[str] = set()  # nodes the guard holds a "view" refusal of
+        self._probed: dict[int, GpuPolicy] = {}  # id -> each policy object probed (kept alive)
 
     @property
     def offered(self) -> Offers:
@@ -381,12 +382,15 @@ class ViewBuilder:
             self.used_policies[id(cls.allocator)] = cls.allocator
 
     def _policy(self, name: str, topology: Topology) -> GpuPolicy:
-        """The node's policy object, probed once per (policy, topology object)."""
+        """The node's policy object, looked up once per (policy, topology object) and probed
+        once per policy object."""
         hit = self._policy_of.get(id(topology))
         if hit is not None and hit[0] is topology and hit[1] == name:
             return hit[2]
         alloc = self.policies.get(name, topology)
-        alloc.choose(range(topology.n), 1)  # cached: proves the tables work
+        if id(alloc) not in self._probed:  # once per policy object (topologies of a model share one)
+            alloc.choose(range(topology.n), 1)  # cached: proves the tables work
+            self._probed[id(alloc)] = alloc
         if len(self._policy_of) >= 100_000:
             self._policy_of.clear()
         self._policy_of[id(topology)] = (topology, name, alloc)

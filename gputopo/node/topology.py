@@ -160,6 +160,32 @@ class Topology:
             description=str(data.get("description", "")),
         )
 
+    def with_gpus(self, gpus: Sequence[GPU]) -> Topology:
+        """This topology's name, links and bandwidth figures with other GPUs: another server of
+        the same model, whose GPUs differ by UUID only. The links were validated when this one
+        was built and do not depend on the GPUs, so only the GPUs are checked here (as
+        `__post_init__` checks them), and the bandwidth matrix is this one's (read-only):
+        decoding 60,000 nodes' annotations spent most of its time re-parsing, re-validating
+        and re-deriving the same few link matrices."""
+        gpus = tuple(gpus)
+        n = len(gpus)
+        if n != self.n or [g.index for g in gpus] != list(range(n)):
+            raise TopologyError("GPU indices must be 0..n-1 in order")
+        uuids = [g.uuid for g in gpus]
+        if len(set(uuids)) != n or any(not u for u in uuids):
+            raise TopologyError("GPU UUIDs must be present and unique")
+        out = object.__new__(Topology)  # the fields as the dataclass sets them, checks done above
+        out.__dict__.update(
+            name=self.name,
+            gpus=gpus,
+            links=self.links,
+            nvswitch=self.nvswitch,
+            settings=self.settings,
+            description=self.description,
+            bandwidth_mbps=self.bandwidth_mbps,
+        )
+        return out
+
     def with_settings(self, settings: BandwidthSettings) -> Topology:
         """The same links under other bandwidth figures (per-node overrides)."""
         return Topology(self.name, self.gpus, self.links, self.nvswitch, settings, self.description)
