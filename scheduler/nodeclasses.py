@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import compress
 
 from gputopo.gang.reservations import Reservation
 from gputopo.network.nodeview import NodeView
@@ -239,16 +240,23 @@ def _same(names: Sequence[str], kept: list[str]) -> bool:
 
 class _Answer:
     """The filter's answer for one pod size over the kept candidates: the passing ones with
-    their places among the candidates (ascending), the reason of each failing one, and the
-    nodes changed since it was last right (`pending`)."""
+    their places among the candidates (ascending), whether each candidate passes (`passes`,
+    by place), the reason of each failing one, and the nodes changed since it was last right
+    (`pending`)."""
 
-    __slots__ = ("failed", "ok", "pending", "places")
+    __slots__ = ("failed", "ok", "passes", "pending", "places")
 
-    def __init__(self, ok: list[str], places: list[int], failed: dict[str, str]) -> None:
+    def __init__(self, ok: list[str], places: list[int], passes: list[bool], failed: dict[str, str]) -> None:
         self.ok = ok
         self.places = places
+        self.passes = passes
         self.failed = failed
         self.pending: set[str] = set()
+
+
+#: pending nodes beyond which the passing list is redone from `_Answer.passes` in one C-level
+#: pass rather than by an insert or delete each (each moves the list's tail: O(candidates))
+REDO_AFTER = 16
 
 
 class Answers:
@@ -298,22 +306,30 @@ class Answers:
         if kept is None or not _same(names, self._names):
             return None
         if kept.pending:
-            ok, places, failed, place = kept.ok, kept.places, kept.failed, self._place
+            ok, places, passes, failed, place = kept.ok, kept.places, kept.passes, kept.failed, self._place
+            redo = len(kept.pending) > REDO_AFTER
             for name in kept.pending:
                 at = place[name]
-                i = bisect_left(places, at)
-                passing = i < len(places) and places[i] == at
                 why = verdict(classes.get(name), gpus)
                 if why is None:
                     failed.pop(name, None)
-                    if not passing:
-                        places.insert(i, at)
-                        ok.insert(i, name)
                 else:
                     failed[name] = why
-                    if passing:
-                        del places[i]
-                        del ok[i]
+                if passes[at] == (why is None):
+                    continue
+                passes[at] = why is None
+                if redo:
+                    continue
+                i = bisect_left(places, at)
+                if why is None:
+                    places.insert(i, at)
+                    ok.insert(i, name)
+                else:
+                    del places[i]
+                    del ok[i]
+            if redo:
+                kept.ok = list(compress(self._names, passes))
+                kept.places = list(compress(range(len(passes)), passes))
             kept.pending.clear()
         return kept.ok.copy(), kept.failed.copy()
 
@@ -330,7 +346,11 @@ class Answers:
         if len(self._by_size) >= self.MAX_SIZES:
             del self._by_size[next(iter(self._by_size))]
         place = self._place
-        self._by_size[gpus] = _Answer(ok.copy(), [place[n] for n in ok], failed.copy())
+        places = [place[n] for n in ok]
+        passes = [False] * len(names)
+        for at in places:
+            passes[at] = True
+        self._by_size[gpus] = _Answer(ok.copy(), places, passes, failed.copy())
 
 
 def reserved_reason(c: NodeClass, size: int, taken: Iterable[Reservation]) -> str:
