@@ -15,7 +15,7 @@ from typing import Protocol
 from gputopo.network.annotation import NodeTopology
 from gputopo.network.cluster import ClusterSnapshot
 from scheduler import defaults
-from scheduler.layered import Layered
+from scheduler.layered import FOLD_FRACTION, FOLD_MIN, Layered
 from scheduler.model import NodeChanges, NodeInfo, PodInfo, Snapshot, parse_pod
 
 
@@ -118,7 +118,12 @@ class FileState:
         or a node added or removed: the copy keeps the store's order)."""
         last, touched = self._last_nodes, self._touched
         nodes = self._nodes
-        if last is not None and touched is not None and all(n in nodes and n in last for n in touched):
+        if (
+            last is not None
+            and touched is not None
+            and len(touched) <= len(last) // FOLD_FRACTION + FOLD_MIN  # else a copy costs less
+            and all(n in nodes and n in last for n in touched)
+        ):
             out = last.replace({n: nodes[n] for n in touched})
         else:
             out = Layered.of(nodes)

@@ -259,6 +259,8 @@ class ViewBuilder:
         pod_gpus = snap.pod_gpus
         last = self._whole
         old_nodes, old_counts = (last[0], last[1]) if last is not None else ({}, {})
+        if dirty is None and isinstance(old_nodes, Layered):  # a pass over every node: C lookups
+            old_nodes = old_nodes.flat()
         ended = snap.ended
         rejected = self._rejected
         # bound methods as locals: this loop runs per node, 20,000 times in a cold filter

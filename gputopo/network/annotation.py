@@ -19,7 +19,7 @@ import orjson
 
 from gputopo.node.links import MAX_GBPS, PCIE_LEVELS
 from gputopo.node.policy import DEFAULT_POLICY, POLICY_NAMES
-from gputopo.node.topology import GPU, Topology, TopologyError
+from gputopo.node.topology import GPU, Topology, TopologyError, gpu
 
 #: Schema version written by encode(); decode() accepts exactly this one. Optional keys (`pods`)
 #: are added within a version: readers ignore keys they do not know (docs/annotation.md).
@@ -273,7 +273,7 @@ def _known_shape(known: Topology, raw: list[Any]) -> tuple[Topology, set[int]] |
             or not (numa is None or (type(numa) is int and -1 <= numa <= MAX_NUMA))
         ):
             return None
-        gpus.append(GPU(k, uuid, model, bus, numa if numa is None or numa >= 0 else None))
+        gpus.append(gpu(k, uuid, model, bus, numa if numa is None or numa >= 0 else None))
         if not healthy:
             unhealthy.add(k)
     try:
