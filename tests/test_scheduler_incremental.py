@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 
 from gputopo.gang.reservations import Assumed, Reservation
 from gputopo.network.annotation import NodeTopology
+from gputopo.network.levels import CLUSTER, NetworkIndex
 from gputopo.node.topofile import load_preset
 from scheduler import nodeclasses
+from scheduler.cache import ClusterCache
 from scheduler.layered import Layered
 from scheduler.model import NodeChanges, NodeInfo, Snapshot
 from scheduler.nodeclasses import NodeViews
@@ -110,6 +112,7 @@ def check(plan: list) -> None:
     log = NodeChanges(limit=16)  # small: the log is cut now and then, and builds start over
     versions = [0, 0]
     long = ViewBuilder()
+    cache = ClusterCache(("leaf",))
     for step, op in enumerate(plan):
         kind = op[0]
         if kind == "rewrite":
@@ -158,6 +161,13 @@ def check(plan: list) -> None:
         fresh = ViewBuilder()
         fresh.build(snap, assumed, versions[0], by_node, versions[1])
         assert long.conflicts == fresh.conflicts
+        net = cache.network(snap)  # kept while no node's labels changed, else rebuilt
+        want_net = NetworkIndex.build(((i.name, i.labels) for i in nodes.values()), ("leaf",))
+        assert (net.nodes, dict(net.position)) == (want_net.nodes, dict(want_net.position))
+        for level in ("leaf", CLUSTER):
+            got_level, want_level = net.level(level), want_net.level(level)
+            assert list(got_level.names) == list(want_level.names)
+            assert [m.tolist() for m in got_level.members] == [m.tolist() for m in want_level.members]
 
 
 @settings(max_examples=60, deadline=None)
