@@ -98,7 +98,7 @@ class KubeState:
         #: object, which the view builder compares by identity) when only pending pods changed
         self._pod_gpus_version = 0
         self._snap_pod_gpus_version = -1
-        self._snap_parts: tuple[dict[str, NodeInfo], dict[str, PodInfo], dict[str, int]] | None = None
+        self._snap_parts: tuple[Mapping[str, NodeInfo], dict[str, PodInfo], dict[str, int]] | None = None
         self._base_nodes: Mapping[str, NodeInfo] = {}  # the watched nodes before DRA views
         self._raw_pods: dict[str, PodInfo] = {}  # pods before group objects are resolved in
         self._nodes_dirty = self._pods_dirty = self._groups_dirty = self._dra_dirty = True
