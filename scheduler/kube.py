@@ -105,7 +105,8 @@ class KubeState:
         #: the nodes changed since the last snapshot (None: any; `snapshot` then reads them all)
         self._touched: set[str] | None = None
         #: node -> (its stored NodeInfo, the stale stand-in the snapshot shows for it), so a
-        #: stale node keeps one object while it stays stale (the views key on identity)
+        #: stale node keeps one object while it stays stale (the views key on identity) and one
+        #: reason, with the age it went stale at (logged once, not again at every snapshot)
         self._stale_info: dict[str, tuple[NodeInfo, NodeInfo]] = {}
         #: the change log the snapshots carry (`NodeChanges`): whatever is derived per node
         #: redoes only the nodes named in it since
