@@ -49,8 +49,10 @@ from scheduler.state import FileState, from_cluster
 
 try:  # the code before this change had neither (the side-by-side "before" run)
     from gputopo.network.annotation import Shapes
+    from scheduler.kubeobjects import listed_nodes
 except ImportError:  # pragma: no cover
     Shapes = None  # type: ignore[assignment,misc]
+    listed_nodes = None  # type: ignore[assignment]
 from scheduler.kubeobjects import node_info, same_topology
 from scheduler.nodeguard import NodeGuard
 
@@ -86,11 +88,13 @@ def read_nodes(items: list[dict[str, Any]]) -> list[NodeInfo]:
     """Every node decoded as the live store's list does (`KubeState._replace_nodes`)."""
     guard = NodeGuard()
     kw: dict[str, Any] = {"shapes": Shapes()} if Shapes is not None else {}
-    out = []
-    for obj in items:
-        info = node_info(obj, resource=RESOURCE, annotation_key=KEY, clock=lambda: 2.0, guard=guard, **kw)
-        out.append(same_topology(None, info))
-    return out
+
+    def read(obj: dict[str, Any]) -> NodeInfo:
+        return node_info(obj, resource=RESOURCE, annotation_key=KEY, clock=lambda: 2.0, guard=guard, **kw)
+
+    if listed_nodes is not None:
+        return listed_nodes(items, {}, read)
+    return [same_topology(None, read(obj)) for obj in items]  # the code before this change
 
 
 def rewrite(state: FileState, rng: random.Random, names: list[str], via_decode: bool = False) -> None:

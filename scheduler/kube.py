@@ -28,7 +28,7 @@ from scheduler.binding import create_binding
 from scheduler.dra import GROUP as DRA_GROUP
 from scheduler.dra import VERSION as DRA_VERSION
 from scheduler.dra import DraStore, with_claim_gpus
-from scheduler.kubeobjects import group_min, node_info, parsed_pod, relevant_pod, same_topology
+from scheduler.kubeobjects import group_min, listed_nodes, node_info, parsed_pod, relevant_pod, same_topology
 from scheduler.layered import Layered
 from scheduler.metrics import Metrics
 from scheduler.model import NodeChanges, NodeInfo, PodInfo, Snapshot
@@ -291,7 +291,7 @@ class KubeState:
 
     def _replace_nodes(self, items: list[dict[str, Any]]) -> None:
         old = self._nodes  # compared outside the lock: only the nodes' watch thread writes it
-        infos = [same_topology(old.get(i.name), i) for i in (self._node_info(o) for o in items)]
+        infos = listed_nodes(items, old, self._node_info)
         with self._lock:
             self._nodes = {i.name: i for i in infos if i.name}
             for info in infos:

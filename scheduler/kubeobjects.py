@@ -8,9 +8,10 @@ other objects. The same parsers read kube-scheduler's requests (scheduler/model.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -59,6 +60,23 @@ def node_info(
         guard.accepted(name, "annotation")
         guard.accepted(name, "allocatable")
     return info
+
+
+def listed_nodes(
+    items: Iterable[dict[str, Any]], held: Mapping[str, NodeInfo], read: Callable[[dict[str, Any]], NodeInfo]
+) -> list[NodeInfo]:
+    """Every node of a list, read (`read`: `node_info` with the store's settings) and kept
+    against what the store held (`same_topology`). The cycle collector is paused meanwhile:
+    decoding creates millions of objects and no cycles, and with it on a 60,000-node list spent
+    about as long in full collections of the growing heap as in the decoding itself (it is
+    restored after, as it was)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return [same_topology(held.get(i.name), i) for i in map(read, items)]
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def same_topology(prev: NodeInfo | None, info: NodeInfo) -> NodeInfo:
