@@ -20,7 +20,7 @@ from dataclasses import replace
 from gputopo.gang.reservations import Assumed, Reservation
 from gputopo.network.nodeview import NodeView
 from gputopo.node.allocator import AllocationError
-from gputopo.node.policy import GpuPolicy, PolicyPool
+from gputopo.node.policy import GpuPolicy, PolicyPool, registered
 from gputopo.node.topology import Topology
 from scheduler.layered import Layered
 from scheduler.model import NodeInfo, Snapshot
@@ -170,6 +170,8 @@ class ViewBuilder:
         self.used_policies: dict[int, GpuPolicy] = {}
         self._rejected: set[str] = set()  # nodes the guard holds a "view" refusal of
         self._probed: dict[int, GpuPolicy] = {}  # id -> each policy object probed (kept alive)
+        #: id(bandwidth matrix) -> (it, the exact policy of it): see `_policy`
+        self._exact_of: dict[int, tuple[object, GpuPolicy]] = {}
 
     @property
     def offered(self) -> Offers:
@@ -389,7 +391,18 @@ class ViewBuilder:
         hit = self._policy_of.get(id(topology))
         if hit is not None and hit[0] is topology and hit[1] == name:
             return hit[2]
-        alloc = self.policies.get(name, topology)
+        if registered(name).exact:  # reads the bandwidth matrix only: one lookup per matrix object
+            bw = topology.bandwidth_mbps  # (a known model's topologies share it: `Topology.with_gpus`)
+            kept = self._exact_of.get(id(bw))
+            if kept is not None and kept[0] is bw:
+                alloc = kept[1]
+            else:
+                alloc = self.policies.get(name, topology)
+                if len(self._exact_of) >= 10_000:
+                    self._exact_of.clear()
+                self._exact_of[id(bw)] = (bw, alloc)
+        else:
+            alloc = self.policies.get(name, topology)
         if id(alloc) not in self._probed:  # once per policy object (topologies of a model share one)
             alloc.choose(range(topology.n), 1)  # cached: proves the tables work
             self._probed[id(alloc)] = alloc
