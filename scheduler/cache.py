@@ -18,7 +18,7 @@ from gputopo.gang.reservations import Assumed, Reservation
 from gputopo.network.levels import NetworkIndex
 from gputopo.network.nodeview import NodeView
 from gputopo.node.policy import GpuPolicy
-from scheduler.model import NodeInfo, PodInfo, Snapshot
+from scheduler.model import PodInfo, Snapshot
 from scheduler.nodeguard import NodeGuard
 from scheduler.views import NodeViews, ViewBuilder, in_use
 
@@ -42,9 +42,7 @@ class ClusterCache:
         # the index is built from node names and labels only: keyed on the nodes mapping (a new
         # one whenever any node changes) and the levels, not on the snapshot version, which
         # every new pod bumps
-        # (or, with the state's change log, on the nodes named in it since: an annotation
-        # rewrite keeps the node's labels, and the index with them)
-        self._index_key: tuple[Mapping[str, NodeInfo], tuple[str, ...], object, int] | None = None
+        self._index_key: tuple[object, tuple[str, ...]] | None = None
         self._index: NetworkIndex | None = None
 
     # ------------------------------------------------------------------ own binds
@@ -113,11 +111,9 @@ class ClusterCache:
         # the cluster's own levels (its Kueue/KAI Topology objects) when it defines any, else ours
         levels = tuple(snap.levels or self.levels)
         key = self._index_key
-        if self._index is not None and key is not None and key[0] is snap.nodes and key[1] == levels:
-            return self._index
-        if self._index is None or key is None or key[1] != levels or not _same_labels(key, snap):
+        if self._index is None or key is None or key[0] is not snap.nodes or key[1] != levels:
             self._index = NetworkIndex.build(((n.name, n.labels) for n in snap.nodes.values()), levels)
-        self._index_key = (snap.nodes, levels, snap.changes, snap.changes_seq)
+            self._index_key = (snap.nodes, levels)
         return self._index
 
     def members(self, gang: str, snap: Snapshot) -> list[PodInfo]:
@@ -155,23 +151,6 @@ class ClusterCache:
             info = nodes.get(name)
             if info is not None and not (info.topology is None and info.topology_problem):
                 del self._warned[name]
-
-
-def _same_labels(key: tuple[Mapping[str, NodeInfo], tuple[str, ...], object, int], snap: Snapshot) -> bool:
-    """No node was added or removed and none changed its labels since the snapshot the index
-    was built from (`key`), as far as the state's change log tells (False when it cannot)."""
-    old, _, changes, seq = key
-    if snap.changes is None or changes is not snap.changes:
-        return False
-    names = snap.changes.since(seq, snap.changes_seq)
-    if names is None or len(names) > 4096:
-        return False
-    nodes = snap.nodes
-    for name in set(names):
-        a, b = old.get(name), nodes.get(name)
-        if (a is None) != (b is None) or (a is not None and b is not None and a.labels != b.labels):
-            return False
-    return True
 
 
 def _caught_up(snap: Snapshot, a: Assumed) -> bool:
