@@ -12,7 +12,7 @@ node. Times are the filtering thread's CPU time (what to compare on a shared mac
 clock beside it where it says so.
 
   json.load   CPU time of json.loads of that NodeList body (the yardstick for start-up)
-  ready       decoding every node as the live store does (`scheduler.kubeobjects.node_info`,
+  ready       decoding every node as the live store does (`scheduler.live.objects.node_info`,
               `same_topology`, one `Shapes` for the store) plus the first filter
   warm        filters on the unchanged cluster (`--rounds`)
   one         the filter right after one node's annotation was rewritten (each bind's
@@ -45,15 +45,15 @@ from gputopo.network.annotation import NodeTopology, decode, encode
 from gputopo.network.cluster import ClusterSnapshot, generate_cluster
 from scheduler.extender import Extender
 from scheduler.model import NodeInfo, parse_pod
-from scheduler.state import FileState, from_cluster
+from scheduler.picture.feed import FileState, from_cluster
 
 try:  # the code before this change had neither (the side-by-side "before" run)
     from gputopo.network.annotation import Shapes
-    from scheduler.kubeobjects import listed_nodes
+    from scheduler.live.objects import listed_nodes
 except ImportError:  # pragma: no cover
     Shapes = None  # type: ignore[assignment,misc]
     listed_nodes = None  # type: ignore[assignment]
-from scheduler.kubeobjects import node_info, same_topology
+from scheduler.live.objects import node_info, same_topology
 from scheduler.nodeguard import NodeGuard
 
 KEY = "gputopo.io/topology"

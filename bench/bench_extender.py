@@ -34,8 +34,8 @@ import numpy as np
 from gputopo.network.cluster import generate_cluster
 from scheduler.extender import Extender
 from scheduler.model import parse_pod
-from scheduler.server import Server
-from scheduler.state import from_cluster
+from scheduler.picture.feed import from_cluster
+from scheduler.web.server import Server
 
 MIX = {"dgx-a100": 2.0, "hgx-h100": 1.0, "dgx1-v100": 1.0}
 GROUP = "scheduling.x-k8s.io/pod-group"

@@ -36,9 +36,9 @@ sys.path.insert(0, {repo!r})
 from gputopo.network.cluster import parse_cluster
 from scheduler import defaults
 from scheduler.extender import Extender
-from scheduler.httplimits import Limits
-from scheduler.server import Server
-from scheduler.state import from_cluster
+from scheduler.web.limits import Limits
+from scheduler.web.server import Server
+from scheduler.picture.feed import from_cluster
 state = from_cluster(parse_cluster({{"nodes": [{{"name": "a1", "gpus": "dgx-a100"}}]}}))
 limits = Limits(**{limits!r})
 s = Server(Extender(state, defaults.DEFAULT_LEVELS, clock=time.time), "127.0.0.1", 0, limits=limits)

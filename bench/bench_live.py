@@ -61,7 +61,7 @@ def measure(url: str, requests: int) -> dict[str, object]:
     from kubernetes import client
 
     from scheduler.extender import Extender
-    from scheduler.kube import KubeState
+    from scheduler.live.kube import KubeState
     from scheduler.model import parse_pod
     from tests import fake_apiserver as fk
 

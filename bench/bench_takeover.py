@@ -26,7 +26,7 @@ from bench_extender import MIX, pod  # run as a script: bench/ is on the path
 from gputopo.network.cluster import generate_cluster, parse_cluster
 from scheduler.extender import Extender
 from scheduler.model import parse_pod
-from scheduler.state import FileState, from_cluster
+from scheduler.picture.feed import FileState, from_cluster
 
 
 def old_leader(

@@ -35,7 +35,7 @@ from typing import Any, NoReturn
 from gputopo.jobtime.profiles import PROFILE_MIXES
 from gputopo.sim import report
 from gputopo.sim.cli import UsageError, add_arguments, prepare
-from gputopo.sim.clusters import CLUSTER_PRESETS
+from gputopo.sim.clusters import TARGET_PRESETS
 from gputopo.sim.engine import QUEUE_ORDERS
 from gputopo.sim.metrics import Summary
 from gputopo.sim.policies.catalog import POLICIES
@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _Parser(description="issue 10 targets: workloads x cluster presets x policies")
     parser.add_argument("--workloads", default=",".join(TRACES), help=f"comma list of {', '.join(TRACES)}")
     parser.add_argument(
-        "--clusters", default=",".join(CLUSTER_PRESETS), help=f"comma list of {', '.join(CLUSTER_PRESETS)}"
+        "--clusters", default=",".join(TARGET_PRESETS), help=f"comma list of {', '.join(TARGET_PRESETS)}"
     )
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma list (default: every policy)")
     parser.add_argument("--pods", type=int, default=20000, help="pods of the generator (default 20000)")
@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write every result into this JSON file")
     args = parser.parse_args(argv)
     workloads = _names(args.workloads, list(TRACES), "--workloads", parser)
-    clusters = _names(args.clusters, list(CLUSTER_PRESETS), "--clusters", parser)
+    clusters = _names(args.clusters, list(TARGET_PRESETS), "--clusters", parser)
     policies = _names(args.policies, POLICIES, "--policies", parser)
     if args.json and not Path(args.json).resolve().parent.is_dir():
         parser.error(f"--json {args.json}: folder {Path(args.json).parent} does not exist")

@@ -70,7 +70,7 @@ def measure(url: str, page_size: int) -> None:
     """Child process: start a KubeState against `url`, report one JSON line."""
     from kubernetes import client
 
-    from scheduler.kube import KubeState
+    from scheduler.live.kube import KubeState
 
     cfg = client.Configuration()
     cfg.host = url

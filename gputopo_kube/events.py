@@ -74,6 +74,14 @@ def _seconds(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def bounded_note(note: str) -> str:
+    """`note` cut to MAX_NOTE bytes of UTF-8, never inside a character: the API server counts
+    bytes (Go's len), and a tree's plan note carries "→" (3 bytes), so a cut by characters could
+    still be refused and the Event lost."""
+    raw = note.encode()
+    return note if len(raw) <= MAX_NOTE else raw[:MAX_NOTE].decode(errors="ignore")
+
+
 def event_namespace(regarding: Mapping[str, str]) -> str:
     return regarding.get("namespace") or CLUSTER_SCOPED_NAMESPACE
 
@@ -114,7 +122,7 @@ def v1_event(
         "reportingInstance": instance[:MAX_FIELD],
         "action": action[:MAX_FIELD],
         "reason": reason[:MAX_FIELD],
-        "note": note[:MAX_NOTE],
+        "note": bounded_note(note),
         "type": type_,
         "regarding": ref,
     }
@@ -141,7 +149,7 @@ def core_event(
         },
         "involvedObject": {k: v for k, v in regarding.items() if v},
         "reason": reason[:MAX_FIELD],
-        "message": note[:MAX_NOTE],
+        "message": bounded_note(note),
         "type": type_,
         "source": {"component": controller},
         "reportingComponent": controller,

@@ -166,6 +166,25 @@ class Reader:
                 return None
             raise
 
+    def gang_objects(self, api: Api, namespace: str) -> list[dict[str, Any]]:
+        """Every object of a gang API in the namespace (a tree's PodGroups and
+        CompositePodGroups, which name their parents), [] when the API is not served (404) or
+        this user may not list it (403): `why` then shows the pod's own group only."""
+        try:
+            return _items(
+                self._call(
+                    self.custom.list_namespaced_custom_object,
+                    api.group,
+                    api.versions[0],
+                    namespace,
+                    api.plural,
+                )
+            )
+        except ApiError as e:
+            if e.status in (403, 404):
+                return []
+            raise
+
 
 def _obj(doc: Any) -> dict[str, Any]:
     if not isinstance(doc, dict):

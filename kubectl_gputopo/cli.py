@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from kubernetes import client
 
 from gputopo.cli import render_topo, topo_document
-from gputopo.gang.sources import SourceError
+from gputopo.gang.sources import COMPOSITE_API, SourceError, dig
 from gputopo.network import annotation
 from gputopo.node.allocator import MAX_GPUS, AllocatorPool
 from gputopo.output import add_output_arguments, add_version_argument, ago, dump, is_machine
@@ -197,10 +197,27 @@ def _why(reader: Reader, args: argparse.Namespace, namespace: str, now: float) -
     gang_object = None
     members: list[dict[str, Any]] = [pod]
     events = reader.events(namespace, "Pod", name)
+    tree = None
     if gang is not None:
         if gang.source.api is not None:
             gang_object = reader.gang_object(gang.source.api, namespace, gang.name)
-        members = [p for p in reader.pods(namespace) if views.same_gang(views.member_gang(p), gang)]
+        pods = reader.pods(namespace)
+        if gang.source.api is not None and dig(
+            gang_object, "spec", "parentCompositePodGroupName"
+        ):  # a PodGroup under a CompositePodGroup: the gang is the whole tree
+            tree = views.composite_tree(
+                gang,
+                namespace,
+                gang_object,
+                reader.gang_objects(gang.source.api, namespace),
+                reader.gang_objects(COMPOSITE_API, namespace),
+            )
+        if tree is not None:
+            members = [p for p in pods if views.tree_member(p, namespace, tree) is not None]
+            kind, _, root = tree.object.partition("/")
+            events += reader.events(namespace, kind, root)  # the gang's Events are on its root
+        else:
+            members = [p for p in pods if views.same_gang(views.member_gang(p), gang)]
         events += reader.events(namespace, views.object_kind(gang), gang.name)
         predicted = views.predictions(reader.events_by_reason(namespace, "Pod", views.PREDICTED_REASON))
     else:
@@ -213,6 +230,7 @@ def _why(reader: Reader, args: argparse.Namespace, namespace: str, now: float) -
         events=events,
         gang_error=gang_error,
         predicted=predicted,
+        tree=tree,
     )
     print(
         dump(doc, args.output)

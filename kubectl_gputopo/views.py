@@ -11,9 +11,11 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from gputopo.gang import explain
 from gputopo.gang import sources as gangsources
 from gputopo.gang.sources import LEVEL_ANNOTATIONS, Named
 from gputopo.network import annotation
@@ -482,11 +484,15 @@ def why_document(
     events: Sequence[Mapping[str, Any]],
     gang_error: str | None = None,
     predicted: Mapping[str, Mapping[str, str]] | None = None,
+    tree: CompositeTree | None = None,
 ) -> dict[str, Any]:
     """The decision for a pod (and its gang), with every Event on the pod and its gang object
     (oldest first, by the finest time each carries). `gang_error`: why the pod's gang fields are
     unusable (the sidecar refuses the pod). `predicted`: the GPUs the sidecar predicted per pod
-    name (`predictions`); the pod's own are also read from `events`."""
+    name (`predictions`); the pod's own are also read from `events`. `tree`: the
+    CompositePodGroup tree the pod's PodGroup sits under (`composite_tree`; `members` and
+    `events` then cover the whole tree and its root). A gang that is a tree gets `gang.tree`
+    (`tree_document`), and its members their sub-group; a flat gang's document is unchanged."""
     meta = _meta(pod)
     predicted = {**predictions(events), **(predicted or {})}
     me = member_row(pod, predicted)
@@ -528,6 +534,11 @@ def why_document(
             "members": member_rows,
             "bound": sum(1 for m in member_rows if m["node"]),
         }
+        found = tree_document(pod, gang, namespace, gang_object, members, rows, tree)
+        if found is not None:
+            doc["gang"]["tree"], subgroups = found
+            for m in member_rows:
+                m["subgroup"] = subgroups.get(m["name"], "")
     if me["node"]:
         doc["decision"] = f"bound to {me['node']}"
     else:
@@ -548,6 +559,213 @@ def _object_levels(gang: Named, namespace: str, obj: Mapping[str, Any] | None) -
         return None
     levels = {"required": group.required_level, "preferred": group.preferred_level}
     return {k: v for k, v in levels.items() if v}
+
+
+# ---------------------------------------------------------------------------- trees
+
+#: The sidecar's Events that carry a tree gang's decision, in `gputopo.gang.explain`'s words.
+TREE_REASONS = ("GangPlanned", "GangReplanned", "GangUnschedulable")
+
+
+@dataclass(frozen=True)
+class CompositeTree:
+    """A CompositePodGroup tree as the sidecar links it: the root (the gang, with its quorum
+    and sub-groups) and every PodGroup's Group (`root` set to the root's key)."""
+
+    root: gangsources.Group
+    index: Mapping[str, gangsources.Group]
+
+    @property
+    def object(self) -> str:
+        """The root's kind/name: the object the sidecar writes the gang's Events on."""
+        ref = self.root.ref or {}
+        return f"{ref.get('kind', 'CompositePodGroup')}/{ref.get('name', '?')}"
+
+
+def composite_tree(
+    gang: Named | None,
+    namespace: str,
+    gang_object: Mapping[str, Any] | None,
+    podgroups: Sequence[Mapping[str, Any]],
+    composites: Sequence[Mapping[str, Any]],
+) -> CompositeTree | None:
+    """The CompositePodGroup tree the pod's PodGroup sits under, linked exactly as the sidecar
+    links it (`sources.link` over the namespace's PodGroups and CompositePodGroups), or None:
+    the pod's gang is not a Kubernetes PodGroup, its PodGroup names no parent, or the chain
+    does not reach a root (the sidecar then makes no tree either: its pods wait)."""
+    if gang is None or gang.source.name != "k8s-podgroup" or gang_object is None:
+        return None
+    if not gangsources.dig(gang_object, "spec", "parentCompositePodGroupName"):
+        return None
+    default = gang.source.api.api_version if gang.source.api is not None else ""
+    groups: list[gangsources.Group] = []
+    for parse, objs, fallback in (
+        (gangsources.groups_k8s_podgroup, podgroups, default),
+        (gangsources.groups_k8s_composite, composites, gangsources.COMPOSITE_API.api_version),
+    ):
+        for obj in objs:
+            version = obj.get("apiVersion")
+            groups += parse(obj, version if isinstance(version, str) and version else fallback)
+    index = gangsources.link(groups)
+    mine = index.get(f"{namespace}/{gang.key}")
+    root = index.get(mine.root) if mine is not None and mine.root else None
+    return None if root is None else CompositeTree(root, index)
+
+
+def tree_member(pod: Mapping[str, Any], namespace: str, tree: CompositeTree) -> str | None:
+    """The sub-group ("podgroup:NAME") of a pod whose PodGroup is in `tree`, else None."""
+    named = member_gang(pod)
+    if named is None or named.source.name != "k8s-podgroup":
+        return None
+    group = tree.index.get(f"{namespace}/{named.key}")
+    return named.key if group is not None and group.root == tree.root.key else None
+
+
+def _subgroup_of(pod: Mapping[str, Any], namespace: str, tree: CompositeTree | None) -> str:
+    if tree is not None:
+        return tree_member(pod, namespace, tree) or ""
+    named = member_gang(pod)
+    return named.subgroup if named is not None else ""
+
+
+def tree_document(
+    pod: Mapping[str, Any],
+    gang: Named,
+    namespace: str,
+    gang_object: Mapping[str, Any] | None,
+    members: Sequence[Mapping[str, Any]],
+    rows: Sequence[Mapping[str, Any]],
+    tree: CompositeTree | None,
+) -> tuple[dict[str, Any], dict[str, str]] | None:
+    """`gang.tree` of `why`'s document, and each member's sub-group by pod name; None for a
+    flat gang (no tree object, no sub-group on the pod or its group object, and no tree
+    decision among the Events), whose document stays as it was.
+
+    The tree's shape comes from the objects; where each sub-group went and why comes from the
+    sidecar's newest Event that carries a tree decision (`gputopo.gang.explain`): a plan (the
+    root, then every sub-group with its domain, level, nodes and reason) or, for a tree that
+    waits, the sub-group that cannot be placed and why."""
+    obj_group = gangsources.object_group(gang, namespace, gang_object)
+    kind_tree = obj_group is not None and bool(obj_group.subgroups)
+    plan: dict[str, Any] | None = None
+    stuck: dict[str, str] | None = None
+    source: Mapping[str, Any] | None = None
+    own: tuple[dict[str, Any], Mapping[str, Any]] | None = None  # this pod's own GangPlanned entry
+    me = f"pod/{_str(_meta(pod).get('name'))}"
+    for row in reversed(rows):  # newest first
+        if row["from"] != SCHEDULER_COMPONENT or row["reason"] not in TREE_REASONS:
+            continue
+        if row["reason"] == "GangUnschedulable":
+            stuck = explain.parse_stuck(row["message"])
+        else:
+            plan = explain.parse_plan(row["message"])
+            entry = explain.parse_own(row["message"]) if row["object"] == me and own is None else None
+            if entry is not None:
+                own = (entry, row)
+        if plan is not None or stuck is not None:
+            source = row
+            break
+    if plan is None and own is not None and (stuck is None or _newer(own[1], source)):
+        # no tree Event on a group object newer than the pod's own (a tree without one: Kueue
+        # slices, gputopo.io/subgroup on a gang with none): the pod's own Event still says
+        # where its sub-group went
+        stuck, source = None, own[1]
+        plan = {"subgroups": [own[0]], "omitted": 0, "omitted_nodes": 0, "own_only": True}
+    if tree is None and not kind_tree and not gang.subgroup and source is None:
+        return None
+    meta = _meta(pod)
+    subgroups = {_str(_meta(m).get("name")): _subgroup_of(m, namespace, tree) for m in members}
+    obj: str | None
+    quorum: int | None
+    if tree is not None:
+        obj, quorum = tree.object, tree.root.min_member
+    elif gang_object is not None and obj_group is not None:
+        obj, quorum = (
+            f"{_str(gang_object.get('kind')) or object_kind(gang)}/{gang.name}",
+            obj_group.min_member,
+        )
+    else:
+        obj, quorum = None, gang.min_member
+    doc: dict[str, Any] = {
+        "object": obj,
+        "quorum": quorum,
+        "subgroup": subgroups.get(_str(meta.get("name")), "") or _subgroup_of(pod, namespace, tree),
+        "state": "planned" if plan is not None else "waiting" if stuck is not None else "unknown",
+        "event": None if source is None else {"reason": source["reason"], "object": source["object"]},
+        "root": None,
+        "subgroups": [],
+        "omitted": 0,
+        "omitted_nodes": 0,
+        "stuck": stuck,
+    }
+    if plan is not None:
+        doc["subgroups"] = plan.pop("subgroups")
+        doc["omitted"], doc["omitted_nodes"] = plan.pop("omitted"), plan.pop("omitted_nodes")
+        doc["root"] = None if plan.pop("own_only", False) else plan
+    return doc, subgroups
+
+
+def _newer(a: Mapping[str, Any], b: Mapping[str, Any] | None) -> bool:
+    """Whether Event row `a` is newer than `b` (rows without a time count as oldest)."""
+    if b is None:
+        return True
+    return (a["time"] if a["time"] is not None else -math.inf) > (
+        b["time"] if b["time"] is not None else -math.inf
+    )
+
+
+def _render_tree(tree: Mapping[str, Any], gang: Mapping[str, Any]) -> list[str]:
+    """The tree as `why` prints it: root then sub-groups indented, this pod's marked."""
+    mine = tree["subgroup"]
+    where = f"tree {tree['object']}" if tree["object"] else "tree"
+    quorum = "" if tree["quorum"] is None else f", quorum {tree['quorum']}"
+    member = f"this pod is in sub-group {mine}" if mine else "this pod is in no sub-group (the root)"
+    lines = [f"{where}{quorum}: {member}"]
+    event = tree["event"]
+    said = f" (the sidecar's {event['reason']} Event on {event['object']})" if event else ""
+    root = tree["root"]
+    if tree["state"] == "planned":
+        lines.append(f"  planned{said}:")
+        if root is not None:
+            label = tree["object"] or f"gang {gang['name']}"
+            text = f"    {label} {explain.ARROW} {root['domain']} ({root['level']}, {root['how']})"
+            text += f" on {root['node_count']} nodes"
+            if root["offered"] is not None:
+                text += f", within the {root['offered']} nodes offered"
+            if root["why"]:
+                text += f": {root['why']}"
+            lines.append(text)
+        else:
+            lines.append(
+                "    (the tree's own Event is on no group object: only this pod's sub-group is known)"
+            )
+        for g in tree["subgroups"]:
+            nodes = ",".join(g["nodes"]) + (f",+{g['more_nodes']}" if g["more_nodes"] else "")
+            line = (
+                f"    {'  ' * g['depth']}{g['name']} {explain.ARROW} {g['domain']} ({g['level']}, {g['how']})"
+                f" on {nodes}"
+            )
+            if g["why"]:
+                line += f": {g['why']}"
+            if mine and g["name"] == mine:
+                line += "  <- this pod"
+            lines.append(line)
+        if tree["omitted"]:
+            lines.append(
+                f"      and {tree['omitted']} more sub-groups on {tree['omitted_nodes']} nodes "
+                "(the Event's 1 KiB note holds no more)"
+            )
+    elif tree["stuck"] is not None:
+        stuck = tree["stuck"]
+        lines.append(
+            f"  waiting{said}: sub-group {stuck['path']} ({stuck['asks']}) cannot be placed in "
+            f"{stuck['within']}: {stuck['reason']}"
+        )
+    else:
+        lines.append(
+            "  no tree decision yet (no GangPlanned or GangUnschedulable Event of the sidecar names one)"
+        )
+    return lines
 
 
 def render_why(doc: Mapping[str, Any], *, now: float, wide: bool = False) -> str:
@@ -580,10 +798,26 @@ def render_why(doc: Mapping[str, Any], *, now: float, wide: bool = False) -> str
             lines.append(
                 f"  its {gang['object']} asks for: {shown} (unless gputopo.io annotations set the levels)"
             )
-        members = [
-            [m["name"], m["phase"], m["node"] or "-", m["predicted_gpus"] or "-"] for m in gang["members"]
-        ]
-        lines += table(["MEMBER", "PHASE", "NODE", "PREDICTED GPUS"], members, indent="  ")
+        tree = gang.get("tree")
+        if tree is not None:
+            lines += _render_tree(tree, gang)
+            members = [
+                [
+                    m["name"],
+                    m.get("subgroup") or "-",
+                    m["phase"],
+                    m["node"] or "-",
+                    m["predicted_gpus"] or "-",
+                ]
+                for m in gang["members"]
+            ]
+            header = ["MEMBER", "SUB-GROUP", "PHASE", "NODE", "PREDICTED GPUS"]
+        else:
+            members = [
+                [m["name"], m["phase"], m["node"] or "-", m["predicted_gpus"] or "-"] for m in gang["members"]
+            ]
+            header = ["MEMBER", "PHASE", "NODE", "PREDICTED GPUS"]
+        lines += table(header, members, indent="  ")
     if wide and doc["annotations"]:
         lines.append("annotations:")
         lines += [f"  {k}: {v}" for k, v in doc["annotations"].items()]

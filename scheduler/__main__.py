@@ -26,18 +26,19 @@ from gputopo.network.cluster import ClusterError, load_cluster
 from gputopo.network.levels import LevelError, validate_levels
 from gputopo.numerals import ascii_uint
 from gputopo.output import add_version_argument
-from scheduler import defaults, webhook
-from scheduler.events import EventEmitter
+from scheduler import defaults
 from scheduler.extender import Extender
-from scheduler.metrics import Metrics
-from scheduler.server import Server
-from scheduler.state import ClusterState, from_cluster
+from scheduler.picture.feed import ClusterState, from_cluster
+from scheduler.report.events import EventEmitter
+from scheduler.report.metrics import Metrics
+from scheduler.web import webhook
+from scheduler.web.server import Server
 
 #: A scheduler name as a pod's spec.schedulerName takes it (a DNS-1123 subdomain).
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 if TYPE_CHECKING:
-    from scheduler.kube import KubeState
+    from scheduler.live.kube import KubeState
 
 
 class _Parser(argparse.ArgumentParser):
@@ -139,7 +140,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _webhook_arguments(p: argparse.ArgumentParser) -> None:
-    """The opt-in admission webhook (scheduler/webhook.py): off unless --webhook."""
+    """The opt-in admission webhook (scheduler/web/webhook.py): off unless --webhook."""
     g = p.add_argument_group('opt-in admission webhook (docs/scheduler.md "Opt-in webhook")')
     g.add_argument(
         "--webhook",
@@ -186,7 +187,7 @@ def _live_state(
     kubeconfig: str | None, max_age: float, metrics: Metrics, *, topology_levels: bool = True
 ) -> ClusterState:
     from gputopo_kube import KubeConfigError, api_client
-    from scheduler.kube import KubeState
+    from scheduler.live.kube import KubeState
 
     try:
         client = api_client(kubeconfig)

@@ -21,7 +21,7 @@ PODGROUP_GROUP = gangsources.SCHEDULER_PLUGINS_API.group
 PODGROUP_VERSION = gangsources.SCHEDULER_PLUGINS_API.versions[0]
 PODGROUP_PLURAL = gangsources.SCHEDULER_PLUGINS_API.plural
 #: The sidecar recognises Topograph's current and pre-1.0 label families and the GPU clique;
-#: a cluster's Kueue / KAI `Topology` objects put their own levels first (scheduler/apikinds.py).
+#: a cluster's Kueue / KAI `Topology` objects put their own levels first (scheduler/live/kinds.py).
 DEFAULT_LEVELS = network.RECOGNISED_LEVELS
 
 # Limits and timings of the sidecar.

@@ -31,10 +31,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from gputopo import jsonlog
+from gputopo.gang import explain
 from gputopo.gang import sources as gangsources
 from gputopo.gang.asks import Decision, Event, GangAsk, GangMember, Planned, Refused
+from gputopo.gang.hypernodes import HyperTiers
 from gputopo.gang.planner import GangPlan, SubGroup
 from gputopo.gang.reservations import Assumed, Reservations
+from gputopo.gang.sources import Tier
 from gputopo.gang.tracker import GangTracker
 from gputopo.jobtime.profiles import Profile
 from gputopo.network.levels import NetworkIndex
@@ -45,13 +48,13 @@ from gputopo.pod.objective import ClusterObjective, DemandMix
 from gputopo.pod.placement import node_scores
 from gputopo.pod.ringwait import RingWait
 from scheduler import defaults
-from scheduler.cache import ClusterCache
-from scheduler.events import EventSink, NullEvents, gang_event
-from scheduler.metrics import Metrics
 from scheduler.model import BadInput, PodInfo, Snapshot
-from scheduler.nodeclasses import NodeViews, reserved_reason
 from scheduler.nodeguard import NodeGuard
-from scheduler.state import BindError, ClusterState
+from scheduler.picture.cache import ClusterCache
+from scheduler.picture.classes import NodeViews, reserved_reason
+from scheduler.picture.feed import BindError, ClusterState
+from scheduler.report.events import EventSink, NullEvents, gang_event
+from scheduler.report.metrics import Metrics
 
 log = logging.getLogger("gputopo.scheduler")
 
@@ -115,6 +118,7 @@ class Extender:
         #: the levels some node is labelled with, for the network index they were read from
         #: (Volcano's tiers count only those: `_labelled_levels`)
         self._labelled: tuple[NetworkIndex, frozenset[str]] | None = None
+        self._hyper: tuple[NetworkIndex, object, HyperTiers] | None = None
 
     @property
     def reservations(self) -> Reservations:
@@ -249,10 +253,18 @@ class Extender:
         )
         need = g.min_member or snap.min_members.get(g.key)
         required, preferred = g.required_level, g.preferred_level
-        if g.tier is not None:  # Volcano: a tier, the N-th level up from the node
+        tiers = dict(g.subgroup_tiers)
+        for m in known:
+            if m.gang is not None:
+                for name, t in m.gang.subgroup_tiers:
+                    tiers.setdefault(name, t)
+        if g.tier is not None or tiers:  # Volcano: tiers, mapped onto our levels
             net = self.cache.network(snap)
-            level = gangsources.tier_level(g.tier, net.levels, self._labelled_levels(net, snap))
-            required, preferred = (level, None) if g.tier.hard else (None, level)
+            labelled, hyper = self._labelled_levels(net, snap), self._hyper_tiers(net, snap)
+            if g.tier is not None:
+                level = gangsources.tier_level(g.tier, net.levels, labelled, hyper)
+                required, preferred = (level, None) if g.tier.hard else (None, level)
+            groups = tuple(_tiered(s, tiers.get(s.name), net.levels, labelled, hyper) for s in groups)
         return GangAsk(
             g.key,
             pod.key,
@@ -264,6 +276,17 @@ class Extender:
             pod.profile,
             groups,
         )
+
+    def _hyper_tiers(self, net: NetworkIndex, snap: Snapshot) -> HyperTiers | None:
+        """What the cluster's Volcano HyperNodes say each tier is, rebuilt when the network index
+        (node labels) or the HyperNodes change; None without HyperNodes."""
+        if not snap.hypernodes:
+            return None
+        kept = self._hyper
+        if kept is None or kept[0] is not net or kept[1] is not snap.hypernodes:
+            labels = {name: snap.nodes[name].labels for name in net.nodes if name in snap.nodes}
+            kept = self._hyper = (net, snap.hypernodes, HyperTiers.build(snap.hypernodes, labels, net.levels))
+        return kept[2]
 
     def _labelled_levels(self, net: NetworkIndex, snap: Snapshot) -> frozenset[str]:
         """The levels of `net` some node carries a label for, read once per network index (it is
@@ -347,7 +370,9 @@ class Extender:
             reason = f"gang {gang} planned on {node}, which this scheduling cycle did not offer"
             out.unresolvable.update({n: reason for n in names})
         jsonlog.event(log, "filter_gang", pod=pod.key, gang=gang, result="planned", node=node, reason=reason)
-        self.events.emit(pod.key, gang, "GangPlanned", _planned_message(self.plans.get(gang), gang, node))
+        self.events.emit(
+            pod.key, gang, "GangPlanned", _planned_message(self.plans.get(gang), gang, node, pod.key)
+        )
         return out
 
     # -------------------------------------------------------------------------- prioritize
@@ -529,19 +554,25 @@ def _chooser(view: NodeView | None) -> Callable[[list[int], int], Sequence[int]]
     return choose
 
 
-def _planned_message(plan: GangPlan | None, gang: str, node: str) -> str:
+def _planned_message(plan: GangPlan | None, gang: str, node: str, pod: str = "") -> str:
+    """The pod's GangPlanned Event. A member of a tree gang also reads where its own sub-group
+    went (`kubectl describe pod` shows only the pod's Events, not the gang object's)."""
     if plan is None:  # steered to where its bind already went
         return f"gang {gang}: this pod goes to {node}"
     nodes = len({p.node for p in plan.placements})
-    return (
+    text = (
         f"gang {gang} planned at level {plan.level}, domain {plan.domain}: this pod on {node} "
         f"({len(plan.placements)} pending members on {nodes} nodes)"
     )
+    mine = next((p for p in plan.tree[1:] if pod in p.pods), None)
+    if mine is not None:
+        text += explain.OWN_SUBGROUP + explain.entry(mine, explain.paths(plan.tree)[mine.name], bounded=True)
+    return text
 
 
 def _with_claim_size(pod: PodInfo, snap: Snapshot) -> PodInfo:
     """A pod that asks for GPUs through ResourceClaims, sized as the cluster state sized it from
-    those claims (scheduler/dra.py); kube-scheduler's copy of the pod does not say."""
+    those claims (scheduler/live/dra.py); kube-scheduler's copy of the pod does not say."""
     if not pod.claims or pod.gpus:
         return pod
     known = snap.pods.get(pod.key)
@@ -550,13 +581,36 @@ def _with_claim_size(pod: PodInfo, snap: Snapshot) -> PodInfo:
 
 def _with_resolved_gang(pod: PodInfo, snap: Snapshot) -> PodInfo:
     """The pod with its gang as the cluster state resolved it (minimum and topology key from
-    the gang's group object, scheduler/apikinds.py); kube-scheduler's copy has only the pod."""
+    the gang's group object, scheduler/live/kinds.py); kube-scheduler's copy has only the pod."""
     known = snap.pods.get(pod.key)
-    if pod.gang is None or known is None or known.gang is None:
+    if known is None or known.gang is None:
         return pod
+    if pod.gang is None:  # a gang only the cluster state tells: a ComputeDomain's (live/kinds.py)
+        same = (
+            known.gang.source == gangsources.COMPUTE_DOMAIN_LABEL
+            and known.claim_templates == pod.claim_templates
+        )
+        return replace(pod, gang=known.gang) if same else pod
     if (known.gang.named or known.gang.key) != pod.gang.key:
         return pod
     return pod if known.gang == pod.gang else replace(pod, gang=known.gang)
+
+
+def _tiered(
+    group: SubGroup,
+    tier: Tier | None,
+    levels: Sequence[str],
+    labelled: frozenset[str],
+    hyper: HyperTiers | None,
+) -> SubGroup:
+    """A sub-group with its Volcano tier (a partition's networkTopology) as its level: required
+    when hard, preferred when soft; a tier that is no level leaves it unconstrained."""
+    if tier is None:
+        return group
+    level = gangsources.tier_level(tier, levels, labelled, hyper)
+    return replace(
+        group, required_level=level if tier.hard else None, preferred_level=None if tier.hard else level
+    )
 
 
 def gang_tree(pod: PodInfo, members: list[PodInfo]) -> tuple[SubGroup, ...]:
@@ -578,4 +632,7 @@ def _log_event(e: Event) -> None:
     """One JSON line per tracker event, with its decision and reason."""
     level = logging.DEBUG if e.kind == "quorum_wait" else logging.INFO
     extra = {"cause": e.cause} if e.cause else {}
-    jsonlog.event(log, e.kind, level, gang=e.gang, reason=e.reason, **extra, **e.fields)
+    fields = dict(e.fields)
+    if isinstance(tree := fields.get("tree"), tuple):  # a tree's placement: plain values per sub-group
+        fields["tree"] = explain.as_json(tree)
+    jsonlog.event(log, e.kind, level, gang=e.gang, reason=e.reason, **extra, **fields)

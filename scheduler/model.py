@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from gputopo.gang import sources as gangsources
+from gputopo.gang.hypernodes import HyperNode
 from gputopo.gang.planner import SubGroup
 from gputopo.gang.sources import Tier
 from gputopo.jobtime.profiles import Profile, ProfileError, declared_profile
@@ -46,6 +48,11 @@ class GangRef:
     named: str = ""
     #: Volcano's networkTopology tier, mapped onto a level when the gang is planned
     tier: Tier | None = None
+    #: the pod's labels, kept for a gang whose group object selects sub-groups by label
+    #: (Volcano's `subGroupPolicy[]`: `gputopo.gang.sources.partition_of`); () for others
+    labels: tuple[tuple[str, str], ...] = ()
+    #: Volcano: (sub-group, tier) of the pod's partition, mapped onto a level when planned
+    subgroup_tiers: tuple[tuple[str, Tier], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,8 +71,12 @@ class PodInfo:
     #: sidecar taking over re-derives a waiting gang's wait clock (docs/operator.md "Failover")
     created: float | None = None
     #: ResourceClaims (names in the pod's namespace) the pod uses: its GPUs on a DRA cluster
-    #: when it asks through claims (sized by scheduler/dra.py from the claims' requests)
+    #: when it asks through claims (sized by scheduler/live/dra.py from the claims' requests)
     claims: tuple[str, ...] = ()
+    #: ResourceClaimTemplates the pod names (`spec.resourceClaims[].resourceClaimTemplateName`):
+    #: a ComputeDomain's channel template makes the pod a member of that domain's gang
+    #: (scheduler/live/kinds.py `ExtraKinds.resolve`)
+    claim_templates: tuple[str, ...] = ()
     #: what the pod trains, when it (or its gang's group object) declares it: gputopo.io/profile,
     #: or gputopo.io/gradient-bytes and gputopo.io/compute-seconds (gputopo/jobtime/profiles.py)
     profile: Profile | None = None
@@ -157,6 +168,13 @@ class Snapshot:
     #: node -> pods seen ending there whose GPUs its annotation still lists: those count as free
     ended: Mapping[str, frozenset[str]] = field(default_factory=dict)
     levels: tuple[str, ...] = ()  # network levels the cluster defines (Topology objects); () = configured
+    #: Volcano's HyperNodes (which level each tier is: gputopo/gang/hypernodes.py); () = none
+    hypernodes: tuple[HyperNode, ...] = ()
+    #: changes whenever a node is added or removed or its labels change, and only then: the
+    #: network index (which nodes share a domain) is rebuilt on it, not on every annotation
+    #: rewrite a bind causes. 0 = not tracked: the index is then rebuilt whenever `nodes` is a
+    #: new mapping.
+    labels_version: int = 0
     #: the state's change log and this snapshot's place in it (`NodeChanges`): None = unknown,
     #: whatever is derived from an earlier snapshot is redone for every node
     changes: NodeChanges | None = None
@@ -259,6 +277,18 @@ def _claim_names(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[st
     return tuple(out[:64])
 
 
+def _claim_templates(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ResourceClaimTemplates a pod names, in spec order (a bad entry is skipped: the claim
+    names' reader above refuses a non-list)."""
+    entries = spec.get("resourceClaims")
+    out: list[str] = []
+    for e in entries if isinstance(entries, list) else []:
+        name = e.get("resourceClaimTemplateName") if isinstance(e, Mapping) else None
+        if isinstance(name, str) and 0 < len(name) <= 253 and name not in out:
+            out.append(name)
+    return tuple(out[:64])
+
+
 def parse_pod(raw: Any, resource: str = defaults.RESOURCE_NAME) -> PodInfo:
     """A v1.Pod JSON object as kube-scheduler or the API server sends it."""
     pod = _obj(raw, "Pod")
@@ -309,6 +339,7 @@ def parse_pod(raw: Any, resource: str = defaults.RESOURCE_NAME) -> PodInfo:
         topology_wait_s=wait,
         created=_timestamp(meta.get("creationTimestamp")),
         claims=_claim_names(spec, status),
+        claim_templates=_claim_templates(spec),
         profile=profile,
     )
 
@@ -337,6 +368,7 @@ def _gang(
         raise BadInput(str(e)) from None
     if g is None:
         return None
+    kept = tuple(sorted(labels.items()))[:MAX_KEPT_LABELS] if g.source in LABELLED_SOURCES else ()
     return GangRef(
         g.key,
         g.min_member,
@@ -347,7 +379,13 @@ def _gang(
         g.subgroup,
         g.groups,
         g.subgroup_source,
+        labels=kept,
     )
+
+
+#: Gang sources whose group objects select sub-groups by pod label (Volcano's subGroupPolicy)
+LABELLED_SOURCES = frozenset(s.label for s in gangsources.SOURCES if s.name == "volcano")
+MAX_KEPT_LABELS = 64
 
 
 def parse_node_names(args: Mapping[str, Any]) -> tuple[list[str], bool]:

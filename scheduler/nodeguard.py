@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 
 from gputopo import jsonlog
-from scheduler.metrics import Metrics
+from scheduler.report.metrics import Metrics
 
 log = logging.getLogger("gputopo.scheduler.nodes")
 
@@ -42,7 +42,7 @@ class NodeGuard:
         self._lock = threading.Lock()
         self._seen: dict[tuple[str, str], str] = {}
         #: Called (node, stage, reason) on each new refusal and (node, stage, None) when a refused
-        #: step succeeds again: the sidecar's Node Events (scheduler/events.py). Must not block.
+        #: step succeeds again: the sidecar's Node Events (scheduler/report/events.py). Must not block.
         self.notify: Callable[[str, str, str | None], None] | None = None
 
     def rejected(

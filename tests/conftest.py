@@ -9,8 +9,8 @@ import pytest
 
 from gputopo.network.levels import HOSTNAME, LEAF, SPINE
 from scheduler.extender import Extender
-from scheduler.server import Server
-from scheduler.state import FileState
+from scheduler.picture.feed import FileState
+from scheduler.web.server import Server
 from tests.kube_scheduler_standin import StandIn
 
 STANDIN_LEVELS = (HOSTNAME, LEAF, SPINE)

@@ -1,7 +1,7 @@
 """A small stand-in for the Kubernetes API server, for tests through the official client.
 
 It answers only what gputopo uses: list and watch of Nodes, Pods, PodGroups and the optional
-kinds of scheduler/apikinds.py (served only when a test asks for them, listed in `GET /apis`
+kinds of scheduler/live/kinds.py (served only when a test asks for them, listed in `GET /apis`
 discovery), with resourceVersions, paginated lists (`limit`/`continue`, a consistent snapshot
 per list, expirable tokens -> 410), `status.phase` field selectors (a watched object that stops
 matching arrives as DELETED, as from the real API server), watch bookmarks when asked for, 410
@@ -37,6 +37,8 @@ EXTRA_KINDS: dict[str, tuple[str, str, str]] = {
     "k8s-compositepodgroups": ("scheduling.k8s.io", "v1alpha3", "compositepodgroups"),
     "volcano-podgroups": ("scheduling.volcano.sh", "v1beta1", "podgroups"),
     "kai-podgroups": ("scheduling.run.ai", "v2alpha2", "podgroups"),
+    "computedomains": ("resource.nvidia.com", "v1beta1", "computedomains"),
+    "volcano-hypernodes": ("topology.volcano.sh", "v1alpha1", "hypernodes"),
     "kueue-topologies": ("kueue.x-k8s.io", "v1beta1", "topologies"),
     "kai-topologies": ("kai.scheduler", "v1alpha1", "topologies"),
     # DRA (built in from Kubernetes 1.34; absent on older clusters)
@@ -92,7 +94,7 @@ def event_problem(body: dict[str, Any], namespace: str, v1: bool) -> str:
                 return f"{field}: Required value"
         if not re.fullmatch(MICRO_TIME, body["eventTime"]):
             return f"eventTime: not a MicroTime: {body['eventTime']!r}"
-        if len(body.get("note") or "") > 1024:
+        if len((body.get("note") or "").encode()) > 1024:  # Go's len: bytes, not characters
             return "note: Too long"
     elif len(body.get("message") or "") > 1024 * 4:
         return "message: Too long"

@@ -354,9 +354,9 @@ def test_a_mutated_annotation_never_breaks_the_sidecars_per_node_steps(
 
     from gputopo.gang.planner import GangSpec, Member, plan_gang
     from gputopo.pod.placement import node_scores
-    from scheduler.kube import KubeState
+    from scheduler.live.kube import KubeState
     from scheduler.model import Snapshot
-    from scheduler.views import ViewBuilder
+    from scheduler.picture.views import ViewBuilder
     from tests import fake_apiserver as fk
 
     value = text.decode("utf-8", "replace") if isinstance(text, bytes) else text

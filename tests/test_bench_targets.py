@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gputopo.sim.clusters import CLUSTER_PRESETS
+from gputopo.sim.clusters import TARGET_PRESETS
 from gputopo.sim.metrics import Summary
 from gputopo.sim.policies.catalog import POLICIES
 
@@ -115,7 +115,7 @@ def test_the_whole_matrix_runs_every_policy_on_every_workload_and_preset(
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     cells = {(x["workload"], x["cluster"]) for x in doc["runs"]}
-    assert cells == {(w, c) for w in harness.TRACES for c in CLUSTER_PRESETS}
+    assert cells == {(w, c) for w in harness.TRACES for c in TARGET_PRESETS}
     for x in doc["runs"]:
         assert [p["policy"] for p in x["results"]] == list(POLICIES)  # POLICIES as it is now
         assert set(x["verdict"]) == {"throughput", "ring", "leaf", "queueing"}

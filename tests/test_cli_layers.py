@@ -171,18 +171,18 @@ def lint_imports(cwd: Path, env: dict[str, str] | None = None) -> subprocess.Com
 
 
 def test_import_contracts_hold() -> None:
-    """Layers, the core's own layers, the node daemon's own layers, daemon independence and the
-    core's forbidden externals (pyproject.toml)."""
+    """Layers, the core's own layers, the node daemon's and the sidecar's own layers, daemon
+    independence and the core's forbidden externals (pyproject.toml)."""
     out = lint_imports(ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "Contracts: 5 kept, 0 broken." in out.stdout, out.stdout
+    assert "Contracts: 6 kept, 0 broken." in out.stdout, out.stdout
 
 
 def test_import_contracts_catch_what_they_should(tmp_path: Path) -> None:
     """Guards the test above: a copy of the tree with a lazy gRPC import in the core and a
     daemon importing the other, the node importing the gang planner, and the hardware seam and
-    the DRA mode importing the device-plugin mode break all five contracts, each naming the
-    offending line."""
+    the DRA mode importing the device-plugin mode, and the sidecar's picture importing its HTTP
+    face break all six contracts, each naming the offending line."""
     for name in ("gputopo", "deviceplugin", "scheduler", "gputopo_kube", "kubectl_gputopo", "proto"):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__", "presets"))
     shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
@@ -198,10 +198,13 @@ def test_import_contracts_catch_what_they_should(tmp_path: Path) -> None:
         f.write("\n\ndef _mode():\n    from deviceplugin.kubelet import daemon\n")
     with (tmp_path / "deviceplugin" / "dra" / "pcie.py").open("a") as f:
         f.write("\n\ndef _api():\n    from deviceplugin.kubelet import api\n")
+    with (tmp_path / "scheduler" / "picture" / "cache.py").open("a") as f:
+        f.write("\n\ndef _serve():\n    from scheduler.web import server\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(tmp_path / "proto")]))
     out = lint_imports(tmp_path, env)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "Contracts: 0 kept, 5 broken." in out.stdout, out.stdout
+    assert "Contracts: 0 kept, 6 broken." in out.stdout, out.stdout
+    assert "scheduler.picture.cache -> scheduler.web.server" in out.stdout
     assert "deviceplugin.hardware.backend -> deviceplugin.kubelet.daemon" in out.stdout
     assert "deviceplugin.dra.pcie -> deviceplugin.kubelet.api" in out.stdout
     assert "gputopo.node.links -> gputopo.gang.planner" in out.stdout

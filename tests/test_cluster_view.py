@@ -16,11 +16,11 @@ import pytest
 from gputopo.network.annotation import encode, make
 from gputopo.node.allocator import Allocator, AllocatorPool
 from gputopo.node.topofile import load_preset
-from scheduler.accounting import PREDICTED_REASON
 from scheduler.extender import Extender
-from scheduler.kube import KubeState
-from scheduler.metrics import Metrics
-from scheduler.server import Server
+from scheduler.live.accounting import PREDICTED_REASON
+from scheduler.live.kube import KubeState
+from scheduler.report.metrics import Metrics
+from scheduler.web.server import Server
 from tests import fake_apiserver as fk
 from tests.test_scheduler_http import Client
 from tests.test_scheduler_live import wait_until
@@ -181,7 +181,7 @@ def test_a_poisoned_cluster_costs_only_the_poisoned_nodes(live: Live, caplog) ->
 
 def test_a_crash_decoding_one_node_costs_only_that_node(live: Live, monkeypatch, caplog) -> None:
     """The guard holds even when decode itself breaks in a way nobody foresaw."""
-    import scheduler.kubeobjects as kube
+    import scheduler.live.objects as kube
 
     real = kube.decode
 
@@ -506,7 +506,7 @@ def test_gpus_the_plugin_gave_other_than_predicted_replace_the_prediction(live: 
 
 def test_in_use_frees_only_gpus_no_listed_pod_still_holds() -> None:
     from scheduler.model import NodeInfo
-    from scheduler.views import in_use
+    from scheduler.picture.views import in_use
 
     value = make(
         "n1",

@@ -133,8 +133,8 @@ def test_the_sidecar_prioritizes_by_the_cluster_objective_over_http() -> None:
     from gputopo.network.cluster import parse_cluster
     from scheduler import defaults
     from scheduler.extender import Extender
-    from scheduler.server import Server
-    from scheduler.state import from_cluster
+    from scheduler.picture.feed import from_cluster
+    from scheduler.web.server import Server
     from tests import fake_apiserver as fk
     from tests.test_scheduler_http import Client, args
 

@@ -23,7 +23,7 @@ from gputopo.jobtime.profiles import (
 from gputopo.network.cluster import parse_cluster
 from gputopo.sim.cli import UsageError
 from gputopo.sim.jobmodel import JobModel
-from scheduler.state import from_cluster
+from scheduler.picture.feed import from_cluster
 from tests import fake_apiserver as fk
 from tests.test_scheduler_http import args, serve  # noqa: F401  (the fixture)
 from tests.test_scheduler_interop import OLD_LEAF, gang_pods, live_with, two_domains  # noqa: F401

@@ -330,7 +330,7 @@ def test_sidecar_can_read_what_it_watches_and_bind_but_not_write_objects() -> No
 
 
 def test_sidecar_can_read_every_optional_kind_and_write_events() -> None:
-    from scheduler.apikinds import KINDS
+    from scheduler.live.kinds import KINDS
 
     rules = rbac_rules(render(""), "gputopo-scheduler")
     for kind in KINDS:

@@ -21,12 +21,14 @@ KIND_OF = {
     ("kueue.x-k8s.io/v1beta1", "Topology"): "kueue-topologies",
     ("kai.scheduler/v1alpha1", "Topology"): "kai-topologies",
     ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): "podgroups",
+    ("resource.nvidia.com/v1beta1", "ComputeDomain"): "computedomains",
 }
 # Two domains (n0,n1 | n2,n3) at every level the examples name.
 LABELS = (
     "fabric.topograph.run/tier-0",
     "cloud.provider.com/topology-rack",
     "network.topology.nvidia.com/leaf",
+    "nvidia.com/gpu.clique",
 )
 CASES = {
     "gang-k8s-podgroup.yaml": ("ml/podgroup:train", "fabric.topograph.run/tier-0"),
@@ -34,6 +36,7 @@ CASES = {
     "gang-volcano.yaml": ("ml/volcano:resnet", None),
     "gang-kueue.yaml": ("ml/kueue:kq", "cloud.provider.com/topology-rack"),
     "gang-kai.yaml": ("ml/kai:kai-job", "cloud.provider.com/topology-rack"),
+    "gang-computedomain.yaml": ("ml/computedomain:train", "nvidia.com/gpu.clique"),
 }
 
 

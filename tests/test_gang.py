@@ -7,10 +7,11 @@ from functools import cache
 
 import pytest
 
+from gputopo.gang.memo import PlanMemo
 from gputopo.gang.planner import GangPlan, GangSpec, Member, NoPlan, plan_gang
 from gputopo.network.cluster import generate_cluster
 from gputopo.network.levels import CLUSTER, DEFAULT_LEVELS, HOSTNAME, LEAF, SPINE, NetworkIndex
-from gputopo.network.nodeview import ChoiceMemo, NodeView
+from gputopo.network.nodeview import NodeView
 from gputopo.node.allocator import Allocator
 from gputopo.node.topofile import load_preset
 from gputopo.pod.placement import NEUTRAL_SCORE, node_scores, place_pod
@@ -356,7 +357,7 @@ def test_a_plain_set_of_free_gpus_is_accepted() -> None:
 def test_memo_is_reused_across_calls() -> None:
     c = generate_cluster(2, 2, 4, seed=1, busy_fraction=0.5)
     views = list(c.node_views())
-    memo = ChoiceMemo()
+    memo = PlanMemo()
     first = plan_gang(gang(4, 2), views, c.levels, memo=memo)
     size = len(memo)
     assert size > 0

@@ -20,8 +20,8 @@ from gputopo.sim.policies.sidecar import Lifecycle, SidecarPolicy
 from gputopo.sim.state import ClusterState
 from gputopo.sim.workload import Job
 from scheduler.extender import Extender
-from scheduler.server import Server
-from scheduler.state import from_cluster
+from scheduler.picture.feed import from_cluster
+from scheduler.web.server import Server
 from tests import fake_apiserver as fk
 from tests.test_scheduler_http import Client, args
 

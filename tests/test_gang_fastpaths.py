@@ -26,10 +26,11 @@ from gputopo.gang import packing
 from gputopo.gang import planner as gang
 from gputopo.gang import singleoffer as gangsingle
 from gputopo.gang.cost import plan_cost
+from gputopo.gang.memo import PlanMemo
 from gputopo.gang.planner import GangPlan, GangSpec, Member, plan_gang
 from gputopo.gang.spread import lower_levels
 from gputopo.network.levels import LevelIndex, NetworkIndex
-from gputopo.network.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, member_quality
+from gputopo.network.nodeview import UNKNOWN_QUALITY, NodeView, member_quality
 from gputopo.node.allocator import Allocator, AllocatorPool
 from gputopo.pod.objective import ClusterObjective, DemandMix
 from gputopo.sim.clusters import preset_cluster
@@ -106,7 +107,7 @@ def test_skipped_domains_and_unpriced_candidates_change_no_plan(preset: str, see
     rng = random.Random(seed)
     mix = DemandMix(refresh=8)
     kept = ClusterObjective(mix)
-    shared = ChoiceMemo()
+    shared = PlanMemo()
     planned = 0
     for step, (views, index, levels, allocators) in enumerate(_cluster_views(preset, rng, 40)):
         for _ in range(rng.randint(1, 12)):
@@ -176,7 +177,7 @@ def test_worst_cap_is_the_k_th_best_first_set_and_bounds_every_plan(seed: int) -
     index, views, _ = _random_views(rng, lambda n: frozenset(g for g in range(n) if rng.random() < 0.6))
     counts = [len(v.free) if v is not None else 0 for v in views]
     g, n = rng.choice([1, 2, 4, 8]), rng.randint(1, 10)
-    memo = ChoiceMemo()
+    memo = PlanMemo()
     pb = gangdomain.Problem(index, views, np.array(counts), counts, [g] * n, memo, max(counts))
     level = rng.choice([lv for lv in index.levels if lv != "kubernetes.io/hostname"])
     lx = index.level(level)
@@ -219,13 +220,13 @@ def test_node_kinds_kept_for_a_larger_gang_equal_a_fresh_pass(seed: int) -> None
     lx = index.level(rng.choice([lv for lv in index.levels if lv != "kubernetes.io/hostname"]))
     positions = lx.members[rng.randrange(lx.count)].tolist()
     held = tuple(views[p] for p in positions)
-    shared = ChoiceMemo()
+    shared = PlanMemo()
     for n in [rng.randint(1, 9) for _ in range(4)]:
         with_shared = gangdomain._domain_kinds(
             gangdomain.Problem(index, views, np.array(counts), counts, [g] * n, shared), held, positions
         )
         fresh = gangdomain._domain_kinds(
-            gangdomain.Problem(index, views, np.array(counts), counts, [g] * n, ChoiceMemo()), held, positions
+            gangdomain.Problem(index, views, np.array(counts), counts, [g] * n, PlanMemo()), held, positions
         )
         assert with_shared == fresh
 
@@ -286,7 +287,7 @@ def test_level_bounds_memoised_per_domain_equal_equal_bounds(seed: int) -> None:
     index = NetworkIndex.build(((n.name, n.labels) for n in cluster.nodes), cluster.levels)
     sizes = [cluster.topologies[n.topology].n for n in cluster.nodes]
     counts = [0] * len(index.nodes)
-    memo = ChoiceMemo()
+    memo = PlanMemo()
     for _ in range(20):
         for node, size in rng.sample(list(zip(cluster.nodes, sizes, strict=True)), 8):
             counts[index.position[node.name]] = rng.choice([0, size, rng.randint(0, size)])
@@ -320,7 +321,7 @@ def test_threshold_read_off_single_offers_equals_the_binary_search(seed: int) ->
     held = tuple(views[p] for p in positions)
     room = sum(1 for p in positions if counts[p] >= g)
     for n in range(1, room + 1):
-        pb = gangdomain.Problem(index, views, np.array(counts), counts, [g] * n, ChoiceMemo())
+        pb = gangdomain.Problem(index, views, np.array(counts), counts, [g] * n, PlanMemo())
         kinds, _ = gangdomain._domain_kinds(pb, held, positions)
         bound = packing.equal_bounds(lx.domain_id, lx.count, counts, g, n)[2]
         k = int(bound[lx.domain_id[positions[0]]])
@@ -338,7 +339,7 @@ def test_single_offer_path_plans_as_the_general_search(preset: str, seed: int) -
     rng = random.Random(100 + seed)
     mix = DemandMix(refresh=8)
     kept = ClusterObjective(mix)
-    shared = ChoiceMemo()
+    shared = PlanMemo()
     taken = {"single": 0, "planned": 0, "missed": 0}
     real = gangsingle.candidates
 
@@ -402,7 +403,7 @@ def test_single_offer_candidates_are_the_general_evaluations(seed: int) -> None:
     if objective is not None:  # as plan_gang does before any cost
         objective.learn([a.exact for a in allocators])
     pb = gangdomain.Problem(
-        index, views, np.array(counts), counts, [g] * n, ChoiceMemo(), max(counts), objective
+        index, views, np.array(counts), counts, [g] * n, PlanMemo(), max(counts), objective
     )
     assert gangsingle.applies(pb)
     level = rng.choice([*index.levels, "*"])
@@ -438,7 +439,7 @@ def test_answers_kept_from_the_last_call_plan_as_a_fresh_memo(preset: str, seed:
     rng = random.Random(300 + seed)
     mix = DemandMix(refresh=8)
     objectives = [ClusterObjective(mix), ClusterObjective(mix, frag_weight=0.25), None]
-    shared = ChoiceMemo()
+    shared = PlanMemo()
     planned = 0
     for step, (views, index, levels, allocators) in enumerate(_cluster_views(preset, rng, 60)):
         for _ in range(rng.randint(0, 6)):
@@ -464,6 +465,6 @@ def test_answers_kept_from_the_last_call_plan_as_a_fresh_memo(preset: str, seed:
                 before = objective.learned
                 objective.learn({v.allocator.exact for v in views if v.allocator is not None})
                 assert objective.learned == before
-        assert got == plan_gang(spec, views, levels, index=index, memo=ChoiceMemo(), objective=oracle)
+        assert got == plan_gang(spec, views, levels, index=index, memo=PlanMemo(), objective=oracle)
         planned += isinstance(got, GangPlan)
     assert planned > 20

@@ -9,9 +9,10 @@ import random
 
 import pytest
 
+from gputopo.gang.memo import PlanMemo
 from gputopo.gang.planner import GangPlan, GangSpec, Member, plan_gang
 from gputopo.network.levels import NetworkIndex
-from gputopo.network.nodeview import ChoiceMemo, NodeView
+from gputopo.network.nodeview import NodeView
 from gputopo.node.allocator import AllocatorPool
 from gputopo.node.topology import make_topology
 from gputopo.sim.clusters import default_cluster
@@ -36,7 +37,7 @@ def test_plans_with_a_shared_memo_equal_plans_with_a_fresh_one(seed: int) -> Non
         return made[key]
 
     rng = random.Random(seed)
-    shared = ChoiceMemo()
+    shared = PlanMemo()
     planned = 0
     for step in range(40):
         for i in rng.sample(range(len(masks)), 3):  # a few nodes change between gangs
@@ -48,7 +49,7 @@ def test_plans_with_a_shared_memo_equal_plans_with_a_fresh_one(seed: int) -> Non
         fresh = plan_gang(spec, views, cluster.levels, index=index)
         assert with_shared == fresh
         planned += isinstance(fresh, GangPlan)
-    assert planned > 10 and shared.domains  # the memo was filled and plans were made
+    assert planned > 10 and shared.held  # the memo was filled and plans were made
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -68,7 +69,7 @@ def test_a_memo_shared_by_planners_with_different_objectives_gives_each_its_own_
         ClusterObjective(DemandMix({1: 1.0}), frag_weight=0.0),
         ClusterObjective(DemandMix({8: 1.0}), frag_weight=10.0),
     ]
-    shared = ChoiceMemo()
+    shared = PlanMemo()
     differed = 0
     for step in range(40):
         masks = [rng.getrandbits(s) | rng.getrandbits(s) for s in sizes]
@@ -115,7 +116,7 @@ def test_plans_ranked_by_an_objective_with_a_shared_memo_equal_fresh_plans(seed:
 
     rng = random.Random(seed)
     mix = DemandMix()
-    shared, objective = ChoiceMemo(), ClusterObjective(mix)
+    shared, objective = PlanMemo(), ClusterObjective(mix)
     planned = 0
     ever: set[int] = set()  # every server the views have held (learning only adds)
     for step in range(40):
@@ -145,7 +146,7 @@ def test_a_kept_layout_finds_the_largest_node_again_when_gpu_counts_change() -> 
     pair = pool.get(make_topology([["X", "NV4"], ["NV4", "X"]], name="pair"))
     index = NetworkIndex.build([(f"n{i}", {}) for i in range(3)], ("kubernetes.io/hostname",))
     spec = GangSpec("ns/g", (Member("ns/a", 4), Member("ns/b", 4)))
-    shared = ChoiceMemo()
+    shared = PlanMemo()
     reasons = []
     for step in ([big] * 3, [pair, big, pair], [pair] * 3, [big, pair, pair], [big] * 3):
         views = [NodeView(f"n{i}", {}, a.n, frozenset(range(a.n)), a) for i, a in enumerate(step)]

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gputopo.gang.planner import GangPlan, GangSpec, Member, plan_gang
-from gputopo.gang.predict import bound_busbw, common_level, plan_busbw
+from gputopo.gang.predict import bound_busbw, bounds_busbw, common_level, plan_busbw, predict
 from gputopo.jobtime.profiles import PROFILES
 from gputopo.network.levels import ACCELERATOR, CLUSTER, HOSTNAME, LEAF, SPINE, NetworkIndex
 from gputopo.network.nodeview import NodeView
@@ -186,6 +186,32 @@ def test_the_prediction_reads_a_plan_as_the_simulator_does(
     assert math.isclose(ours, theirs, rel_tol=1e-9) or ours == theirs == math.inf
     sizes = [len(g) for _, g in members]
     assert ours <= bound_busbw(obj, sizes, sum(sizes)) * (1 + 1e-9)
+    assert predict(obj, views, index, LEAF, plan).busbw_gbps == ours  # the same reading, positions once
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=6),
+    st.sampled_from(["pcie8-plx", "hgx-h100", "dgx1-v100"]),
+    st.sampled_from(["pcie8-plx", "hgx-h100", "dgx1-v100"]),
+)
+def test_the_bounds_of_every_level_at_once_are_each_level_bound(
+    sizes: list[int], first: str, then: str
+) -> None:
+    """`bounds_busbw` (one memo entry per gang shape) answers what `bound_busbw` answers level by
+    level on a fresh objective, also after the objective learns another server (which empties
+    the kept answers: a new server can raise a bound)."""
+    levels = (LEAF, SPINE, CLUSTER)
+    table = {LEAF: 1.0, SPINE: 2.0}
+    obj = objective()
+    for learned in ((first,), (first, then)):
+        obj.learn({alloc(p) for p in learned})
+        fresh = objective()
+        fresh.learn({alloc(p) for p in learned})
+        for t in (None, table):
+            want = tuple(bound_busbw(fresh, sizes, sum(sizes), lv, t) for lv in levels)
+            assert bounds_busbw(obj, sizes, sum(sizes), levels, t) == want
+            assert bounds_busbw(obj, sizes, sum(sizes), levels, t) == want  # kept
 
 
 def test_the_cluster_level_is_a_candidate_when_no_spine_holds_the_fast_servers() -> None:

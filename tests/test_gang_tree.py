@@ -97,7 +97,11 @@ def test_each_tensor_parallel_group_stays_inside_one_nvlink_domain() -> None:
         "tp0": {"rackB"},
         "tp1": {"rackA"},
     }
-    assert "sub-groups: tp0 in accelerator=" in plan.why and "tp1 in accelerator=" in plan.why
+    assert (
+        "sub-groups: tp0 → rack" in plan.why
+        and "tp1 → rack" in plan.why
+        and "(accelerator, required)" in plan.why
+    )
 
 
 def test_a_tree_that_only_fits_by_straddling_a_rack_waits_all_or_nothing() -> None:
@@ -128,7 +132,7 @@ def test_the_root_level_binds_the_whole_tree_and_a_preferred_sub_group_falls_bac
     )
     plan = plan_gang(loose, racks({"rackA": 6, "rackB": 6, "rackC": 6, "rackD": 6}), LEVELS)
     assert isinstance(plan, GangPlan)
-    assert "g0 in leaf=" in plan.why and "g1 in leaf=" in plan.why
+    assert "g0 → leaf-" in plan.why and "g1 → leaf-" in plan.why
 
 
 def test_nested_sub_groups_keep_replicas_in_a_leaf_and_tp_groups_in_a_rack() -> None:
@@ -155,7 +159,7 @@ def test_nested_sub_groups_keep_replicas_in_a_leaf_and_tp_groups_in_a_rack() -> 
         assert len(names) == 6
     # replica 1's two groups need two racks with 3 free trays in one leaf: only leaf-0 (A, B)
     # or C alone can give a group 3 trays; C holds both groups of a replica (6 trays)
-    assert "replica0 in leaf=" in plan.why and "replica1 in leaf=" in plan.why
+    assert "replica0 → leaf-" in plan.why and "replica1 → leaf-" in plan.why
 
 
 def test_bound_members_pin_their_sub_groups_domain_on_a_re_plan() -> None:
@@ -200,7 +204,7 @@ def test_the_tracker_plans_a_tree_and_says_where_each_sub_group_went() -> None:
     assert plan is not None, got
     check(plan, spec, nodes)
     events = [e for e in tracker.drain() if e.kind == "plan"]
-    assert events and "sub-groups: tp0 in accelerator=" in events[-1].reason
+    assert events and "sub-groups: tp0 → rack" in events[-1].reason
 
 
 PRESETS = ("dgx-a100", "rtx8000-4", "gb200-tray")

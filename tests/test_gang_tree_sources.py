@@ -504,7 +504,7 @@ def test_a_jobset_shaped_composite_is_placed_whole_each_podgroup_inside_one_cliq
     _, out = live.client.post("/filter", args(pods[0], names))
     assert len(out["NodeNames"]) == 1, out
     plan = live.ext.plans["ml/composite:job"]
-    assert "sub-groups: podgroup:rank-0 in " in plan.why and "podgroup:rank-1 in " in plan.why
+    assert "sub-groups: podgroup:rank-0 → cl." in plan.why and "podgroup:rank-1 → cl." in plan.why
     placed = place_all(live, pods)
     by_group = {g: {placed[f"{g}-{i}"] for i in range(2)} for g in ("r0", "r1")}
     cliques = {g: {int(n[1:]) // 3 for n in got} for g, got in by_group.items()}

@@ -24,7 +24,7 @@ import yaml
 from deviceplugin import settings as plugin_config
 from deviceplugin.metrics import Metrics as PluginMetrics
 from scheduler.__main__ import parser as sidecar_parser
-from scheduler.metrics import Metrics as SidecarMetrics
+from scheduler.report.metrics import Metrics as SidecarMetrics
 from tests.manifests import CHART, NAMESPACE, NODES, ROOT, container, kustomize, one, render_chart
 
 kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed")

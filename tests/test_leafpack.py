@@ -26,7 +26,7 @@ from gputopo.sim.clusters import from_snapshot
 from gputopo.sim.policies.base import Failure
 from gputopo.sim.policies.sidecar import SidecarPolicy
 from gputopo.sim.state import ClusterState
-from scheduler.state import from_cluster
+from scheduler.picture.feed import from_cluster
 from tests import fake_apiserver as fk
 
 H100 = AllocatorPool().get(load_preset("hgx-h100"))

@@ -510,7 +510,7 @@ def test_the_chart_webhook_args_run_the_sidecar_webhook_with_the_generated_certi
     scheduler name on a GPU pod for a client that trusts only the MutatingWebhookConfiguration's
     caBundle and checks the Service's DNS name, as the API server does."""
     from scheduler.__main__ import parser as sidecar_parser
-    from scheduler.webhook import MUTATE_PATH, WebhookConfig, WebhookServer, tls_files
+    from scheduler.web.webhook import MUTATE_PATH, WebhookConfig, WebhookServer, tls_files
 
     docs = render_chart({"optIn": {"enabled": True}, "schedulerName": "topo-sched"}, kube_version="v1.33.5")
     deploy = one(docs, "Deployment")

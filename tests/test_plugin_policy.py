@@ -25,8 +25,8 @@ from gputopo.node.policy import POLICY_NAMES, policy_by_name
 from gputopo.node.topofile import load_preset
 from gputopo_proto.deviceplugin.v1beta1 import api_pb2
 from scheduler.extender import Extender
-from scheduler.kube import KubeState
-from scheduler.server import Server
+from scheduler.live.kube import KubeState
+from scheduler.web.server import Server
 from tests import fake_apiserver as fk
 from tests.kubelet_fake import eventually, fake_kubelet, plugin_channel, running_daemon, short_tmpdir
 from tests.test_plugin_publish import annotation, kubeconfig

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.accounting import PREDICTED_REASON
+from scheduler.live.accounting import PREDICTED_REASON
 from tests import fake_apiserver as fk
 from tests.test_cluster_view import GROUP, Live, Plugin
 from tests.test_scheduler_live import wait_until

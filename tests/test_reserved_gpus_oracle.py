@@ -22,7 +22,7 @@ from gputopo.node.topofile import load_preset
 from scheduler import defaults
 from scheduler.extender import Extender
 from scheduler.model import NodeInfo, PodInfo, parse_pod
-from scheduler.state import BindError, FileState
+from scheduler.picture.feed import BindError, FileState
 from tests import fake_apiserver as fk
 
 GROUP = "scheduling.x-k8s.io/pod-group"

@@ -25,7 +25,7 @@ from gputopo.sim.policies.base import Failure
 from gputopo.sim.policies.sidecar import Lifecycle, SidecarPolicy
 from gputopo.sim.state import ClusterState, SimCluster, SimNode
 from gputopo.sim.workload import Job
-from scheduler.state import from_cluster
+from scheduler.picture.feed import from_cluster
 from tests import fake_apiserver as fk
 from tests.test_scheduler_http import args, serve  # noqa: F401  (the fixture)
 

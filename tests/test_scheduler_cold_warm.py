@@ -32,9 +32,9 @@ from gputopo.pod.placement import node_scores
 from scheduler import defaults
 from scheduler.extender import Extender
 from scheduler.model import NodeInfo
-from scheduler.server import Server
-from scheduler.state import FileState
-from scheduler.views import ViewBuilder
+from scheduler.picture.feed import FileState
+from scheduler.picture.views import ViewBuilder
+from scheduler.web.server import Server
 from tests import fake_apiserver as fk
 
 MODELS = ("dgx-a100", "dgx1-v100", "pcie8-plx", "rtx8000-4")

@@ -19,7 +19,7 @@ from gputopo.network.draview import DraViewError, read_pool
 from gputopo.node.allocator import Allocator
 from gputopo.node.draslices import build_slices
 from gputopo.node.topofile import load_preset
-from scheduler.kube import KubeState
+from scheduler.live.kube import KubeState
 from tests import fake_apiserver as fk
 from tests.test_scheduler_http import Client
 from tests.test_scheduler_live import KEY, LEAF, NOW, args, bind_body, live_sidecar, wait_until
@@ -342,7 +342,7 @@ def test_another_releases_device_classes_count_as_gputopos(name: str, gpus: int)
     """A second Helm release names its DeviceClasses in a domain of its own under gputopo.io
     (the chart's gputopo.draClassDomain: cluster-scoped names must not collide); its claims and
     extended resources are sized like the first release's, and a look-alike domain is not."""
-    from scheduler.dra import requested_gpus
+    from scheduler.live.dra import requested_gpus
     from scheduler.model import parse_pod
 
     assert requested_gpus(claim("c", f"gpu.{name}", count=2)) == 2 * gpus

@@ -9,10 +9,10 @@ import threading
 import time
 
 from gputopo_kube.events import core_event, v1_event
-from scheduler.events import EventEmitter
 from scheduler.extender import Extender
-from scheduler.kube import KubeState
-from scheduler.server import Server
+from scheduler.live.kube import KubeState
+from scheduler.report.events import EventEmitter
+from scheduler.web.server import Server
 from tests import fake_apiserver as fk
 from tests.test_scheduler_http import Client
 from tests.test_scheduler_interop import TIER0, gang_pods, two_domains

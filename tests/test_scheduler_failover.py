@@ -35,11 +35,11 @@ import pytest
 from gputopo.network.annotation import encode, make
 from gputopo.network.levels import LEAF, SPINE
 from gputopo.node.topofile import load_preset
-from scheduler.events import EventEmitter
 from scheduler.extender import Extender
-from scheduler.kube import KubeState
+from scheduler.live.kube import KubeState
 from scheduler.model import parse_pod
-from scheduler.server import Server
+from scheduler.report.events import EventEmitter
+from scheduler.web.server import Server
 from tests import fake_apiserver as fk
 from tests import realk8s as rk
 from tests.kube_scheduler_standin import Outcome, StandIn

@@ -17,8 +17,8 @@ from gputopo.network.cluster import parse_cluster
 from scheduler import defaults
 from scheduler.extender import Extender
 from scheduler.model import PodInfo
-from scheduler.server import Server
-from scheduler.state import BindError, FileState, from_cluster
+from scheduler.picture.feed import BindError, FileState, from_cluster
+from scheduler.web.server import Server
 from tests import fake_apiserver as fk
 
 LEAF = "network.topology.nvidia.com/leaf"

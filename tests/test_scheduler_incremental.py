@@ -1,6 +1,6 @@
 """The views a long-lived ViewBuilder keeps up to date node by node (the state's change log,
 `scheduler.model.NodeChanges`) equal a from-scratch build of the same snapshot, and the filter
-answers it keeps and patches (`scheduler.nodeclasses.Answers`) equal a fresh pass over the
+answers it keeps and patches (`scheduler.picture.classes.Answers`) equal a fresh pass over the
 candidates: after random sequences of node rewrites, bad annotations, additions, deletions,
 bound pods' GPUs, own binds, reservations, pods seen ending and relists. Also: FileState and
 the Layered maps it hands out stay equal to its store."""
@@ -14,13 +14,13 @@ from gputopo.gang.reservations import Assumed, Reservation
 from gputopo.network.annotation import NodeTopology
 from gputopo.network.levels import CLUSTER, NetworkIndex
 from gputopo.node.topofile import load_preset
-from scheduler import nodeclasses
-from scheduler.cache import ClusterCache
-from scheduler.layered import Layered
 from scheduler.model import NodeChanges, NodeInfo, Snapshot
-from scheduler.nodeclasses import NodeViews
-from scheduler.state import FileState
-from scheduler.views import ViewBuilder
+from scheduler.picture import classes as nodeclasses
+from scheduler.picture.cache import ClusterCache
+from scheduler.picture.classes import NodeViews
+from scheduler.picture.feed import FileState
+from scheduler.picture.layered import Layered
+from scheduler.picture.views import ViewBuilder
 
 TOPOLOGIES = {m: load_preset(m) for m in ("dgx-a100", "dgx1-v100", "rtx8000-4")}
 UNIVERSE = [f"n{i}" for i in range(7)]  # the candidates offered: some may not exist (unknown)

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from scheduler.extender import Extender
-from scheduler.kube import KubeState
-from scheduler.server import Server
+from scheduler.live.kube import KubeState
+from scheduler.web.server import Server
 from tests import fake_apiserver as fk
 from tests.test_scheduler_http import Client
 from tests.test_scheduler_live import KEY, NOW, annotation, args, wait_until

@@ -13,9 +13,9 @@ import pytest
 
 from gputopo.network.annotation import encode, make
 from gputopo.node.topology import Topology
-from scheduler.kube import KubeState
+from scheduler.live.kube import KubeState
 from scheduler.model import NodeInfo, parse_pod
-from scheduler.state import BindError
+from scheduler.picture.feed import BindError
 from tests import fake_apiserver as fk
 
 PRESETS = Path(__file__).resolve().parent.parent / "gputopo" / "node" / "presets"

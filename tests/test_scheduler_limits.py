@@ -16,8 +16,8 @@ import pytest
 from gputopo.network.cluster import parse_cluster
 from scheduler import defaults
 from scheduler.extender import Extender
-from scheduler.server import Limits, Server
-from scheduler.state import from_cluster
+from scheduler.picture.feed import from_cluster
+from scheduler.web.server import Limits, Server
 from tests import fake_apiserver as fk
 from tests.kubelet_fake import eventually
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs
 
-from scheduler.kube import ACTIVE_PODS, KubeState
+from scheduler.live.kube import ACTIVE_PODS, KubeState
 from tests import fake_apiserver as fk
 from tests.test_scheduler_live import NOW, wait_until
 

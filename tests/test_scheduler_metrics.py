@@ -10,9 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gputopo import __version__
 from scheduler.extender import Extender
-from scheduler.kube import KubeState
-from scheduler.metrics import AGE_BUCKETS, Metrics
-from scheduler.server import Server
+from scheduler.live.kube import KubeState
+from scheduler.report.metrics import AGE_BUCKETS, Metrics
+from scheduler.web.server import Server
 from tests import fake_apiserver as fk
 from tests.test_scheduler_http import Client
 from tests.test_scheduler_live import KEY, LEAF, NOW, annotation, args, bind_body, wait_until

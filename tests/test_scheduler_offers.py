@@ -17,8 +17,8 @@ from gputopo.network.cluster import parse_cluster
 from gputopo.network.levels import HOSTNAME, LEAF, SPINE
 from scheduler.extender import Extender
 from scheduler.model import PodInfo
-from scheduler.server import Server
-from scheduler.state import FileState, from_cluster
+from scheduler.picture.feed import FileState, from_cluster
+from scheduler.web.server import Server
 from tests import fake_apiserver as fk
 from tests.kube_scheduler_standin import StandIn
 from tests.test_scheduler_http import Client, args

@@ -9,7 +9,7 @@ import pytest
 from gputopo.network.cluster import generate_cluster, parse_cluster
 from gputopo.network.levels import CLUSTER, HOSTNAME, LEAF, SPINE
 from scheduler.model import PodInfo
-from scheduler.state import BindError, FileState, from_cluster
+from scheduler.picture.feed import BindError, FileState, from_cluster
 from tests import fake_apiserver as fk
 
 LEVELS = (HOSTNAME, LEAF, SPINE)

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from gputopo.pod.optin import decide
-from scheduler.webhook import MUTATE_PATH, WebhookConfig, WebhookServer, review
+from scheduler.web.webhook import MUTATE_PATH, WebhookConfig, WebhookServer, review
 
 ROOT = Path(__file__).resolve().parent.parent
 

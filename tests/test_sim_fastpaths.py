@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from gputopo.gang import asks, packing, spread
 from gputopo.gang import planner as gang
 from gputopo.gang import tracker as gangs
+from gputopo.gang.memo import PlanMemo
 from gputopo.gang.planner import GangPlan, GangSpec, Member, plan_gang
 from gputopo.gang.reservations import Reservation, Reservations
 from gputopo.network.levels import NetworkIndex
@@ -120,7 +121,7 @@ def test_plans_on_lists_equal_plans_on_arrays(preset: str, seed: int) -> None:
     sizes = [cluster.topologies[n.topology].n for n in cluster.nodes]
     masks = [(1 << s) - 1 for s in sizes]
     rng = random.Random(seed)
-    shared, shared_np = ChoiceMemo(), ChoiceMemo()
+    shared, shared_np = PlanMemo(), PlanMemo()
     planned = 0
     for step in range(60):
         for i in rng.sample(range(len(masks)), 8):
@@ -350,7 +351,7 @@ def test_problem_free_array_is_made_from_the_counts_when_first_read() -> None:
     from gputopo.gang import domain as gangdomain
 
     index = NetworkIndex.build([("a", {}), ("b", {})], ("kubernetes.io/hostname",))
-    pb = gangdomain.Problem(index, [None, None], None, [3, 5], [1], ChoiceMemo())
+    pb = gangdomain.Problem(index, [None, None], None, [3, 5], [1], PlanMemo())
     assert pb.free.tolist() == [3, 5] and pb.free.dtype == np.int64
     assert pb.free is pb.free  # made once
 

@@ -44,7 +44,7 @@ def by_label(cluster: SimCluster, key: str) -> dict[str, list[int]]:
 
 
 def test_the_known_presets() -> None:
-    assert list(CLUSTER_PRESETS) == ["default", "mixed-leaf", "gb200-nvl"]
+    assert list(CLUSTER_PRESETS) == ["default", "mixed-leaf", "gb200-nvl", "nvl72"]
 
 
 def test_default_preset_is_the_default_cluster() -> None:
@@ -154,7 +154,10 @@ def test_a_short_simulate_run_on_each_preset(name: str) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--cluster-preset", "dgx-superpod"], "unknown preset (known: default, mixed-leaf, gb200-nvl)"),
+        (
+            ["--cluster-preset", "dgx-superpod"],
+            "unknown preset (known: default, mixed-leaf, gb200-nvl, nvl72)",
+        ),
         (["--cluster-preset", "default", "--cluster", "c.yaml"], "give one of them, not both"),
     ],
 )

@@ -17,9 +17,9 @@ import pytest
 from gputopo.network.cluster import parse_cluster
 from gputopo.network.levels import HOSTNAME, LEAF, SPINE
 from scheduler.extender import Extender
-from scheduler.kube import KubeState
-from scheduler.server import Server
-from scheduler.state import FileState, from_cluster
+from scheduler.live.kube import KubeState
+from scheduler.picture.feed import FileState, from_cluster
+from scheduler.web.server import Server
 from tests import fake_apiserver as fk
 from tests.kube_scheduler_standin import Outcome, StandIn
 from tests.test_scheduler_live import NOW, wait_until

@@ -14,7 +14,7 @@ from gputopo.network.annotation import NodeTopology
 from gputopo.node.policy import POLICY_NAMES
 from gputopo.node.topofile import load_preset
 from scheduler.model import NodeInfo, Snapshot
-from scheduler.views import ViewBuilder, node_view, offered
+from scheduler.picture.views import ViewBuilder, node_view, offered
 
 TOPOLOGIES = {name: load_preset(name) for name in ("dgx-a100", "dgx1-v100", "pcie8-plx", "rtx8000-4")}
 POLICIES = POLICY_NAMES

@@ -10,8 +10,8 @@ by (3b) and the node order) over the domain's node kinds (`_domain_kinds`, memoi
 mixed sizes the packing's nodes. `evaluate_promising` skips a tied domain whose `worst_cap`
 (a bound on (3) read off its node kinds) is below a plan already found, and `contenders`
 leaves out of (4)'s pricing every candidate already behind on (2)-(3b). Pure: no I/O, no
-clock, no globals; the memos live in the caller's `ChoiceMemo` (`domains`), keyed on what
-their answers depend on and bounded by the views they hold.
+clock, no globals; the memos live in the caller's `PlanMemo` (`gputopo.gang.memo`), keyed on
+what their answers depend on and bounded by the views they hold.
 """
 
 from __future__ import annotations
@@ -20,19 +20,18 @@ import itertools
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
 
 import numpy as np
 
+from gputopo.gang.candidate import Candidate
+from gputopo.gang.memo import CountGetter, Firsts, Kind, Kinds, PlanMemo, Views
 from gputopo.gang.packing import NO_K, fewest
 from gputopo.gang.spread import count_spans, select_nodes
 from gputopo.network.levels import LevelIndex, NetworkIndex
-from gputopo.network.nodeview import ChoiceMemo, NodeView, Quality, member_quality
+from gputopo.network.nodeview import NodeView, Quality, member_quality
 from gputopo.node.allocator import Choice
-from gputopo.node.policy import GpuPolicy
 from gputopo.pod.objective import ClusterObjective
 
-_Kind = tuple[GpuPolicy | None, frozenset[int]]
 #: `Problem.since`.
 Since = tuple[list[NodeView | None], list[int]] | None
 
@@ -48,7 +47,7 @@ class Problem:
     free_array: np.ndarray | None
     counts: list[int]  # free GPUs per position, as a list (plain-Python loops read it)
     sizes: list[int]  # GPUs per member, spec order
-    memo: ChoiceMemo
+    memo: PlanMemo
     roomiest: int = 0  # most free GPUs of one node
     objective: ClusterObjective | None = None
     homogeneous: bool = field(init=False)
@@ -84,25 +83,6 @@ class Problem:
         return out
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """A feasible placement inside one domain, with its objective values."""
-
-    domain: int
-    nodes_used: int
-    worst: Quality
-    spans: tuple[int, ...]  # (3b): domains touched per lower level, largest level first
-    domain_free: int
-    assignment: tuple[tuple[int, int, Choice | None], ...]  # (member index, node position, choice)
-    # (4): `gang.cost.plan_cost` of the assignment, when its maker already worked it out
-    cost: float | None = field(default=None, compare=False)
-
-    def rank(self, cost: float = 0.0) -> tuple[int, _Desc, tuple[int, ...], float, int, int]:
-        """Sort key: smaller is better — (2) fewest nodes, (3) best worst, (3b) fewest
-        sub-domains, (4) least cost to future demand (`gang.cost`), then fullest, (5) name."""
-        return (self.nodes_used, _Desc(self.worst), self.spans, cost, self.domain_free, self.domain)
-
-
 def contenders(cands: list[Candidate], lead: Candidate) -> list[Candidate]:
     """The candidates that can still win once (4)'s cost is known, in their order.
 
@@ -113,16 +93,6 @@ def contenders(cands: list[Candidate], lead: Candidate) -> list[Candidate]:
     these by the full rank is the least of all. Pricing the others (`plan_cost`) is skipped."""
     head = (lead.nodes_used, lead.worst, lead.spans)
     return [c for c in cands if (c.nodes_used, c.worst, c.spans) == head]
-
-
-@dataclass(frozen=True)
-class _Desc:
-    """Reverses the order of a tuple inside a sort key."""
-
-    value: Quality
-
-    def __lt__(self, other: _Desc) -> bool:
-        return self.value > other.value
 
 
 def evaluate_promising(
@@ -141,7 +111,7 @@ def evaluate_promising(
     own_memo_for(pb)
     views = pb.views
     members = member_lists(pb.memo, lx)
-    seen: list[tuple[tuple[NodeView | None, ...], _Kinds]] = []
+    seen: list[tuple[Views, Kinds]] = []
     caps: list[Quality | None] = []
     for d, k, _ in tied:
         positions = members[d]
@@ -163,12 +133,6 @@ def evaluate_promising(
     return [found[i] for i in sorted(found)]
 
 
-#: Node views the domain evaluations of one memo may hold before they are dropped. The memo's
-#: keys: a candidate's start with its level (a label key, or "*"); the others' with a tag that
-#: no label key can be ("#kinds", "#bound", "#members", "#getters").
-DOMAIN_VIEWS_HELD = 200_000
-
-
 def level_bounds(pb: Problem, lx: LevelIndex) -> tuple[np.ndarray, list[int], np.ndarray]:
     """`packing.equal_bounds` for `pb`'s members (one size) over `lx`'s domains, each domain's
     part memoised on its nodes' free GPU counts: per domain its free GPUs and its fewest nodes
@@ -181,34 +145,33 @@ def level_bounds(pb: Problem, lx: LevelIndex) -> tuple[np.ndarray, list[int], np
     bound: list[int] = []
     for get in _count_getters(memo, lx):
         t = get(counts)
-        key = ("#bound", g, n, t)
-        hit = memo.domains.get(key)
+        key = (g, n, t)
+        hit = memo.bounds.get(key)
         if hit is None:
             f = sum(t)
             slots = [c // g for c in t if c >= g]
-            hit = memo.domains[key] = ((), (f, fewest(slots, n) if slots and f >= need else int(NO_K)))
-            memo.domains_held += 1
-        f, b = cast("tuple[int, int]", hit[1])
+            hit = memo.bounds[key] = (f, fewest(slots, n) if slots and f >= need else int(NO_K))
+            memo.held += 1
+        f, b = hit
         dfree.append(f)
         bound.append(b)
     passing = sorted((d for d, b in enumerate(bound) if b != NO_K), key=bound.__getitem__)
     return np.array(dfree, dtype=np.int64), passing, np.array(bound, dtype=np.int64)
 
 
-def _count_getters(memo: ChoiceMemo, lx: LevelIndex) -> list[Callable[[list[int]], tuple[int, ...]]]:
+def _count_getters(memo: PlanMemo, lx: LevelIndex) -> list[CountGetter]:
     """Per domain of `lx`, a function picking its nodes' entries out of a per-position list
     (made once per index and level)."""
-    key = ("#getters", lx.level)
-    hit = memo.domains.get(key)
-    if hit is not None and hit[0][0] is lx:
-        return cast("list[Callable[[list[int]], tuple[int, ...]]]", hit[1])
-    getters: list[Callable[[list[int]], tuple[int, ...]]] = []
+    hit = memo.getters.get(lx.level)
+    if hit is not None and hit[0] is lx:
+        return hit[1]
+    getters: list[CountGetter] = []
     for m in member_lists(memo, lx):
         if len(m) == 1:  # itemgetter of one index answers the item, not a tuple of it
             getters.append(_picker(m[0]))
         else:
             getters.append(operator.itemgetter(*m))
-    memo.domains[key] = ((lx,), getters)
+    memo.getters[lx.level] = (lx, getters)
     return getters
 
 
@@ -219,28 +182,20 @@ def _picker(p: int) -> Callable[[list[int]], tuple[int, ...]]:
     return pick
 
 
-def member_lists(memo: ChoiceMemo, lx: LevelIndex) -> list[list[int]]:
+def member_lists(memo: PlanMemo, lx: LevelIndex) -> list[list[int]]:
     """`lx.members` as lists (made once per index and level: the memo was reset for the index)."""
-    key = ("#members", lx.level)
-    hit = memo.domains.get(key)
-    if hit is not None and hit[0][0] is lx:
-        return cast("list[list[int]]", hit[1])
+    hit = memo.members.get(lx.level)
+    if hit is not None and hit[0] is lx:
+        return hit[1]
     lists = [m.tolist() for m in lx.members]
-    memo.domains[key] = ((lx,), lists)
+    memo.members[lx.level] = (lx, lists)
     return lists
 
 
 def own_memo_for(pb: Problem) -> None:
-    """Empty the memo's domain evaluations when they were made for another index or hold too
-    many views (they are keyed on positions of one index)."""
-    own_memo(pb.memo, pb.index)
-
-
-def own_memo(memo: ChoiceMemo, index: NetworkIndex) -> None:
-    """`own_memo_for` before a `Problem` exists (`planner.plan_gang`'s node layout)."""
-    if memo.domains_for is not index or memo.domains_held > DOMAIN_VIEWS_HELD:
-        memo.domains.clear()
-        memo.domains_for, memo.domains_held = index, 0
+    """Empty the memo's entries when they were made for another index or hold too many views
+    (they are keyed on positions of one index): `PlanMemo.own`."""
+    pb.memo.own(pb.index)
 
 
 def evaluate(
@@ -252,7 +207,7 @@ def evaluate(
     positions: np.ndarray,
     dfree: int,
     lower: Sequence[LevelIndex],
-    known: tuple[tuple[NodeView | None, ...], _Kinds] | None = None,
+    known: tuple[Views, Kinds] | None = None,
 ) -> Candidate:
     """One domain's candidate. `known`: the domain's views and `_domain_kinds`, when the caller
     already has them (equal sizes only)."""
@@ -267,14 +222,13 @@ def evaluate(
         else:
             held = known[0]
         key = (level, d, pb.sizes[0], len(pb.sizes), k, cost_key(pb.objective), *map(id, held))
-        hit = memo.domains.get(key)
+        hit = memo.candidates.get(key)
         if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
-            assert isinstance(hit[1], Candidate)
             return hit[1]
         kinds = known[1] if known is not None else _domain_kinds(pb, held, positions.tolist())[0]
         got = _evaluate_equal(pb, d, k, kinds, dfree, lower)
-        memo.domains[key] = (held, got)
-        memo.domains_held += len(held)
+        memo.candidates[key] = (held, got)
+        memo.held += len(held)
         return got
     # Mixed sizes: keep the first-fit-decreasing packing; biggest members choose first.
     assignment: list[tuple[int, int, Choice | None]] = []
@@ -296,7 +250,7 @@ def cost_key(objective: ClusterObjective | None) -> tuple[object, ...]:
     return (objective, objective.mix, objective.mix.version, objective.frag_weight, objective.learned)
 
 
-def _cost(objective: ClusterObjective | None, kind: _Kind, choices: list[Choice | None], cnt: int) -> float:
+def _cost(objective: ClusterObjective | None, kind: Kind, choices: list[Choice | None], cnt: int) -> float:
     """What a node of `kind` offering its first `cnt` members' sets costs future demand (0
     without an objective or a topology): the node order's key after members offered."""
     policy, free = kind
@@ -306,21 +260,9 @@ def _cost(objective: ClusterObjective | None, kind: _Kind, choices: list[Choice 
     return round(objective.take_cost(policy, free, taken), 6)
 
 
-#: Per kind of node (allocator, free set): the running worst of its members' sets (`floor`),
-#: their choices one after the other, and the node positions of that kind, in name order.
-_Kinds = dict[_Kind, tuple[list[Quality], list[Choice | None], list[int]]]
-
-
-#: A domain's kinds with, per kind, its first member's quality and its node count, best first
-#: (what `worst_cap` reads; the first member's set does not depend on n).
-_Firsts = list[tuple[Quality, int]]
-
-
-def _domain_kinds(
-    pb: Problem, held: tuple[NodeView | None, ...], positions: list[int]
-) -> tuple[_Kinds, _Firsts]:
+def _domain_kinds(pb: Problem, held: Views, positions: list[int]) -> tuple[Kinds, Firsts]:
     """The domain's nodes with room for a member of `pb`'s size, by kind, with the sets of up
-    to `n` members each (`_evaluate_equal`'s first step), and their `_Firsts`.
+    to `n` members each (`_evaluate_equal`'s first step), and their `Firsts`.
 
     A function of the node views and the member size alone, save for the number of members
     worked out per node, min(its slots, n): a node's first m sets are the same whatever n >= m
@@ -331,15 +273,15 @@ def _domain_kinds(
     has reset the memo for this index."""
     g, n = pb.sizes[0], len(pb.sizes)
     memo = pb.memo
-    key = ("#kinds", g, *map(id, held))
-    hit = memo.domains.get(key)
+    key = (g, *map(id, held))
+    hit = memo.kinds.get(key)
     if hit is not None and len(hit[0]) == len(held) and all(map(operator.is_, hit[0], held)):
-        upto, longest, cached, firsts = cast("tuple[int, int, _Kinds, _Firsts]", hit[1])
+        upto, longest, cached, firsts = hit[1]
         if upto >= n and longest <= n:
             return cached, firsts
         if upto > n:
             return {kind: (f[:n], c[:n], ps) for kind, (f, c, ps) in cached.items()}, firsts
-    kinds: _Kinds = {}
+    kinds: Kinds = {}
     free = pb.counts
     for p in positions:
         if free[p] < g:
@@ -358,13 +300,13 @@ def _domain_kinds(
         entry[2].append(p)
     firsts = sorted(((floor[0], len(ps)) for floor, _, ps in kinds.values()), reverse=True)
     longest = max((len(c) for _, c, _ in kinds.values()), default=0)
-    memo.domains[key] = (held, (n, longest, kinds, firsts))
-    memo.domains_held += len(held)
+    memo.kinds[key] = (held, (n, longest, kinds, firsts))
+    memo.held += len(held)
     return kinds, firsts
 
 
 def _evaluate_equal(
-    pb: Problem, d: int, k: int, kinds: _Kinds, dfree: int, lower: Sequence[LevelIndex]
+    pb: Problem, d: int, k: int, kinds: Kinds, dfree: int, lower: Sequence[LevelIndex]
 ) -> Candidate:
     """The k nodes of the domain that maximise the worst member's set (equal sizes).
 
@@ -422,7 +364,7 @@ def _offer(floor: list[Quality], t: Quality) -> int:
     return count
 
 
-def _threshold(kinds: _Kinds, k: int, n: int) -> Quality:
+def _threshold(kinds: Kinds, k: int, n: int) -> Quality:
     """The largest threshold T at which k nodes take all n members (`_evaluate_equal`).
 
     When no node offers a second member (every floor has one entry), a node offers a member at
@@ -437,7 +379,7 @@ def _threshold(kinds: _Kinds, k: int, n: int) -> Quality:
     return _searched_threshold(kinds, k, n)
 
 
-def _searched_threshold(kinds: _Kinds, k: int, n: int) -> Quality:
+def _searched_threshold(kinds: Kinds, k: int, n: int) -> Quality:
     """`_threshold` by a binary search over the floors' values (fits is monotone in T)."""
 
     def fits(t: Quality) -> bool:
@@ -461,7 +403,7 @@ def _searched_threshold(kinds: _Kinds, k: int, n: int) -> Quality:
     return thresholds[lo]
 
 
-def worst_cap(firsts: _Firsts, k: int) -> Quality | None:
+def worst_cap(firsts: Firsts, k: int) -> Quality | None:
     """An upper bound on the worst member of any equal-size plan that uses the fewest nodes,
     `k`, of a domain whose nodes with room for a member have the `firsts` of `_domain_kinds`.
 

@@ -42,41 +42,34 @@ This module owns the plan and its objective; one domain worked out (and the boun
 domains that cannot win) is `gputopo.gang.domain`, a level where no node takes two members
 (whole-node members) in one pass is `gputopo.gang.singleoffer`, fewest nodes (2) is `gputopo.gang.packing`, fewest
 sub-domains (3b) is `gputopo.gang.spread`, and a pod outside any gang is `gputopo.pod.placement`'s.
-Pure: no I/O, no clock, no globals. A `ChoiceMemo` owned by the caller may be shared across
-calls on the same allocators (it also keeps answers that are a function of the node views,
-with those views, e.g. `_layout`'s); everything else lives for one call.
+Pure: no I/O, no clock, no globals. A `PlanMemo` (`gputopo.gang.memo`) owned by the caller may be
+shared across calls on the same allocators (it keeps the allocator answers, and answers that are
+a function of the node views with those views, e.g. `_layout`'s); everything else lives for one
+call.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from dataclasses import replace
 from itertools import compress
 from typing import cast
 
 import numpy as np
 
 from gputopo.gang import singleoffer
+from gputopo.gang.candidate import Candidate
 from gputopo.gang.cost import plan_cost
-from gputopo.gang.domain import (
-    Candidate,
-    Problem,
-    Since,
-    contenders,
-    evaluate,
-    evaluate_promising,
-    level_bounds,
-    own_memo,
-)
+from gputopo.gang.domain import Problem, Since, contenders, evaluate, evaluate_promising, level_bounds
+from gputopo.gang.memo import Layout, PlanMemo
 from gputopo.gang.packing import NO_K, SMALL_NODES, min_nodes, pack
-from gputopo.gang.predict import bound_busbw, choose, cost_of, predict
+from gputopo.gang.predict import bounds_busbw, choose, cost_of, predict
 from gputopo.gang.reasons import Miss, no_plan_reason
 from gputopo.gang.spec import GangPlan, GangSpec, Member, NoPlan, SubGroup
 from gputopo.gang.spread import lower_levels
 from gputopo.gang.tree import plan_tree
 from gputopo.network.levels import CLUSTER, LevelIndex, NetworkIndex, validate_levels
-from gputopo.network.nodeview import ChoiceMemo, NodeView, Placement
+from gputopo.network.nodeview import NodeView, Placement
 from gputopo.pod.objective import ClusterObjective
 
 #: The data (gputopo.gang.spec) is re-exported: callers plan and read plans through this module.
@@ -91,7 +84,7 @@ def plan_gang(
     levels: Sequence[str],
     *,
     index: NetworkIndex | None = None,
-    memo: ChoiceMemo | None = None,
+    memo: PlanMemo | None = None,
     prune: bool = True,
     objective: ClusterObjective | None = None,
     level_first: bool = False,
@@ -124,7 +117,7 @@ def plan_gang(
         index = NetworkIndex.build(((v.name, v.labels) for v in nodes), levels)
     elif index.levels != levels:
         raise ValueError(f"network index was built for levels {list(index.levels)}, not {list(levels)}")
-    memo = memo if memo is not None else ChoiceMemo()
+    memo = memo if memo is not None else PlanMemo()
     sizes = [m.gpus for m in spec.members]
     views, counts, largest, since = _layout(nodes, index, memo, objective, max(sizes))
     if max(sizes) > largest:
@@ -145,14 +138,10 @@ def plan_gang(
     return NoPlan(spec.key, no_plan_reason(spec.key, pb.sizes, miss))
 
 
-#: The memo key of `_layout`'s last answer (no label key starts with "#").
-_LAYOUT = ("#layout",)
-
-
 def _layout(
     nodes: Sequence[NodeView],
     index: NetworkIndex,
-    memo: ChoiceMemo,
+    memo: PlanMemo,
     objective: ClusterObjective | None,
     need: int,
 ) -> tuple[list[NodeView | None], list[int], int, Since]:
@@ -167,42 +156,58 @@ def _layout(
     nodes but the few that changed, and only those are read again, when they keep their
     names (and the names are distinct: a name given twice takes the last view, as a full pass
     does). The objective learned them already when it is the same one: learning only adds."""
-    own_memo(memo, index)
-    hit = memo.domains.get(_LAYOUT)
-    if hit is not None and len(hit[0]) == len(nodes):
-        last = cast("tuple[NodeView, ...]", hit[0])
-        views, counts, gpus, learner, largest = cast(
-            "tuple[list[NodeView | None], list[int], list[int], object, int]", hit[1]
-        )
-        changed = list(compress(range(len(nodes)), map(operator.is_not, nodes, last)))
-        if _same_names(nodes, last, changed):
-            before = views
-            views, counts, gpus = views.copy(), counts.copy(), gpus.copy()
-            position = index.position
-            moved: list[int] = []
-            regrown = False  # a node's GPU count changed: the largest is found again
-            for i in changed:
-                v = nodes[i]
-                pos = position[v.name]
-                moved.append(pos)
-                views[pos] = v
-                counts[pos] = len(v.free)
-                if gpus[i] != v.gpu_count:
-                    gpus[i], regrown = v.gpu_count, True
-            if regrown:
-                largest = max(gpus, default=0)
-            learned = objective is not None and largest >= need
-            if objective is not None and learned:
-                if learner is not objective:
-                    _learn(objective, nodes)
-                else:  # the kept nodes' servers are learned: only another server is new
-                    fresh = [nodes[i] for i in changed if nodes[i].allocator is not last[i].allocator]
-                    if fresh:
-                        _learn(objective, fresh)
-            kept = (views, counts, gpus, objective if learned else None, largest)
-            memo.domains[_LAYOUT] = (tuple(nodes), kept)
-            return views, counts, largest, (before, moved)
-    views = [None] * len(index.nodes)
+    memo.own(index)
+    last = memo.layout
+    changed = _changed_nodes(nodes, last)
+    since: Since = None
+    if last is not None and changed is not None:
+        lay, moved = _relaid(last, nodes, changed, index)
+        since = (last.views, moved)
+    else:
+        lay = _laid(nodes, index)
+    if objective is not None and lay.largest >= need:
+        _learn_new(objective, nodes, last, changed)
+        lay.learner = objective
+    if since is not None or len({v.name for v in nodes}) == len(nodes):  # see above: distinct names
+        memo.held += len(nodes) if last is None else 0  # a new entry (an entry found is replaced)
+        memo.layout = lay
+    return lay.views, lay.counts, lay.largest, since
+
+
+def _changed_nodes(nodes: Sequence[NodeView], last: Layout | None) -> list[int] | None:
+    """The positions in `nodes` whose view is another object than in `last`'s nodes list, when
+    the lists align and every such position keeps its node's name; else None."""
+    if last is None or len(last.nodes) != len(nodes):
+        return None
+    changed = list(compress(range(len(nodes)), map(operator.is_not, nodes, last.nodes)))
+    if [nodes[i].name for i in changed] != [last.nodes[i].name for i in changed]:
+        return None
+    return changed
+
+
+def _relaid(
+    last: Layout, nodes: Sequence[NodeView], changed: list[int], index: NetworkIndex
+) -> tuple[Layout, list[int]]:
+    """`last` with the `changed` nodes read again (its lists copied), and their index positions."""
+    views, counts, gpus = last.views.copy(), last.counts.copy(), last.gpus.copy()
+    position = index.position
+    moved: list[int] = []
+    regrown = False  # a node's GPU count changed: the largest is found again
+    for i in changed:
+        v = nodes[i]
+        pos = position[v.name]
+        moved.append(pos)
+        views[pos] = v
+        counts[pos] = len(v.free)
+        if gpus[i] != v.gpu_count:
+            gpus[i], regrown = v.gpu_count, True
+    largest = max(gpus, default=0) if regrown else last.largest
+    return Layout(tuple(nodes), views, counts, gpus, largest), moved
+
+
+def _laid(nodes: Sequence[NodeView], index: NetworkIndex) -> Layout:
+    """The layout of `nodes` read in full; ValueError for a node the index lacks."""
+    views: list[NodeView | None] = [None] * len(index.nodes)
     counts = [0] * len(index.nodes)
     position = index.position
     try:
@@ -213,20 +218,20 @@ def _layout(
     except KeyError as e:
         raise ValueError(f"node {e.args[0]!r} is not in the network index") from None
     gpus = [v.gpu_count for v in nodes]
-    largest = max(gpus, default=0)
-    learned = objective is not None and largest >= need
-    if objective is not None and learned:
+    return Layout(tuple(nodes), views, counts, gpus, max(gpus, default=0))
+
+
+def _learn_new(
+    objective: ClusterObjective, nodes: Sequence[NodeView], last: Layout | None, changed: list[int] | None
+) -> None:
+    """`_learn` of the nodes' allocators; only of the `changed` nodes' new ones when `last` (the
+    layout they were compared with) was learned by this objective: the kept nodes' are learned."""
+    if last is None or changed is None or last.learner is not objective:
         _learn(objective, nodes)
-    if len({v.name for v in nodes}) == len(nodes):  # see above: kept for distinct names only
-        if hit is None:
-            memo.domains_held += len(nodes)  # a new entry (an entry found is replaced in place)
-        memo.domains[_LAYOUT] = (tuple(nodes), (views, counts, gpus, objective if learned else None, largest))
-    return views, counts, largest, None
-
-
-def _same_names(nodes: Sequence[NodeView], last: Sequence[NodeView], changed: list[int]) -> bool:
-    """Whether every changed position keeps its node's name."""
-    return [nodes[i].name for i in changed] == [last[i].name for i in changed]
+        return
+    fresh = [nodes[i] for i in changed if nodes[i].allocator is not last.nodes[i].allocator]
+    if fresh:
+        _learn(objective, fresh)
 
 
 def _learn(objective: ClusterObjective, nodes: Sequence[NodeView]) -> None:
@@ -253,8 +258,9 @@ def _by_job_time(
     preds = [predict(objective, pb.views, pb.index, first.level, first.placements, table)]
     best = preds[0].busbw_gbps
     seen = {_where(first)}
-    for level in levels[1:]:
-        if best >= bound_busbw(objective, pb.sizes, pb.total, level, table):
+    bounds = bounds_busbw(objective, pb.sizes, pb.total, levels[1:], table)
+    for level, bound in zip(levels[1:], bounds, strict=True):
+        if best >= bound:
             continue  # no plan of this level can be faster (an operator's table may be lower above)
         found = _plan_level(spec, pb, level, prune, explain=False)
         if not isinstance(found, GangPlan):
@@ -274,7 +280,8 @@ def _by_job_time(
         lambda i: cost_of(objective, pb.views, pb.index, plans[i].placements),
         spec.preferred_level,
     )
-    return replace(plans[pick], why=why)
+    # `replace(plans[pick], why=why)` without its per-field introspection: every field as it is
+    return GangPlan(**{**vars(plans[pick]), "why": why})
 
 
 def _where(plan: GangPlan) -> frozenset[tuple[str, tuple[int, ...]]]:
@@ -390,12 +397,11 @@ def _plan_level(
 def _lower(pb: Problem, level: str) -> list[LevelIndex]:
     """`spread.lower_levels(pb.index, level)`, a function of the index and the level: made once
     per level and kept in the memo (which `_layout` reset for this index)."""
-    key = ("#lower", level)
-    hit = pb.memo.domains.get(key)
-    if hit is not None and hit[0][0] is pb.index:
-        return cast("list[LevelIndex]", hit[1])
+    hit = pb.memo.lower.get(level)
+    if hit is not None and hit[0] is pb.index:
+        return hit[1]
     lower = lower_levels(pb.index, level)
-    pb.memo.domains[key] = ((pb.index,), lower)
+    pb.memo.lower[level] = (pb.index, lower)
     return lower
 
 

@@ -22,6 +22,11 @@ gang per node and the nodes' NICs (`inter_busbw_gbps`, the least-populated node 
 and the oversubscription of the smallest level holding every node: the same reading as the
 simulator's `JobTimer.busbw` (tests/test_gang_predict.py holds them equal).
 
+A tree's tensor-parallel sub-groups (`gputopo.gang.tree`) are read with `tp_efficiency` (the
+`llama-70b` shape of gputopo.jobtime.parallel: compute / t plus the group's per-layer
+all-reduces) at `group_busbw`, since their traffic is not hidden behind compute as a
+data-parallel gradient all-reduce mostly is.
+
 A larger level is planned only when it could beat the best plan found so far on the model's
 bandwidth: its bound (`bound_busbw`) is the best set any learned server gives each member's
 size (`ClusterObjective.best_busbw`) and, for a gang no server holds whole, the best model's
@@ -43,10 +48,12 @@ from gputopo.jobtime.model import (
     NIC_FABRIC_LABEL,
     NIC_GBPS_LABEL,
     Nics,
+    comm_s,
     inter_busbw_gbps,
     nics_for,
     oversubscription,
 )
+from gputopo.jobtime.parallel import PARALLEL_PROFILES, TP_ALLREDUCES_PER_LAYER
 from gputopo.network.levels import ACCELERATOR, CLUSTER, HOSTNAME, NetworkIndex, short_name
 from gputopo.network.nodeview import NodeView, Placement
 from gputopo.node.allocator import Choice
@@ -98,14 +105,28 @@ def plan_busbw(
     (inside one NVLink domain, the accelerator level, the NVLink pair figure of each node).
     A node of unknown topology counts as neutral inside (nothing known to be slow) and gets the
     fallback NICs, as an unlabelled PCIe box would."""
+    return _busbw_at(objective, views, [position[p.node] for p in placements], placements, spans, table)
+
+
+def _busbw_at(
+    objective: ClusterObjective,
+    views: Sequence[NodeView | None],
+    at: Sequence[int],
+    placements: Sequence[Placement],
+    spans: str | None,
+    table: Mapping[str, float] | None,
+) -> float:
+    """`plan_busbw` with each placement's node position already looked up (`at`)."""
     bw = math.inf
     per_node: dict[int, int] = {}
-    for p in placements:
-        pos = position[p.node]
-        view = views[pos]
-        per_node[pos] = per_node.get(pos, 0) + len(p.gpus)
-        if view is not None and view.allocator is not None and len(p.gpus) > 1:
-            bw = min(bw, objective.set_busbw(view.allocator.exact, p.gpus))
+    set_busbw = objective.set_busbw
+    for pos, p in zip(at, placements, strict=True):
+        given = p.gpus
+        per_node[pos] = per_node.get(pos, 0) + len(given)
+        if len(given) > 1:
+            view = views[pos]
+            if view is not None and view.allocator is not None:
+                bw = min(bw, set_busbw(view.allocator.exact, given))
     if len(per_node) < 2:
         return bw
     if spans == ACCELERATOR:
@@ -131,7 +152,8 @@ _NIC_LABELS = (NIC_COUNT_LABEL, NIC_GBPS_LABEL, NIC_FABRIC_LABEL)
 def _nics(objective: ClusterObjective, model: str, labels: Mapping[str, str]) -> Nics:
     """`nics_for`, kept in the objective's memo per (model, NIC labels): a pure function of them,
     and a cluster has a handful."""
-    key = (model, *(labels.get(k) for k in _NIC_LABELS))
+    count, gbps, fabric = _NIC_LABELS
+    key = (model, labels.get(count), labels.get(gbps), labels.get(fabric))
     memo = objective.nic_memo
     hit = memo.get(key)
     if hit is None:
@@ -182,6 +204,32 @@ def bound_busbw(
     return bw
 
 
+def bounds_busbw(
+    objective: ClusterObjective,
+    sizes: Sequence[int],
+    total: int,
+    levels: Sequence[str],
+    table: Mapping[str, float] | None = None,
+) -> tuple[float, ...]:
+    """`bound_busbw` of each of `levels` (the planner's walk up them), kept in the same memo as
+    one answer per (member sizes, levels, table): one key per gang instead of one per level."""
+    key = (
+        "#levels",
+        frozenset(g for g in sizes if g > 1),
+        total,
+        tuple(levels),
+        None if table is None else tuple(sorted(table.items())),
+    )
+    memo = objective.bounds_memo
+    hit = memo.get(key)
+    if hit is None:
+        hit = tuple([bound_busbw(objective, sizes, total, level, table) for level in levels])
+        if len(memo) > 4096:
+            memo.clear()
+        memo[key] = hit
+    return hit
+
+
 def predict(
     objective: ClusterObjective,
     views: Sequence[NodeView | None],
@@ -192,8 +240,9 @@ def predict(
 ) -> Prediction:
     """The model's reading of one candidate plan searched at `level`."""
     position = index.position
-    spans = common_level(index, [position[p.node] for p in placements], objective.domain_lists(index))
-    return Prediction(level, plan_busbw(objective, views, position, placements, spans, table))
+    at = [position[p.node] for p in placements]
+    spans = common_level(index, at, objective.domain_lists(index))
+    return Prediction(level, _busbw_at(objective, views, at, placements, spans, table))
 
 
 def cost_of(
@@ -260,3 +309,40 @@ def _why(preds: Sequence[Prediction], effs: Sequence[float], pick: int, good: Se
     if pick == min(good) and len(good) > 1:
         return f"planned in {where}: predicted efficiency {effs[pick]:.0%} (others: {others}), the least cost"
     return f"planned in {where}: predicted efficiency {effs[pick]:.0%} against {others}"
+
+
+#: The tensor-parallel traffic a tree's sub-group is read with (`tp_efficiency`): the preset
+#: of gputopo.jobtime.parallel the NVL72 tree runs of the simulator train (`llama-70b`).
+TP_PROFILE = "llama-70b"
+
+
+def tp_efficiency(gpus: int, busbw_gbps: float, best_gbps: float, profile: str = TP_PROFILE) -> float:
+    """Ideal step time over actual of a tensor-parallel group of `gpus` GPUs whose all-reduces
+    run at `busbw_gbps` against `best_gbps` (gputopo.jobtime.parallel: compute / t plus the
+    group's per-layer all-reduces, which nothing hides); 1.0 at the best, never above 1. A
+    sub-group a tree requires inside one domain is read as such a group: its traffic, unlike a
+    data-parallel gradient all-reduce (`CommProfile.efficiency`), is on the critical path."""
+    if gpus < 2 or busbw_gbps >= best_gbps:
+        return 1.0
+    p = PARALLEL_PROFILES[profile]
+    compute = p.compute_s / gpus
+
+    def step(bw: float) -> float:
+        return compute + TP_ALLREDUCES_PER_LAYER * p.layers * comm_s(p.tp_bytes, gpus, max(bw, 1e-3))
+
+    return step(best_gbps) / step(busbw_gbps)
+
+
+def group_busbw(
+    objective: ClusterObjective,
+    views: Mapping[str, NodeView],
+    index: NetworkIndex,
+    placements: Sequence[Placement],
+    table: Mapping[str, float] | None = None,
+) -> float:
+    """`plan_busbw` of some placements (a tree's sub-group) read with `views` by node name (the
+    free GPUs before they were placed), spanning the smallest level holding their nodes."""
+    names = sorted({p.node for p in placements})
+    local = {n: i for i, n in enumerate(names)}
+    spans = common_level(index, [index.position[n] for n in names], objective.domain_lists(index))
+    return plan_busbw(objective, [views[n] for n in names], local, placements, spans, table)

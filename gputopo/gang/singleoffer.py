@@ -22,29 +22,25 @@ instead of per domain through that module's memos:
 
 Pure: no I/O, no clock, no globals; what one call works out per node lives on its `Problem`,
 and what is a function of the node views alone (offers, rooms, picks) is kept in the caller's
-`ChoiceMemo` with the views it was made from, so the next call reads only the changed nodes.
+`PlanMemo` with the views it was made from, so the next call reads only the changed nodes.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
 from gputopo.gang import spread
+from gputopo.gang.candidate import Candidate
 from gputopo.gang.cost import DIGITS
-from gputopo.gang.domain import Candidate, Problem, cost_key, member_lists, own_memo_for
+from gputopo.gang.domain import Problem, cost_key, member_lists, own_memo_for
+from gputopo.gang.memo import Kind, Offer, PlanMemo, Room, ViewList
 from gputopo.network.levels import LevelIndex
-from gputopo.network.nodeview import UNKNOWN_QUALITY, ChoiceMemo, NodeView, Quality
+from gputopo.network.nodeview import UNKNOWN_QUALITY, NodeView, Quality
 from gputopo.node.allocator import Choice
-from gputopo.node.policy import GpuPolicy
-
-#: A node's allocator and free set: nodes of one kind answer alike.
-Kind = tuple[GpuPolicy | None, frozenset[int]]
-#: One node's only offer: its member's quality, set, and kind.
-Offer = tuple[Quality, Choice | None, Kind]
 
 
 def applies(pb: Problem) -> bool:
@@ -74,19 +70,19 @@ def _call(pb: Problem) -> _Call:
         return cast("_Call", pb.single)
     g, counts, views, memo = pb.sizes[0], pb.counts, pb.views, pb.memo
     # A node's offer is a function of its view (frozen: its allocator and free set) and g, so
-    # the last call's offers for this g are kept (`_LAST`, in the caller's memo, for this
-    # index) and only the positions whose view is another object are worked out again: gangs
-    # planned one after another meet the same views on all nodes but the few that changed.
+    # the last call's offers for this g are kept (`PlanMemo.offers`, for this index) and only
+    # the positions whose view is another object are worked out again: gangs planned one
+    # after another meet the same views on all nodes but the few that changed.
     own_memo_for(pb)
-    key = (_LAST, g)
-    last = memo.domains.get(key)
-    todo = None if last is None else _changed(pb, cast("_Kept", last[1])[0])
+    last = memo.offers.get(g)
+    todo = None if last is None else _changed(pb, last[0])
+    out: list[Offer | None]
     if last is not None and todo is not None:
-        out = list(cast("_Kept", last[1])[1])
+        out = list(last[1])
     else:
         out = [None] * len(counts)
         todo = list(range(len(counts)))
-        memo.domains_held += len(views) if last is None else 0  # an entry found is replaced
+        memo.held += len(views) if last is None else 0  # an entry found is replaced
     seen: dict[Kind, Offer] = {}
     for p in todo:
         view = views[p]
@@ -103,16 +99,12 @@ def _call(pb: Problem) -> _Call:
                 offer = (c.ring_mbps, c.pair_sum_mbps), c, kind
             seen[kind] = offer
         out[p] = offer
-    memo.domains[key] = ((), (views, out))  # `views` (never changed) keeps its id its own
+    memo.offers[g] = (views, out)  # `views` (never changed) keeps its id its own
     pb.single = call = _Call(out)
     return call
 
 
-#: What `_call` and `_rooms` keep: the views list they were made from, and their answers.
-_Kept = tuple[list["NodeView | None"], list[Any]]
-
-
-def _changed(pb: Problem, held: list[NodeView | None]) -> list[int] | None:
+def _changed(pb: Problem, held: ViewList) -> list[int] | None:
     """The positions whose view is another object in `pb.views` than in `held` (a views list
     of an earlier call): `planner._layout`'s when `held` is the one it compared with, else by
     comparing every position; None when the lists do not align."""
@@ -122,11 +114,6 @@ def _changed(pb: Problem, held: list[NodeView | None]) -> list[int] | None:
     if len(held) != len(views):
         return None
     return [p for p in range(len(views)) if views[p] is not held[p]]
-
-
-#: The memo keys' tags (no label key starts with "#"): `_call`'s last offers per member size,
-#: `_rooms`' last rooms per member size and level, `_domain_ids`' lists.
-_LAST, _ROOMS, _IDS = "#single-offers", "#single-rooms", "#single-ids"
 
 
 def candidates(pb: Problem, lx: LevelIndex, lower: Sequence[LevelIndex]) -> list[Candidate]:
@@ -143,7 +130,7 @@ def candidates(pb: Problem, lx: LevelIndex, lower: Sequence[LevelIndex]) -> list
     offered = offers(pb)
     rooms = _rooms(pb, lx, offered)
     best: Quality | None = None
-    tops: list[tuple[int, _Room]] = []
+    tops: list[tuple[int, Room]] = []
     for d, r in enumerate(rooms):
         if len(r[0]) < n:
             continue
@@ -175,51 +162,98 @@ def candidates(pb: Problem, lx: LevelIndex, lower: Sequence[LevelIndex]) -> list
     return [Candidate(d, n, worst, spans, dfree, assignment, cost)]
 
 
-#: Per domain: its nodes with an offer (name order), their offers' qualities best first, its
-#: free GPUs, and `_pick`'s answers on those views (keyed on what else they depend on).
-_Room = tuple[
-    list[int], list[Quality], int, dict[tuple[object, ...], tuple[list[int], float | None, tuple[int, ...]]]
-]
 #: `_pick` answers kept per domain (for as long as its views are the same).
 _PICKS_HELD = 32
 
 
-def _rooms(pb: Problem, lx: LevelIndex, offered: list[Offer | None]) -> list[_Room]:
-    """`_Room` per domain of `lx`. A function of the domain's views and the member size, so
-    kept per (size, level) with the views they were made from (`_ROOMS`, in the caller's
-    memo for this index): only the domains with a view that is another object since are
-    worked out again. The caller has reset the memo for this index (`own_memo_for`)."""
+def _rooms(pb: Problem, lx: LevelIndex, offered: list[Offer | None]) -> list[Room]:
+    """`Room` per domain of `lx`. A function of the domain's views and the member size, so
+    kept per (size, level) with the views they were made from (`PlanMemo.rooms`, for this
+    index): only the domains with a view that is another object since are worked out again.
+    The caller has reset the memo for this index (`own_memo_for`)."""
     memo, views, counts = pb.memo, pb.views, pb.counts
+    g = pb.sizes[0]
     members = member_lists(memo, lx)
-    key = (_ROOMS, pb.sizes[0], lx.level)
-    hit = memo.domains.get(key)
-    todo: Iterable[int]
-    changed = None if hit is None else _changed(pb, cast("_Kept", hit[1])[0])
-    if hit is not None and changed is not None and len(cast("_Kept", hit[1])[1]) == len(members):
-        per = list(cast("_Kept", hit[1])[1])
+    key = (g, lx.level)
+    hit = memo.rooms.get(key)
+    todo: dict[int, list[int]] | range
+    per: list[Room]
+    changed = None if hit is None else _changed(pb, hit[0])
+    if hit is not None and changed is not None and len(hit[1]) == len(members):
+        per = list(hit[1])
         ids = _domain_ids(memo, lx)
-        todo = {ids[p] for p in changed}
+        todo = {}
+        for p in changed:  # the changed positions of each domain with one
+            d = ids[p]
+            got = todo.get(d)
+            if got is None:
+                todo[d] = [p]
+            else:
+                got.append(p)
     else:
         per = [([], [], 0, {})] * len(members)
         todo = range(len(members))
-        memo.domains_held += len(views) if hit is None else 0  # an entry found is replaced
+        memo.held += len(views) if hit is None else 0  # an entry found is replaced
     for d in todo:
         positions = members[d]
+        moved = todo[d] if hit is not None and type(todo) is dict else None
+        if moved is not None and len(moved) * _MOVED_SHARE < len(positions):
+            # A large domain with few changed nodes: the last answer brought up to date at those
+            # nodes (the same lists as from scratch: the room in position order, the qualities
+            # best first, the free GPUs summed), each node's last offer read off its last view
+            # as `_call` read it.
+            assert hit is not None
+            was = hit[0]
+            room, best_first, dfree, _ = per[d]
+            best_first = best_first.copy()
+            gone: set[int] = set()
+            came: list[int] = []
+            for p in moved:
+                old_view = was[p]
+                old_count = 0 if old_view is None else len(old_view.free)
+                dfree += counts[p] - old_count
+                old = None if old_view is None or old_count < g else _quality(memo, old_view, g)
+                new = offered[p]
+                if old is not None:
+                    best_first.remove(old)
+                if new is not None:
+                    best_first.append(new[0])
+                if old is not None and new is None:
+                    gone.add(p)
+                elif old is None and new is not None:
+                    came.append(p)
+            best_first.sort(reverse=True)
+            if gone or came:
+                room = sorted([p for p in room if p not in gone] + came)
+            per[d] = (room, best_first, dfree, {})
+            continue
         room = [p for p in positions if offered[p] is not None]
         best_first = sorted([offered[p][0] for p in room], reverse=True)  # type: ignore[index]
         per[d] = (room, best_first, sum([counts[p] for p in positions]), {})
-    memo.domains[key] = ((), (views, per))  # `views` (never changed) keeps its id its own
+    memo.rooms[key] = (views, per)  # `views` (never changed) keeps its id its own
     return per
 
 
-def _domain_ids(memo: ChoiceMemo, lx: LevelIndex) -> list[int]:
+#: A domain of more than this many nodes per changed node is brought up to date, not read again.
+_MOVED_SHARE = 4
+
+
+def _quality(memo: PlanMemo, view: NodeView, g: int) -> Quality:
+    """The quality of the one offer of a node with `view` (g free GPUs or more), as `_call`
+    works it out: the allocator's choice of g (kept in the memo), or unknown."""
+    if view.allocator is None:
+        return UNKNOWN_QUALITY
+    c = memo.choose(view.allocator, view.free, g)
+    return (c.ring_mbps, c.pair_sum_mbps)
+
+
+def _domain_ids(memo: PlanMemo, lx: LevelIndex) -> list[int]:
     """`lx.domain_id` as a list (made once per index and level, as `member_lists`)."""
-    key = (_IDS, lx.level)
-    hit = memo.domains.get(key)
-    if hit is not None and hit[0][0] is lx:
-        return cast("list[int]", hit[1])
+    hit = memo.domain_ids.get(lx.level)
+    if hit is not None and hit[0] is lx:
+        return hit[1]
     ids: list[int] = lx.domain_id.tolist()
-    memo.domains[key] = ((lx,), ids)
+    memo.domain_ids[lx.level] = (lx, ids)
     return ids
 
 
@@ -252,14 +286,20 @@ def _pick(
         taken.append(hit)
     costs = [round(c, DIGITS) for c in taken]  # the node order's key, as `gang.domain._cost`
     if lower:
+        ids = [_domain_ids(pb.memo, lx) for lx in lower]
         lens = [len(ps) for _, ps in table]
         total = sum(lens)
         if 0 < total <= spread.SMALL_CANDIDATES:  # `select_nodes`' own test: its list path, on lists
-            pos = [p for _, ps in table for p in ps]
-            nfree = [len(kind[1]) for kind, ps in table for _ in ps]
-            kinds = [row for row, (_, ps) in enumerate(table) for _ in ps]
-            order = [costs[row] for row in kinds]
-            ids = [_domain_ids(pb.memo, lx) for lx in lower]
+            pos: list[int] = []
+            nfree: list[int] = []
+            kinds: list[int] = []
+            order: list[float] = []
+            for row, (kind, ps) in enumerate(table):  # every row's nodes, in the rows' order
+                m = len(ps)
+                pos += ps
+                nfree += [len(kind[1])] * m
+                kinds += [row] * m
+                order += [costs[row]] * m
             picked = spread.select_equal(pos, 1, nfree, kinds, n, n, lower, order, ids)
         else:
             at = np.fromiter(itertools.chain.from_iterable(ps for _, ps in table), np.int64, total)
@@ -268,13 +308,12 @@ def _pick(
             kind_ids = np.repeat(np.arange(len(table), dtype=np.int64), lens)
             cost = np.repeat(np.array(costs, dtype=np.float64), lens)
             picked = spread.select_nodes(at, weight, free, kind_ids, n, n, lower, cost)
+        chosen = [p for p, _ in picked]
+        spans = tuple([len({of[p] for p in chosen}) for of in ids])  # `count_spans`, on plain ints
     else:  # the node order: least cost, fewest free GPUs, name (positions are in name order)
         top = sorted([(costs[row], len(kind[1]), p, row) for row, (kind, ps) in enumerate(table) for p in ps])
         picked = [(p, row) for _, _, p, row in top[:n]]
-    chosen = [p for p, _ in picked]
-    if lower:  # `count_spans` on the kept domain ids (plain ints)
-        spans = tuple([len({of[p] for p in chosen}) for of in [_domain_ids(pb.memo, lx) for lx in lower]])
-    else:
+        chosen = [p for p, _ in picked]
         spans = ()
     if pb.objective is None:
         return chosen, None, spans

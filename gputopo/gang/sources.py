@@ -5,7 +5,7 @@ A pod names its gang through Kubernetes' own Workload API, scheduler-plugins, th
 labels, Volcano, Kueue or KAI Scheduler. `SOURCES` lists them in precedence order (the first one
 a pod carries decides; docs/scheduler.md "Gang sources and levels"): for each, where the pod
 names it, the key space of its gangs, where its group object lives (API group, versions, plural,
-kind) and how that object gives the quorum. The sidecar (scheduler/sources.py, apikinds.py) and
+kind) and how that object gives the quorum. The sidecar (scheduler/sources.py, scheduler/live/kinds.py) and
 `kubectl gputopo why` both decide with `pod_gang` and the parsers here, and the RBAC rules of
 charts/ and deploy/ are tested against `APIS`, so a new gang source is one entry here (a reader
 and a parser) and its test.
@@ -32,12 +32,16 @@ field). Upstream facts used here (checked against upstream source, see docs/sche
   PodGroup `spec.minMember`, `spec.topologyConstraint`; `kai.scheduler/topology-required-placement`
   / `…-preferred-placement` (annotations the pod grouper reads from the top owner, which for a
   bare pod is the pod); `kai.scheduler/v1alpha1` Topology `spec.levels[].nodeLabel`.
+- NVIDIA's ComputeDomain (`resource.nvidia.com/v1beta1`, kubernetes-sigs/dra-driver-nvidia-gpu):
+  `spec.numNodes`, `spec.channel.resourceClaimTemplate.name`; the last source, read by the
+  sidecar only (a pod joins by claiming the channel template: `compute_domain_gangs`).
 
 Gangs as trees (docs/scheduler.md "Gangs as trees: what each API says"): a CompositePodGroup
 (`scheduling.k8s.io/v1alpha3`) joins the PodGroups under it into one gang (`link`); KAI's
 `spec.subGroups[]` and label `kai.scheduler/subgroup-name` (`kai_tree`); Kueue's PodSet slices
 and PodSet group, gputopo's `gputopo.io/subgroup` (`pod_subgroup`); Volcano's
-`spec.networkTopology` tier (`Tier`, `tier_level`).
+`spec.networkTopology` tier (`Tier`, `tier_level`, with the HyperNodes of
+gputopo/gang/hypernodes.py) and `spec.subGroupPolicy[]` partitions (`Partition`, `partition_of`).
 """
 
 from __future__ import annotations
@@ -48,9 +52,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gputopo.gang.hypernodes import HyperTiers, Selector, label_selector
 from gputopo.gang.planner import SubGroup
 from gputopo.jobtime.profiles import Profile, ProfileError, declared_profile
-from gputopo.network.levels import HOSTNAME, is_label_key
+from gputopo.network.levels import GPU_CLIQUE, HOSTNAME, is_label_key
 
 MAX_MEMBERS = 100_000
 
@@ -115,6 +120,7 @@ VOLCANO = "volcano:"
 KUEUE = "kueue:"
 KAI = "kai:"
 K8S_COMPOSITE = "composite:"
+COMPUTE_DOMAIN = "computedomain:"
 
 
 class SourceError(ValueError):
@@ -147,6 +153,11 @@ class Group:
     min_groups: int | None = None
     #: Volcano's `networkTopology`: a tier, mapped onto the levels when planning (`tier_level`)
     tier: Tier | None = None
+    #: Volcano's `spec.subGroupPolicy[]` (its Jobs' partitionPolicy): pods' sub-groups by label
+    partitions: tuple[Partition, ...] = ()
+    #: a ComputeDomain's channel ResourceClaimTemplate (in its namespace): its pods name this
+    #: template in `spec.resourceClaims[].resourceClaimTemplateName` (`compute_domain_gangs`)
+    claim_template: str = ""
 
 
 @dataclass(frozen=True)
@@ -169,7 +180,7 @@ class Api:
     """Where a kind of object beside the pods lives, as RBAC and the client name it.
 
     `reflector` is the sidecar's name for its watch (logs, readiness); `discovered`: the group is
-    optional and looked up in the API server's discovery (scheduler/apikinds.py) — the one that
+    optional and looked up in the API server's discovery (scheduler/live/kinds.py) — the one that
     is not (scheduler-plugins' PodGroup, design.md §5) has a watch of its own."""
 
     reflector: str
@@ -465,27 +476,120 @@ def _tier(raw: Any) -> Tier | None:
     return None
 
 
-def tier_level(tier: Tier, levels: Sequence[str], labelled: Iterable[str]) -> str | None:
-    """The level a Volcano tier means: tier N is the N-th level counting up from the node among
-    the levels some node is labelled with (HyperNode label discovery converts levels "from bottom
-    to top, starting at tier 1", volcano docs/user-guide/how_to_use_hypernode_auto_discovery.md);
-    a tier name is a level when it is one of the levels' label keys. None: no such level (a
-    tier above every level spans the cluster: no constraint)."""
+def tier_level(
+    tier: Tier, levels: Sequence[str], labelled: Iterable[str], hyper: HyperTiers | None = None
+) -> str | None:
+    """The level a Volcano tier means. Where the cluster's HyperNodes describe the tier
+    (`hyper`, gputopo/gang/hypernodes.py), the level they map it to: a `highestTierName` is the
+    tier of the HyperNodes with that `spec.tierName`, tier N the smallest level one of whose
+    domains holds each tier-N HyperNode's nodes. Otherwise by the labels: tier N is the N-th level
+    counting up from the node among the levels some node is labelled with (HyperNode label
+    discovery converts levels "from bottom to top, starting at tier 1", volcano
+    docs/user-guide/how_to_use_hypernode_auto_discovery.md); a tier name is a level when it is
+    one of the levels' label keys. None: no such level (a tier above every level spans the
+    cluster: no constraint)."""
+    number = tier.number
     if tier.name is not None:
-        return tier.name if tier.name in levels else None
+        if tier.name in levels:
+            return tier.name
+        number = hyper.names.get(tier.name) if hyper is not None else None
+        if number is None:
+            return None
+    if hyper is not None and number is not None and number in hyper.levels:
+        return hyper.levels[number]
     present = set(labelled)
     ordered = [lv for lv in levels if lv != HOSTNAME and lv in present]
-    n = tier.number or 0
+    n = number or 0
     return ordered[n - 1] if 1 <= n <= len(ordered) else None
 
 
+@dataclass(frozen=True)
+class Partition:
+    """One entry of a Volcano PodGroup's `spec.subGroupPolicy[]` (volcano-sh/apis
+    pkg/apis/scheduling/v1beta1/types.go `SubGroupPolicySpec`), which Volcano's job controller
+    writes for every Job task with a `partitionPolicy` (volcano-sh/volcano
+    pkg/controllers/job/job_controller_actions.go `getSubGroupPolicy`: name = the task,
+    subGroupSize = partitionSize, labelSelector `volcano.sh/task-spec: <task>`, matchLabelKeys
+    [`volcano.sh/partition-id`], networkTopology = the partition's). The pods it selects with
+    equal values of `keys` are one sub-group, kept within the tier."""
+
+    name: str
+    selector: Selector | None  # None: every pod of the gang (a nil labelSelector)
+    keys: tuple[str, ...]
+    size: int | None
+    tier: Tier | None
+
+
+#: Volcano Job pods' labels (volcano-sh/apis pkg/apis/batch/v1alpha1/labels.go)
+VOLCANO_TASK_LABEL = "volcano.sh/task-spec"
+VOLCANO_PARTITION_LABEL = "volcano.sh/partition-id"
+MAX_PARTITION_POLICIES = 64
+
+
+def _partitions(raw: Any) -> tuple[Partition, ...] | None:
+    """`spec.subGroupPolicy[]` as partitions; None when the list is unusable (a missing or
+    repeated name, a bad selector or size): the gang is then flat, never lost."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or len(raw) > MAX_PARTITION_POLICIES:
+        return None
+    out: list[Partition] = []
+    for item in raw:
+        name = dig(item, "name")
+        if not isinstance(name, str) or not 0 < len(name) <= 253 or any(p.name == name for p in out):
+            return None
+        selector: Selector | None = None
+        raw_sel = dig(item, "labelSelector")
+        if raw_sel is not None:
+            if not isinstance(raw_sel, Mapping):
+                return None
+            parsed = label_selector(raw_sel)
+            if isinstance(parsed, str):
+                return None
+            selector = parsed if parsed.labels or parsed.expressions else None
+        keys = dig(item, "matchLabelKeys") or []
+        if not isinstance(keys, list) or len(keys) > 8 or not all(is_label_key(k) for k in keys):
+            return None
+        size_raw = dig(item, "subGroupSize")
+        size = None if size_raw is None else _json_count(size_raw)
+        if size_raw is not None and size is None:
+            return None
+        out.append(Partition(name, selector, tuple(keys), size, _tier(dig(item, "networkTopology"))))
+    return tuple(out)
+
+
+def partition_of(partitions: Sequence[Partition], labels: Mapping[str, str]) -> tuple[Partition, str] | None:
+    """The first partition policy that takes a pod with these labels, and the pod's sub-group
+    in it (`<policy>-<value>-<value>…`, the sub-job id of Volcano's scheduler,
+    pkg/scheduler/api/sub_job_info.go); None when none does (the pod is in the gang's root).
+    As Volcano (pkg/scheduler/api/job_info.go `getOrCreateSubJob`): the selector must match,
+    and the policy must have match keys, each a non-empty label of the pod (a policy without
+    keys takes no pod: Volcano's default sub-job)."""
+    for p in partitions:
+        if p.selector is not None and not p.selector.matches("", labels):
+            continue
+        values = [labels.get(k, "") for k in p.keys]
+        if values and all(values):
+            return p, f"{p.name}-{'-'.join(values)}"
+    return None
+
+
 def groups_volcano(obj: Mapping[str, Any], api_version: str) -> list[Group]:
-    """Volcano's PodGroup: `spec.minMember`, and `spec.networkTopology` as a tier (`Tier`); an
-    unusable networkTopology costs the gang its tier, never the gang."""
+    """Volcano's PodGroup: `spec.minMember`, `spec.networkTopology` as a tier (`Tier`), and
+    `spec.subGroupPolicy[]` as partitions (`Partition`, sub-groups of the gang each kept within
+    its own tier). An unusable networkTopology costs the gang its tier, an unusable
+    subGroupPolicy its partitions, never the gang."""
     found = _min_member_group(obj, api_version, VOLCANO)
     if not found:
         return []
-    return [replace(found[0], tier=_tier(dig(obj, "spec", "networkTopology")))]
+    partitions = _partitions(dig(obj, "spec", "subGroupPolicy"))
+    return [
+        replace(
+            found[0],
+            tier=_tier(dig(obj, "spec", "networkTopology")),
+            partitions=partitions or (),
+        )
+    ]
 
 
 def _kai_levels(constraint: Any) -> tuple[str | None, str | None]:
@@ -601,6 +705,59 @@ def groups_kai(obj: Mapping[str, Any], api_version: str) -> list[Group]:
             subgroups=() if tree is None else tree[0],
         )
     ]
+
+
+def groups_compute_domain(obj: Mapping[str, Any], api_version: str) -> list[Group]:
+    """NVIDIA's ComputeDomain (`resource.nvidia.com/v1beta1`, kubernetes-sigs/dra-driver-nvidia-gpu
+    api/nvidia.com/resource/v1beta1/computedomain.go): the driver's controller creates the
+    ResourceClaimTemplate `spec.channel.resourceClaimTemplate.name` in the ComputeDomain's
+    namespace (cmd/compute-domain-controller/computedomain.go), and the pods that name it in
+    `spec.resourceClaims[]` share the domain's IMEX channel, which works across GPUs of one
+    NVLink partition only: they are one gang required in one clique (`nvidia.com/gpu.clique`).
+
+    The quorum is `spec.numNodes` when set (nodes, so at most the pods: a node holds one pod of
+    the domain or more); upstream defaults it to 0 and deprecates it, and then the gang is the
+    pods seen (`compute_domain_gangs`, min_member 0 here). A ComputeDomain without a usable
+    channel template name or with a bad numNodes defines no gang (its pods are placed one by
+    one, as before)."""
+    m = _meta(obj)
+    spec = dig(obj, "spec")
+    if m is None or not isinstance(spec, Mapping):
+        return []
+    template = _name(dig(spec, "channel", "resourceClaimTemplate", "name"))
+    raw = spec.get("numNodes", 0)
+    nodes = 0 if raw == 0 and not isinstance(raw, bool) else _json_count(raw)
+    if template is None or nodes is None:
+        return []
+    ref = _ref("ComputeDomain", api_version, *m)
+    return [Group(f"{m[0]}/{COMPUTE_DOMAIN}{m[1]}", nodes, GPU_CLIQUE, ref, claim_template=template)]
+
+
+def compute_domain_gangs(
+    pods: Iterable[tuple[str, str, Sequence[str]]], index: Mapping[str, Group]
+) -> dict[str, tuple[Group, int]]:
+    """The ComputeDomain gang of each pod that names one's channel template: pod key ->
+    (its ComputeDomain's Group, the quorum). `pods` are (pod key, namespace, the pod's
+    `resourceClaimTemplateName`s in spec order); the first template that is a ComputeDomain's
+    decides. The quorum is the domain's `numNodes`, or with numNodes 0 (upstream's default) the
+    number of its pods seen now, so the gang is planned as a whole once they all exist and a
+    pod created later joins its mates' clique (the bound members pin the domain)."""
+    by_template = {
+        f"{key.partition('/')[0]}/{g.claim_template}": g for key, g in index.items() if g.claim_template
+    }
+    if not by_template:
+        return {}
+    found: dict[str, Group] = {}
+    for pod, namespace, templates in pods:
+        for t in templates:
+            g = by_template.get(f"{namespace}/{t}")
+            if g is not None:
+                found[pod] = g
+                break
+    seen: dict[str, int] = {}
+    for g in found.values():
+        seen[g.key] = seen.get(g.key, 0) + 1
+    return {pod: (g, g.min_member or seen[g.key]) for pod, g in found.items()}
 
 
 def workload_key(gang_key: str) -> str:
@@ -914,11 +1071,29 @@ COMPOSITE_API = Api(
 )
 TREE_APIS: tuple[tuple[Api, GroupParser], ...] = ((COMPOSITE_API, groups_k8s_composite),)
 
+#: The last gang source, after every one of `SOURCES`: NVIDIA's ComputeDomain, which a pod joins
+#: not by a name of its own but by claiming the domain's channel ResourceClaimTemplate, so only
+#: the sidecar, which sees the ComputeDomains, can tell (`compute_domain_gangs`). A pod that
+#: names a gang through `SOURCES` is that gang; the ComputeDomain then adds nothing.
+#: Discovered, optional (clusters without NVIDIA's DRA driver do not serve it).
+COMPUTE_DOMAIN_API = Api(
+    "computedomains", "resource.nvidia.com", ("v1beta1",), "computedomains", "ComputeDomain"
+)
+#: The source label of a ComputeDomain's gang (a pod's `GangRef.source` in the sidecar).
+COMPUTE_DOMAIN_LABEL = "resource.nvidia.com ComputeDomain"
+DOMAIN_APIS: tuple[tuple[Api, GroupParser], ...] = ((COMPUTE_DOMAIN_API, groups_compute_domain),)
+
+#: Volcano's HyperNodes (cluster-scoped): which of our levels a Volcano tier is
+#: (gputopo/gang/hypernodes.py, `tier_level`). Discovered, optional.
+HYPERNODE_API = Api("volcano-hypernodes", "topology.volcano.sh", ("v1alpha1",), "hypernodes", "HyperNode")
+
 #: Every API the sidecar reads beside Nodes and Pods (its RBAC must allow get/list/watch on each).
 APIS: tuple[Api, ...] = (
     *(s.api for s in SOURCES if s.api is not None),
     *(api for api, _ in TREE_APIS),
+    *(api for api, _ in DOMAIN_APIS),
     *TOPOLOGY_APIS,
+    HYPERNODE_API,
 )
 
 

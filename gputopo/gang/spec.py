@@ -56,6 +56,26 @@ class GangSpec:
 
 
 @dataclass(frozen=True)
+class Placed:
+    """Where one node of a tree gang went and why (`GangPlan.tree`): the plan's reason, the
+    gang's Event and `kubectl gputopo why` all word it (`gputopo.gang.explain`), so an operator
+    sees per sub-group the domain it got and whether its level was kept, without the logs."""
+
+    name: str  # the sub-group's name; "" the root (the gang itself)
+    parent: str  # its parent sub-group, "" the root (and for the root itself)
+    level: str  # the label key of the level whose one domain holds it (CLUSTER: none smaller)
+    domain: str  # that domain's label value ("cluster" at CLUSTER)
+    nodes: tuple[str, ...]  # the nodes its pending members were planned on, sorted
+    asked: str  # "required", "preferred" or "" (no level asked: the smallest that holds it)
+    asked_level: str | None  # the level it asked for (None when `asked` is "")
+    #: why it is not at its preferred level, or the flat planner's choice (predicted job time);
+    #: "" when the level it asked for was kept or only the level rule decided
+    why: str = ""
+    pods: tuple[str, ...] = ()  # its own pending members placed ("namespace/name"), not its children's
+    gpus: int = 0  # GPUs of every pending member of its subtree
+
+
+@dataclass(frozen=True)
 class GangPlan:
     gang: str
     level: str  # the label key of the level whose one domain holds every member
@@ -70,9 +90,15 @@ class GangPlan:
     #: why this level's plan was taken over the other levels' (`gang.predict.choose`), for the
     #: tracker's plan event; "" when only the level rule decided (no objective, or required)
     why: str = ""
+    #: a tree gang's placement: the root first (name ""), then every sub-group with pending
+    #: members, each after its parent; () for a flat gang
+    tree: tuple[Placed, ...] = ()
 
 
 @dataclass(frozen=True)
 class NoPlan:
     gang: str
     reason: str  # readable: why nothing fits
+    #: a tree that does not fit: the path ("parent/child") of the sub-group that could not be
+    #: placed, "" when the root itself found no domain (or a flat gang)
+    group: str = ""

@@ -40,13 +40,16 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Collection, Mapping, Sequence, Set
 from dataclasses import dataclass
+from typing import Any
 
+from gputopo.gang import explain
 from gputopo.gang.asks import Decision, Event, GangAsk, Planned, Refused, Wait
 from gputopo.gang.levelwait import LevelWait, OwnLevels
-from gputopo.gang.planner import GangPlan, GangSpec, Member, plan_gang
+from gputopo.gang.memo import PlanMemo
+from gputopo.gang.planner import GangPlan, GangSpec, Member, NoPlan, plan_gang
 from gputopo.gang.reservations import Reservation, Reservations
 from gputopo.network.levels import NetworkIndex, domain_of
-from gputopo.network.nodeview import ChoiceMemo, NodeView
+from gputopo.network.nodeview import NodeView
 from gputopo.node.policy import GpuPolicy
 from gputopo.pod.objective import ClusterObjective
 
@@ -108,7 +111,7 @@ class GangTracker:
         self._tree_offers: dict[str, frozenset[str]] = {}
         self._backoff: dict[str, _Backoff] = {}
         self._events: list[Event] = []
-        self._memo = ChoiceMemo()
+        self._memo = PlanMemo()
         self._first_seen: dict[str, float] = {}  # gang -> its first member's first filter
         self._own = OwnLevels()  # the gangs' own levels, kept per offer (capacity and labels)
         self._policies: dict[int, GpuPolicy] = {}  # id -> node policy the objective learned (`_learn`)
@@ -123,10 +126,10 @@ class GangTracker:
     def _emit(self, kind: str, gang: str, reason: str, cause: str = "", **fields: object) -> None:
         self._events.append(Event(kind, gang, reason, cause, fields))
 
-    def memo(self) -> ChoiceMemo:
-        """Allocator answers are pure in (allocator, free set, size): kept, within bounds."""
+    def memo(self) -> PlanMemo:
+        """Allocator answers and the planner's answers (`PlanMemo`): kept, within bounds."""
         if len(self._memo) > 200_000:
-            self._memo = ChoiceMemo()
+            self._memo = PlanMemo()
         return self._memo
 
     # ------------------------------------------------------------------ time and breakage
@@ -354,7 +357,7 @@ class GangTracker:
         since = self._first_seen.get(gang, now)
         spill = self.spill_after_s if ask.spill_after_s is None else ask.spill_after_s
         waits = None if bound else self._own.waits(spec, offer, offered, index, since, now, spill)
-        result: GangPlan | str | None = None if waits is None else waits.reason(now)
+        result: GangPlan | NoPlan | str | None = None if waits is None else waits.reason(now)
         if result is None:
             if self.objective is not None:  # "the best ring a size gets anywhere": every server
                 self._learn(self.objective, views)
@@ -362,7 +365,10 @@ class GangTracker:
             if isinstance(result, GangPlan) and not bound:
                 result = self._own.hold(spec, result, offer, offered, views, index, now - since, spill)
         if not isinstance(result, GangPlan):
-            return self._failed(gang, result, len(pending), views, offer, now, waits)
+            stuck = ""
+            if isinstance(result, NoPlan):  # a tree names the sub-group it could not place
+                stuck, result = result.group, result.reason
+            return self._failed(gang, result, len(pending), views, offer, now, waits, stuck)
         self._backoff.pop(gang, None)
         self.plans[gang] = result
         self._offers[gang] = offer
@@ -374,18 +380,24 @@ class GangTracker:
                 for p in result.placements
             ]
         )
+        if result.tree:  # a tree: where each sub-group went and why (`gang.explain`)
+            reason = explain.plan_text(result.tree, offered=len(offer))
+            tree: dict[str, Any] = {"tree": result.tree, "offered": len(offer)}
+        else:
+            reason = (
+                result.why
+                or f"smallest level whose one domain holds all {len(result.placements)} pending members"
+            ) + f", within the {len(offer)} nodes offered"
+            tree = {}
         self._emit(
             "plan",
             gang,
-            (
-                result.why
-                or f"smallest level whose one domain holds all {len(result.placements)} pending members"
-            )
-            + f", within the {len(offer)} nodes offered",
+            reason,
             level=result.level,
             domain=result.domain,
             nodes=sorted({p.node for p in result.placements}),
             members=len(result.placements),
+            **tree,
         )
         return result
 
@@ -398,8 +410,11 @@ class GangTracker:
         offer: frozenset[str],
         now: float,
         level: LevelWait | None,
+        stuck: str = "",
     ) -> Wait:
-        """A plan that found no room: the back-off for the same question, and the answer."""
+        """A plan that found no room: the back-off for the same question, and the answer.
+        `stuck`: the path of the tree's sub-group that could not be placed (a log field, so a
+        waiting tree is found by sub-group without reading the reason)."""
         back = self._backoff.get(gang)
         reason = f"gang {gang} does not fit: {result}"
         if back is None:
@@ -409,7 +424,8 @@ class GangTracker:
             delay = min(back.delay * 2, self.backoff_s[1])
             back.until, back.delay, back.reason = now + delay, delay, reason
             back.views, back.offer, back.level = views, offer, level
-        self._emit("plan_failed", gang, result, members=members, retry_in_s=delay)
+        extra = {"subgroup": stuck} if stuck else {}
+        self._emit("plan_failed", gang, result, members=members, retry_in_s=delay, **extra)
         return Wait(reason, "GangUnschedulable")
 
     def _learn(self, objective: ClusterObjective, views: Mapping[str, NodeView]) -> None:
@@ -471,7 +487,7 @@ class GangTracker:
         bound_nodes: set[str],
         views: Mapping[str, NodeView],
         index: NetworkIndex,
-    ) -> GangPlan | str:
+    ) -> GangPlan | NoPlan | str:
         """Plan the pending members; members already bound pin the search to their domain first.
         With a required level, the rest of the gang may only join the bound members' domain of
         that level: planning them anywhere else would split the gang across domains. Domains are
@@ -501,7 +517,7 @@ class GangTracker:
         plan = plan_gang(
             spec, candidates, index.levels, index=index, memo=self.memo(), objective=self.objective
         )
-        return plan if isinstance(plan, GangPlan) else plan.reason
+        return plan
 
     # ------------------------------------------------------------------ bind
 

@@ -48,17 +48,11 @@ class ChoiceMemo:
     """Allocator answers per (allocator, free set, size).
 
     Owned by the caller, never global: one per planning call by default, or one per cluster
-    snapshot when the caller wants repeated plans (filter retries, the simulator) to be cheap."""
+    snapshot when the caller wants repeated plans (filter retries, the simulator) to be cheap.
+    The gang planner's memo extends it with its own answers (`gputopo.gang.memo.PlanMemo`)."""
 
     def __init__(self) -> None:
         self._answers: dict[tuple[GpuPolicy, frozenset[int], int], Choice] = {}
-        #: The gang planner's evaluations of one domain for one gang shape (`gputopo.gang.planner`),
-        #: keyed by the identity of the node views they were made from; each value holds those
-        #: views, so an id in a key stays theirs while it is cached. For one network index only
-        #: (`domains_for`), and bounded by the views held (`domains_held`).
-        self.domains: dict[tuple[object, ...], tuple[tuple[object, ...], object]] = {}
-        self.domains_for: object = None
-        self.domains_held = 0
 
     def choose(self, allocator: GpuPolicy, free: frozenset[int], size: int) -> Choice:
         key = (allocator, free, size)
@@ -68,7 +62,7 @@ class ChoiceMemo:
         return hit
 
     def __len__(self) -> int:
-        return len(self._answers) + len(self.domains)
+        return len(self._answers)
 
 
 def member_quality(choice: Choice | None) -> Quality:

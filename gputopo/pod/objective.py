@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import combinations
 
 from gputopo.jobtime.model import (
@@ -108,6 +109,11 @@ class CommProfile:
         total = sum(share for _, share in items)
         return [(p, share / total) for p, share in items]
 
+    @cached_property
+    def _shares(self) -> tuple[tuple[Profile, float], ...]:
+        """`shares()`, worked out once (the fields are frozen); `efficiency` reads it per call."""
+        return tuple(self.shares())
+
     def efficiency(self, gpus: int, busbw_gbps: float, best_gbps: float) -> float:
         """Expected ideal step time over actual of a `gpus`-GPU job whose all-reduce runs at
         `busbw_gbps` against `best_gbps` (the best set of that size anywhere): 1.0 at the best,
@@ -115,7 +121,7 @@ class CommProfile:
         if gpus < 2 or busbw_gbps >= best_gbps:
             return 1.0
         eff = 0.0
-        for p, share in self.shares():
+        for p, share in self._shares:
             ideal = step_s(p.compute_s, p.overlap, comm_s(p.grad_bytes, gpus, best_gbps))
             actual = step_s(p.compute_s, p.overlap, comm_s(p.grad_bytes, gpus, max(busbw_gbps, 1e-3)))
             eff += share * ideal / actual
@@ -231,6 +237,8 @@ class ClusterObjective:
         self.nic_memo: dict[tuple[str | None, ...], Nics] = {}
         #: `gang.predict.bound_busbw`'s answers (they change only when a server is learned)
         self.bound_memo: dict[tuple[object, ...], float] = {}
+        #: `gang.predict.bounds_busbw`'s answers: every level's bound for one gang shape at once
+        self.bounds_memo: dict[tuple[object, ...], tuple[float, ...]] = {}
         self._domain_lists: tuple[object, dict[str, list[int]]] | None = None
         self._bounds: dict[int, float] = {}  # size -> `best_busbw`, until another server is learned
         self._declared: dict[Profile, ClusterObjective] = {}  # see `declared`
@@ -272,6 +280,7 @@ class ClusterObjective:
             self._takes.clear()
             self._bounds.clear()
             self.bound_memo.clear()
+            self.bounds_memo.clear()
         for sibling in self._declared.values():
             sibling.learn(self._keep)
 

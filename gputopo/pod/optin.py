@@ -1,7 +1,7 @@
 """Which pods the opt-in admission webhook hands to gputopo's scheduler, and the patch that does it.
 
 Pure: a pod object (as JSON) in, a JSONPatch (RFC 6902) and a reason out. The sidecar's webhook
-(`scheduler/webhook.py`) is the only caller; the chart's MutatingAdmissionPolicy says the same in
+(`scheduler/web/webhook.py`) is the only caller; the chart's MutatingAdmissionPolicy says the same in
 CEL for clusters that serve it. Which namespaces and pods are opted in is decided by the
 webhook configuration's namespaceSelector / objectSelector before the API server calls; this
 module decides only what is safe to change on a pod that reaches it:

@@ -25,7 +25,8 @@ from gputopo.sim.jobmodel import JobModel, JobTimer
 from gputopo.sim.plot import PlotUnavailable, check_available, write_plot
 from gputopo.sim.policies.catalog import POLICIES
 from gputopo.sim.policies.sidecar import Lifecycle
-from gputopo.sim.report import MAX_WIDTH, document, render_table, wrap
+from gputopo.sim.policies.trees import TREE_POLICIES
+from gputopo.sim.report import MAX_WIDTH, document, render_table, render_tree_table, wrap
 from gputopo.sim.run import compare
 from gputopo.sim.state import SimCluster
 from gputopo.sim.traces import TraceError, read_trace
@@ -37,6 +38,9 @@ from gputopo.sim.workload import (
     offered_load,
     timed_arrivals,
 )
+
+#: --jobs: what a job of the workload is (gputopo.sim.trees for "tree").
+JOB_SHAPES = ("flat", "tree")
 
 #: Largest generated workload; a mistyped --pods should not eat the machine's memory.
 MAX_PODS = 5_000_000
@@ -93,6 +97,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="replay: trace times; fill: FGD-style, no departures; arrivals: untimed list with "
         "Poisson arrivals at --load and Alibaba run times (auto: fill for untimed lists)",
+    )
+    g.add_argument(
+        "--jobs",
+        choices=JOB_SHAPES,
+        default="flat",
+        help="flat (default): a job is one pod, or a gang of 8-GPU pods; tree: a job of more than 4 "
+        "GPUs is a tree of 4-GPU pods (one GB200 tray each) in tensor-parallel groups of k trays "
+        "(k in 2..18, by the job's size) and data-parallel replicas, compared under gputopo's tree "
+        f"planner and {', '.join(list(TREE_POLICIES)[1:])} (use with --cluster-preset nvl72; "
+        'docs/simulator.md "Jobs as trees on NVL72")',
     )
     g = parser.add_argument_group("cluster and policies")
     g.add_argument(
@@ -200,6 +214,8 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     err = err or sys.stderr
     cluster, jobs, header, config, policies = prepare(args)
     comm = config.comm
+    if getattr(args, "jobs", "flat") == "tree":
+        return _run_trees(args, out, err, cluster, jobs, header, config, policies)
     total_pods = sum(len(j.pods) for j in jobs)
     results = compare(cluster, jobs, policies, config, progress=_progress_factory(args, err, total_pods))
     if is_machine(args.output):
@@ -230,6 +246,48 @@ def run(args: argparse.Namespace, *, out: TextIO | None = None, err: TextIO | No
     return 0
 
 
+def _run_trees(
+    args: argparse.Namespace,
+    out: TextIO,
+    err: TextIO,
+    cluster: SimCluster,
+    jobs: list[Job],
+    header: dict[str, Any],
+    config: RunConfig,
+    policies: list[str],
+) -> int:
+    """`--jobs tree`: the same arrivals as trees (gputopo.sim.trees), every tree policy."""
+    from gputopo.sim.treerun import compare_trees
+    from gputopo.sim.trees import as_trees
+
+    jobs, trees = as_trees(jobs)
+    shapes: dict[tuple[int, int], int] = {}
+    for t in trees.values():
+        shapes[(t.tp, t.replicas)] = shapes.get((t.tp, t.replicas), 0) + 1
+    common = ", ".join(f"{n} x {k}x{d}" for (k, d), n in sorted(shapes.items(), key=lambda x: -x[1])[:4])
+    header["jobs"] = (
+        f"{len(trees):,} trees of 4-GPU pods (most common TP trays x replicas: {common}), "
+        f"{len(jobs) - len(trees):,} single pods"
+    )
+    header["pods"] = f"{sum(len(j.pods) for j in jobs):,}"
+    header.pop("gang lifecycle", None)  # the flat gangs' sidecar lifecycle: not run here
+    header["job-time model"] = (
+        "trees: gputopo.jobtime.parallel, the llama-70b shape at TP = 4k GPUs (docs/jobtime.md); "
+        "single pods: " + str(header.get("job-time model", ""))
+    )
+    total = sum(len(j.pods) for j in jobs)
+    results = compare_trees(
+        cluster, jobs, trees, policies, config, progress=_progress_factory(args, err, total)
+    )
+    if is_machine(args.output):
+        out.write(dump(document(results, header, config.comm), args.output) + "\n")
+    else:
+        out.write(render_tree_table(results, header, width=table_width(wide=args.output == "wide")) + "\n")
+    if args.plot is not None and not is_machine(args.output):
+        out.write("--plot draws the flat comparison only; no plot for --jobs tree\n")
+    return 0
+
+
 def table_width(*, wide: bool) -> int:
     """The width the table keeps to: the terminal's (COLUMNS first, as `shutil` reads it), at
     most MAX_WIDTH by default so a piped or pasted table stays readable; `-o wide` may use a
@@ -242,7 +300,15 @@ def prepare(args: argparse.Namespace) -> tuple[SimCluster, list[Job], dict[str, 
     """Everything a comparison needs, validated: the cluster, the jobs (same arrivals for
     every policy), the table's header, the run's configuration and the policies. `run` and
     bench/bench_targets.py both start here, so the harness measures what the CLI prints."""
-    policies = _policies(args.policies)
+    tree = getattr(args, "jobs", "flat") == "tree"
+    policies = _tree_policies(args.policies) if tree else _policies(args.policies)
+    if tree:
+        if getattr(args, "gpu_sharing", False):
+            raise UsageError("--jobs tree places whole GPUs; --gpu-sharing does not apply")
+        if getattr(args, "mode", "auto") in ("fill", "arrivals"):
+            raise UsageError(f"--jobs tree replays arrivals; --mode {args.mode} does not apply")
+        if getattr(args, "queue_order", "arrival") != "arrival":
+            raise UsageError("--jobs tree keeps arrival order; --queue-order does not apply")
     if args.seed < 0:
         raise UsageError(f"--seed must be a non-negative integer, got {args.seed}")
     if args.pods > MAX_PODS:
@@ -308,6 +374,24 @@ def _policies(text: str) -> list[str]:
     for name in names:
         if name not in POLICIES:
             raise UsageError(f"--policies: unknown policy {name!r} (known: {', '.join(POLICIES)})")
+    if len(set(names)) != len(names):
+        raise UsageError("--policies: a policy is listed twice")
+    return names
+
+
+def _tree_policies(text: str) -> list[str]:
+    """--policies under --jobs tree: the tree policies (all of them when the flag was left at
+    its default, the flat list)."""
+    if text == ",".join(POLICIES):
+        return list(TREE_POLICIES)
+    names = [p.strip() for p in (text or "").split(",") if p.strip()]
+    if not names:
+        raise UsageError("--policies: name at least one policy")
+    for name in names:
+        if name not in TREE_POLICIES:
+            raise UsageError(
+                f"--policies: {name!r} is no tree policy (known with --jobs tree: {', '.join(TREE_POLICIES)})"
+            )
     if len(set(names)) != len(names):
         raise UsageError("--policies: a policy is listed twice")
     return names
@@ -468,9 +552,10 @@ def _workload(
             raise UsageError(
                 f"--mode {args.mode} applies to pod lists (--trace); the generator always replays"
             )
-        jobs = generate(
-            args.pods, capacity_gpus=_usable(cluster), load=load, rng=rng, max_gpus=_largest_job(cluster)
-        )
+        tree = getattr(args, "jobs", "flat") == "tree"
+        # a tree is 4-GPU pods: its largest job is as many of them as the cluster holds
+        largest = 4 * sum(f // 4 for f in _free(cluster)) if tree else _largest_job(cluster)
+        jobs = generate(args.pods, capacity_gpus=_usable(cluster), load=load, rng=rng, max_gpus=largest)
         jobs, pace = _paced(jobs, args, cluster, comm)
         made = sum(len(j.pods) for j in jobs)
         # The generator adds whole jobs until it has --pods pods, so a last gang may add a
@@ -545,6 +630,8 @@ def _paced(
     """Generated arrivals paced for --load-basis, and the header's words for it."""
     if getattr(args, "load_basis", "cluster") == "ideal":
         return jobs, " at ideal placement"
+    if getattr(args, "jobs", "flat") == "tree":  # a tree's ideal (every TP group in a rack) is reachable
+        return jobs, " at ideal placement (--jobs tree)"
     paced, factor = at_cluster_speed(jobs, _speed(cluster, comm))
     return paced, f" at this cluster's speed (work {factor:.2f}x its ideal)"
 

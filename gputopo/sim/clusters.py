@@ -91,6 +91,42 @@ def _gb200_nvl_snapshot() -> ClusterSnapshot:
     return parse_cluster({"levels": list(DEFAULT_LEVELS), "nodes": nodes})
 
 
+#: NVL72 racks, leaves and spines of the `nvl72` preset (issue 29 item 5).
+NVL72_RACKS, NVL72_LEAVES, NVL72_SPINES = 8, 4, 2
+#: HGX H100 leaves (one per spine) and nodes per leaf of the `nvl72` preset.
+NVL72_HGX_LEAVES, NVL72_HGX_NODES = 2, 8
+
+
+def _nvl72_snapshot() -> ClusterSnapshot:
+    """8 NVL72 racks of 18 GB200 trays (each rack one NVLink domain, label `nvl72-<r>` at the
+    accelerator level) two to a leaf, 4 leaves under 2 spines, and beside them one leaf of 8
+    HGX H100 nodes under each spine. Unlike `gb200-nvl` (one rack per leaf) a leaf holds two
+    NVLink domains, so "inside one leaf" and "inside one NVLink domain" are different
+    questions: a tensor-parallel group must not straddle racks, its data-parallel replicas
+    should share a leaf (docs/simulator.md "Jobs as trees on NVL72"). The HGX nodes are the
+    8-GPU servers such clusters keep for jobs that do not need a rack; a tree of two 4-GPU pods
+    fits one of them (its own NVLink domain)."""
+    nodes: list[dict[str, Any]] = []
+    per_leaf = NVL72_RACKS // NVL72_LEAVES
+    leaves_per_spine = NVL72_LEAVES // NVL72_SPINES
+    for r in range(NVL72_RACKS):
+        leaf = r // per_leaf
+        for t in range(NVL_TRAYS):
+            nodes.append(
+                _node(
+                    f"nvl{r}-t{t:02d}",
+                    "gb200-tray",
+                    leaf=f"leaf-{leaf}",
+                    spine=f"spine-{leaf // leaves_per_spine}",
+                    nvl=f"nvl72-{r}",
+                )
+            )
+    for h in range(NVL72_HGX_LEAVES):
+        for n in range(NVL72_HGX_NODES):
+            nodes.append(_node(f"h100-l{h}-n{n}", "hgx-h100", leaf=f"leaf-h100-{h}", spine=f"spine-{h}"))
+    return parse_cluster({"levels": list(DEFAULT_LEVELS), "nodes": nodes})
+
+
 def _node(name: str, kind: str, *, leaf: str, spine: str, nvl: str | None = None) -> dict[str, Any]:
     """One snapshot node; `nvl` is its multi-node NVLink domain (the accelerator level)."""
     labels = {HOSTNAME: name, LEAF: leaf, SPINE: spine}
@@ -114,8 +150,19 @@ CLUSTER_PRESETS: Mapping[str, tuple[Callable[[], ClusterSnapshot], str]] = Mappi
             _gb200_nvl_snapshot,
             "96 nodes / 480 GPUs: 4 NVL72 NVLink domains of 18 GB200 trays + 3 leaves of 8 HGX H100",
         ),
+        "nvl72": (
+            _nvl72_snapshot,
+            "160 nodes / 704 GPUs: 8 NVL72 racks of 18 GB200 trays, 2 per leaf, 4 leaves under 2 "
+            "spines + 2 leaves of 8 HGX H100 (for --jobs tree)",
+        ),
     }
 )
+
+
+#: The presets issue 10's targets are measured on (bench/bench_targets.py's matrix): every
+#: preset but `nvl72`, which is the cluster of `simulate --jobs tree` (issue 29 item 5) and
+#: would add a cell no target names.
+TARGET_PRESETS: tuple[str, ...] = ("default", "mixed-leaf", "gb200-nvl")
 
 
 def preset_snapshot(name: str) -> ClusterSnapshot:

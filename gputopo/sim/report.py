@@ -247,3 +247,65 @@ def _blocks(widths: Sequence[int], room: int) -> list[list[int]]:
 def document(results: Sequence[Summary], header: Mapping[str, Any], comm: JobModel) -> dict[str, Any]:
     """The JSON form: the run's header, the job-time model's settings, one object per policy."""
     return {"run": dict(header), "job_time_model": comm.describe(), "results": [r.to_dict() for r in results]}
+
+
+def _tree(key: str, fmt: Callable[[float | None], str]) -> Callable[[Summary], str]:
+    """A tree figure (Summary.extra, gputopo.sim.trees); n/a where the run has none."""
+    return lambda s: fmt(s.extra.get(key))
+
+
+def _racks(s: Summary) -> str:
+    v, n = s.extra.get("racks_fragmented_mean"), s.extra.get("racks")
+    return "n/a" if v is None else f"{v:.2f} of {n:.0f}"
+
+
+#: The rows of `simulate --jobs tree` (docs/simulator.md "Jobs as trees on NVL72").
+TREE_ROWS: tuple[Row, ...] = (
+    ("jobs placed / arrived", NEITHER, lambda s: f"{s.placed:,}/{s.jobs:,}"),
+    ("never started", LOWER, lambda s: f"{s.never_started:,}"),
+    ("tree jobs placed", NEITHER, _tree("tree_jobs_placed", lambda v: "n/a" if v is None else f"{v:,.0f}")),
+    ("TP groups inside one NVLink domain", HIGHER, _tree("tp_groups_inside_nvlink", pct)),
+    ("tree jobs inside one leaf", HIGHER, _tree("tree_jobs_inside_leaf", pct)),
+    ("throughput, tree jobs (ideal / actual time)", HIGHER, _tree("tree_efficiency", pct)),
+    ("queueing delay, mean (all jobs)", LOWER, lambda s: secs(s.queue_delay_mean)),
+    ("queueing delay, mean (tree jobs)", LOWER, _tree("tree_queue_delay_mean", secs)),
+    ("queueing delay, mean per GPU asked", LOWER, lambda s: secs(s.queue_delay_mean_per_gpu)),
+    ("racks left fragmented (time mean)", LOWER, _racks),
+)
+
+TREE_NOTE = (
+    "tree jobs: TP groups of k 4-GPU pods (one GB200 tray each), DP replicas = the groups; "
+    "throughput by gputopo.jobtime.parallel (a TP group split across NVLink domains pays the "
+    "network), the ideal every group in one NVL72 rack; a rack is left fragmented while it is "
+    "partly used and has at least one but fewer whole free trays than the typical TP group "
+    "(typical: {typical} trays). Single pods (4 GPUs or fewer) are placed alike by every policy."
+)
+
+
+def render_tree_table(
+    results: Sequence[Summary], header: Mapping[str, Any], *, width: int = MAX_WIDTH
+) -> str:
+    """The `--jobs tree` comparison: header lines, then TREE_ROWS x every policy that ran, in
+    blocks of columns that fit `width`, then how to read it."""
+    lines = [line for k, v in header.items() for line in wrap(f"{k}: {v}", width, "    ")]
+    lines.append("")
+    rows = [(label, better, [fmt(r) for r in results]) for label, better, fmt in TREE_ROWS]
+    label_w = max(len(label) for label, _, _ in rows) + 2
+    widths = [
+        max([len(r.policy), *(len(cells[k]) for _, _, cells in rows)]) + 2 for k, r in enumerate(results)
+    ]
+    for n, block in enumerate(_blocks(widths, width - label_w - 6)):
+        if n:
+            lines.append("")
+        lines.append(
+            "metric".ljust(label_w) + "better" + "".join(results[k].policy.rjust(widths[k]) for k in block)
+        )
+        lines.append("-" * (label_w + 6 + sum(widths[k] for k in block)))
+        for label, better, cells in rows:
+            lines.append(
+                label.ljust(label_w) + better.center(6) + "".join(cells[k].rjust(widths[k]) for k in block)
+            )
+    lines.append("")
+    typical = next((r.extra["typical_tp_trays"] for r in results if "typical_tp_trays" in r.extra), 2.0)
+    lines += wrap(TREE_NOTE.format(typical=f"{typical:.0f}"), width)
+    return "\n".join(lines)

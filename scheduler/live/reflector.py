@@ -1,6 +1,6 @@
 """One kind of the API server, mirrored: list (remember resourceVersion), then watch from there.
 
-client-go's reflector, for `scheduler.kube.KubeState`: a broken watch resumes from the last
+client-go's reflector, for `scheduler.live.kube.KubeState`: a broken watch resumes from the last
 resourceVersion seen, a 410 Gone relists, a missing CRD (PodGroups) is retried later, and API
 errors back off; lists are paged (`limit`/`continue`) and a kind our RBAC may not read (403) is
 absent, logged once. Objects stay raw JSON dicts (no model deserialisation). Never raises out of

@@ -39,7 +39,7 @@ from prometheus_client import CollectorRegistry, Counter
 from gputopo import jsonlog
 from gputopo.numerals import ascii_uint
 from gputopo.pod.optin import decide
-from scheduler.httplimits import ConnectionCap
+from scheduler.web.limits import ConnectionCap
 
 log = logging.getLogger("gputopo.scheduler.webhook")
 

@@ -1,7 +1,7 @@
 """Where the sidecar's picture of the cluster comes from: one Protocol, two sources.
 
 The extender plans on a `Snapshot` and binds through `bind`, whether the cluster is a live API
-server (scheduler/kube.py) or a snapshot file held in memory (FileState, for simulation and
+server (scheduler/live/kube.py) or a snapshot file held in memory (FileState, for simulation and
 tests). The planning code cannot tell them apart, which is the point.
 """
 
@@ -15,8 +15,8 @@ from typing import Protocol
 from gputopo.network.annotation import NodeTopology
 from gputopo.network.cluster import ClusterSnapshot
 from scheduler import defaults
-from scheduler.layered import FOLD_FRACTION, FOLD_MIN, Layered
 from scheduler.model import NodeChanges, NodeInfo, PodInfo, Snapshot, parse_pod
+from scheduler.picture.layered import FOLD_FRACTION, FOLD_MIN, Layered
 
 
 class BindError(RuntimeError):
@@ -61,6 +61,7 @@ class FileState:
         self._held: dict[str, tuple[int, ...]] = {}
         self.levels = tuple(levels) if levels is not None else None
         self._version = 1
+        self._labels_version = 1  # Snapshot.labels_version: bumped when a node is removed
         self._snap: Snapshot | None = None
         self._nodes_view: Layered[str, NodeInfo] | None = None
         self._last_nodes: Layered[str, NodeInfo] | None = None  # the last snapshot's
@@ -107,6 +108,7 @@ class FileState:
                     self._min,
                     self._version,
                     self._gpus_view,
+                    labels_version=self._labels_version,
                     changes=self.changes,
                     changes_seq=self.changes.seq,
                 )
@@ -174,7 +176,8 @@ class FileState:
     # Simulation hooks: the cluster changing under the scheduler.
     def remove_node(self, name: str) -> None:
         with self._lock:
-            self._nodes.pop(name, None)
+            if self._nodes.pop(name, None) is not None:
+                self._labels_version += 1
             self._changed(nodes=True, names=(name,))
 
     def delete_pod(self, key: str) -> None:

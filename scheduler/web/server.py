@@ -31,9 +31,9 @@ from gputopo import jsonlog
 from gputopo.numerals import ascii_uint
 from scheduler import defaults
 from scheduler.extender import Extender
-from scheduler.httplimits import BUSY_RESPONSE, Budget, ConnectionCap, Limits, Refused
 from scheduler.model import BadInput, parse_node_names, parse_pod
-from scheduler.state import BindError
+from scheduler.picture.feed import BindError
+from scheduler.web.limits import BUSY_RESPONSE, Budget, ConnectionCap, Limits, Refused
 
 log = logging.getLogger("gputopo.scheduler.http")
 

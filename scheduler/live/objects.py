@@ -1,6 +1,6 @@
 """Raw Node, Pod and PodGroup JSON from the API server, read into the sidecar's model.
 
-`KubeState` (scheduler/kube.py) keeps the store; these functions read one object each, and
+`KubeState` (scheduler/live/kube.py) keeps the store; these functions read one object each, and
 each is total: whatever one object holds costs that object only (a node becomes "unknown
 topology", a pod is ignored and logged, a group's minimum is dropped), never the watch or the
 other objects. The same parsers read kube-scheduler's requests (scheduler/model.py).
@@ -133,10 +133,12 @@ def _node_info_unguarded(
 
 def relevant_pod(pod: PodInfo | None) -> PodInfo | None:
     """The pods the planner needs: active ones with GPUs, in a gang, or with ResourceClaims
-    (their GPUs are known once the claims are: scheduler/dra.py)."""
+    (their GPUs are known once the claims are: scheduler/live/dra.py) or claim templates (a
+    ComputeDomain's channel: its gang)."""
     if pod is None:
         return None
-    return pod if (pod.gpus > 0 or pod.gang is not None or pod.claims) and pod.active else None
+    wanted = pod.gpus > 0 or pod.gang is not None or pod.claims or pod.claim_templates
+    return pod if wanted and pod.active else None
 
 
 def parsed_pod(obj: dict[str, Any], resource: str) -> PodInfo | None:

@@ -12,9 +12,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from scheduler.live.reflector import raw_json
 from scheduler.model import PodInfo
-from scheduler.reflector import raw_json
-from scheduler.state import BindError
+from scheduler.picture.feed import BindError
 
 
 def create_binding(core: client.CoreV1Api, pod: PodInfo, node: str, timeout_s: float) -> None:

@@ -26,8 +26,8 @@ from typing import Any
 
 from gputopo import jsonlog
 from gputopo_kube.events import api_message
-from scheduler.metrics import Metrics
 from scheduler.model import NodeInfo, PodInfo
+from scheduler.report.metrics import Metrics
 
 log = logging.getLogger("gputopo.scheduler.accounting")
 

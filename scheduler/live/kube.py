@@ -1,7 +1,7 @@
 """Live cluster state from the API server: list+watch of Nodes, Pods, PodGroups and, on DRA
-clusters, ResourceSlices and ResourceClaims (scheduler/dra.py).
+clusters, ResourceSlices and ResourceClaims (scheduler/live/dra.py).
 
-Each kind has a reflector thread (`scheduler.reflector`): list (remember resourceVersion), then
+Each kind has a reflector thread (`scheduler.live.reflector`): list (remember resourceVersion), then
 watch from there; a broken watch resumes from the last resourceVersion seen, a 410 Gone relists.
 Objects are kept as raw JSON dicts from the official client (no model deserialisation: at 5,000
 nodes that is the difference between milliseconds and seconds) and parsed with the same
@@ -22,18 +22,18 @@ from kubernetes import client
 from gputopo.network.annotation import Shapes
 from gputopo_kube.events import EventWriter
 from scheduler import defaults
-from scheduler.accounting import PodAccounting, record_prediction
-from scheduler.apikinds import Discovery, ExtraKinds, Kind
-from scheduler.binding import create_binding
-from scheduler.dra import GROUP as DRA_GROUP
-from scheduler.dra import VERSION as DRA_VERSION
-from scheduler.dra import DraStore, with_claim_gpus
-from scheduler.kubeobjects import group_min, listed_nodes, node_info, parsed_pod, relevant_pod, same_topology
-from scheduler.layered import Layered
-from scheduler.metrics import Metrics
+from scheduler.live.accounting import PodAccounting, record_prediction
+from scheduler.live.binding import create_binding
+from scheduler.live.dra import GROUP as DRA_GROUP
+from scheduler.live.dra import VERSION as DRA_VERSION
+from scheduler.live.dra import DraStore, with_claim_gpus
+from scheduler.live.kinds import Discovery, ExtraKinds, Kind
+from scheduler.live.objects import group_min, listed_nodes, node_info, parsed_pod, relevant_pod, same_topology
+from scheduler.live.reflector import PAGE_SIZE, Reflector
 from scheduler.model import NodeChanges, NodeInfo, PodInfo, Snapshot
 from scheduler.nodeguard import NodeGuard
-from scheduler.reflector import PAGE_SIZE, Reflector
+from scheduler.picture.layered import Layered
+from scheduler.report.metrics import Metrics
 
 #: Pods kube-scheduler asked about but no watch has shown are remembered this long.
 OBSERVED_TTL_S = 300.0
@@ -87,6 +87,7 @@ class KubeState:
         self._min: dict[str, int] = {}
         self._observed: dict[str, tuple[PodInfo, float]] = {}
         self._version = 0
+        self._labels_version = 1  # Snapshot.labels_version: nodes added, removed or relabelled
         self._snap: Snapshot | None = None
         self._snap_at = -math.inf
         self._stale: set[str] = set()
@@ -294,6 +295,7 @@ class KubeState:
         infos = listed_nodes(items, old, self._node_info)
         with self._lock:
             self._nodes = {i.name: i for i in infos if i.name}
+            self._labels_version += 1  # a relist (rare): the index is rebuilt once
             for info in infos:
                 self.accounting.check_node(info)
             self._changed("nodes")
@@ -308,8 +310,12 @@ class KubeState:
             info = same_topology(self._nodes.get(info.name), info)
         with self._lock:
             if kind == "DELETED":
-                self._nodes.pop(info.name, None)
+                if self._nodes.pop(info.name, None) is not None:
+                    self._labels_version += 1
             else:
+                old = self._nodes.get(info.name)
+                if old is None or old.labels != info.labels:
+                    self._labels_version += 1
                 self._nodes[info.name] = info
                 self.accounting.check_node(info)
             self._changed("nodes")
@@ -325,7 +331,7 @@ class KubeState:
         return parsed_pod(obj, self.resource)
 
     def _account(self, parsed: PodInfo | None, old: PodInfo | None, gone: bool) -> None:
-        """Ended pods free their GPUs; predictions are learned (scheduler/accounting.py)."""
+        """Ended pods free their GPUs; predictions are learned (scheduler/live/accounting.py)."""
         parsed = None if gone else parsed
         self.accounting.observe_pod(parsed, self._relevant(parsed), old, self.clock())
 
@@ -458,6 +464,8 @@ class KubeState:
                 pod_gpus,
                 self._snap_ended,
                 levels,
+                self.extra.hypernodes(),
+                labels_version=self._labels_version,
                 changes=self.changes,
                 changes_seq=self.changes.seq,
             )

@@ -22,10 +22,10 @@ from gputopo.network.nodeview import NodeView
 from gputopo.node.allocator import AllocationError
 from gputopo.node.policy import GpuPolicy, PolicyPool, registered
 from gputopo.node.topology import Topology
-from scheduler.layered import Layered
 from scheduler.model import NodeInfo, Snapshot
-from scheduler.nodeclasses import Answers, NodeClass, NodeViews, Offers
 from scheduler.nodeguard import NodeGuard, describe
+from scheduler.picture.classes import Answers, NodeClass, NodeViews, Offers
+from scheduler.picture.layered import Layered
 
 __all__ = ["Assumed", "NodeViews", "ViewBuilder", "node_view"]
 
@@ -139,7 +139,7 @@ class ViewBuilder:
     (a pod asked about, a bind, one node's annotation) touches one node or none. A changed node
     without own binds, reservations or ended pods (the common case, and all of a filter after
     every annotation changed) is two lookups: its policy object (per policy and topology object)
-    and its class (`scheduler.nodeclasses`): nodes with the same policy object (one per server
+    and its class (`scheduler.picture.classes`): nodes with the same policy object (one per server
     model), unhealthy and in-use sets and lag share one, computed once."""
 
     def __init__(self, guard: NodeGuard | None = None) -> None:

@@ -25,10 +25,13 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from gputopo import jsonlog
+from gputopo.gang import hypernodes
 from gputopo.gang import sources as gangsources
+from gputopo.gang.hypernodes import HyperNode
+from gputopo.gang.planner import SubGroup
 from gputopo.gang.sources import Api, Group, GroupParser
 from scheduler import sources
-from scheduler.model import PodInfo
+from scheduler.model import GangRef, PodInfo
 
 log = logging.getLogger("gputopo.scheduler.kube")
 
@@ -44,11 +47,12 @@ class Kind:
     group: str
     versions: tuple[str, ...]  # in order of preference; the first one served is used
     plural: str
-    parse: GroupParser | None  # gang objects; None = a Topology (a level list)
+    parse: GroupParser | None  # gang objects; None = a Topology (a level list) or HyperNodes
+    hypernodes: bool = False  # Volcano's HyperNodes (tiers onto levels: gputopo/gang/hypernodes.py)
 
 
-def _kind(api: Api, parse: GroupParser | None) -> Kind:
-    return Kind(api.reflector, api.group, api.versions, api.plural, parse)
+def _kind(api: Api, parse: GroupParser | None, hypernodes: bool = False) -> Kind:
+    return Kind(api.reflector, api.group, api.versions, api.plural, parse, hypernodes)
 
 
 #: Every discovered kind of the core's table: the gang sources' group objects in precedence
@@ -56,7 +60,9 @@ def _kind(api: Api, parse: GroupParser | None) -> Kind:
 KINDS: tuple[Kind, ...] = (
     *(_kind(s.api, s.parse) for s in gangsources.SOURCES if s.api is not None and s.api.discovered),
     *(_kind(api, parse) for api, parse in gangsources.TREE_APIS),
+    *(_kind(api, parse) for api, parse in gangsources.DOMAIN_APIS),
     *(_kind(api, None) for api in gangsources.TOPOLOGY_APIS),
+    _kind(gangsources.HYPERNODE_API, None, hypernodes=True),
 )
 
 
@@ -127,7 +133,11 @@ class ExtraKinds:
         self.kinds = KINDS
         self._versions: dict[str, str] = {}
         self._groups: dict[str, dict[str, list[Group]]] = {k.name: {} for k in KINDS if k.parse}
-        self._topologies: dict[str, dict[str, tuple[str, ...]]] = {k.name: {} for k in KINDS if not k.parse}
+        self._topologies: dict[str, dict[str, tuple[str, ...]]] = {
+            k.name: {} for k in KINDS if not k.parse and not k.hypernodes
+        }
+        self._hypernodes: dict[str, HyperNode] = {}
+        self._hyper_view: tuple[HyperNode, ...] | None = None  # None: rebuilt at next read
         self._legacy_refs: dict[str, dict[str, str]] = {}
         self._version = 0
         self._index: tuple[int, dict[str, Group]] | None = None
@@ -150,7 +160,10 @@ class ExtraKinds:
     # -- store (caller holds the lock) --------------------------------------------------------
 
     def replace_all(self, kind: Kind, items: Iterable[dict[str, Any]]) -> None:
-        if kind.parse is not None:
+        if kind.hypernodes:
+            self._hypernodes = dict(filter(None, (_parse_hypernode(o) for o in items)))
+            self._hyper_view = None
+        elif kind.parse is not None:
             self._groups[kind.name] = dict(filter(None, (self._parse_group(kind, o) for o in items)))
         else:
             self._topologies[kind.name] = dict(filter(None, (_parse_topology(o) for o in items)))
@@ -161,9 +174,13 @@ class ExtraKinds:
         if name is None:
             return
         parsed: tuple[str, Any] | None
-        if kind.parse is not None:
+        if kind.hypernodes:
+            parsed = None if event == "DELETED" else _parse_hypernode(obj)
+            store: dict[str, Any] = self._hypernodes
+            self._hyper_view = None
+        elif kind.parse is not None:
             parsed = None if event == "DELETED" else self._parse_group(kind, obj)
-            store: dict[str, Any] = self._groups[kind.name]
+            store = self._groups[kind.name]
         else:
             parsed = None if event == "DELETED" else _parse_topology(obj)
             store = self._topologies[kind.name]
@@ -221,7 +238,14 @@ class ExtraKinds:
     def min_members(self) -> dict[str, int]:
         """The quorum of every gang a group object defines (a PodGroup inside a composite
         tree is no gang: its tree's root is)."""
-        return {k: g.min_member for k, g in self.group_index().items() if not g.root}
+        return {k: g.min_member for k, g in self.group_index().items() if not g.root and g.min_member >= 1}
+
+    def hypernodes(self) -> tuple[HyperNode, ...]:
+        """Every usable HyperNode, in name order: the same tuple while none changed (the
+        extender rebuilds its tier map only when this object changes)."""
+        if self._hyper_view is None:
+            self._hyper_view = tuple(h for _, h in sorted(self._hypernodes.items()))
+        return self._hyper_view
 
     def levels(self, defaults: tuple[str, ...]) -> tuple[str, ...]:
         """() when the cluster has no Topology object (the configured levels apply)."""
@@ -232,16 +256,22 @@ class ExtraKinds:
         """The pods with what their group objects say filled in: the minimum (Workload replicas
         count by their Workload's pod group), the group's topology key as the required level
         unless gputopo's own annotations set the levels, Volcano's tier, and the group's tree
-        (`with_group`). The same dict when nothing applies."""
+        (`with_group`); a pod that names no gang but claims a ComputeDomain's channel template
+        is in that domain's gang (`with_compute_domain`). The same dict when nothing applies."""
         cached = self._resolved
         if cached is not None and cached[0] is pods and cached[1] == self._version:
             return cached[2]
         index = self.group_index()
         out = pods
         if index:
+            domains = gangsources.compute_domain_gangs(
+                ((k, p.namespace, p.claim_templates) for k, p in pods.items() if p.gang is None),
+                index,
+            )
             changed: dict[str, PodInfo] = {}
             for key, p in pods.items():
-                new = with_group(p, index)
+                found = domains.get(key)
+                new = with_group(p, index) if found is None else with_compute_domain(p, *found)
                 if new is not p:
                     changed[key] = new
             if changed:
@@ -301,7 +331,43 @@ def with_group(p: PodInfo, index: Mapping[str, Group]) -> PodInfo:
             groups=group.subgroups,
             subgroup_source="group",
         )
+    if group.partitions and new.subgroup_source != "gputopo":
+        new = _with_partition(new, group.partitions)
     return p if new == g else replace(p, gang=new)
+
+
+def _with_partition(g: GangRef, partitions: tuple[gangsources.Partition, ...]) -> GangRef:
+    """A Volcano gang member in its partition's sub-group (`gangsources.partition_of`, read from
+    the pod's labels), under the root, with the partition's tier to map when planned; a pod no
+    policy takes is in the root (its declared sub-groups, if any, kept)."""
+    found = gangsources.partition_of(partitions, dict(g.labels))
+    if found is None:
+        return g
+    policy, name = found
+    return replace(
+        g,
+        subgroup=name,
+        groups=(SubGroup(name, "", None, None, policy.size),),
+        subgroup_source="group",
+        subgroup_tiers=((name, policy.tier),) if policy.tier is not None else (),
+    )
+
+
+def with_compute_domain(p: PodInfo, group: Group, quorum: int) -> PodInfo:
+    """A pod that names no gang of its own in its ComputeDomain's gang: the domain's key, the
+    quorum `compute_domain_gangs` gave, required in one domain of the domain's level (the NVLink
+    clique), so every member lands where the domain's IMEX channel reaches."""
+    gang = GangRef(
+        group.key,
+        quorum,
+        group.required_level,
+        None,
+        gangsources.COMPUTE_DOMAIN_LABEL,
+        "group",
+    )
+    if group.profile is not None and p.profile is None:
+        p = replace(p, profile=group.profile)
+    return replace(p, gang=gang)
 
 
 def _object_key(obj: Mapping[str, Any]) -> str | None:
@@ -310,6 +376,17 @@ def _object_key(obj: Mapping[str, Any]) -> str | None:
         return None
     ns = meta.get("namespace") or ""
     return f"{ns}/{meta['name']}" if isinstance(ns, str) and ns else meta["name"]
+
+
+def _parse_hypernode(obj: Mapping[str, Any]) -> tuple[str, HyperNode] | None:
+    """A HyperNode by name, or None (logged with the field at fault: it is skipped)."""
+    key = _object_key(obj)
+    parsed = hypernodes.parse_hypernode(obj)
+    if isinstance(parsed, str):
+        if key is not None:
+            jsonlog.event(log, "hypernode_ignored", logging.WARNING, hypernode=key, reason=parsed)
+        return None
+    return (parsed.name, parsed)
 
 
 def _parse_topology(obj: Mapping[str, Any]) -> tuple[str, tuple[str, ...]] | None:

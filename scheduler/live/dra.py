@@ -2,7 +2,7 @@
 topology, free GPUs and pod sizes the planner needs where no node annotation exists.
 
 `DraStore` keeps the raw slices and what each claim says (the devices its allocation holds, the
-GPUs it asks for), fed by two reflectors in scheduler/kube.py, and overlays the snapshot: a node
+GPUs it asks for), fed by two reflectors in scheduler/live/kube.py, and overlays the snapshot: a node
 whose `gputopo.io/topology` annotation is absent gets a NodeTopology rebuilt from its pool
 (gputopo/network/draview.py: gputopo's slices exactly, NVIDIA's conservatively), GPUs in use from the
 claims allocated in that pool, so filter, score and gang planning treat it like an annotated

@@ -25,6 +25,7 @@ from typing import Protocol
 from kubernetes import client
 
 from gputopo import jsonlog
+from gputopo.gang import explain
 from gputopo.gang.asks import Event
 from gputopo_kube.events import EventWriter, api_message
 
@@ -72,10 +73,20 @@ _GANG_REASONS = {
 
 def gang_event(e: Event) -> tuple[str, str] | None:
     """The (reason, message) of the Kubernetes Event a gang tracker event writes on the gang's
-    group object, or None for kinds that write none (quorum waits: one per member filter)."""
+    group object, or None for kinds that write none (quorum waits: one per member filter). A
+    tree's plan names every sub-group's domain (`gputopo.gang.explain`, which `kubectl gputopo
+    why` reads back), summarised beyond what the API server's 1 KiB note limit holds."""
     reason = _GANG_REASONS.get(e.kind)
     if reason is None:
         return None
+    tree = e.fields.get("tree")
+    if e.kind == "plan" and isinstance(tree, tuple) and tree:
+        # a tree: each sub-group's domain and why, whole sub-groups while the 1 KiB note holds
+        head = f"gang {e.gang}: "
+        offered = e.fields.get("offered")
+        limit = explain.MAX_NOTE - explain.NOTE_SLACK - len(head.encode())
+        text = explain.plan_text(tree, offered=offered if isinstance(offered, int) else None, limit=limit)
+        return reason, head + text
     where = ""
     if e.kind == "plan" and "level" in e.fields:
         where = f" at level {e.fields['level']}, domain {e.fields.get('domain')}"

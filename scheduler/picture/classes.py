@@ -20,14 +20,14 @@ from gputopo.gang.reservations import Reservation
 from gputopo.network.nodeview import NodeView
 from gputopo.node.allocator import AllocationError
 from gputopo.node.policy import GpuPolicy
-from scheduler.layered import Layered
 from scheduler.model import NodeInfo
+from scheduler.picture.layered import Layered
 
 
 class NodeClass:
     """What every node of one class shares: allocator (None = unknown topology), GPU count,
     free GPUs (net of own binds and reservations), the GPUs kubelet would offer the node's
-    plugin now (`scheduler.views.offered`; reservations included, empty for unknown topology),
+    plugin now (`scheduler.picture.views.offered`; reservations included, empty for unknown topology),
     and the reservations held on the node (`held`: only a node with reservations has any, and
     such a node has a class of its own).
 
