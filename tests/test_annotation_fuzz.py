@@ -16,10 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gputopo.network.annotation import AnnotationError, NodeTopology, decode, encode, make
+from gputopo.network.annotation import AnnotationError, NodeTopology, Shapes, decode, encode, make
 from gputopo.node.allocator import MAX_GPUS, Allocator
 from gputopo.node.links import MAX_GBPS
 from gputopo.node.topofile import load_preset
+from gputopo.node.topology import GPU, gpu
 
 NOW = 1_800_000_000.0
 HUGE = int("9" * 400)
@@ -278,6 +279,49 @@ def test_random_mutations_never_raise_anything_but_annotation_error(text: str | 
         assert str(e) and len(str(e)) < 1000, "a reason, and a short one"
         return
     _check_usable(value)
+
+
+def _primed() -> Shapes:
+    """A store's known models: every small preset's valid annotation decoded once."""
+    shapes = Shapes()
+    for name in SMALL_PRESETS:
+        decode(json.dumps(valid_doc(name)), now=NOW, max_age_s=3600, shapes=shapes)
+    assert len(shapes) == len(SMALL_PRESETS)
+    return shapes
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated(), st.booleans())
+def test_a_known_model_decodes_as_a_new_one(text: str | bytes, other_uuids: bool) -> None:
+    """With the store's `Shapes` (a model seen before: its links shared, only the GPUs checked)
+    every annotation decodes to what a decode without it gives, or fails as that one does."""
+    if other_uuids and isinstance(text, str):  # another server of the model: its own UUIDs
+        text = text.replace('"uuid":"GPU-', '"uuid":"GPU-other-')
+    try:
+        want: NodeTopology | str = decode(text, now=NOW, max_age_s=3600)
+    except AnnotationError as e:
+        want = str(e)
+    try:
+        got: NodeTopology | str = decode(text, now=NOW, max_age_s=3600, shapes=_primed())
+    except AnnotationError as e:
+        got = str(e)
+    assert got == want
+    if isinstance(got, NodeTopology):
+        assert isinstance(want, NodeTopology)
+        assert got.topology.gpus == want.topology.gpus and got.topology.n == want.topology.n
+        assert (got.topology.bandwidth_mbps == want.topology.bandwidth_mbps).all()
+        _check_usable(got)
+
+
+def test_a_known_models_fast_gpus_are_plain_gpus() -> None:
+    assert gpu(3, "GPU-x", "A100", "", 1) == GPU(3, "GPU-x", "A100", "", 1)
+    shapes = Shapes()
+    first = decode(json.dumps(valid_doc("dgx1-v100")), now=NOW, max_age_s=3600, shapes=shapes)
+    text = encode(make("node-b", load_preset("dgx1-v100"), generated_at=NOW, plugin_version="1"))
+    fast = decode(text, now=NOW, max_age_s=3600, shapes=shapes)
+    assert fast == decode(text, now=NOW, max_age_s=3600)
+    assert fast.topology.links is first.topology.links  # the model's, shared
+    assert fast.topology.bandwidth_mbps is first.topology.bandwidth_mbps
 
 
 @settings(max_examples=200, deadline=None)

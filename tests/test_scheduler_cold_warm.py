@@ -146,7 +146,7 @@ def check(state: FileState, warm: Extender, warm_server: Server, plan: list) -> 
         nodes = state._nodes  # the test stands in for the watch: annotations rewritten in place
         for name, info in rewritten.items():
             nodes[name] = replace(info, pods_know_allocations=False)
-        state._changed(nodes=True, gpus=True)
+        state._changed(nodes=True, gpus=True, names=rewritten)  # the long-lived one redoes those only
         for gpus, do_bind in pods:
             seq += 1
             pod = fk.pod("ml", f"p{seq}", gpus)

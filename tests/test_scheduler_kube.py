@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from gputopo.network.annotation import encode, make
 from gputopo.node.topology import Topology
 from scheduler.live.kube import KubeState
-from scheduler.model import parse_pod
+from scheduler.model import NodeInfo, parse_pod
 from scheduler.picture.feed import BindError
 from tests import fake_apiserver as fk
 
@@ -180,5 +182,64 @@ def test_a_new_pending_pod_keeps_every_nodes_view_and_a_bound_one_does_not(clock
             aged = state.snapshot()
             assert aged.nodes["a1"].topology is None and "stale" in aged.nodes["a1"].topology_problem
             assert aged.nodes["a2"].topology is not None
+        finally:
+            state.stop()
+
+
+def test_a_store_updated_node_by_node_shows_what_a_fresh_one_lists(clock: list[float]) -> None:
+    """The live store reads only the nodes changed since its last snapshot (and their ages),
+    layering its node map on the last one (`KubeState._nodes_now`); what it shows, and the
+    change log it names those nodes in, must equal what a store listing afresh shows."""
+    key = "gputopo.io/topology"
+
+    def put(name: str, at: float, allocated: tuple[int, ...] = ()) -> None:
+        api.put("nodes", fk.node(name, {"leaf": name}, annotations={key: annotated(name, allocated, at=at)}))
+
+    def shown(nodes: Mapping[str, NodeInfo]) -> dict[str, NodeInfo]:
+        # a stale node keeps the reason (and the age in it) it went stale with: one object, and
+        # one warning, while it stays stale
+        return {
+            n: replace(i, topology_problem=re.sub(r"\d+s old", "old", i.topology_problem))
+            for n, i in nodes.items()
+        }
+
+    def same_as_fresh() -> None:
+        fresh = start(api_client, clock)
+        try:
+            assert shown(state.snapshot().nodes) == shown(fresh.snapshot().nodes)
+        finally:
+            fresh.stop()
+
+    with fk.running() as (api, _, api_client):
+        for name in ("a1", "a2", "a3", "a4"):
+            put(name, NOW)
+        state = start(api_client, clock)
+        try:
+            seq = state.snapshot().changes_seq
+            put("a2", NOW + 100, (0, 1))
+            api.delete("nodes", "a3")
+            put("a5", NOW)
+            put("a6", NOW - state.max_age_s - 10)  # stale on arrival: judged as a changed node
+            wait_until(
+                lambda: {"a5", "a6"} <= set(state.snapshot().nodes) and "a3" not in state.snapshot().nodes
+            )
+            wait_until(lambda: getattr(state.snapshot().nodes["a2"].topology, "allocated", ()) == {0, 1})
+            snap = state.snapshot()
+            assert snap.nodes["a6"].topology is None and "stale" in snap.nodes["a6"].topology_problem
+            same_as_fresh()
+            clock[0] = NOW + state.max_age_s + 50  # a1, a4, a5 age out (a2 is newer): every age read
+            state.observe(parse_pod(fk.pod("ml", "later", 1)))
+            aged = state.snapshot()
+            assert [n for n in ("a1", "a2", "a4", "a5") if aged.nodes[n].topology is None] == [
+                "a1",
+                "a4",
+                "a5",
+            ]
+            same_as_fresh()
+            named = aged.changes.since(seq, aged.changes_seq) if aged.changes is not None else None
+            assert named is not None and {"a1", "a2", "a3", "a4", "a5", "a6"} <= set(named)
+            put("a1", clock[0])  # republished: fresh again, as a changed node
+            wait_until(lambda: state.snapshot().nodes["a1"].topology is not None)
+            same_as_fresh()
         finally:
             state.stop()

@@ -13,12 +13,13 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from kubernetes import client
 
+from gputopo.network.annotation import Shapes
 from gputopo_kube.events import EventWriter
 from scheduler import defaults
 from scheduler.live.accounting import PodAccounting, record_prediction
@@ -27,10 +28,11 @@ from scheduler.live.dra import GROUP as DRA_GROUP
 from scheduler.live.dra import VERSION as DRA_VERSION
 from scheduler.live.dra import DraStore, with_claim_gpus
 from scheduler.live.kinds import Discovery, ExtraKinds, Kind
-from scheduler.live.objects import group_min, node_info, parsed_pod, relevant_pod, same_topology
+from scheduler.live.objects import group_min, listed_nodes, node_info, parsed_pod, relevant_pod, same_topology
 from scheduler.live.reflector import PAGE_SIZE, Reflector
-from scheduler.model import NodeInfo, PodInfo, Snapshot
+from scheduler.model import NodeChanges, NodeInfo, PodInfo, Snapshot
 from scheduler.nodeguard import NodeGuard
+from scheduler.picture.layered import Layered
 from scheduler.report.metrics import Metrics
 
 #: Pods kube-scheduler asked about but no watch has shown are remembered this long.
@@ -77,6 +79,7 @@ class KubeState:
         )
         self.metrics = metrics
         self.guard = NodeGuard(metrics)
+        self.shapes = Shapes()  # the server models seen, so each node's decode shares its model's links
         self.accounting = PodAccounting(metrics)
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeInfo] = {}
@@ -96,10 +99,19 @@ class KubeState:
         #: object, which the view builder compares by identity) when only pending pods changed
         self._pod_gpus_version = 0
         self._snap_pod_gpus_version = -1
-        self._snap_parts: tuple[dict[str, NodeInfo], dict[str, PodInfo], dict[str, int]] | None = None
-        self._base_nodes: dict[str, NodeInfo] = {}  # the watched nodes before DRA views
+        self._snap_parts: tuple[Mapping[str, NodeInfo], dict[str, PodInfo], dict[str, int]] | None = None
+        self._base_nodes: Mapping[str, NodeInfo] = {}  # the watched nodes before DRA views
         self._raw_pods: dict[str, PodInfo] = {}  # pods before group objects are resolved in
         self._nodes_dirty = self._pods_dirty = self._groups_dirty = self._dra_dirty = True
+        #: the nodes changed since the last snapshot (None: any; `snapshot` then reads them all)
+        self._touched: set[str] | None = None
+        #: node -> (its stored NodeInfo, the stale stand-in the snapshot shows for it), so a
+        #: stale node keeps one object while it stays stale (the views key on identity) and one
+        #: reason, with the age it went stale at (logged once, not again at every snapshot)
+        self._stale_info: dict[str, tuple[NodeInfo, NodeInfo]] = {}
+        #: the change log the snapshots carry (`NodeChanges`): whatever is derived per node
+        #: redoes only the nodes named in it since
+        self.changes = NodeChanges()
         # DRA clusters: ResourceSlices and ResourceClaims stand in for absent annotations
         self.dra = DraStore()
         self._dra_in: tuple[object, int, object] | None = None  # (base nodes, dra version, overlaid)
@@ -260,6 +272,7 @@ class KubeState:
         if pod is not None and pod.node and pod.active and pod.gpus:
             left = self._pod_gpus.get(pod.node, 0) + sign * pod.gpus
             self._pod_gpus_version += 1
+            self.changes.mark((pod.node,))
             if left:
                 self._pod_gpus[pod.node] = left
             else:
@@ -274,17 +287,20 @@ class KubeState:
             annotation_key=self.annotation_key,
             clock=self.clock,
             guard=self.guard,
+            shapes=self.shapes,
         )
 
     def _replace_nodes(self, items: list[dict[str, Any]]) -> None:
         old = self._nodes  # compared outside the lock: only the nodes' watch thread writes it
-        infos = [same_topology(old.get(i.name), i) for i in (self._node_info(o) for o in items)]
+        infos = listed_nodes(items, old, self._node_info)
         with self._lock:
             self._nodes = {i.name: i for i in infos if i.name}
             self._labels_version += 1  # a relist (rare): the index is rebuilt once
             for info in infos:
                 self.accounting.check_node(info)
             self._changed("nodes")
+            self._touched = None
+            self.changes.reset()
 
     def _apply_node(self, kind: str, obj: dict[str, Any]) -> None:
         info = self._node_info(obj)
@@ -303,6 +319,9 @@ class KubeState:
                 self._nodes[info.name] = info
                 self.accounting.check_node(info)
             self._changed("nodes")
+            if self._touched is not None:
+                self._touched.add(info.name)
+            self.changes.mark((info.name,))
 
     # ------------------------------------------------------------------ pods
 
@@ -333,6 +352,7 @@ class KubeState:
             for p in pods:
                 self._count(p, +1)
             self._changed("pods")
+            self.changes.reset()  # every node's pod GPUs recounted
 
     def _apply_pod(self, kind: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -395,37 +415,14 @@ class KubeState:
             for key in purged:
                 del self._observed[key]
             prev = self._snap_parts
-            if self._nodes_dirty or prev is None or now >= self._next_stale_at:
-                # a node changed, or one may have turned stale since: read every node's age
-                stale, soonest = set(), math.inf
-                for name, info in self._nodes.items():
-                    if info.topology is None:
-                        continue
-                    until = info.topology.generated_at + self.max_age_s
-                    if now > until:
-                        stale.add(name)
-                    elif until < soonest:
-                        soonest = until
-                self._next_stale_at = soonest
-            else:  # only pods or groups changed, and no annotation has aged out since
-                stale = self._stale
-            if self._nodes_dirty or prev is None or stale != self._stale:
-                nodes = dict(self._nodes)
-                for name in stale:
-                    info = nodes[name]
-                    assert info.topology is not None
-                    age = now - info.topology.generated_at
-                    nodes[name] = replace(
-                        info,
-                        topology=None,
-                        topology_problem=f"annotation stale: {age:.0f}s old (limit {self.max_age_s:.0f}s)",
-                    )
-            else:
-                nodes = self._base_nodes
+            nodes = self._nodes_now(now, prev is None)
             self._base_nodes = nodes
             dra_in = self._dra_in
             if dra_in is None or dra_in[0] is not nodes or dra_in[1] != self.dra.version:
                 overlaid = self.dra.overlay(nodes, now)  # DRA nodes without an annotation
+                if overlaid is not nodes:  # which DRA nodes changed is not told: all may have
+                    self.changes.reset()
+                    overlaid = Layered.of(overlaid)
                 self._dra_in = dra_in = (nodes, self.dra.version, overlaid)
             nodes = dra_in[2]  # type: ignore[assignment]
             if self._pods_dirty or purged or prev is None:
@@ -455,7 +452,6 @@ class KubeState:
             if changed:
                 self._version += 1
             self._nodes_dirty = self._pods_dirty = self._groups_dirty = self._dra_dirty = False
-            self._stale = stale
             self._snap_parts = (nodes, pods, pod_gpus)
             self._snap_ended = self._ended[1]
             levels = self.extra.levels(self.default_levels) if self.topology_levels else ()
@@ -470,9 +466,68 @@ class KubeState:
                 levels,
                 self.extra.hypernodes(),
                 labels_version=self._labels_version,
+                changes=self.changes,
+                changes_seq=self.changes.seq,
             )
             self._snap_at = now
             return self._snap
+
+    def _nodes_now(self, now: float, first: bool) -> Layered[str, NodeInfo]:
+        """The nodes as the snapshot shows them (a stale annotation's node as unknown topology),
+        lock held. Only the nodes changed since the last snapshot are read, and each one's
+        age judged (`_touched`), unless every node must be: the first snapshot, a relist, or
+        an annotation due to age out (`_next_stale_at`), when every node's age is read. The
+        mapping shares the last one's entries but for those that changed (`Layered`)."""
+        touched, last = self._touched, self._base_nodes
+        every = first or touched is None or now >= self._next_stale_at or not isinstance(last, Layered)
+        if not every and not self._nodes_dirty:
+            assert isinstance(last, Layered)
+            return last
+        names: Iterable[str] = self._nodes if every else (touched or ())
+        stale = set() if every else set(self._stale)
+        soonest = math.inf if every else self._next_stale_at
+        for name in names:
+            info = self._nodes.get(name)
+            stale.discard(name)
+            if info is None or info.topology is None:
+                continue
+            until = info.topology.generated_at + self.max_age_s
+            if now > until:
+                stale.add(name)
+            elif until < soonest:
+                soonest = until
+        self._next_stale_at = soonest
+        shown: dict[str, NodeInfo] = {}
+        for name in stale:
+            info = self._nodes[name]
+            kept = self._stale_info.get(name)
+            if kept is None or kept[0] is not info:
+                assert info.topology is not None
+                age = now - info.topology.generated_at
+                problem = f"annotation stale: {age:.0f}s old (limit {self.max_age_s:.0f}s)"
+                kept = self._stale_info[name] = (info, replace(info, topology=None, topology_problem=problem))
+            shown[name] = kept[1]
+        for name in list(self._stale_info):
+            if name not in stale:
+                del self._stale_info[name]
+        if every:
+            out = dict(self._nodes)
+            out.update(shown)
+            nodes = Layered(out)
+            if isinstance(last, Layered):  # which nodes changed is told only node by node
+                self.changes.mark(n for n in set(self._stale) ^ stale)
+        else:
+            assert isinstance(last, Layered)
+            flips = set(self._stale) ^ stale
+            changed = {
+                n: shown.get(n) or self._nodes[n] for n in (touched or set()) | flips if n in self._nodes
+            }
+            removed = [n for n in touched or () if n not in self._nodes]
+            nodes = last.replace(changed, removed)
+            self.changes.mark(flips)
+        self._stale = stale
+        self._touched = set()
+        return nodes
 
     # ------------------------------------------------------------------ for Events
 

@@ -12,13 +12,16 @@ keep their identity from one build to the next, which the gang planner's memo re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import compress
 
 from gputopo.gang.reservations import Reservation
 from gputopo.network.nodeview import NodeView
 from gputopo.node.allocator import AllocationError
 from gputopo.node.policy import GpuPolicy
 from scheduler.model import NodeInfo
+from scheduler.picture.layered import Layered
 
 
 class NodeClass:
@@ -87,14 +90,20 @@ class NodeViews(Mapping[str, NodeView]):
     making views. Holds per node only its class: a build after every annotation changed
     allocates nothing per node (no work for the cycle collector in the middle of a filter)."""
 
-    __slots__ = ("_classes", "_infos", "_made")
+    __slots__ = ("_answers", "_classes", "_generation", "_infos", "_made")
 
     def __init__(
-        self, classes: dict[str, NodeClass], infos: Mapping[str, NodeInfo], made: dict[str, NodeView]
+        self,
+        classes: Layered[str, NodeClass],
+        infos: Mapping[str, NodeInfo],
+        made: dict[str, NodeView],
+        answers: Answers | None = None,
     ) -> None:
         self._classes = classes
         self._infos = infos
         self._made = made  # views already made: those of unchanged nodes carry over
+        self._answers = answers  # the builder's, current while its generation is this one's
+        self._generation = answers.generation if answers is not None else -1
 
     def __getitem__(self, name: str) -> NodeView:
         view = self._made.get(name)
@@ -107,7 +116,8 @@ class NodeViews(Mapping[str, NodeView]):
         return name in self._classes
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._classes)
+        # the snapshot's order (a build that redid a few nodes may hold its classes in another)
+        return iter(self._infos)
 
     def __len__(self) -> int:
         return len(self._classes)
@@ -130,21 +140,39 @@ class NodeViews(Mapping[str, NodeView]):
         return None if c is None else c.count
 
     def split(
-        self, names: Iterable[str], gpus: int, good: Callable[[NodeClass], bool] | None = None
+        self, names: Sequence[str], gpus: int, good: Callable[[NodeClass], bool] | None = None
     ) -> tuple[list[str], dict[str, str], set[str]]:
-        """The filter's answer, in one pass over the candidates: those with at least `gpus`
-        free, the reason for each other one, and those of them whose class `good` turns down
-        (asked once per class; none without `good`), for the caller to drop or keep."""
+        """The filter's answer: the candidates with at least `gpus` free (and whose plugin would
+        not give the pod reserved GPUs), the reason for each other one, and those of them whose
+        class `good` turns down (asked once per class; none without `good`), for the caller to
+        drop or keep. Asked again with the same candidates on these views or a later build of
+        the same builder, the answer kept for them (`Answers`) is patched for the nodes changed
+        since, rather than redone over every candidate."""
+        answers = self._answers
+        if good is None and answers is not None and answers.generation == self._generation and names:
+            hit = answers.get(names, gpus, self._classes)
+            if hit is not None:
+                return hit[0], hit[1], set()
+            ok, failed, _ = self._split(names, gpus, None)
+            answers.put(names, gpus, ok, failed)
+            return ok, failed, set()
+        return self._split(names, gpus, good)
+
+    def _split(
+        self, names: Iterable[str], gpus: int, good: Callable[[NodeClass], bool] | None
+    ) -> tuple[list[str], dict[str, str], set[str]]:
+        """`split` in one pass over the candidates."""
         ok: list[str] = []
         failed: dict[str, str] = {}
         declined: set[str] = set()
         reasons: dict[int, str] = {}
         verdicts: dict[NodeClass, bool] = {}
-        classes = self._classes
+        base, delta = self._classes.parts()
+        get, replaced = base.get, delta.get
         for n in names:
-            c = classes.get(n)
+            c = (replaced(n) or get(n)) if delta else get(n)
             if c is None:
-                failed[n] = "node unknown to gputopo"
+                failed[n] = UNKNOWN
             elif c.count >= gpus and c.held and (taken := c.takes_reserved(gpus)):
                 failed[n] = reserved_reason(c, gpus, taken)
             elif c.count >= gpus:
@@ -165,9 +193,10 @@ class NodeViews(Mapping[str, NodeView]):
     def classes(self, names: Iterable[str]) -> dict[NodeClass, list[str]]:
         """The known nodes among `names`, grouped by class (in first-seen order)."""
         out: dict[NodeClass, list[str]] = {}
-        classes = self._classes
+        base, delta = self._classes.parts()
+        get, replaced = base.get, delta.get
         for n in names:
-            c = classes.get(n)
+            c = (replaced(n) or get(n)) if delta else get(n)
             if c is not None:
                 members = out.get(c)
                 if members is None:
@@ -184,6 +213,144 @@ class NodeViews(Mapping[str, NodeView]):
         """`NodeClass.takes_reserved` of node `name` (nothing for a node unknown to gputopo)."""
         c = self._classes.get(name)
         return () if c is None or not c.held else c.takes_reserved(size, excluding=excluding)
+
+
+UNKNOWN = "node unknown to gputopo"
+
+
+def verdict(c: NodeClass | None, gpus: int) -> str | None:
+    """Why a node of class `c` (None: unknown to gputopo) fails a pod of `gpus` GPUs, or None
+    when it passes: `NodeViews._split`'s rule for one node, as `Answers` patches it."""
+    if c is None:
+        return UNKNOWN
+    if c.count >= gpus:
+        if c.held and (taken := c.takes_reserved(gpus)):
+            return reserved_reason(c, gpus, taken)
+        return None
+    return f"needs {gpus} GPUs, {c.count} free"
+
+
+def _same(names: Sequence[str], kept: list[str]) -> bool:
+    """`names` holds the kept candidates in the same order (a C-level compare of two lists,
+    string by string: identical objects compare by address)."""
+    if len(names) != len(kept):
+        return False
+    return (names if isinstance(names, list) else list(names)) == kept
+
+
+class _Answer:
+    """The filter's answer for one pod size over the kept candidates: the passing ones with
+    their places among the candidates (ascending), whether each candidate passes (`passes`,
+    by place), the reason of each failing one, and the nodes changed since it was last right
+    (`pending`)."""
+
+    __slots__ = ("failed", "ok", "passes", "pending", "places")
+
+    def __init__(self, ok: list[str], places: list[int], passes: list[bool], failed: dict[str, str]) -> None:
+        self.ok = ok
+        self.places = places
+        self.passes = passes
+        self.failed = failed
+        self.pending: set[str] = set()
+
+
+#: pending nodes beyond which the passing list is redone from `_Answer.passes` in one C-level
+#: pass rather than by an insert or delete each (each moves the list's tail: O(candidates))
+REDO_AFTER = 16
+
+
+class Answers:
+    """The filter's answers for the last candidate list, per pod size, kept across builds.
+
+    kube-scheduler offers an extender the same feasible nodes call after call while the cluster
+    changes a node at a time. A pass over 60,000 candidates costs ~25 ms of CPU in Python (three
+    cache misses a candidate: its name, the class table, the output) however cheap each test
+    is, so the answer for those candidates is kept per size and, when a build changed some
+    nodes (`changed`), patched for those nodes only at the next question: a place found by
+    bisection, a list insert or delete, a dict entry. What a caller gets is a copy (two C-level
+    copies). Owned by one ViewBuilder: `generation` tells which build's views it answers for
+    (an older views object answers with a pass of its own). Not thread-safe: the extender's
+    lock guards it, as it guards the builder."""
+
+    #: pod sizes kept at most (each a list and a dict over the candidates)
+    MAX_SIZES = 8
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self._names: list[str] = []  # the kept candidates (a copy of the caller's list)
+        self._place: dict[str, int] = {}  # candidate -> its place among them
+        self._by_size: dict[int, _Answer] = {}
+
+    def reset(self) -> None:
+        """Every node may have changed: nothing kept is right any more."""
+        self.generation += 1
+        self._by_size.clear()
+
+    def changed(self, names: Iterable[str]) -> None:
+        """These nodes' classes may have changed since the last build (a new generation)."""
+        self.generation += 1
+        if not self._by_size:
+            return
+        names = [n for n in names if n in self._place]
+        for size, kept in list(self._by_size.items()):
+            kept.pending.update(names)
+            if len(kept.pending) > len(self._names) // 8 + 64:  # a fresh pass costs less
+                del self._by_size[size]
+
+    def get(
+        self, names: Sequence[str], gpus: int, classes: Mapping[str, NodeClass]
+    ) -> tuple[list[str], dict[str, str]] | None:
+        """The answer for `names` (the kept candidates, in the same order) and `gpus`, patched
+        for the nodes changed since it was kept, as copies; None when none is kept."""
+        kept = self._by_size.get(gpus)
+        if kept is None or not _same(names, self._names):
+            return None
+        if kept.pending:
+            ok, places, passes, failed, place = kept.ok, kept.places, kept.passes, kept.failed, self._place
+            redo = len(kept.pending) > REDO_AFTER
+            for name in kept.pending:
+                at = place[name]
+                why = verdict(classes.get(name), gpus)
+                if why is None:
+                    failed.pop(name, None)
+                else:
+                    failed[name] = why
+                if passes[at] == (why is None):
+                    continue
+                passes[at] = why is None
+                if redo:
+                    continue
+                i = bisect_left(places, at)
+                if why is None:
+                    places.insert(i, at)
+                    ok.insert(i, name)
+                else:
+                    del places[i]
+                    del ok[i]
+            if redo:
+                kept.ok = list(compress(self._names, passes))
+                kept.places = list(compress(range(len(passes)), passes))
+            kept.pending.clear()
+        return kept.ok.copy(), kept.failed.copy()
+
+    def put(self, names: Sequence[str], gpus: int, ok: list[str], failed: dict[str, str]) -> None:
+        """Keep the answer a pass over `names` gave for `gpus` (on the current build). A new
+        candidate list replaces the kept one (and every size's answer); a list with repeats is
+        not kept."""
+        if not _same(names, self._names):
+            place = {n: i for i, n in enumerate(names)}
+            if len(place) != len(names):
+                return
+            self._names, self._place = list(names), place
+            self._by_size.clear()
+        if len(self._by_size) >= self.MAX_SIZES:
+            del self._by_size[next(iter(self._by_size))]
+        place = self._place
+        places = [place[n] for n in ok]
+        passes = [False] * len(names)
+        for at in places:
+            passes[at] = True
+        self._by_size[gpus] = _Answer(ok.copy(), places, passes, failed.copy())
 
 
 def reserved_reason(c: NodeClass, size: int, taken: Iterable[Reservation]) -> str:

@@ -15,7 +15,8 @@ from typing import Protocol
 from gputopo.network.annotation import NodeTopology
 from gputopo.network.cluster import ClusterSnapshot
 from scheduler import defaults
-from scheduler.model import NodeInfo, PodInfo, Snapshot, parse_pod
+from scheduler.model import NodeChanges, NodeInfo, PodInfo, Snapshot, parse_pod
+from scheduler.picture.layered import FOLD_FRACTION, FOLD_MIN, Layered
 
 
 class BindError(RuntimeError):
@@ -62,29 +63,45 @@ class FileState:
         self._version = 1
         self._labels_version = 1  # Snapshot.labels_version: bumped when a node is removed
         self._snap: Snapshot | None = None
-        self._nodes_view: dict[str, NodeInfo] | None = None
+        self._nodes_view: Layered[str, NodeInfo] | None = None
+        self._last_nodes: Layered[str, NodeInfo] | None = None  # the last snapshot's
+        #: nodes changed since the last snapshot's mapping (None: any, copy them all)
+        self._touched: set[str] | None = None
         self._gpus_view: dict[str, int] | None = None
+        #: node -> GPUs its bound, active pods hold, kept up to date by bind and delete_pod
+        self._pod_gpus: dict[str, int] = {}
+        for p in self._pods.values():
+            if p.node and p.active:
+                self._pod_gpus[p.node] = self._pod_gpus.get(p.node, 0) + p.gpus
+        self.changes = NodeChanges()
 
-    def _changed(self, nodes: bool = False, gpus: bool = False) -> None:
+    def _changed(self, nodes: bool = False, gpus: bool = False, names: Iterable[str] | None = None) -> None:
+        """Something changed; `nodes`/`gpus`: node objects or bound pods' GPUs did, on the nodes
+        `names` (None: on any node, so whatever was derived per node is redone for every one)."""
         self._version += 1
         self._snap = None
         if nodes:
             self._nodes_view = None
         if gpus:
             self._gpus_view = None
+        if nodes or gpus:
+            if names is None:
+                self.changes.reset()
+                self._touched = None
+            else:
+                names = list(names)
+                self.changes.mark(names)
+                if self._touched is not None:
+                    self._touched.update(names)
 
     def snapshot(self) -> Snapshot:
         with self._lock:
             if self._snap is None:
                 # Unchanged parts keep their identity, so the extender's views can skip them.
                 if self._nodes_view is None:
-                    self._nodes_view = dict(self._nodes)
+                    self._nodes_view = self._layered_nodes()
                 if self._gpus_view is None:
-                    gpus: dict[str, int] = {}
-                    for p in self._pods.values():
-                        if p.node and p.active:
-                            gpus[p.node] = gpus.get(p.node, 0) + p.gpus
-                    self._gpus_view = gpus
+                    self._gpus_view = self._pod_gpus.copy()
                 self._snap = Snapshot(
                     self._nodes_view,
                     dict(self._pods),
@@ -92,8 +109,28 @@ class FileState:
                     self._version,
                     self._gpus_view,
                     labels_version=self._labels_version,
+                    changes=self.changes,
+                    changes_seq=self.changes.seq,
                 )
             return self._snap
+
+    def _layered_nodes(self) -> Layered[str, NodeInfo]:
+        """The nodes as an immutable mapping: the last snapshot's with the nodes changed since
+        replaced (a few entries), or a copy of them all (after a change not told node by node,
+        or a node added or removed: the copy keeps the store's order)."""
+        last, touched = self._last_nodes, self._touched
+        nodes = self._nodes
+        if (
+            last is not None
+            and touched is not None
+            and len(touched) <= len(last) // FOLD_FRACTION + FOLD_MIN  # else a copy costs less
+            and all(n in nodes and n in last for n in touched)
+        ):
+            out = last.replace({n: nodes[n] for n in touched})
+        else:
+            out = Layered.of(nodes)
+        self._last_nodes, self._touched = out, set()
+        return out
 
     def observe(self, pod: PodInfo) -> None:
         with self._lock:
@@ -127,7 +164,9 @@ class FileState:
             self._nodes[node] = info
             self._pods[pod.key] = replace(known, node=node)
             self._held[pod.key] = tuple(gpus)
-            self._changed(nodes=True, gpus=True)
+            if known.active and known.gpus:
+                self._pod_gpus[node] = self._pod_gpus.get(node, 0) + known.gpus
+            self._changed(nodes=True, gpus=True, names=(node,))
 
     def held(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """Pods bound through this state: pod -> (node, GPU indices it was given)."""
@@ -139,15 +178,21 @@ class FileState:
         with self._lock:
             if self._nodes.pop(name, None) is not None:
                 self._labels_version += 1
-            self._changed(nodes=True)
+            self._changed(nodes=True, names=(name,))
 
     def delete_pod(self, key: str) -> None:
         """A pod ends: its GPUs go back to its node."""
         with self._lock:
             pod = self._pods.pop(key, None)
-            self._changed(nodes=True, gpus=True)
+            self._changed(nodes=True, gpus=True, names=(pod.node,) if pod is not None and pod.node else ())
             if pod is None or not pod.node:
                 return
+            if pod.active and pod.gpus:
+                left = self._pod_gpus.get(pod.node, 0) - pod.gpus
+                if left:
+                    self._pod_gpus[pod.node] = left
+                else:
+                    self._pod_gpus.pop(pod.node, None)
             info = self._nodes.get(pod.node)
             if info is not None and info.topology is not None:
                 held = self._held.pop(key, ())

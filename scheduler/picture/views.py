@@ -20,11 +20,12 @@ from dataclasses import replace
 from gputopo.gang.reservations import Assumed, Reservation
 from gputopo.network.nodeview import NodeView
 from gputopo.node.allocator import AllocationError
-from gputopo.node.policy import GpuPolicy, PolicyPool
+from gputopo.node.policy import GpuPolicy, PolicyPool, registered
 from gputopo.node.topology import Topology
 from scheduler.model import NodeInfo, Snapshot
 from scheduler.nodeguard import NodeGuard, describe
-from scheduler.picture.classes import NodeClass, NodeViews, Offers
+from scheduler.picture.classes import Answers, NodeClass, NodeViews, Offers
+from scheduler.picture.layered import Layered
 
 __all__ = ["Assumed", "NodeViews", "ViewBuilder", "node_view"]
 
@@ -146,10 +147,14 @@ class ViewBuilder:
         self.allocators = self.policies.allocators
         self.guard = guard or NodeGuard()
         self._whole: tuple | None = None
-        self._classes_of: dict[str, NodeClass] = {}  # node -> its class, as of the last build
+        self._classes_of: Layered[str, NodeClass] = Layered({})  # node -> its class, last build
         #: nodes with own binds, reservations or ended pods -> (their inputs, conflicts)
         self._general: dict[str, tuple[tuple, dict[str, str]]] = {}
-        self._built = NodeViews({}, {}, {})
+        self._built = NodeViews(Layered({}), {}, {})
+        #: (the change log, the sequence number) of the snapshot last built (`_changed_nodes`)
+        self._seen: tuple[object, int] | None = None
+        #: the filter's answers kept across builds, patched for the nodes each build changed
+        self.answers = Answers()
         #: nodes of unknown topology whose inputs changed in the last build (to warn about)
         self.unknown: list[str] = []
         #: reservation pod -> reason, for reservations whose GPUs are no longer free (see
@@ -164,6 +169,9 @@ class ViewBuilder:
         #: id -> every policy a class was made with (few: one per server model and policy)
         self.used_policies: dict[int, GpuPolicy] = {}
         self._rejected: set[str] = set()  # nodes the guard holds a "view" refusal of
+        self._probed: dict[int, GpuPolicy] = {}  # id -> each policy object probed (kept alive)
+        #: id(bandwidth matrix) -> (it, the exact policy of it): see `_policy`
+        self._exact_of: dict[int, tuple[object, GpuPolicy]] = {}
 
     @property
     def offered(self) -> Offers:
@@ -194,6 +202,29 @@ class ViewBuilder:
             if collecting:
                 gc.enable()
 
+    def _changed_nodes(
+        self,
+        snap: Snapshot,
+        assumed_by_node: Mapping[str, object],
+        reservations_by_node: Mapping[str, object],
+    ) -> set[str] | None:
+        """The nodes whose inputs may differ from the last build's: those the state's change log
+        names since then, and those with own binds, reservations or ended pods now or at the
+        last build (few; they take the general path). None: every node (no log, or it cannot
+        tell, or so many changed that a pass over every node costs less than the bookkeeping)."""
+        changes, last = snap.changes, self._seen
+        if changes is None or last is None or last[0] is not changes or self._whole is None:
+            return None
+        named = changes.since(last[1], snap.changes_seq)
+        if named is None or len(named) > len(snap.nodes) // 4 + 64:
+            return None
+        dirty = set(named)
+        dirty.update(self._general)
+        dirty.update(assumed_by_node)
+        dirty.update(reservations_by_node)
+        dirty.update(snap.ended)
+        return dirty
+
     def _rebuild(
         self,
         snap: Snapshot,
@@ -202,25 +233,47 @@ class ViewBuilder:
         bound: frozenset[str],
         whole: tuple,
     ) -> NodeViews:
+        """The views of `snap`: every node looked at (`_changed_nodes` is None: a relist, a
+        first build, most nodes changed) or only those that may have changed, the others'
+        classes and views carried over from the last build as they are."""
         assumed_by_node: dict[str, list[Assumed]] = {}
         for a in assumed.values():
             assumed_by_node.setdefault(a.node, []).append(a)
+        nodes = snap.nodes
+        dirty = self._changed_nodes(snap, assumed_by_node, reservations_by_node)
+        old_classes, old_general, old_built = self._classes_of, self._general, self._built
+        general: dict[str, tuple[tuple, dict[str, str]]]
+        made: dict[str, NodeView]
+        # every node's class (a fresh pass), or the changed nodes' only (layered on the last)
         out: dict[str, NodeClass] = {}
-        made: dict[str, NodeView] = {}
-        general: dict[str, tuple[tuple, dict[str, str]]] = {}
+        removed: list[str] = []
+        if dirty is None:
+            made, general = {}, {}
+            todo: Iterable[tuple[str, NodeInfo | None]] = nodes.items()
+        else:  # the rest as they were; the changed ones redone below (removed when gone)
+            made = dict(old_built.made_views())
+            general = old_general.copy()
+            for name in dirty:
+                made.pop(name, None)
+                general.pop(name, None)
+            todo = ((name, nodes.get(name)) for name in dirty)
         unknown: list[str] = []
-        conflicts: dict[str, str] = {}
         pod_gpus = snap.pod_gpus
         last = self._whole
         old_nodes, old_counts = (last[0], last[1]) if last is not None else ({}, {})
-        old_classes, old_general, old_built = self._classes_of, self._general, self._built
+        if dirty is None and isinstance(old_nodes, Layered):  # a pass over every node: C lookups
+            old_nodes = old_nodes.flat()
         ended = snap.ended
         rejected = self._rejected
         # bound methods as locals: this loop runs per node, 20,000 times in a cold filter
         count_of, old_info, old_count = pod_gpus.get, old_nodes.get, old_counts.get
-        old_class, made_of = old_classes.get, old_built.made_views().get
+        old_class = (old_classes.flat() if dirty is None else old_classes).get
+        made_of = old_built.made_views().get
         policy_of, class_of = self._policy_of.get, self._classes.get
-        for name, info in snap.nodes.items():
+        for name, info in todo:
+            if info is None:  # deleted
+                removed.append(name)
+                continue
             mine = assumed_by_node.get(name) if assumed_by_node else None
             held = reservations_by_node.get(name) if reservations_by_node else None
             gone = ended.get(name) if ended else None
@@ -279,10 +332,18 @@ class ViewBuilder:
                 view, found, offer = self._node(info, key, bound)
                 out[name] = NodeClass(view.allocator, view.gpu_count, view.free, offer, key[3])
                 made[name], general[name] = view, (key, found)
-            conflicts.update(general[name][1])
-        self._whole, self._classes_of, self._general = whole, out, general
+        conflicts: dict[str, str] = {}
+        for _, found in general.values():
+            conflicts.update(found)
+        classes = Layered(out) if dirty is None else old_classes.replace(out, removed)
+        self._whole, self._classes_of, self._general = whole, classes, general
+        self._seen = (snap.changes, snap.changes_seq) if snap.changes is not None else None
         self.unknown, self.conflicts = unknown, conflicts
-        self._built = NodeViews(out, snap.nodes, made)
+        if dirty is None:
+            self.answers.reset()
+        else:
+            self.answers.changed(dirty)
+        self._built = NodeViews(classes, nodes, made, self.answers)
         return self._built
 
     def _class(self, info: NodeInfo, pod_gpus: int) -> NodeClass | None:
@@ -325,12 +386,26 @@ class ViewBuilder:
             self.used_policies[id(cls.allocator)] = cls.allocator
 
     def _policy(self, name: str, topology: Topology) -> GpuPolicy:
-        """The node's policy object, probed once per (policy, topology object)."""
+        """The node's policy object, looked up once per (policy, topology object) and probed
+        once per policy object."""
         hit = self._policy_of.get(id(topology))
         if hit is not None and hit[0] is topology and hit[1] == name:
             return hit[2]
-        alloc = self.policies.get(name, topology)
-        alloc.choose(range(topology.n), 1)  # cached: proves the tables work
+        if registered(name).exact:  # reads the bandwidth matrix only: one lookup per matrix object
+            bw = topology.bandwidth_mbps  # (a known model's topologies share it: `Topology.with_gpus`)
+            kept = self._exact_of.get(id(bw))
+            if kept is not None and kept[0] is bw:
+                alloc = kept[1]
+            else:
+                alloc = self.policies.get(name, topology)
+                if len(self._exact_of) >= 10_000:
+                    self._exact_of.clear()
+                self._exact_of[id(bw)] = (bw, alloc)
+        else:
+            alloc = self.policies.get(name, topology)
+        if id(alloc) not in self._probed:  # once per policy object (topologies of a model share one)
+            alloc.choose(range(topology.n), 1)  # cached: proves the tables work
+            self._probed[id(alloc)] = alloc
         if len(self._policy_of) >= 100_000:
             self._policy_of.clear()
         self._policy_of[id(topology)] = (topology, name, alloc)
