@@ -61,7 +61,10 @@ class FileState:
         self._held: dict[str, tuple[int, ...]] = {}
         self.levels = tuple(levels) if levels is not None else None
         self._version = 1
-        self._labels_version = 1  # Snapshot.labels_version: bumped when a node is removed
+        #: Snapshot.labels_version: bumped when a change adds, removes or relabels a node, or is
+        #: not told node by node (`_changed`); `_labels` are the labels it was counted with
+        self._labels_version = 1
+        self._labels: dict[str, Mapping[str, str]] = {n: i.labels for n, i in self._nodes.items()}
         self._snap: Snapshot | None = None
         self._nodes_view: Layered[str, NodeInfo] | None = None
         self._last_nodes: Layered[str, NodeInfo] | None = None  # the last snapshot's
@@ -80,8 +83,10 @@ class FileState:
         `names` (None: on any node, so whatever was derived per node is redone for every one)."""
         self._version += 1
         self._snap = None
+        names = None if names is None else list(names)
         if nodes:
             self._nodes_view = None
+            self._relabelled(names)
         if gpus:
             self._gpus_view = None
         if nodes or gpus:
@@ -89,10 +94,32 @@ class FileState:
                 self.changes.reset()
                 self._touched = None
             else:
-                names = list(names)
                 self.changes.mark(names)
                 if self._touched is not None:
                     self._touched.update(names)
+
+    def _relabelled(self, names: Iterable[str] | None) -> None:
+        """Bump the labels version when one of the changed nodes `names` (None: any node) was
+        added, removed or relabelled since it was last counted: the network index, built from
+        the labels alone, is kept across every other change (a bind, an annotation rewrite)."""
+        nodes, seen = self._nodes, self._labels
+        if names is None:
+            fresh = {n: i.labels for n, i in nodes.items()}
+            if fresh != seen:
+                self._labels, self._labels_version = fresh, self._labels_version + 1
+            return
+        changed = False
+        for n in names:
+            info = nodes.get(n)
+            now = info.labels if info is not None else None
+            if now != seen.get(n):
+                changed = True
+                if now is None:
+                    seen.pop(n, None)
+                else:
+                    seen[n] = now
+        if changed:
+            self._labels_version += 1
 
     def snapshot(self) -> Snapshot:
         with self._lock:
@@ -176,8 +203,7 @@ class FileState:
     # Simulation hooks: the cluster changing under the scheduler.
     def remove_node(self, name: str) -> None:
         with self._lock:
-            if self._nodes.pop(name, None) is not None:
-                self._labels_version += 1
+            self._nodes.pop(name, None)
             self._changed(nodes=True, names=(name,))
 
     def delete_pod(self, key: str) -> None:
