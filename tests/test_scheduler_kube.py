@@ -91,8 +91,11 @@ def test_watch_applies_changes_and_resumes_after_a_break(clock: list[float]) -> 
             wait_until(lambda: "ml/p" in state.snapshot().pods)
             seen = api.rv
             before = len(api.watch_requests("nodes"))
+            before_pods = len(api.watch_requests("pods"))
             api.break_watches()
+            # each kind's watch resumes on its own thread: wait for both, not the first
             wait_until(lambda: len(api.watch_requests("nodes")) > before)
+            wait_until(lambda: len(api.watch_requests("pods")) > before_pods)
             # the resumed watch starts from the last version the reflector saw, not from scratch
             assert int(api.watch_requests("nodes")[-1]) >= int(api.watch_requests("nodes")[before - 1] or 0)
             assert api.watch_requests("pods")[-1] == str(seen)
