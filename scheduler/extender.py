@@ -41,7 +41,7 @@ from gputopo.gang.sources import Tier
 from gputopo.gang.tracker import GangTracker
 from gputopo.jobtime.profiles import Profile
 from gputopo.network.levels import NetworkIndex
-from gputopo.network.nodeview import NodeView
+from gputopo.network.nodeview import ChoiceMemo, NodeView
 from gputopo.node.allocator import AllocationError
 from gputopo.pod.leafpack import Leaves
 from gputopo.pod.objective import ClusterObjective, DemandMix
@@ -51,8 +51,9 @@ from scheduler import defaults
 from scheduler.model import BadInput, PodInfo, Snapshot
 from scheduler.nodeguard import NodeGuard
 from scheduler.picture.cache import ClusterCache
-from scheduler.picture.classes import NodeViews, reserved_reason
+from scheduler.picture.classes import NodeClass, NodeViews, reserved_reason
 from scheduler.picture.feed import BindError, ClusterState
+from scheduler.picture.ranks import Ranked
 from scheduler.report.events import EventSink, NullEvents, gang_event
 from scheduler.report.metrics import Metrics
 
@@ -109,10 +110,6 @@ class Extender:
         self._swept: object = None  # (snapshot version, assumed version) last swept
         self._last_call: float | None = None  # the clock at the last call (`_take_over`)
         self.takeovers = 0  # passes of `_take_over` that adopted a gang (tests, operators)
-        # node scores per views object: (views, {(gpus, names): scores}); swapped whole
-        self._scores: (
-            tuple[NodeViews, dict[tuple[int, tuple[str, ...], int, Profile | None], dict[str, int]]] | None
-        ) = None
         # the leaves of the last network index (`gputopo.pod.leafpack`: single pods pack leaves)
         self._leaves: tuple[NetworkIndex, Leaves] | None = None
         #: the levels some node is labelled with, for the network index they were read from
@@ -378,6 +375,15 @@ class Extender:
     # -------------------------------------------------------------------------- prioritize
 
     def prioritize(self, pod: PodInfo, names: Sequence[str]) -> list[tuple[str, int]]:
+        """(node, score) for each candidate, in their order (`ranked`'s answer)."""
+        return self.ranked(pod, names).pairs()
+
+    def ranked(self, pod: PodInfo, names: Sequence[str]) -> Ranked:
+        """Prioritize: a gang member's planned node 10 and the rest 0; otherwise each node by
+        the node objective of the best GPU set it gives (one node asked per class), the fullest
+        leaf keeping the top score (`gputopo.pod.leafpack`). Answered from the kept picture of
+        the filter's candidates (`scheduler.picture.ranks`) when it can: work per changed node
+        and per class, not per candidate; else per candidate, the same scores."""
         with self._lock:
             now = self.clock()
             self.state.observe(pod)
@@ -385,24 +391,32 @@ class Extender:
             pod = _with_claim_size(pod, snap)
             in_plan = pod.gang is not None and pod.gang.key in self.gangs.plans
             planned = self.gangs.planned_node(pod.key, pod.gang.key) if pod.gang is not None else None
+            if in_plan:
+                return Ranked(names, [10 if n == planned else 0 for n in names])
+            if pod.gpus == 0:
+                return Ranked(names, [0] * len(names))
             net = self.cache.network(snap)
             if self._leaves is None or self._leaves[0] is not net:
                 self._leaves = (net, Leaves.of(net))
             leaves = self._leaves[1]
-        if in_plan:
-            return [(n, 10 if n == planned else 0) for n in names]
-        if pod.gpus == 0:
-            return [(n, 0) for n in names]
-        key = (pod.gpus, tuple(names), self.objective.mix.version, pod.profile)
-        cached = self._scores
-        if cached is None or cached[0] is not views or len(cached[1]) > 64:
-            cached = self._scores = (views, {})
-        scores = cached[1].get(key)
-        if scores is None:
-            scores = self._scores_of(pod.gpus, names, views, pod.profile)
-            # among the nodes at the top score, the fullest leaf keeps it (gputopo.pod.leafpack)
-            count, at = views.count, net.nodes
-            scores = cached[1][key] = leaves.pack_scores(scores, net.position, lambda p: count(at[p]) or 0)
+            self._learn_policies()
+            objective = self.objective.declared(pod.profile)
+            memo = self.gangs.memo()
+
+            def score(reps: list[NodeClass], rep_names: list[str]) -> list[int]:
+                return _class_scores(pod.gpus, reps, [views[n] for n in rep_names], memo, objective)
+
+            got = None
+            if views.current():
+                got = self.cache.ranks.rank(names, pod.gpus, views.class_map(), net, leaves, score)
+            path = "kept"
+            if got is None:
+                path = "per-node"
+                scores = self._scores_of(pod.gpus, names, views, pod.profile)
+                # among the nodes at the top score, the fullest leaf keeps it (gputopo.pod.leafpack)
+                count, at = views.count, net.nodes
+                scores = leaves.pack_scores(scores, net.position, lambda p: count(at[p]) or 0)
+                got = Ranked(names, [int(scores.get(n, 0)) for n in names])
         jsonlog.event(
             log,
             "prioritize",
@@ -410,9 +424,16 @@ class Extender:
             pod=pod.key,
             gpus=pod.gpus,
             nodes=len(names),
+            path=path,
             reason="node objective of the best GPU set, then least disruption",
         )
-        return [(n, int(scores.get(n, 0))) for n in names]
+        return got
+
+    def _learn_policies(self) -> None:
+        """ "The best ring this size gets anywhere" over every server of the cluster, as the
+        simulator's objective knows it, not only the ones that happened to be candidates
+        (caller holds the lock)."""
+        self.objective.learn(p.exact for p in self.cache.policies())
 
     def _scores_of(
         self, gpus: int, names: Sequence[str], views: NodeViews, profile: Profile | None = None
@@ -420,20 +441,15 @@ class Extender:
         """`node_scores` of the candidates, asked of one node per class: a node's score is a
         function of its allocator and free set and of the classes present (the ranks), so the
         answer is the same as over every candidate, at the cost of a few. A pod that declared
-        what it trains (`profile`) is weighed by that profile instead of the mix."""
-        with self._lock:
-            # "the best ring this size gets anywhere" over every server of the cluster, as the
-            # simulator's objective knows it, not only the ones that happened to be candidates
-            self.objective.learn(p.exact for p in self.cache.policies())
+        what it trains (`profile`) is weighed by that profile instead of the mix. Caller holds
+        the lock."""
+        self._learn_policies()
         classes = views.classes(names)
         reps = [views[members[0]] for members in classes.values()]
         objective = self.objective.declared(profile)
-        by_rep = node_scores(gpus, reps, memo=self.gangs.memo(), objective=objective)
+        by_class = _class_scores(gpus, list(classes), reps, self.gangs.memo(), objective)
         scores: dict[str, int] = {}
-        for c, members in classes.items():
-            # a node whose plugin would give this pod reserved GPUs is no place for it (the
-            # reservation rule, module docstring); filter already failed it
-            score = 0 if c.held and c.takes_reserved(gpus) else by_rep[members[0]]
+        for score, members in zip(by_class, classes.values(), strict=True):
             for n in members:
                 scores[n] = score
         return scores
@@ -636,3 +652,20 @@ def _log_event(e: Event) -> None:
     if isinstance(tree := fields.get("tree"), tuple):  # a tree's placement: plain values per sub-group
         fields["tree"] = explain.as_json(tree)
     jsonlog.event(log, e.kind, level, gang=e.gang, reason=e.reason, **extra, **fields)
+
+
+def _class_scores(
+    gpus: int,
+    classes: list[NodeClass],
+    reps: list[NodeView],
+    memo: ChoiceMemo,
+    objective: ClusterObjective,
+) -> list[int]:
+    """Each class's score for a pod of `gpus`, from one node of it (`reps`, in the same order):
+    `node_scores` over the representatives (the ranks are over the classes present), except
+    that a node whose plugin would give this pod reserved GPUs is no place for it (the
+    reservation rule, module docstring): 0, as filter failed it."""
+    by_rep = node_scores(gpus, reps, memo=memo, objective=objective)
+    return [
+        0 if c.held and c.takes_reserved(gpus) else by_rep[v.name] for c, v in zip(classes, reps, strict=True)
+    ]

@@ -392,8 +392,14 @@ def parse_node_names(args: Mapping[str, Any]) -> tuple[list[str], bool]:
     """The candidate nodes of an ExtenderArgs, and whether they came as NodeNames (cache mode)."""
     names = args.get("NodeNames")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
-            raise BadInput("NodeNames must be a list of node names")
+        # C-level checks (a per-name Python test costs ~1-2 ms per 20,000 names, twice a cycle):
+        # `str.join` refuses anything but strings, `in` finds an empty one
+        try:
+            if not isinstance(names, list) or "" in names:
+                raise TypeError
+            "".join(names)
+        except TypeError:
+            raise BadInput("NodeNames must be a list of node names") from None
         return names, True
     nodes = args.get("Nodes")
     if nodes is None:

@@ -7,6 +7,8 @@ the Layered maps it hands out stay equal to its store."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,7 +33,12 @@ def info(name: str, model: str, allocated: frozenset[int], unhealthy: frozenset[
     allocated = frozenset(g for g in allocated if g < topo.n)
     unhealthy = frozenset(g for g in unhealthy if g < topo.n)
     published = NodeTopology(name, topo, unhealthy, allocated, 10.0, "test")
-    return NodeInfo(name, {"leaf": name[-1]}, topo.n, published, pods_know_allocations=lag)
+    return NodeInfo(name, {"leaf": leaf_of(name)}, topo.n, published, pods_know_allocations=lag)
+
+
+def leaf_of(name: str) -> str:
+    """Three leaves over the universe, so that leaf packing has nodes to choose between."""
+    return str(int(name[1:]) % 3)
 
 
 gpu_sets = st.frozensets(st.integers(0, 7), max_size=8)
@@ -103,7 +110,10 @@ def test_a_bind_forgotten_and_a_reservation_released_restore_the_common_class() 
     check([*base, ("pods", "n0", 3), ("rewrite", "n0", "dgx1-v100", frozenset({1}), frozenset(), True)])
 
 
-def check(plan: list) -> None:
+def replay(
+    plan: list,
+) -> Iterator[tuple[Snapshot, dict[str, Assumed], list[int], dict[str, list[Reservation]]]]:
+    """Each step's snapshot, own binds, (assumed, reservations) versions and reservations by node."""
     nodes: dict[str, NodeInfo] = {}
     pod_gpus: dict[str, int] = {}
     ended: dict[str, frozenset[str]] = {}
@@ -111,8 +121,7 @@ def check(plan: list) -> None:
     reserved: dict[str, Reservation] = {}
     log = NodeChanges(limit=16)  # small: the log is cut now and then, and builds start over
     versions = [0, 0]
-    long = ViewBuilder()
-    cache = ClusterCache(("leaf",))
+    labels_version, last_labels = 1, {}
     for step, op in enumerate(plan):
         kind = op[0]
         if kind == "rewrite":
@@ -152,9 +161,28 @@ def check(plan: list) -> None:
         by_node: dict[str, list[Reservation]] = {}
         for r in reserved.values():
             by_node.setdefault(r.node, []).append(r)
+        labels = {n: i.labels for n, i in nodes.items()}
+        if labels != last_labels:  # as the live store counts: a node added, removed or relabelled
+            labels_version, last_labels = labels_version + 1, labels
         snap = Snapshot(
-            Layered.of(nodes), {}, {}, step, dict(pod_gpus), dict(ended), changes=log, changes_seq=log.seq
+            Layered.of(nodes),
+            {},
+            {},
+            step,
+            dict(pod_gpus),
+            dict(ended),
+            changes=log,
+            changes_seq=log.seq,
+            labels_version=labels_version,
         )
+        yield snap, assumed, versions, by_node
+
+
+def check(plan: list) -> None:
+    long = ViewBuilder()
+    cache = ClusterCache(("leaf",))
+    for snap, assumed, versions, by_node in replay(plan):
+        nodes = dict(snap.nodes)
         got = long.build(snap, assumed, versions[0], by_node, versions[1])
         want = ViewBuilder().build(snap, assumed, versions[0], by_node, versions[1])
         same_views(got, want, nodes)

@@ -20,6 +20,7 @@ from gputopo.network.nodeview import NodeView
 from gputopo.node.policy import GpuPolicy
 from scheduler.model import PodInfo, Snapshot
 from scheduler.nodeguard import NodeGuard
+from scheduler.picture.ranks import Ranks
 from scheduler.picture.views import NodeViews, ViewBuilder, in_use
 
 log = logging.getLogger("gputopo.scheduler")
@@ -98,6 +99,12 @@ class ClusterCache:
             self._warned_for = views
             self._warn_unknown(snap, self._views.unknown)
         return views
+
+    @property
+    def ranks(self) -> Ranks:
+        """Prioritize's kept picture of the filter's candidates (`scheduler.picture.ranks`), for
+        the latest views only (`NodeViews.current`)."""
+        return self._views.ranks
 
     def policies(self) -> list[GpuPolicy]:
         """Every policy object a node's view was made with (one per server model and policy)."""

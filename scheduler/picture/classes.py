@@ -127,6 +127,15 @@ class NodeViews(Mapping[str, NodeView]):
     def __eq__(self, other: object) -> bool:
         return self is other
 
+    def current(self) -> bool:
+        """Whether these are the builder's latest views (what it keeps answers for: `Answers`,
+        `scheduler.picture.ranks.Ranks`)."""
+        return self._answers is not None and self._answers.generation == self._generation
+
+    def class_map(self) -> Mapping[str, NodeClass]:
+        """Node -> its class (read-only)."""
+        return self._classes
+
     def made_views(self) -> Mapping[str, NodeView]:
         """The views made so far (for the next build to carry over those of unchanged nodes)."""
         return self._made
@@ -280,6 +289,22 @@ class Answers:
         self._names: list[str] = []  # the kept candidates (a copy of the caller's list)
         self._place: dict[str, int] = {}  # candidate -> its place among them
         self._by_size: dict[int, _Answer] = {}
+
+    @property
+    def candidates(self) -> list[str]:
+        """The kept candidate list (read-only: replaced whole, never changed in place)."""
+        return self._names
+
+    @property
+    def place(self) -> Mapping[str, int]:
+        """Each kept candidate's place in `candidates` (read-only)."""
+        return self._place
+
+    def passing(self, gpus: int) -> tuple[list[str], list[int]] | None:
+        """The kept answer's passing candidates for `gpus` and their places in `candidates`
+        (read-only; consistent with each other even when changes are pending), or None."""
+        kept = self._by_size.get(gpus)
+        return None if kept is None else (kept.ok, kept.places)
 
     def reset(self) -> None:
         """Every node may have changed: nothing kept is right any more."""

@@ -26,6 +26,7 @@ from scheduler.model import NodeInfo, Snapshot
 from scheduler.nodeguard import NodeGuard, describe
 from scheduler.picture.classes import Answers, NodeClass, NodeViews, Offers
 from scheduler.picture.layered import Layered
+from scheduler.picture.ranks import Ranks
 
 __all__ = ["Assumed", "NodeViews", "ViewBuilder", "node_view"]
 
@@ -155,6 +156,8 @@ class ViewBuilder:
         self._seen: tuple[object, int] | None = None
         #: the filter's answers kept across builds, patched for the nodes each build changed
         self.answers = Answers()
+        #: prioritize's picture of the same candidates, patched alike (`ranks.Ranks`)
+        self.ranks = Ranks(self.answers)
         #: nodes of unknown topology whose inputs changed in the last build (to warn about)
         self.unknown: list[str] = []
         #: reservation pod -> reason, for reservations whose GPUs are no longer free (see
@@ -341,8 +344,10 @@ class ViewBuilder:
         self.unknown, self.conflicts = unknown, conflicts
         if dirty is None:
             self.answers.reset()
+            self.ranks.reset()
         else:
             self.answers.changed(dirty)
+            self.ranks.changed(dirty)
         self._built = NodeViews(classes, nodes, made, self.answers)
         return self._built
 

@@ -38,6 +38,16 @@ from scheduler.web.limits import BUSY_RESPONSE, Budget, ConnectionCap, Limits, R
 log = logging.getLogger("gputopo.scheduler.http")
 
 
+class Encoded:
+    """An answer already encoded as JSON (prioritize's HostPriorityList, joined from kept
+    fragments: `scheduler.picture.ranks.Ranked.encode`)."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+
 def _filter(ext: Extender, args: Any) -> tuple[int, Any]:
     if not isinstance(args, dict):
         raise BadInput("ExtenderArgs must be a JSON object")
@@ -63,7 +73,7 @@ def _prioritize(ext: Extender, args: Any) -> tuple[int, Any]:
         raise BadInput("ExtenderArgs must be a JSON object")
     pod = parse_pod(args.get("Pod"))
     names, _ = parse_node_names(args)
-    return 200, [{"Host": n, "Score": s} for n, s in ext.prioritize(pod, names)]
+    return 200, Encoded(ext.ranked(pod, names).encode())
 
 
 def _bind(ext: Extender, args: Any) -> tuple[int, Any]:
@@ -150,7 +160,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _json(self, code: int, doc: Any) -> None:
-        self._send(code, orjson.dumps(doc))
+        self._send(code, doc.body if isinstance(doc, Encoded) else orjson.dumps(doc))
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]

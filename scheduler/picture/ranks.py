@@ -1,0 +1,254 @@
+"""Prioritize's picture of the filter's candidates, kept across builds and patched per change.
+
+kube-scheduler (with `percentageOfNodesToScore: 100`, as deploy/ sets it) asks prioritize about
+every node the filter passed, one call per pod, while the cluster changes a node or two between
+calls (the last pod's bind). Scoring is per node class (`NodeViews.classes`: nodes with the same
+allocator and free set score alike), but grouping 20,000 names into their classes, spreading the
+class scores back over them, applying the leaf packing (`gputopo.pod.leafpack`) and writing the
+reply were each a pass over every candidate in Python: 60-70 ms of a filter + prioritize + bind
+cycle at 20,000 nodes, against ~2 ms for everything else the cycle decides.
+
+`Ranks` keeps, for the filter's kept candidate list (`Answers`: the "universe"), each
+candidate's class as a small integer in a numpy array, each network position's free GPUs and
+each leaf's sum of them, and each candidate's reply fragment already encoded. A build tells it
+which nodes changed (as it tells `Answers`); the next question patches those entries only, and
+every per-candidate step is then a numpy operation or a C-level join:
+
+  * which classes the asked candidates hold, and a representative of each (`np.unique`);
+  * the caller scores the representatives (`node_scores`, the reservation rule) as before;
+  * the class scores spread over the candidates by one fancy index;
+  * the leaf packing: among the top-score candidates, those outside the fullest leaf (its free
+    GPUs summed over every node of the leaf, the sum kept here) get one point less;
+  * the reply is the kept fragments joined with each score's digits.
+
+The answer is the same as the per-node path's (`Extender._scores_of` then `Leaves.pack_scores`);
+tests/test_scheduler_ranks.py checks it against that path after random rewrites, binds and
+reservations. A question this cannot answer (candidates outside the kept list, repeats, a
+views object of an earlier build) gets None and the caller takes the per-node path.
+
+Not thread-safe: the extender's lock guards it, as it guards the builder and `Answers`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import orjson
+
+from gputopo.network.levels import NetworkIndex
+from gputopo.pod.leafpack import Leaves
+from gputopo.pod.placement import MAX_SCORE
+from scheduler.picture.classes import Answers, NodeClass
+
+#: the encoded end of a reply entry per score (scores are 0..MAX_SCORE)
+_TAILS = tuple(b"%d}" % s for s in range(MAX_SCORE + 1))
+
+#: A caller's scores for the classes the asked candidates hold: given each class and one node
+#: of it (in first-seen order), a score per class in the same order.
+ClassScorer = Callable[[list[NodeClass], list[str]], Sequence[int]]
+
+
+class Ranked:
+    """Prioritize's answer: `names` (the asked candidates, in order) and their scores; with the
+    kept fragments (`_frags`, `_places`) the reply encodes by a join instead of per entry."""
+
+    __slots__ = ("_frags", "_places", "names", "scores")
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        scores: Sequence[int] | np.ndarray,
+        frags: list[bytes] | None = None,
+        places: np.ndarray | None = None,
+    ) -> None:
+        self.names = names
+        self.scores = scores
+        self._frags = frags
+        self._places = places
+
+    def pairs(self) -> list[tuple[str, int]]:
+        """(node, score) in the candidates' order."""
+        scores = self.scores.tolist() if isinstance(self.scores, np.ndarray) else self.scores
+        return list(zip(self.names, map(int, scores), strict=True))
+
+    def encode(self) -> bytes:
+        """The HostPriorityList as JSON: `[{"Host": name, "Score": s}, ...]` in order."""
+        scores = self.scores.tolist() if isinstance(self.scores, np.ndarray) else list(self.scores)
+        frags: Iterable[bytes]
+        if self._frags is not None and self._places is not None:
+            frags = map(self._frags.__getitem__, self._places.tolist())
+        else:
+            frags = (_frag(n) for n in self.names)
+        return b"[" + b",".join(map(bytes.__add__, frags, map(_TAILS.__getitem__, scores))) + b"]"
+
+
+def _frag(name: str) -> bytes:
+    return b'{"Host":' + orjson.dumps(name) + b',"Score":'
+
+
+class Ranks:
+    """Per candidate of `answers`' kept list: its class id (`_ids`), its network position and
+    leaf; per network position its free GPUs, per leaf their sum; all patched for the nodes each
+    build changed (`changed`), rebuilt whole after `reset`, a new candidate list or network
+    index. Owned by one ViewBuilder beside its `Answers`, whose generation it answers for."""
+
+    #: class ids handed out before the table is rebuilt from the live classes (a node on the
+    #: general path gets a new class object at each change)
+    MAX_TABLE = 4096
+
+    def __init__(self, answers: Answers) -> None:
+        self.answers = answers
+        self._universe: list[str] | None = None  # the kept list object the per-candidate arrays are for
+        self._ids = np.empty(0, np.int64)  # class id per candidate (-1: unknown to gputopo)
+        self._table: list[NodeClass] = []
+        self._id_of: dict[NodeClass, int] = {}
+        self._frags: list[bytes] = []
+        self._pending: set[str] = set()  # nodes changed since the arrays were last right
+        self._net: NetworkIndex | None = None  # the index the network arrays are for
+        self._cand_pos = np.empty(0, np.int64)  # network position per candidate (-1: none)
+        self._cand_leaf = np.empty(0, np.int64)  # leaf id per candidate (-1: none)
+        self._leaf_of_pos = np.empty(0, np.int64)
+        self._pos_count = np.empty(0, np.int64)  # free GPUs per network position
+        self._leaf_room = np.empty(0, np.int64)  # free GPUs per leaf, over every node of it
+
+    def reset(self) -> None:
+        """Every node may have changed: rebuild at the next question."""
+        self._universe = None
+        self._net = None
+        self._pending.clear()
+
+    def changed(self, names: Sequence[str] | set[str]) -> None:
+        """These nodes' classes may have changed (the builder's new generation)."""
+        if self._universe is None and self._net is None:
+            return
+        self._pending.update(names)
+        if len(self._pending) > len(self._ids) // 8 + 64:  # a fresh pass costs less
+            self.reset()
+
+    def _id(self, c: NodeClass | None) -> int:
+        if c is None:
+            return -1
+        got = self._id_of.get(c)
+        if got is None:
+            got = self._id_of[c] = len(self._table)
+            self._table.append(c)
+        return got
+
+    def _sync(self, classes: Mapping[str, NodeClass], net: NetworkIndex, leaves: Leaves) -> None:
+        """Bring every array up to date with `classes` (the current build's)."""
+        universe = self.answers.candidates
+        fresh_ids = self._universe is not universe or len(self._table) > self.MAX_TABLE
+        fresh_net = self._net is not net
+        if fresh_ids:
+            self._table, self._id_of = [], {}
+            get, ident = classes.get, self._id
+            self._ids = np.fromiter((ident(get(n)) for n in universe), np.int64, len(universe))
+            if self._universe is not universe:
+                self._frags = [_frag(n) for n in universe]
+        if fresh_net:
+            leaf_of_pos = np.asarray(leaves.leaf, np.int64) if leaves.leaf else np.empty(0, np.int64)
+            counts = np.fromiter(
+                ((c.count if (c := classes.get(n)) is not None else 0) for n in net.nodes),
+                np.int64,
+                len(net.nodes),
+            )
+            self._leaf_of_pos, self._pos_count = leaf_of_pos, counts
+            has = leaf_of_pos >= 0
+            self._leaf_room = np.bincount(
+                leaf_of_pos[has], weights=counts[has], minlength=len(leaves.members)
+            ).astype(np.int64)
+        if fresh_ids or fresh_net:
+            pos_of = net.position.get
+            pos = np.fromiter((pos_of(n, -1) for n in universe), np.int64, len(universe))
+            self._cand_pos = pos
+            self._cand_leaf = np.where(pos >= 0, self._leaf_of_pos[pos] if len(self._leaf_of_pos) else -1, -1)
+        if self._pending:
+            where, position = self.answers.place, net.position
+            for name in self._pending:
+                c = classes.get(name)
+                if not fresh_ids:
+                    at = where.get(name)
+                    if at is not None:
+                        self._ids[at] = self._id(c)
+                if not fresh_net:
+                    p = position.get(name)
+                    if p is not None:
+                        new = c.count if c is not None else 0
+                        leaf = self._leaf_of_pos[p]
+                        if leaf >= 0:
+                            self._leaf_room[leaf] += new - self._pos_count[p]
+                        self._pos_count[p] = new
+            self._pending.clear()
+        self._universe, self._net = universe, net
+
+    def _places(self, names: Sequence[str], gpus: int) -> np.ndarray | None:
+        """Each asked candidate's place in the kept list; None when one is not in it or the
+        list repeats a name."""
+        answers = self.answers
+        universe = answers.candidates
+        if not universe:
+            return None
+        kept = answers.passing(gpus)
+        if kept is not None and _same(names, kept[0]):  # the filter's answer, asked back
+            return np.asarray(kept[1], np.int64)
+        if _same(names, universe):
+            return np.arange(len(universe), dtype=np.int64)
+        place = answers.place.get
+        got = [place(n, -1) for n in names]
+        if -1 in got or len(set(got)) != len(got):
+            return None
+        return np.asarray(got, np.int64)
+
+    def rank(
+        self,
+        names: Sequence[str],
+        gpus: int,
+        classes: Mapping[str, NodeClass],
+        net: NetworkIndex,
+        leaves: Leaves,
+        score: ClassScorer,
+    ) -> Ranked | None:
+        """The scores of `names` for a pod of `gpus` (module docstring), or None when the kept
+        picture cannot answer (the caller's per-node path does)."""
+        places = self._places(names, gpus)
+        if places is None:
+            return None
+        self._sync(classes, net, leaves)
+        ids = self._ids[places]
+        present, first = np.unique(ids, return_index=True)
+        order = np.argsort(first, kind="stable")
+        present, first = present[order], first[order]
+        known = present >= 0
+        table = self._table
+        reps = [table[i] for i in present[known].tolist()]
+        rep_names = [names[i] for i in first[known].tolist()]
+        by_class = np.zeros(len(table) + 1, np.int64)  # the last slot: unknown (-1) scores 0
+        if reps:
+            by_class[present[known]] = np.asarray(score(reps, rep_names), np.int64)
+        scores = by_class[ids]
+        self._pack(scores, places)
+        return Ranked(names, scores, self._frags, places)
+
+    def _pack(self, scores: np.ndarray, places: np.ndarray) -> None:
+        """`Leaves.pack_scores` on the arrays: the top-score candidates outside the leaf with
+        the fewest free GPUs (among the top candidates' leaves) get one point less."""
+        at_top = (scores == MAX_SCORE) & (self._cand_pos[places] >= 0)
+        if int(np.count_nonzero(at_top)) < 2:
+            return
+        leaf = self._cand_leaf[places]
+        top_leaves = leaf[at_top]
+        touched = np.unique(top_leaves[top_leaves >= 0])
+        if len(touched) < 2:
+            return
+        room = self._leaf_room
+        least = room[touched].min()
+        demote = at_top & (leaf >= 0) & (room[np.maximum(leaf, 0)] != least)
+        scores[demote] = MAX_SCORE - 1
+
+
+def _same(names: Sequence[str], kept: Sequence[str]) -> bool:
+    """`names` holds `kept` in the same order (C-level compares: identical strings by address)."""
+    if len(names) != len(kept):
+        return False
+    return (names if isinstance(names, list) else list(names)) == kept
