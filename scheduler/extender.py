@@ -362,10 +362,14 @@ class Extender:
                 self.events.emit(pod.key, gang, decision.event, decision.reason)
             return FilterResult([], {}, {n: decision.reason for n in names})
         node, reason = decision.node, decision.reason
-        out = FilterResult([node] if node in names else [], {}, {n: reason for n in names if n != node})
-        if node not in names:
+        if node in names:
+            # the planned node alone: kube-scheduler binds there and reads no other node's
+            # status (it keeps them only to explain a pod that fits nowhere); naming every
+            # other node cost a 1.5 MB answer per member at 20,000 nodes, 5 MB at 60,000
+            out = FilterResult([node])
+        else:
             reason = f"gang {gang} planned on {node}, which this scheduling cycle did not offer"
-            out.unresolvable.update({n: reason for n in names})
+            out = FilterResult([], {}, dict.fromkeys(names, reason))
         jsonlog.event(log, "filter_gang", pod=pod.key, gang=gang, result="planned", node=node, reason=reason)
         self.events.emit(
             pod.key, gang, "GangPlanned", _planned_message(self.plans.get(gang), gang, node, pod.key)
