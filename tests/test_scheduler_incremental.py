@@ -18,6 +18,7 @@ from gputopo.network.levels import CLUSTER, NetworkIndex
 from gputopo.node.topofile import load_preset
 from scheduler.model import NodeChanges, NodeInfo, Snapshot
 from scheduler.picture import classes as nodeclasses
+from scheduler.picture import views as viewbuilder
 from scheduler.picture.cache import ClusterCache
 from scheduler.picture.classes import NodeViews
 from scheduler.picture.feed import FileState
@@ -101,6 +102,71 @@ def test_answers_redone_in_one_pass_equal_a_fresh_build(plan: list) -> None:
         check(plan)
     finally:
         nodeclasses.REDO_AFTER = kept
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(ops, min_size=1, max_size=30), st.sampled_from([-(10**6), 2, 4]))
+def test_views_folded_into_a_new_base_equal_a_fresh_build(plan: list, fold_after: int) -> None:
+    """As above, with the views carried over folded into a new base at every build, or once a
+    few were made or changed since the last fold (the path a build takes at scale once many
+    were)."""
+    kept = viewbuilder.FOLD_VIEWS_AFTER
+    viewbuilder.FOLD_VIEWS_AFTER = fold_after
+    try:
+        check(plan)
+    finally:
+        viewbuilder.FOLD_VIEWS_AFTER = kept
+
+
+def test_a_node_changed_after_a_fold_is_not_read_from_the_base() -> None:
+    """Views folded into a base, then a node changed twice over builds that do not fold: its
+    view is its new one, not the base's (the nodes changed since are carried as out of date)."""
+    kept = viewbuilder.FOLD_VIEWS_AFTER
+    viewbuilder.FOLD_VIEWS_AFTER = 4
+    try:
+        base = [("rewrite", n, "dgx-a100", frozenset(), frozenset(), False) for n in UNIVERSE]
+        one, two = frozenset({0, 1}), frozenset({0, 1, 2})
+        check(
+            [
+                *base,
+                ("nothing",),
+                ("rewrite", "n1", "dgx-a100", one, frozenset(), False),
+                ("nothing",),
+                ("rewrite", "n1", "dgx-a100", two, frozenset(), False),
+                ("rewrite", "n2", "dgx-a100", two, frozenset(), False),
+                ("nothing",),
+            ]
+        )
+    finally:
+        viewbuilder.FOLD_VIEWS_AFTER = kept
+
+
+def test_a_fold_drops_the_base_views_of_nodes_changed_since() -> None:
+    """A node changed after a fold, its view not read again, then a fold: the new base holds
+    no view of it from before its change."""
+    kept = viewbuilder.FOLD_VIEWS_AFTER
+    viewbuilder.FOLD_VIEWS_AFTER = 2
+    try:
+        base = [("rewrite", n, "dgx-a100", frozenset(), frozenset(), False) for n in UNIVERSE]
+        plan = [
+            *base,
+            ("nothing",),  # every view read: they fold into a base at the next build
+            ("rewrite", "n1", "dgx-a100", frozenset({0}), frozenset(), False),
+            ("rewrite", "n2", "dgx-a100", frozenset({0, 1}), frozenset(), False),  # out of date
+            ("rewrite", "n3", "dgx-a100", frozenset({0, 1}), frozenset(), False),  # out of date
+            ("rewrite", "n4", "dgx-a100", frozenset({0}), frozenset(), False),  # folds again
+        ]
+        long = ViewBuilder()
+        for step, (snap, assumed, versions, by_node) in enumerate(replay(plan)):
+            got = long.build(snap, assumed, versions[0], by_node, versions[1])
+            if step == len(base):
+                for name in UNIVERSE:
+                    got[name]
+        fresh = ViewBuilder().build(snap, assumed, versions[0], by_node, versions[1])
+        for name in ("n2", "n3"):
+            assert got[name].free == fresh[name].free == frozenset(range(2, 8))
+    finally:
+        viewbuilder.FOLD_VIEWS_AFTER = kept
 
 
 def test_a_bind_forgotten_and_a_reservation_released_restore_the_common_class() -> None:

@@ -90,7 +90,7 @@ class NodeViews(Mapping[str, NodeView]):
     making views. Holds per node only its class: a build after every annotation changed
     allocates nothing per node (no work for the cycle collector in the middle of a filter)."""
 
-    __slots__ = ("_answers", "_classes", "_generation", "_infos", "_made")
+    __slots__ = ("_answers", "_base", "_classes", "_generation", "_gone", "_infos", "_made")
 
     def __init__(
         self,
@@ -98,16 +98,27 @@ class NodeViews(Mapping[str, NodeView]):
         infos: Mapping[str, NodeInfo],
         made: dict[str, NodeView],
         answers: Answers | None = None,
+        base: Mapping[str, NodeView] | None = None,
+        gone: frozenset[str] = frozenset(),
     ) -> None:
         self._classes = classes
         self._infos = infos
-        self._made = made  # views already made: those of unchanged nodes carry over
+        # Views already made, in two layers: `_base` (shared with earlier builds, never
+        # changed: unchanged nodes' views carry over without a copy of every entry) less the
+        # nodes in `_gone` (changed since it was made), under `_made`, this build's own.
+        self._made = made
+        self._base: Mapping[str, NodeView] = base if base is not None else {}
+        self._gone = gone
         self._answers = answers  # the builder's, current while its generation is this one's
         self._generation = answers.generation if answers is not None else -1
 
     def __getitem__(self, name: str) -> NodeView:
         view = self._made.get(name)
         if view is None:
+            if name not in self._gone:
+                view = self._base.get(name)
+                if view is not None:
+                    return view
             c, info = self._classes[name], self._infos[name]
             view = self._made[name] = NodeView(info.name, info.labels, c.gpu_count, c.free, c.allocator)
         return view
@@ -136,9 +147,17 @@ class NodeViews(Mapping[str, NodeView]):
         """Node -> its class (read-only)."""
         return self._classes
 
-    def made_views(self) -> Mapping[str, NodeView]:
-        """The views made so far (for the next build to carry over those of unchanged nodes)."""
-        return self._made
+    def made_view(self, name: str) -> NodeView | None:
+        """The view of `name` if one was made (by this build or carried over), else None."""
+        view = self._made.get(name)
+        if view is None and name not in self._gone:
+            view = self._base.get(name)
+        return view
+
+    def made_layers(self) -> tuple[Mapping[str, NodeView], frozenset[str], dict[str, NodeView]]:
+        """(base, gone, own): the views made so far as `__init__` layers them, for the next
+        build to carry over those of unchanged nodes (read-only)."""
+        return self._base, self._gone, self._made
 
     def node_class(self, name: str) -> NodeClass | None:
         return self._classes.get(name)

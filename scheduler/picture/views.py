@@ -250,14 +250,15 @@ class ViewBuilder:
         # every node's class (a fresh pass), or the changed nodes' only (layered on the last)
         out: dict[str, NodeClass] = {}
         removed: list[str] = []
+        base: Mapping[str, NodeView] = {}
+        stale: frozenset[str] = frozenset()  # nodes whose view in `base` is out of date
         if dirty is None:
             made, general = {}, {}
             todo: Iterable[tuple[str, NodeInfo | None]] = nodes.items()
         else:  # the rest as they were; the changed ones redone below (removed when gone)
-            made = dict(old_built.made_views())
+            base, stale, made = _carry_views(old_built, dirty, len(nodes))
             general = old_general.copy()
             for name in dirty:
-                made.pop(name, None)
                 general.pop(name, None)
             todo = ((name, nodes.get(name)) for name in dirty)
         unknown: list[str] = []
@@ -271,7 +272,7 @@ class ViewBuilder:
         # bound methods as locals: this loop runs per node, 20,000 times in a cold filter
         count_of, old_info, old_count = pod_gpus.get, old_nodes.get, old_counts.get
         old_class = (old_classes.flat() if dirty is None else old_classes).get
-        made_of = old_built.made_views().get
+        made_of = old_built.made_view
         policy_of, class_of = self._policy_of.get, self._classes.get
         for name, info in todo:
             if info is None:  # deleted
@@ -348,7 +349,7 @@ class ViewBuilder:
         else:
             self.answers.changed(dirty)
             self.ranks.changed(dirty)
-        self._built = NodeViews(classes, nodes, made, self.answers)
+        self._built = NodeViews(classes, nodes, made, self.answers, base, stale)
         return self._built
 
     def _class(self, info: NodeInfo, pod_gpus: int) -> NodeClass | None:
@@ -455,6 +456,31 @@ class ViewBuilder:
         if view is None or view.allocator is None or c is None:
             return None
         return c.gives(size)
+
+
+#: carried-over views (own + out of date + changed) beyond an eighth of the nodes plus this fold
+#: into a new base (`_carry_views`)
+FOLD_VIEWS_AFTER = 64
+
+
+def _carry_views(
+    old: NodeViews, dirty: set[str], nodes: int
+) -> tuple[Mapping[str, NodeView], frozenset[str], dict[str, NodeView]]:
+    """The layers of views a build carries over from the last one (`NodeViews.__init__`): its
+    shared base, the nodes changed since it was made (the last build's and `dirty`), and a copy
+    of the views the last build made itself, less `dirty`. Once those outgrow an eighth of the
+    nodes they fold into a new base (one pass over every view; amortised over the builds
+    since), so that a build after a gang plan read every node's view copies a few entries, not
+    20,000 (16 % of the sidecar's CPU over a 64 x 8 gang at 20,000 nodes before)."""
+    base, gone, own = old.made_layers()
+    if len(own) + len(gone) + len(dirty) > nodes // 8 + FOLD_VIEWS_AFTER:
+        folded = {k: v for k, v in base.items() if k not in gone} if gone else dict(base)
+        folded.update(own)
+        for name in dirty:
+            folded.pop(name, None)
+        return folded, frozenset(), {}
+    made = {k: v for k, v in own.items() if k not in dirty}
+    return base, gone | dirty, made
 
 
 def _full(info: NodeInfo, pod_gpus: int) -> tuple:
