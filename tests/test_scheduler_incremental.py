@@ -67,6 +67,10 @@ ops = st.one_of(
 
 def same_views(long: NodeViews, fresh: NodeViews, nodes: dict[str, NodeInfo]) -> None:
     assert list(long) == list(fresh) == list(nodes)
+    # the one-pass values()/items() (`NodeViews.every_view`) give the views `[]` gives
+    assert [(v.name, v.free) for v in long.values()] == [(n, fresh[n].free) for n in nodes]
+    assert [(n, v.free) for n, v in long.items()] == [(n, fresh[n].free) for n in nodes]
+    assert all(long[n] is v for n, v in long.items())
     for name in nodes:
         a, b = long.node_class(name), fresh.node_class(name)
         assert a is not None and b is not None

@@ -13,7 +13,7 @@ keep their identity from one build to the next, which the gang planner's memo re
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping, Sequence, ValuesView
 from itertools import compress
 
 from gputopo.gang.reservations import Reservation
@@ -125,6 +125,29 @@ class NodeViews(Mapping[str, NodeView]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._classes
+
+    def values(self) -> ValuesView[NodeView]:
+        return _Values(self)
+
+    def items(self) -> ItemsView[str, NodeView]:
+        return _Items(self)
+
+    def every_view(self) -> list[NodeView]:
+        """Every node's view in the snapshot's order, made where not made yet: one loop with
+        the lookups inlined (the Mapping mixins' `values()` calls `__getitem__` per node
+        through a generator: ~0.1 s per pass at 20,000 nodes, and a gang plan made two)."""
+        made, base, gone, classes, infos = self._made, self._base, self._gone, self._classes, self._infos
+        out: list[NodeView] = []
+        append = out.append
+        for name in infos:
+            view = made.get(name)
+            if view is None:
+                view = None if name in gone else base.get(name)
+                if view is None:
+                    c, info = classes[name], infos[name]
+                    view = made[name] = NodeView(info.name, info.labels, c.gpu_count, c.free, c.allocator)
+            append(view)
+        return out
 
     def __iter__(self) -> Iterator[str]:
         # the snapshot's order (a build that redid a few nodes may hold its classes in another)
@@ -241,6 +264,25 @@ class NodeViews(Mapping[str, NodeView]):
         """`NodeClass.takes_reserved` of node `name` (nothing for a node unknown to gputopo)."""
         c = self._classes.get(name)
         return () if c is None or not c.held else c.takes_reserved(size, excluding=excluding)
+
+
+class _Values(ValuesView[NodeView]):
+    """`NodeViews.values()`: iterates `every_view` (one pass, lookups inlined)."""
+
+    _mapping: NodeViews
+
+    def __iter__(self) -> Iterator[NodeView]:
+        return iter(self._mapping.every_view())
+
+
+class _Items(ItemsView[str, NodeView]):
+    """`NodeViews.items()`: the names with `every_view`, in the snapshot's order."""
+
+    _mapping: NodeViews
+
+    def __iter__(self) -> Iterator[tuple[str, NodeView]]:
+        views = self._mapping
+        return zip(list(views._infos), views.every_view(), strict=True)
 
 
 UNKNOWN = "node unknown to gputopo"
