@@ -30,6 +30,7 @@ from typing import Any
 from kubernetes import client
 
 from gputopo import jsonlog
+from gputopo_kube.rawapi import RawApi
 
 log = logging.getLogger("gputopo.kube.events")
 
@@ -173,8 +174,7 @@ class EventWriter:
         timeout_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.events = client.EventsV1Api(api_client)
-        self.core = client.CoreV1Api(api_client)
+        self.api = RawApi(api_client)  # not the typed EventsV1Api and CoreV1Api: seconds to import
         self.controller = controller
         self.instance = instance or socket.gethostname()
         self.timeout_s = timeout_s
@@ -205,7 +205,7 @@ class EventWriter:
                 at=at,
             )
             try:
-                self._send(self.events.create_namespaced_event, namespace, body)
+                self._send(self.api.create_events_v1_event, namespace, body)
                 return
             except Exception as e:
                 if getattr(e, "status", None) not in (403, 404):
@@ -231,7 +231,7 @@ class EventWriter:
             instance=self.instance,
             at=at,
         )
-        self._send(self.core.create_namespaced_event, namespace, body)
+        self._send(self.api.create_namespaced_event, namespace, body)
 
     def _send(self, create: Any, namespace: str, body: dict[str, Any]) -> None:
         resp = create(namespace, body, _preload_content=False, _request_timeout=self.timeout_s)

@@ -423,7 +423,14 @@ def node_gpu_capacity(node: Mapping[str, Any], resource: str = defaults.RESOURCE
     """GPUs a Node reports allocatable (0 when absent or unreadable)."""
     status = node.get("status") or {}
     alloc = (status.get("allocatable") or status.get("capacity") or {}) if isinstance(status, Mapping) else {}
+    if not isinstance(alloc, Mapping):
+        return 0
+    raw = alloc.get(resource, 0)
+    if type(raw) is str and 0 < len(raw) <= 4 and raw.isascii() and raw.isdigit():  # "8": the usual
+        value = int(raw)
+        if value <= defaults.MAX_GPUS_PER_POD:
+            return value
     try:
-        return parse_quantity(alloc.get(resource, 0), "allocatable") if isinstance(alloc, Mapping) else 0
+        return parse_quantity(raw, "allocatable")
     except BadInput:
         return 0

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import Any
+from itertools import repeat
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -102,7 +103,19 @@ class Topology:
 
     @property
     def n(self) -> int:
-        return len(self.gpus)
+        return len(self.links)  # n x n (checked): the GPUs of `with_gpu_columns` stay unmade
+
+    if not TYPE_CHECKING:  # (mypy: no attribute of Topology is dynamic but this one)
+
+        def __getattr__(self, name: str) -> Any:
+            """`gpus` of a topology made by `with_gpu_columns`, made on first read (only
+            reached when `gpus` is not set yet)."""
+            columns = self.__dict__.get("_gpu_columns") if name == "gpus" else None
+            if columns is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            uuids, models, numas = columns
+            gpus = tuple(map(gpu, range(len(uuids)), uuids, models, repeat(""), numas))
+            return self.__dict__.setdefault("gpus", gpus)  # one tuple, whichever thread made it
 
     @cached_property
     def bandwidth_mbps(self) -> np.ndarray:
@@ -196,7 +209,12 @@ class Topology:
         uuids = [g.uuid for g in gpus]
         if len(set(uuids)) != n or any(not u for u in uuids):
             raise TopologyError("GPU UUIDs must be present and unique")
-        out = object.__new__(Topology)  # the fields as the dataclass sets them, checks done above
+        return self.sharing_links(gpus)
+
+    def sharing_links(self, gpus: tuple[GPU, ...]) -> Topology:
+        """`with_gpus` for GPUs its caller checked already (`n` of them, indices 0..n-1 in
+        order, UUIDs present and unique)."""
+        out = object.__new__(Topology)  # the fields as the dataclass sets them, checks done by the caller
         out.__dict__.update(
             name=self.name,
             gpus=gpus,
@@ -205,6 +223,25 @@ class Topology:
             settings=self.settings,
             description=self.description,
             bandwidth_mbps=self.bandwidth_mbps,
+        )
+        return out
+
+    def with_gpu_columns(self, uuids: list[str], models: list[str], numas: list[int | None]) -> Topology:
+        """`sharing_links` with the GPUs given a field at a time (GPU k: index k, `uuids[k]`,
+        `models[k]`, no PCI bus id, `numas[k]`), checked by the caller as for `sharing_links`
+        (`numas` as `GPU.numa` holds them: None or >= 0). Their GPU objects are made when
+        `gpus` is first read, which deciding where pods go does not do (it reads the links'
+        bandwidth matrix): making them was half of decoding a node's annotation at start-up.
+        Equal, hashed and shown as the topology made with them."""
+        out = object.__new__(Topology)
+        out.__dict__.update(
+            name=self.name,
+            links=self.links,
+            nvswitch=self.nvswitch,
+            settings=self.settings,
+            description=self.description,
+            bandwidth_mbps=self.bandwidth_mbps,
+            _gpu_columns=(uuids, models, numas),
         )
         return out
 

@@ -9,21 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from gputopo_kube.rawapi import RawApi
 from scheduler.live.reflector import raw_json
 from scheduler.model import PodInfo
 from scheduler.picture.feed import BindError
 
 
-def create_binding(core: client.CoreV1Api, pod: PodInfo, node: str, timeout_s: float) -> None:
+def create_binding(core: RawApi, pod: PodInfo, node: str, timeout_s: float) -> None:
     """Bind `pod` to `node`; a call that hangs is cut after `timeout_s` (it would hold the pod
-    "in progress" for ever)."""
-    body = client.V1Binding(
-        metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace, uid=pod.uid or None),
-        target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
-    )
+    "in progress" for ever). The body is what the typed client sent for a `V1Binding` of these
+    fields (its unset ones left out)."""
+    meta = {"name": pod.name, "namespace": pod.namespace} | ({"uid": pod.uid} if pod.uid else {})
+    body = {"metadata": meta, "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
     try:
         raw_json(
             core.create_namespaced_pod_binding(

@@ -30,6 +30,7 @@ from gputopo.gang import sources as gangsources
 from gputopo.gang.hypernodes import HyperNode
 from gputopo.gang.planner import SubGroup
 from gputopo.gang.sources import Api, Group, GroupParser
+from gputopo_kube.rawapi import RawApi
 from scheduler import sources
 from scheduler.model import GangRef, PodInfo
 
@@ -78,7 +79,7 @@ class Discovery:
     def __init__(
         self, api_client: client.ApiClient, timeout_s: float = 10.0, ttl_s: float = DISCOVERY_TTL_S
     ) -> None:
-        self.apis = client.ApisApi(api_client)
+        self.apis = RawApi(api_client)  # not the typed ApisApi: its import costs ~0.5 s
         self.timeout_s = timeout_s
         self.ttl_s = ttl_s
         self._lock = threading.Lock()
@@ -124,9 +125,7 @@ class ExtraKinds:
     Every mutating method is called with the owner's lock held (KubeState's), and calls
     `changed()` so the next snapshot is rebuilt."""
 
-    def __init__(
-        self, custom: client.CustomObjectsApi, discovery: Discovery, changed: Callable[[], None]
-    ) -> None:
+    def __init__(self, custom: RawApi, discovery: Discovery, changed: Callable[[], None]) -> None:
         self.custom = custom
         self.discovery = discovery
         self.changed = changed

@@ -21,6 +21,7 @@ from kubernetes import client
 
 from gputopo.network.annotation import Shapes
 from gputopo_kube.events import EventWriter
+from gputopo_kube.rawapi import RawApi
 from scheduler import defaults
 from scheduler.live.accounting import PodAccounting, record_prediction
 from scheduler.live.binding import create_binding
@@ -64,8 +65,8 @@ class KubeState:
         default_levels: tuple[str, ...] = defaults.DEFAULT_LEVELS,
         discovery_ttl_s: float = 10.0,
     ) -> None:
-        self.core = client.CoreV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
+        # the calls without the typed API classes, whose import alone costs seconds (`RawApi`)
+        self.core = self.custom = RawApi(api_client)
         self.clock = clock
         self.resource = resource
         self.annotation_key = annotation_key

@@ -17,7 +17,7 @@ from typing import Any
 
 from gputopo import jsonlog
 from gputopo.gang import sources as gangsources
-from gputopo.network.annotation import AnnotationError, Shapes, decode
+from gputopo.network.annotation import AnnotationError, NodeTopology, Shapes, decode
 from gputopo.node.allocator import MAX_GPUS
 from scheduler.model import BadInput, NodeInfo, PodInfo, node_gpu_capacity, parse_pod
 from scheduler.nodeguard import NodeGuard, describe
@@ -121,14 +121,29 @@ def _node_info_unguarded(
             raise AnnotationError(f"annotation is for node {topo.node}")
         if topo.topology.n > MAX_GPUS:  # the node allocator refuses it: count, don't crash
             raise AnnotationError(f"{topo.topology.n} GPUs, more than the {MAX_GPUS} the allocator handles")
-        if len(topo.healthy) > capacity:  # kubelet gives at most allocatable: trust it
+        healthy = topo.topology.n - len(topo.unhealthy)  # len(topo.healthy), without the sets
+        if healthy > capacity:  # kubelet gives at most allocatable: trust it
             raise AnnotationError(
-                f"annotation describes {len(topo.healthy)} healthy GPUs but the Node's allocatable "
-                f"{resource} is {capacity}"
+                f"annotation describes {healthy} healthy GPUs but the Node's allocatable {resource} is {capacity}"
             )
-        return NodeInfo(name, labels, capacity, topo)
+        return known_node(name, labels, capacity, topo)
     except AnnotationError as e:
         return NodeInfo(name, labels, capacity, None, str(e))
+
+
+def known_node(name: str, labels: dict[str, str], capacity: int, topology: NodeTopology) -> NodeInfo:
+    """`NodeInfo(name, labels, capacity, topology)`, ~3x faster than through the frozen
+    dataclass's `__init__` (one per node of a list; tests/test_scheduler_kube.py compares)."""
+    out = object.__new__(NodeInfo)
+    out.__dict__.update(
+        name=name,
+        labels=labels,
+        gpu_capacity=capacity,
+        topology=topology,
+        topology_problem="",
+        pods_know_allocations=True,
+    )
+    return out
 
 
 def relevant_pod(pod: PodInfo | None) -> PodInfo | None:

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
@@ -28,9 +29,15 @@ PAGE_SIZE = 500
 
 
 def raw_json(resp: Any) -> Any:
-    """The JSON body of a `_preload_content=False` response."""
+    """The JSON body of a `_preload_content=False` response. orjson reads a node list ~2x faster
+    than json (at start-up the sidecar reads every node); what it refuses (NaN, integers past 64
+    bits, lone surrogates) json reads as before, and the values are the same either way."""
     try:
-        return json.loads(resp.data)
+        data = resp.data
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return json.loads(data)
     finally:
         resp.release_conn()
 
