@@ -13,7 +13,10 @@ back after kube-scheduler's 1 s pod back-off (its bind is the cluster event that
 and bind one after another; a bind fails with probability `bind_failure_rate`, after which the
 member retries with kube-scheduler's doubling back-off (1 s to 10 s) and the tracker re-plans;
 a plan whose members do not bind within `reservation_ttl_s` of each other expires and is
-re-planned. The lifecycle runs on its own clock inside one placement: the rest of the cluster
+re-planned. Where neither can happen (no bind failures, a TTL longer than the back-off) the
+members of a new plan are permitted in that order and only the last bind is told to the
+tracker, which leaves everything as the member-by-member loop does (`_bound_at_once`).
+The lifecycle runs on its own clock inside one placement: the rest of the cluster
 does not change meanwhile.
 `gang-only` places members one by one with kube-scheduler's choice (no gang planner).
 By default a gang is placed now in the smallest level that holds it, as the sidecar's. A gang
