@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from gputopo.gang.planner import GangPlan, GangSpec, Member, plan_gang
 from gputopo.gang.predict import bound_busbw, bounds_busbw, common_level, plan_busbw, predict
+from gputopo.jobtime.model import NIC_COUNT_LABEL, NIC_GBPS_LABEL
 from gputopo.jobtime.profiles import PROFILES
 from gputopo.network.levels import ACCELERATOR, CLUSTER, HOSTNAME, LEAF, SPINE, NetworkIndex
 from gputopo.network.nodeview import NodeView
@@ -226,3 +227,60 @@ def test_the_cluster_level_is_a_candidate_when_no_spine_holds_the_fast_servers()
     # 100 Gb/s NIC by far for the default mix
     assert nodes_of(plan) == {"b-hgx-1", "c-hgx-1"}
     assert isinstance(plan, GangPlan) and plan.level == CLUSTER
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_the_kept_predictions_are_the_fresh_ones(data: st.DataObject) -> None:
+    """`predict_kept` (the planner's walk: one memo across calls) answers what `predict` answers
+    on the same views, whatever changed between the asks: a node's free GPUs (which the reading
+    does not depend on), its server, its labels (the NICs), the oversubscription table (another
+    object, even an equal one) or the objective."""
+    from gputopo.gang.planner import _where
+    from gputopo.gang.predict import predict_kept
+    from gputopo.gang.spec import GangPlan as Plan
+    from gputopo.network.nodeview import Placement
+
+    levels = (HOSTNAME, ACCELERATOR, LEAF, SPINE)
+    names = [f"n{i}" for i in range(data.draw(st.integers(2, 5)))]
+    placement = {  # each node's leaf, spine and NVLink domain stay (the index is the memo's)
+        n: {LEAF: data.draw(st.sampled_from(["l1", "l2"])), SPINE: data.draw(st.sampled_from(["s1", "s2"]))}
+        for n in names
+    }
+    index = NetworkIndex.build(((n, placement[n]) for n in names), levels)
+    objectives = [objective(), objective()]
+    for o in objectives:
+        o.learn({alloc(p) for p in PRESETS})
+    tables: list[dict[str, float] | None] = [
+        None,
+        {LEAF: 1.0, SPINE: 2.0},
+        {LEAF: 1.0, SPINE: 2.0},
+        {SPINE: 4.0},
+    ]
+    nics: list[dict[str, str]] = [{}, {NIC_COUNT_LABEL: "1", NIC_GBPS_LABEL: "100"}]
+    kept: dict[tuple[object, ...], tuple[object, tuple[object, ...], float]] = {}
+    views: dict[str, NodeView] = {}
+    for _ in range(data.draw(st.integers(1, 12))):
+        for n in names:  # some nodes change between asks
+            if n not in views or data.draw(st.booleans()):
+                a = alloc(data.draw(st.sampled_from(PRESETS)))
+                # few distinct sets, so that plans repeat and are read back
+                free = frozenset(range(data.draw(st.sampled_from([a.n, max(1, a.n // 2)]))))
+                labels = {**placement[n], **data.draw(st.sampled_from(nics))}
+                views[n] = NodeView(n, labels, a.n, free, a)
+        listed: list[NodeView | None] = [None] * len(index.nodes)
+        for v in views.values():
+            listed[index.position[v.name]] = v
+        members = []
+        for k, n in enumerate(
+            data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=4, unique=True))
+        ):
+            v = views[n]
+            size = data.draw(st.sampled_from([1, len(v.free)]))
+            members.append(Placement(f"p{k}", n, tuple(sorted(v.free)[:size])))
+        plan = Plan("g", LEAF, "l1", tuple(members), 1, (0, 0), 0)
+        obj = data.draw(st.sampled_from(objectives))
+        table = data.draw(st.sampled_from(tables))
+        want = predict(obj, listed, index, SPINE, members, table)
+        got = predict_kept(kept, _where(plan), obj, listed, index, SPINE, members, table)
+        assert got == want

@@ -414,6 +414,87 @@ def test_asking_only_the_first_member_for_quorum_places_as_asking_each(seed: int
     }
 
 
+def _bind_run(
+    preset: str, seed: int, lifecycle: sidecar.Lifecycle
+) -> tuple[list[object], list[object], dict[str, float], list[object], int]:
+    """Every placement of a gputopo run, every tracker event, the lifecycle's figures, after
+    each placement the tracker's state a later placement can read (plans, reservations, first
+    filters, back-offs, the reservation table's version), and how many plans were bound at once."""
+    cluster = default_cluster() if preset == "default" else preset_cluster(preset)
+    jobs = generate(
+        900, capacity_gpus=cluster.capacity, load=0.8, rng=np.random.default_rng(seed), max_gpus=64
+    )
+    log: list[object] = []
+    events: list[object] = []
+    after: list[object] = []
+    place, drain = sidecar.SidecarPolicy.place, gangs.GangTracker.drain
+    at_once = sidecar.SidecarPolicy._bound_at_once
+    figures: dict[str, float] = {}
+    shortcuts = [0]
+
+    def counted(self: sidecar.SidecarPolicy, *args: object) -> object:
+        got = at_once(self, *args)  # type: ignore[arg-type]
+        shortcuts[0] += got is not None
+        return got
+
+    def recorded(self: sidecar.SidecarPolicy, state: ClusterState, job: Job) -> list[Slot] | Failure:
+        got = place(self, state, job)
+        t = self.tracker
+        log.append((job.id, got))
+        after.append(
+            (
+                dict(t.plans),
+                sorted(r.pod for r in t.reservations),
+                dict(t._first_seen),
+                sorted(t._backoff),
+                t.reservations.version,
+            )
+        )
+        figures.update(self.figures())
+        return got
+
+    def kept(self: gangs.GangTracker) -> list[asks.Event]:
+        out = drain(self)
+        events.extend(out)
+        return out
+
+    with (
+        mock.patch.object(sidecar.SidecarPolicy, "place", recorded),
+        mock.patch.object(gangs.GangTracker, "drain", kept),
+        mock.patch.object(sidecar.SidecarPolicy, "_bound_at_once", counted),
+    ):
+        simulate(cluster, jobs, "gputopo", RunConfig(seed=seed, lifecycle=lifecycle), pool=AllocatorPool())
+    return log, events, figures, after, shortcuts[0]
+
+
+@pytest.mark.parametrize(
+    ("preset", "seed", "life", "shortcut"),
+    [
+        ("default", 0, sidecar.Lifecycle(), True),
+        ("mixed-leaf", 1, sidecar.Lifecycle(arrival_spread_s=0.0), True),
+        ("gb200-nvl", 2, sidecar.Lifecycle(reservation_ttl_s=5.0, spill_after_s=30.0), True),
+        ("default", 3, sidecar.Lifecycle(reservation_ttl_s=1.0), False),  # would lapse: the loop
+        ("default", 4, sidecar.Lifecycle(bind_failure_rate=0.2), False),  # failures: the loop
+    ],
+)
+def test_binding_a_plan_at_once_places_as_binding_member_by_member(
+    preset: str, seed: int, life: sidecar.Lifecycle, shortcut: bool
+) -> None:
+    """Where no bind can fail and no reservation lapse, the simulated sidecar binds a new plan's
+    members without a filter per member (`SidecarPolicy._bound_at_once`): a run that binds each
+    through the tracker's verbs places every job the same, with the same events and figures,
+    the same bind draws (later arrivals read the same stream) and the same tracker state after
+    every placement."""
+    from dataclasses import replace
+
+    fast = _bind_run(preset, seed, life)
+    slow = _bind_run(preset, seed, replace(life, bind_one_by_one=True))
+    gangs_placed = sum(1 for _, got in fast[0] if isinstance(got, list) and len(got) > 1)
+    assert gangs_placed > 50
+    assert fast[4] == (gangs_placed if shortcut else 0) and slow[4] == 0
+    assert fast[:4] == slow[:4]
+
+
 def test_the_tracker_learns_every_new_server_once() -> None:
     """`GangTracker._learn` asks the objective only for policies it has not seen: the objective
     ends up as one that learned every view's server at every plan."""

@@ -99,6 +99,9 @@ class PlanMemo(ChoiceMemo):
         #: level), with the views list they were made from
         self.offers: dict[int, tuple[ViewList, list[Offer | None]]] = {}
         self.rooms: dict[tuple[int, str], tuple[ViewList, list[Room]]] = {}
+        #: `predict.predict_kept`'s bus bandwidths per (objective, a plan's nodes and sets), each
+        #: with the table and the nodes' servers, labels and GPU counts it was read with
+        self.busbw: dict[tuple[object, ...], tuple[object, tuple[object, ...], float]] = {}
 
     def own(self, index: NetworkIndex) -> None:
         """Empty every entry when they were made for another index or hold too many views."""
@@ -119,6 +122,7 @@ class PlanMemo(ChoiceMemo):
             self.candidates,
             self.offers,
             self.rooms,
+            self.busbw,
         )
 
     def __len__(self) -> int:

@@ -63,7 +63,7 @@ from gputopo.gang.cost import plan_cost
 from gputopo.gang.domain import Problem, Since, contenders, evaluate, evaluate_promising, level_bounds
 from gputopo.gang.memo import Layout, PlanMemo
 from gputopo.gang.packing import NO_K, SMALL_NODES, min_nodes, pack
-from gputopo.gang.predict import bounds_busbw, choose, cost_of, predict
+from gputopo.gang.predict import bounds_busbw, choose, cost_of, predict_kept
 from gputopo.gang.reasons import Miss, no_plan_reason
 from gputopo.gang.spec import GangPlan, GangSpec, Member, NoPlan, SubGroup
 from gputopo.gang.spread import lower_levels
@@ -255,9 +255,11 @@ def _by_job_time(
     objective = objective.declared(spec.profile)
     table = objective.oversubscription
     plans = [first]
-    preds = [predict(objective, pb.views, pb.index, first.level, first.placements, table)]
+    where = _where(first)
+    kept = pb.memo.busbw
+    preds = [predict_kept(kept, where, objective, pb.views, pb.index, first.level, first.placements, table)]
     best = preds[0].busbw_gbps
-    seen = {_where(first)}
+    seen = {where}
     bounds = bounds_busbw(objective, pb.sizes, pb.total, levels[1:], table)
     for level, bound in zip(levels[1:], bounds, strict=True):
         if best >= bound:
@@ -270,7 +272,7 @@ def _by_job_time(
             continue  # the same nodes and sets: the same prediction, the smaller level kept
         seen.add(where)
         plans.append(found)
-        preds.append(predict(objective, pb.views, pb.index, level, found.placements, table))
+        preds.append(predict_kept(kept, where, objective, pb.views, pb.index, level, found.placements, table))
         best = max(best, preds[-1].busbw_gbps)
     pick, why = choose(
         objective.comm,

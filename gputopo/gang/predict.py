@@ -245,6 +245,47 @@ def predict(
     return Prediction(level, _busbw_at(objective, views, at, placements, spans, table))
 
 
+#: `predict_kept`'s answers held per memo before it is emptied (a few hundred distinct plans
+#: repeat in a long run: the same shape on the same free nodes).
+BUSBW_HELD = 4096
+
+
+def predict_kept(
+    busbw: dict[tuple[object, ...], tuple[object, tuple[object, ...], float]],
+    where: frozenset[tuple[str, tuple[int, ...]]],
+    objective: ClusterObjective,
+    views: Sequence[NodeView | None],
+    index: NetworkIndex,
+    level: str,
+    placements: Sequence[Placement],
+    table: Mapping[str, float] | None = None,
+) -> Prediction:
+    """`predict`, its bandwidth kept in `busbw` (a `PlanMemo`'s, for `index`) per (objective,
+    `where`: the plan's nodes and sets, `planner._where`). The bandwidth is a function of those,
+    the index (the spanned level), `table`, and each node's server, labels (NICs) and GPU count,
+    never of its free GPUs: the planner's walk up the levels meets the same plans again (a gang
+    shape on the same free nodes), and an answer is read back only when the table is the same
+    object and every node's server, labels and GPU count are the same as when it was made."""
+    position = index.position
+    at = [position[p.node] for p in placements]
+    nodes = tuple([_read(views[i]) for i in at])
+    key = (objective, where)
+    hit = busbw.get(key)
+    if hit is not None and hit[0] is table and hit[1] == nodes:
+        return Prediction(level, hit[2])
+    spans = common_level(index, at, objective.domain_lists(index))
+    bw = _busbw_at(objective, views, at, placements, spans, table)
+    if len(busbw) >= BUSBW_HELD:
+        busbw.clear()
+    busbw[key] = (table, nodes, bw)
+    return Prediction(level, bw)
+
+
+def _read(view: NodeView | None) -> tuple[object, ...]:
+    """What `_busbw_at` reads of a node besides its sets: its server, labels and GPU count."""
+    return (None,) if view is None else (view.allocator, view.labels, view.gpu_count)
+
+
 def cost_of(
     objective: ClusterObjective,
     views: Sequence[NodeView | None],

@@ -197,6 +197,11 @@ def _rooms(pb: Problem, lx: LevelIndex, offered: list[Offer | None]) -> list[Roo
     for d in todo:
         positions = members[d]
         moved = todo[d] if hit is not None and type(todo) is dict else None
+        # `_pick`'s answers read only the room's nodes and their offers' kinds (an offer is a
+        # function of its kind and g): a domain whose changed nodes neither came into nor left
+        # the room nor changed kind in it (a single pod on a node already short of g free GPUs,
+        # one freed but still short) keeps them
+        picks = per[d][3] if moved is not None and _same_offers(hit[0], views, moved, g) else {}  # type: ignore[index]
         if moved is not None and len(moved) * _MOVED_SHARE < len(positions):
             # A large domain with few changed nodes: the last answer brought up to date at those
             # nodes (the same lists as from scratch: the room in position order, the qualities
@@ -225,17 +230,31 @@ def _rooms(pb: Problem, lx: LevelIndex, offered: list[Offer | None]) -> list[Roo
             best_first.sort(reverse=True)
             if gone or came:
                 room = sorted([p for p in room if p not in gone] + came)
-            per[d] = (room, best_first, dfree, {})
+            per[d] = (room, best_first, dfree, picks)
             continue
         room = [p for p in positions if offered[p] is not None]
         best_first = sorted([offered[p][0] for p in room], reverse=True)  # type: ignore[index]
-        per[d] = (room, best_first, sum([counts[p] for p in positions]), {})
+        per[d] = (room, best_first, sum([counts[p] for p in positions]), picks)
     memo.rooms[key] = (views, per)  # `views` (never changed) keeps its id its own
     return per
 
 
 #: A domain of more than this many nodes per changed node is brought up to date, not read again.
 _MOVED_SHARE = 4
+
+
+def _same_offers(was: ViewList, views: ViewList, moved: list[int], g: int) -> bool:
+    """Whether every position in `moved` offers a member of `g` GPUs in `views` exactly when it
+    did in `was`, and then of the same kind (server and free set): the room and every offer
+    `_pick` reads are the same (`_call`'s offer is a function of the kind and g)."""
+    for p in moved:
+        old, new = was[p], views[p]
+        had = old is not None and len(old.free) >= g
+        if had != (new is not None and len(new.free) >= g):
+            return False
+        if had and (old.allocator is not new.allocator or old.free != new.free):  # type: ignore[union-attr]
+            return False
+    return True
 
 
 def _quality(memo: PlanMemo, view: NodeView, g: int) -> Quality:

@@ -13,7 +13,10 @@ back after kube-scheduler's 1 s pod back-off (its bind is the cluster event that
 and bind one after another; a bind fails with probability `bind_failure_rate`, after which the
 member retries with kube-scheduler's doubling back-off (1 s to 10 s) and the tracker re-plans;
 a plan whose members do not bind within `reservation_ttl_s` of each other expires and is
-re-planned. The lifecycle runs on its own clock inside one placement: the rest of the cluster
+re-planned. Where neither can happen (no bind failures, a TTL longer than the back-off) the
+members of a new plan are permitted in that order and only the last bind is told to the
+tracker, which leaves everything as the member-by-member loop does (`_bound_at_once`).
+The lifecycle runs on its own clock inside one placement: the rest of the cluster
 does not change meanwhile.
 `gang-only` places members one by one with kube-scheduler's choice (no gang planner).
 By default a gang is placed now in the smallest level that holds it, as the sidecar's. A gang
@@ -35,6 +38,7 @@ from operator import ne
 
 from gputopo.gang import asks, tracker
 from gputopo.gang.asks import GangAsk, GangMember, Refused, Wait
+from gputopo.gang.reservations import Reservation
 from gputopo.gang.tracker import GangTracker
 from gputopo.jobtime.profiles import Profile
 from gputopo.network.levels import NetworkIndex
@@ -66,6 +70,10 @@ class Lifecycle:
     #: the run's job-time model when some jobs' pods declare their profile (--declared-share):
     #: `JobModel.declared` says which, and the sidecar weighs those by it
     declares: JobModel | None = None
+    #: every member's bind through the tracker's verbs one by one even where nothing can fail
+    #: (no bind failures, no reservation lapsing before the last bind): the reference the
+    #: shortcut (`SidecarPolicy._bound_at_once`) is tested against
+    bind_one_by_one: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.arrival_spread_s) and self.arrival_spread_s >= 0):
@@ -252,6 +260,9 @@ class SidecarPolicy(PodClasses):
             self._binds.random,
         )
         try:
+            at_once = self._bound_at_once(state, job, gang, pods, now)
+            if at_once is not None:
+                slots, queue = at_once, []
             while queue:  # once per member bind: the tracker's verbs and the loop's own state in locals
                 now, seq, k = heapq.heappop(queue)
                 pod = pods[k]
@@ -306,6 +317,55 @@ class SidecarPolicy(PodClasses):
             t.drain()
         self._arrived.discard(job.id)  # placed: the engine will not ask again
         return [slots[k] for k in range(n)]
+
+    def _bound_at_once(
+        self, state: ClusterState, job: Job, gang: str, pods: list[str], now: float
+    ) -> dict[int, Slot] | None:
+        """Every member bound on the plan just made, as the member-by-member loop of
+        `_lifecycle` binds them when nothing can go wrong; None (the loop then runs) otherwise.
+
+        Nothing can when no bind fails (a failure rate of 0: each bind still draws from the
+        bind stream, as the loop does) and no reservation lapses before the last member binds
+        (the planning member at `now` renews them to `now` + TTL; the others bind after the pod
+        back-off, at `now` + 1 s), and the tracker holds a reservation for every member and
+        none for anyone else. Each member's filter then answers its planned node (the plan
+        stands, its reservation is there, every node is offered), its permit takes that
+        reservation, and its bind only renews the others' TTL (no event) until the last one's
+        completes the plan. So the members are permitted in the loop's order and only the last
+        bind is told to the tracker: the same placements, draws, events and tracker state as
+        the loop (but for the renewed expiry times of reservations already taken), without a
+        filter, an ask and an expiry check per member."""
+        life, t, n = self.life, self.tracker, len(pods)
+        last = now + POD_BACKOFF_S[0] if n > 1 else now
+        if life.bind_failure_rate != 0 or life.bind_one_by_one or not now + t.ttl_s > last:
+            return None
+        if len(t.reservations) != n or gang not in t.plans:
+            return None
+        held: list[Reservation] = []
+        for pod in pods:
+            got = t.reservations.get(pod)
+            if got is None or got.gang != gang:
+                return None
+            held.append(got)
+        draw, index, masks = self._binds.random, self._index, state.mask
+        taken: dict[int, int] = {}  # free masks of the nodes members bound to
+        slots: dict[int, Slot] = {}
+        for k in (n - 1, *range(n - 1)):  # the planning member first, then the others in turn
+            r = t.permit(pods[k], gang, job.pods[k], held[k].node)
+            assert r is not None  # a reservation of this gang, on its planned node
+            draw()  # `draw() < rate` with a rate of 0: the draw without the failure
+            node = index[r.node]
+            gpus = tuple(sorted(r.gpus))
+            mask = taken.get(node, masks[node])
+            bits = 0
+            for g in gpus:
+                bits |= 1 << g
+            if bits & ~mask or len(gpus) != bits.bit_count():
+                raise ValueError(f"GPUs {list(gpus)} are not free on node {r.node}")
+            taken[node] = mask & ~bits
+            slots[k] = (node, gpus)
+        t.bound(pods[n - 2 if n > 1 else 0], gang, last)
+        return slots
 
     def _holds(self, job: int, gang: str, state: ClusterState) -> Callable[[], bool]:
         """The queueing hint of a gang parked waiting for its own level (`Hinted.holds`): True
