@@ -102,8 +102,8 @@ class ClusterCache:
 
     @property
     def ranks(self) -> Ranks:
-        """Prioritize's kept picture of the filter's candidates (`scheduler.picture.ranks`), for
-        the latest views only (`NodeViews.current`)."""
+        """Prioritize's kept picture of every node (`scheduler.picture.ranks`), for the latest
+        views only (`NodeViews.current`)."""
         return self._views.ranks
 
     def policies(self) -> list[GpuPolicy]:

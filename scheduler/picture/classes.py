@@ -351,22 +351,6 @@ class Answers:
         self._place: dict[str, int] = {}  # candidate -> its place among them
         self._by_size: dict[int, _Answer] = {}
 
-    @property
-    def candidates(self) -> list[str]:
-        """The kept candidate list (read-only: replaced whole, never changed in place)."""
-        return self._names
-
-    @property
-    def place(self) -> Mapping[str, int]:
-        """Each kept candidate's place in `candidates` (read-only)."""
-        return self._place
-
-    def passing(self, gpus: int) -> tuple[list[str], list[int]] | None:
-        """The kept answer's passing candidates for `gpus` and their places in `candidates`
-        (read-only; consistent with each other even when changes are pending), or None."""
-        kept = self._by_size.get(gpus)
-        return None if kept is None else (kept.ok, kept.places)
-
     def reset(self) -> None:
         """Every node may have changed: nothing kept is right any more."""
         self.generation += 1

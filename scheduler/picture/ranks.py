@@ -1,4 +1,4 @@
-"""Prioritize's picture of the filter's candidates, kept across builds and patched per change.
+"""Prioritize's picture of every node, kept across builds and patched per change.
 
 kube-scheduler (with `percentageOfNodesToScore: 100`, as deploy/ sets it) asks prioritize about
 every node the filter passed, one call per pod, while the cluster changes a node or two between
@@ -8,11 +8,13 @@ class scores back over them, applying the leaf packing (`gputopo.pod.leafpack`) 
 reply were each a pass over every candidate in Python: 60-70 ms of a filter + prioritize + bind
 cycle at 20,000 nodes, against ~2 ms for everything else the cycle decides.
 
-`Ranks` keeps, for the filter's kept candidate list (`Answers`: the "universe"), each
-candidate's class as a small integer in a numpy array, each network position's free GPUs and
-each leaf's sum of them, and each candidate's reply fragment already encoded. A build tells it
-which nodes changed (as it tells `Answers`); the next question patches those entries only, and
-every per-candidate step is then a numpy operation or a C-level join:
+`Ranks` keeps, per node of the network index (its positions, stable until a node is added,
+removed or relabelled), the node's class as a small integer in a numpy array, its free GPUs,
+its leaf and its reply fragment already encoded, and each leaf's sum of free GPUs. A build
+tells it which nodes changed (as it tells `Answers`); the next question patches those entries
+only. The asked candidates are mapped to positions (a dict lookup each, ~2 ms at 20,000):
+kube-scheduler offers the nodes its own filters passed, which change with the pod's size and
+after every bind, so nothing is keyed on the list itself. Every per-candidate step is then a numpy operation or a C-level join:
 
   * which classes the asked candidates hold, and a representative of each (`np.unique`);
   * the caller scores the representatives (`node_scores`, the reservation rule) as before;
@@ -23,7 +25,7 @@ every per-candidate step is then a numpy operation or a C-level join:
 
 The answer is the same as the per-node path's (`Extender._scores_of` then `Leaves.pack_scores`);
 tests/test_scheduler_ranks.py checks it against that path after random rewrites, binds and
-reservations. A question this cannot answer (candidates outside the kept list, repeats, a
+reservations. A question this cannot answer (a candidate the network index does not hold, a
 views object of an earlier build) gets None and the caller takes the per-node path.
 
 Not thread-safe: the extender's lock guards it, as it guards the builder and `Answers`.
@@ -39,7 +41,7 @@ import orjson
 from gputopo.network.levels import NetworkIndex
 from gputopo.pod.leafpack import Leaves
 from gputopo.pod.placement import MAX_SCORE
-from scheduler.picture.classes import Answers, NodeClass
+from scheduler.picture.classes import NodeClass
 
 #: the encoded end of a reply entry per score (scores are 0..MAX_SCORE)
 _TAILS = tuple(b"%d}" % s for s in range(MAX_SCORE + 1))
@@ -97,39 +99,34 @@ def _frag(name: str) -> bytes:
 
 
 class Ranks:
-    """Per candidate of `answers`' kept list: its class id (`_ids`), its network position and
-    leaf; per network position its free GPUs, per leaf their sum; all patched for the nodes each
-    build changed (`changed`), rebuilt whole after `reset`, a new candidate list or network
-    index. Owned by one ViewBuilder beside its `Answers`, whose generation it answers for."""
+    """Per node of the network index (its positions): its class id (`_ids`), its free GPUs,
+    its leaf and its reply fragment; per leaf the free GPUs of its nodes; all patched for the
+    nodes each build changed (`changed`) and rebuilt whole after `reset` or for a new index
+    (a node added, removed or relabelled). Owned by one ViewBuilder, beside its `Answers`."""
 
     #: class ids handed out before the table is rebuilt from the live classes (a node on the
     #: general path gets a new class object at each change)
     MAX_TABLE = 4096
 
-    def __init__(self, answers: Answers) -> None:
-        self.answers = answers
-        self._universe: list[str] | None = None  # the kept list object the per-candidate arrays are for
-        self._ids = np.empty(0, np.int64)  # class id per candidate (-1: unknown to gputopo)
+    def __init__(self) -> None:
+        self._net: NetworkIndex | None = None  # the index every array is for
+        self._ids = np.empty(0, np.int64)  # class id per position (-1: unknown to gputopo)
         self._table: list[NodeClass] = []
         self._id_of: dict[NodeClass, int] = {}
-        self._frags = np.empty(0, object)  # encoded `{"Host":NAME,"Score":` per candidate
+        self._frags = np.empty(0, object)  # encoded `{"Host":NAME,"Score":` per position
         self._pending: set[str] = set()  # nodes changed since the arrays were last right
-        self._net: NetworkIndex | None = None  # the index the network arrays are for
-        self._cand_pos = np.empty(0, np.int64)  # network position per candidate (-1: none)
-        self._cand_leaf = np.empty(0, np.int64)  # leaf id per candidate (-1: none)
-        self._leaf_of_pos = np.empty(0, np.int64)
-        self._pos_count = np.empty(0, np.int64)  # free GPUs per network position
+        self._leaf_of_pos = np.empty(0, np.int64)  # leaf id per position (-1: none)
+        self._pos_count = np.empty(0, np.int64)  # free GPUs per position
         self._leaf_room = np.empty(0, np.int64)  # free GPUs per leaf, over every node of it
 
     def reset(self) -> None:
         """Every node may have changed: rebuild at the next question."""
-        self._universe = None
         self._net = None
         self._pending.clear()
 
     def changed(self, names: Sequence[str] | set[str]) -> None:
         """These nodes' classes may have changed (the builder's new generation)."""
-        if self._universe is None and self._net is None:
+        if self._net is None:
             return
         self._pending.update(names)
         if len(self._pending) > len(self._ids) // 8 + 64:  # a fresh pass costs less
@@ -146,70 +143,55 @@ class Ranks:
 
     def _sync(self, classes: Mapping[str, NodeClass], net: NetworkIndex, leaves: Leaves) -> None:
         """Bring every array up to date with `classes` (the current build's)."""
-        universe = self.answers.candidates
-        fresh_ids = self._universe is not universe or len(self._table) > self.MAX_TABLE
-        fresh_net = self._net is not net
-        if fresh_ids:
+        if self._net is not net or len(self._table) > self.MAX_TABLE:
+            nodes = net.nodes
+            if self._net is not net:
+                frags = np.empty(len(nodes), object)
+                frags[:] = [_frag(n) for n in nodes]
+                self._frags = frags
+                self._leaf_of_pos = (
+                    np.asarray(leaves.leaf, np.int64) if leaves.leaf else np.full(len(nodes), -1, np.int64)
+                )
             self._table, self._id_of = [], {}
             get, ident = classes.get, self._id
-            self._ids = np.fromiter((ident(get(n)) for n in universe), np.int64, len(universe))
-            if self._universe is not universe:
-                frags = np.empty(len(universe), object)
-                frags[:] = [_frag(n) for n in universe]
-                self._frags = frags
-        if fresh_net:
-            leaf_of_pos = np.asarray(leaves.leaf, np.int64) if leaves.leaf else np.empty(0, np.int64)
-            counts = np.fromiter(
-                ((c.count if (c := classes.get(n)) is not None else 0) for n in net.nodes),
-                np.int64,
-                len(net.nodes),
+            self._ids = np.fromiter((ident(get(n)) for n in nodes), np.int64, len(nodes))
+            table = self._table
+            self._pos_count = np.fromiter(
+                ((table[i].count if i >= 0 else 0) for i in self._ids.tolist()), np.int64, len(nodes)
             )
-            self._leaf_of_pos, self._pos_count = leaf_of_pos, counts
-            has = leaf_of_pos >= 0
+            leaf = self._leaf_of_pos
+            has = leaf >= 0
             self._leaf_room = np.bincount(
-                leaf_of_pos[has], weights=counts[has], minlength=len(leaves.members)
+                leaf[has], weights=self._pos_count[has], minlength=len(leaves.members)
             ).astype(np.int64)
-        if fresh_ids or fresh_net:
-            pos_of = net.position.get
-            pos = np.fromiter((pos_of(n, -1) for n in universe), np.int64, len(universe))
-            self._cand_pos = pos
-            self._cand_leaf = np.where(pos >= 0, self._leaf_of_pos[pos] if len(self._leaf_of_pos) else -1, -1)
-        if self._pending:
-            where, position = self.answers.place, net.position
-            for name in self._pending:
-                c = classes.get(name)
-                if not fresh_ids:
-                    at = where.get(name)
-                    if at is not None:
-                        self._ids[at] = self._id(c)
-                if not fresh_net:
-                    p = position.get(name)
-                    if p is not None:
-                        new = c.count if c is not None else 0
-                        leaf = self._leaf_of_pos[p]
-                        if leaf >= 0:
-                            self._leaf_room[leaf] += new - self._pos_count[p]
-                        self._pos_count[p] = new
+            self._net = net
             self._pending.clear()
-        self._universe, self._net = universe, net
+            return
+        if self._pending:
+            position = net.position
+            for name in self._pending:
+                p = position.get(name)
+                if p is None:
+                    continue
+                c = classes.get(name)
+                self._ids[p] = self._id(c)
+                new = c.count if c is not None else 0
+                leaf = self._leaf_of_pos[p]
+                if leaf >= 0:
+                    self._leaf_room[leaf] += new - self._pos_count[p]
+                self._pos_count[p] = new
+            self._pending.clear()
 
-    def _places(self, names: Sequence[str], gpus: int) -> np.ndarray | None:
-        """Each asked candidate's place in the kept list; None when one is not in it or the
-        list repeats a name."""
-        answers = self.answers
-        universe = answers.candidates
-        if not universe:
+    def _places(self, names: Sequence[str]) -> np.ndarray | None:
+        """Each asked candidate's network position (the index `_sync` made the arrays for);
+        None when one is not in the index."""
+        assert self._net is not None
+        position = self._net.position
+        try:  # a miss raises; hashing the freshly decoded names is most of the ~2 ms at 20,000
+            places = np.asarray([position[n] for n in names], np.int64)
+        except (KeyError, TypeError):
             return None
-        kept = answers.passing(gpus)
-        if kept is not None and _same(names, kept[0]):  # the filter's answer, asked back
-            return np.asarray(kept[1], np.int64)
-        if _same(names, universe):
-            return np.arange(len(universe), dtype=np.int64)
-        place = answers.place.get
-        got = [place(n, -1) for n in names]
-        if -1 in got or len(set(got)) != len(got):
-            return None
-        return np.asarray(got, np.int64)
+        return places
 
     def rank(
         self,
@@ -221,11 +203,12 @@ class Ranks:
         score: ClassScorer,
     ) -> Ranked | None:
         """The scores of `names` for a pod of `gpus` (module docstring), or None when the kept
-        picture cannot answer (the caller's per-node path does)."""
-        places = self._places(names, gpus)
+        picture cannot answer (a name the network index does not hold: the caller's per-node
+        path answers)."""
+        self._sync(classes, net, leaves)
+        places = self._places(names)
         if places is None:
             return None
-        self._sync(classes, net, leaves)
         ids = self._ids[places]
         present, first = np.unique(ids, return_index=True)
         order = np.argsort(first, kind="stable")
@@ -243,11 +226,12 @@ class Ranks:
 
     def _pack(self, scores: np.ndarray, places: np.ndarray) -> None:
         """`Leaves.pack_scores` on the arrays: the top-score candidates outside the leaf with
-        the fewest free GPUs (among the top candidates' leaves) get one point less."""
-        at_top = (scores == MAX_SCORE) & (self._cand_pos[places] >= 0)
+        the fewest free GPUs (among the top candidates' leaves) get one point less. A name
+        asked twice counts once, as in the per-node path (a leaf is touched or not)."""
+        at_top = scores == MAX_SCORE
         if int(np.count_nonzero(at_top)) < 2:
             return
-        leaf = self._cand_leaf[places]
+        leaf = self._leaf_of_pos[places]
         top_leaves = leaf[at_top]
         touched = np.unique(top_leaves[top_leaves >= 0])
         if len(touched) < 2:
@@ -256,10 +240,3 @@ class Ranks:
         least = room[touched].min()
         demote = at_top & (leaf >= 0) & (room[np.maximum(leaf, 0)] != least)
         scores[demote] = MAX_SCORE - 1
-
-
-def _same(names: Sequence[str], kept: Sequence[str]) -> bool:
-    """`names` holds `kept` in the same order (C-level compares: identical strings by address)."""
-    if len(names) != len(kept):
-        return False
-    return (names if isinstance(names, list) else list(names)) == kept

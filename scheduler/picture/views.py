@@ -156,8 +156,8 @@ class ViewBuilder:
         self._seen: tuple[object, int] | None = None
         #: the filter's answers kept across builds, patched for the nodes each build changed
         self.answers = Answers()
-        #: prioritize's picture of the same candidates, patched alike (`ranks.Ranks`)
-        self.ranks = Ranks(self.answers)
+        #: prioritize's picture of every node, patched alike (`ranks.Ranks`)
+        self.ranks = Ranks()
         #: nodes of unknown topology whose inputs changed in the last build (to warn about)
         self.unknown: list[str] = []
         #: reservation pod -> reason, for reservations whose GPUs are no longer free (see
