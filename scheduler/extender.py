@@ -39,7 +39,6 @@ from gputopo.gang.planner import GangPlan, SubGroup
 from gputopo.gang.reservations import Assumed, Reservations
 from gputopo.gang.sources import Tier
 from gputopo.gang.tracker import GangTracker
-from gputopo.jobtime.profiles import Profile
 from gputopo.network.levels import NetworkIndex
 from gputopo.network.nodeview import ChoiceMemo, NodeView
 from gputopo.node.allocator import AllocationError
@@ -385,9 +384,12 @@ class Extender:
     def ranked(self, pod: PodInfo, names: Sequence[str]) -> Ranked:
         """Prioritize: a gang member's planned node 10 and the rest 0; otherwise each node by
         the node objective of the best GPU set it gives (one node asked per class), the fullest
-        leaf keeping the top score (`gputopo.pod.leafpack`). Answered from the kept picture of
-        the filter's candidates (`scheduler.picture.ranks`) when it can: work per changed node
-        and per class, not per candidate; else per candidate, the same scores."""
+        leaf keeping the top score (`gputopo.pod.leafpack`). Scores are asked of one node per
+        class (a node's score is a function of its allocator, its free set and the classes
+        present: the ranks), and a pod that declared what it trains (`profile`) is weighed by
+        that profile instead of the mix. Answered from the kept picture of every node
+        (`scheduler.picture.ranks`) when it can: work per changed node and per class, not per
+        candidate; else by `_per_node_scores`, the same scores."""
         with self._lock:
             now = self.clock()
             self.state.observe(pod)
@@ -416,11 +418,7 @@ class Extender:
             path = "kept"
             if got is None:
                 path = "per-node"
-                scores = self._scores_of(pod.gpus, names, views, pod.profile)
-                # among the nodes at the top score, the fullest leaf keeps it (gputopo.pod.leafpack)
-                count, at = views.count, net.nodes
-                scores = leaves.pack_scores(scores, net.position, lambda p: count(at[p]) or 0)
-                got = Ranked(names, [int(scores.get(n, 0)) for n in names])
+                got = Ranked(names, _per_node_scores(names, views, net, leaves, score))
         jsonlog.event(
             log,
             "prioritize",
@@ -438,25 +436,6 @@ class Extender:
         simulator's objective knows it, not only the ones that happened to be candidates
         (caller holds the lock)."""
         self.objective.learn(p.exact for p in self.cache.policies())
-
-    def _scores_of(
-        self, gpus: int, names: Sequence[str], views: NodeViews, profile: Profile | None = None
-    ) -> dict[str, int]:
-        """`node_scores` of the candidates, asked of one node per class: a node's score is a
-        function of its allocator and free set and of the classes present (the ranks), so the
-        answer is the same as over every candidate, at the cost of a few. A pod that declared
-        what it trains (`profile`) is weighed by that profile instead of the mix. Caller holds
-        the lock."""
-        self._learn_policies()
-        classes = views.classes(names)
-        reps = [views[members[0]] for members in classes.values()]
-        objective = self.objective.declared(profile)
-        by_class = _class_scores(gpus, list(classes), reps, self.gangs.memo(), objective)
-        scores: dict[str, int] = {}
-        for score, members in zip(by_class, classes.values(), strict=True):
-            for n in members:
-                scores[n] = score
-        return scores
 
     # -------------------------------------------------------------------------------- bind
 
@@ -673,3 +652,21 @@ def _class_scores(
     return [
         0 if c.held and c.takes_reserved(gpus) else by_rep[v.name] for c, v in zip(classes, reps, strict=True)
     ]
+
+
+def _per_node_scores(
+    names: Sequence[str],
+    views: NodeViews,
+    net: NetworkIndex,
+    leaves: Leaves,
+    score: Callable[[list[NodeClass], list[str]], list[int]],
+) -> list[int]:
+    """Prioritize's scores name by name (what `scheduler.picture.ranks` answers from its kept
+    arrays): the candidates grouped by class, `score` asked of one node per class, then among
+    the nodes at the top score the fullest leaf keeps it (`gputopo.pod.leafpack`)."""
+    classes = views.classes(names)
+    by_class = score(list(classes), [members[0] for members in classes.values()])
+    scores = {n: s for s, members in zip(by_class, classes.values(), strict=True) for n in members}
+    count, at = views.count, net.nodes
+    packed = leaves.pack_scores(scores, net.position, lambda p: count(at[p]) or 0)
+    return [int(packed.get(n, 0)) for n in names]

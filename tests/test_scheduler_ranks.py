@@ -18,7 +18,7 @@ from gputopo.network.levels import NetworkIndex
 from gputopo.network.nodeview import ChoiceMemo
 from gputopo.pod.leafpack import Leaves
 from gputopo.pod.objective import ClusterObjective, DemandMix
-from scheduler.extender import _class_scores
+from scheduler.extender import _class_scores, _per_node_scores
 from scheduler.picture.cache import ClusterCache
 from scheduler.picture.classes import NodeClass, NodeViews
 from scheduler.picture.ranks import Ranked
@@ -36,13 +36,12 @@ def per_node(
     memo: ChoiceMemo,
     objective: ClusterObjective,
 ) -> list[int]:
-    """The per-node path, as `Extender._scores_of` then `Leaves.pack_scores` take it."""
-    classes = views.classes(names)
-    reps = [views[m[0]] for m in classes.values()]
-    by_class = _class_scores(gpus, list(classes), reps, memo, objective)
-    scores = {n: s for s, members in zip(by_class, classes.values(), strict=True) for n in members}
-    packed = leaves.pack_scores(scores, net.position, lambda p: views.count(net.nodes[p]) or 0)
-    return [int(packed.get(n, 0)) for n in names]
+    """The per-node path the extender falls back to (`_per_node_scores`)."""
+
+    def score(reps: list[NodeClass], rep_names: list[str]) -> list[int]:
+        return _class_scores(gpus, reps, [views[n] for n in rep_names], memo, objective)
+
+    return _per_node_scores(names, views, net, leaves, score)
 
 
 def check(plan: list, seed: int) -> int:

@@ -23,7 +23,7 @@ after every bind, so nothing is keyed on the list itself. Every per-candidate st
     GPUs summed over every node of the leaf, the sum kept here) get one point less;
   * the reply is the kept fragments joined with each score's digits.
 
-The answer is the same as the per-node path's (`Extender._scores_of` then `Leaves.pack_scores`);
+The answer is the same as the per-node path's (`scheduler.extender._per_node_scores`);
 tests/test_scheduler_ranks.py checks it against that path after random rewrites, binds and
 reservations. A question this cannot answer (a candidate the network index does not hold, a
 views object of an earlier build) gets None and the caller takes the per-node path.
